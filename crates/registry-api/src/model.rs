@@ -1,0 +1,447 @@
+//! The data model: endpoints, keys, versions, events and batch operations.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
+use crate::snapshot::Snapshot;
+
+/// Identifies an endpoint: unique `id` within a `service`.
+///
+/// Keys order by service, then id, so all endpoints of one service are
+/// adjacent in a [`Snapshot`].
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct EndpointKey {
+    /// The service name clients look up.
+    pub service: String,
+    /// Unique within the service (pod name, `ip:port`, instance id).
+    pub id: String,
+}
+
+impl EndpointKey {
+    /// A key from its two parts.
+    pub fn new(service: impl Into<String>, id: impl Into<String>) -> Self {
+        Self {
+            service: service.into(),
+            id: id.into(),
+        }
+    }
+}
+
+impl fmt::Display for EndpointKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.service, self.id)
+    }
+}
+
+/// The transport an endpoint speaks.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// Plain TCP (the default).
+    #[default]
+    Tcp,
+    /// UDP.
+    Udp,
+    /// HTTP/1.1 or HTTP/2 without TLS.
+    Http,
+    /// HTTP over TLS.
+    Https,
+    /// gRPC.
+    Grpc,
+}
+
+impl Protocol {
+    /// The lowercase name used in encodings (`tcp`, `udp`, `http`, `https`, `grpc`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+            Protocol::Http => "http",
+            Protocol::Https => "https",
+            Protocol::Grpc => "grpc",
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Protocol {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "tcp" => Protocol::Tcp,
+            "udp" => Protocol::Udp,
+            "http" => Protocol::Http,
+            "https" => Protocol::Https,
+            "grpc" => Protocol::Grpc,
+            _ => {
+                return Err(Error::invalid(
+                    "protocol",
+                    format!("unknown protocol {s:?} (expected tcp, udp, http, https or grpc)"),
+                ))
+            }
+        })
+    }
+}
+
+/// Whether an endpoint should receive traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Health {
+    /// Serving (the default).
+    #[default]
+    Healthy,
+    /// Registered but not serving, e.g. its node stopped heartbeating.
+    Unhealthy,
+}
+
+impl Health {
+    /// `healthy` or `unhealthy`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Health::Healthy => "healthy",
+            Health::Unhealthy => "unhealthy",
+        }
+    }
+}
+
+impl fmt::Display for Health {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Health {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        match s.to_ascii_lowercase().as_str() {
+            "healthy" => Ok(Health::Healthy),
+            "unhealthy" => Ok(Health::Unhealthy),
+            _ => Err(Error::invalid(
+                "health",
+                format!("unknown health {s:?} (expected healthy or unhealthy)"),
+            )),
+        }
+    }
+}
+
+/// One network endpoint of a service.
+///
+/// ```
+/// use registry_api::{Endpoint, Health, Protocol};
+/// let ep = Endpoint::new("payments", "pod-a", "10.0.0.7", 8080)
+///     .with_protocol(Protocol::Grpc)
+///     .with_node("node-1")
+///     .with_label("zone", "eu-west-1a");
+/// assert_eq!(ep.key().to_string(), "payments/pod-a");
+/// assert_eq!(ep.health, Health::Healthy);
+/// ep.validate().unwrap();
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Endpoint {
+    /// The name clients look up.
+    pub service: String,
+    /// Unique within the service.
+    pub id: String,
+    /// Host name or IP address.
+    pub address: String,
+    /// Port, 1 to 65535.
+    pub port: u16,
+    /// Transport.
+    #[serde(default)]
+    pub protocol: Protocol,
+    /// Owning cluster, for cross-cluster sync (default `default`).
+    #[serde(default = "default_cluster")]
+    pub cluster: String,
+    /// Owning node or agent, the unit of liveness; may be empty.
+    #[serde(default)]
+    pub node: String,
+    /// Whether it should receive traffic.
+    #[serde(default)]
+    pub health: Health,
+    /// Everything else (zone, weight, actor address, instance type).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+fn default_cluster() -> String {
+    DEFAULT_CLUSTER.to_string()
+}
+
+/// The cluster an endpoint belongs to when none is set.
+pub const DEFAULT_CLUSTER: &str = "default";
+
+impl Endpoint {
+    /// A healthy TCP endpoint in the default cluster, owned by no node.
+    pub fn new(
+        service: impl Into<String>,
+        id: impl Into<String>,
+        address: impl Into<String>,
+        port: u16,
+    ) -> Self {
+        Self {
+            service: service.into(),
+            id: id.into(),
+            address: address.into(),
+            port,
+            protocol: Protocol::default(),
+            cluster: default_cluster(),
+            node: String::new(),
+            health: Health::Healthy,
+            labels: BTreeMap::new(),
+        }
+    }
+
+    /// This endpoint's key.
+    pub fn key(&self) -> EndpointKey {
+        EndpointKey::new(self.service.clone(), self.id.clone())
+    }
+
+    /// Whether this endpoint has `key`, without allocating.
+    pub fn has_key(&self, key: &EndpointKey) -> bool {
+        self.service == key.service && self.id == key.id
+    }
+
+    /// Set the protocol.
+    pub fn with_protocol(mut self, protocol: Protocol) -> Self {
+        self.protocol = protocol;
+        self
+    }
+
+    /// Set the owning cluster.
+    pub fn with_cluster(mut self, cluster: impl Into<String>) -> Self {
+        self.cluster = cluster.into();
+        self
+    }
+
+    /// Set the owning node.
+    pub fn with_node(mut self, node: impl Into<String>) -> Self {
+        self.node = node.into();
+        self
+    }
+
+    /// Set the health.
+    pub fn with_health(mut self, health: Health) -> Self {
+        self.health = health;
+        self
+    }
+
+    /// Add or replace one label.
+    pub fn with_label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.labels.insert(key.into(), value.into());
+        self
+    }
+
+    /// Check every field against the limits in [`crate::limits`]; see
+    /// [`crate::validate_endpoint`].
+    pub fn validate(&self) -> Result<(), Error> {
+        crate::validate::validate_endpoint(self)
+    }
+}
+
+/// A position in a registry's change history. Versions only grow: a later
+/// change never has a smaller version than an earlier one.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
+pub struct Version(pub u64);
+
+impl Version {
+    /// The version of an empty registry that has never changed.
+    pub const ZERO: Version = Version(0);
+
+    /// The version after this one.
+    pub fn next(self) -> Version {
+        Version(self.0.saturating_add(1))
+    }
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// One item of a watch stream.
+///
+/// A stream starts with [`Event::Snapshot`] unless it resumed from a version
+/// whose history is still held; it sends a fresh `Snapshot` whenever the
+/// source lost history, so a consumer never has to guess.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// The whole state at `version`; replaces everything the consumer held.
+    Snapshot(Snapshot),
+    /// An endpoint that did not exist before.
+    Added {
+        /// Version of this change.
+        version: Version,
+        /// The new endpoint.
+        endpoint: Endpoint,
+    },
+    /// An existing endpoint changed; carries its new value.
+    Updated {
+        /// Version of this change.
+        version: Version,
+        /// The endpoint as it is now.
+        endpoint: Endpoint,
+    },
+    /// An endpoint was removed.
+    Removed {
+        /// Version of this change.
+        version: Version,
+        /// The key that is gone.
+        key: EndpointKey,
+    },
+}
+
+impl Event {
+    /// The version this event brings the consumer to.
+    pub fn version(&self) -> Version {
+        match self {
+            Event::Snapshot(s) => s.version(),
+            Event::Added { version, .. }
+            | Event::Updated { version, .. }
+            | Event::Removed { version, .. } => *version,
+        }
+    }
+
+    /// The key a delta is about; `None` for a snapshot.
+    pub fn key(&self) -> Option<EndpointKey> {
+        match self {
+            Event::Snapshot(_) => None,
+            Event::Added { endpoint, .. } | Event::Updated { endpoint, .. } => {
+                Some(endpoint.key())
+            }
+            Event::Removed { key, .. } => Some(key.clone()),
+        }
+    }
+
+    /// Short name of the variant: `snapshot`, `added`, `updated`, `removed`.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Event::Snapshot(_) => "snapshot",
+            Event::Added { .. } => "added",
+            Event::Updated { .. } => "updated",
+            Event::Removed { .. } => "removed",
+        }
+    }
+}
+
+/// One write in a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// Insert or replace the endpoint.
+    Register(Endpoint),
+    /// Remove the endpoint if it exists.
+    Deregister(EndpointKey),
+}
+
+impl Op {
+    /// The key this op writes.
+    pub fn key(&self) -> EndpointKey {
+        match self {
+            Op::Register(e) => e.key(),
+            Op::Deregister(k) => k.clone(),
+        }
+    }
+
+    /// Validate the op (registrations only; any key may be deregistered).
+    pub fn validate(&self) -> Result<(), Error> {
+        match self {
+            Op::Register(e) => e.validate(),
+            Op::Deregister(_) => Ok(()),
+        }
+    }
+}
+
+/// What a backend can do natively. Tests and combinators decide from this,
+/// never from the backend's name.
+///
+/// ```
+/// let caps = registry_api::Capabilities::default()
+///     .with_native_watch(true)
+///     .with_max_batch(128);
+/// assert!(caps.native_watch && !caps.atomic_batch);
+/// ```
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// The backend pushes every change (no polling): watchers see each
+    /// intermediate state, not only the latest one.
+    pub native_watch: bool,
+    /// `watch(Some(v))` resumes with only the changes after `v` while the
+    /// backend still holds them.
+    pub resumable_watch: bool,
+    /// `apply` is all-or-nothing for batches up to `max_batch`.
+    pub atomic_batch: bool,
+    /// Largest batch the backend takes in one call.
+    pub max_batch: usize,
+    /// The backend detects dead nodes itself (leases, SWIM).
+    pub native_liveness: bool,
+    /// State survives a restart of the process.
+    pub persistent: bool,
+    /// Most labels one endpoint may carry here (at most
+    /// [`crate::limits::MAX_LABELS`]; Cloud Map allows fewer).
+    pub max_labels: usize,
+}
+
+impl Default for Capabilities {
+    fn default() -> Self {
+        Self {
+            native_watch: false,
+            resumable_watch: false,
+            atomic_batch: false,
+            max_batch: 1,
+            native_liveness: false,
+            persistent: false,
+            max_labels: crate::limits::MAX_LABELS,
+        }
+    }
+}
+
+impl Capabilities {
+    /// Set `native_watch`.
+    pub fn with_native_watch(mut self, v: bool) -> Self {
+        self.native_watch = v;
+        self
+    }
+    /// Set `resumable_watch`.
+    pub fn with_resumable_watch(mut self, v: bool) -> Self {
+        self.resumable_watch = v;
+        self
+    }
+    /// Set `atomic_batch`.
+    pub fn with_atomic_batch(mut self, v: bool) -> Self {
+        self.atomic_batch = v;
+        self
+    }
+    /// Set `max_batch` (at least 1).
+    pub fn with_max_batch(mut self, v: usize) -> Self {
+        self.max_batch = v.max(1);
+        self
+    }
+    /// Set `native_liveness`.
+    pub fn with_native_liveness(mut self, v: bool) -> Self {
+        self.native_liveness = v;
+        self
+    }
+    /// Set `max_labels` (capped at [`crate::limits::MAX_LABELS`]).
+    pub fn with_max_labels(mut self, v: usize) -> Self {
+        self.max_labels = v.min(crate::limits::MAX_LABELS);
+        self
+    }
+    /// Set `persistent`.
+    pub fn with_persistent(mut self, v: bool) -> Self {
+        self.persistent = v;
+        self
+    }
+}

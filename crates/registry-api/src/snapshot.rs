@@ -1,0 +1,181 @@
+//! [`Snapshot`]: the whole registry at one version, immutable and cheap to clone.
+
+use std::fmt;
+use std::ops::Bound;
+
+use imbl::OrdMap;
+
+use crate::model::{Endpoint, EndpointKey, Event, Version};
+
+/// Every endpoint at one [`Version`].
+///
+/// A persistent ordered map underneath: cloning is O(1), and a changed copy
+/// ([`Snapshot::with_event`]) shares all untouched structure with the
+/// original, so caches can swap in a new snapshot per change without copying
+/// the registry. Listing one service is O(log n + k).
+///
+/// ```
+/// use registry_api::{Endpoint, Snapshot, Version};
+/// let snap = Snapshot::from_endpoints(
+///     Version(7),
+///     [Endpoint::new("api", "a", "10.0.0.1", 80), Endpoint::new("db", "b", "10.0.0.2", 5432)],
+/// );
+/// assert_eq!(snap.len(), 2);
+/// assert_eq!(snap.service("api").count(), 1);
+/// ```
+#[derive(Clone, Default, PartialEq)]
+pub struct Snapshot {
+    version: Version,
+    endpoints: OrdMap<EndpointKey, Endpoint>,
+}
+
+impl Snapshot {
+    /// An empty snapshot at `version`.
+    pub fn empty(version: Version) -> Self {
+        Self {
+            version,
+            endpoints: OrdMap::new(),
+        }
+    }
+
+    /// A snapshot holding `endpoints` (a later duplicate key wins).
+    pub fn from_endpoints(version: Version, endpoints: impl IntoIterator<Item = Endpoint>) -> Self {
+        let endpoints = endpoints.into_iter().map(|e| (e.key(), e)).collect();
+        Self { version, endpoints }
+    }
+
+    /// The version this snapshot reflects.
+    pub fn version(&self) -> Version {
+        self.version
+    }
+
+    /// Number of endpoints.
+    pub fn len(&self) -> usize {
+        self.endpoints.len()
+    }
+
+    /// Whether there are no endpoints.
+    pub fn is_empty(&self) -> bool {
+        self.endpoints.is_empty()
+    }
+
+    /// The endpoint with `key`, if present.
+    pub fn get(&self, key: &EndpointKey) -> Option<&Endpoint> {
+        self.endpoints.get(key)
+    }
+
+    /// Whether `key` is present.
+    pub fn contains(&self, key: &EndpointKey) -> bool {
+        self.endpoints.contains_key(key)
+    }
+
+    /// All endpoints, ordered by key.
+    pub fn iter(&self) -> impl Iterator<Item = &Endpoint> + '_ {
+        self.endpoints.values()
+    }
+
+    /// All keys, ordered.
+    pub fn keys(&self) -> impl Iterator<Item = &EndpointKey> + '_ {
+        self.endpoints.keys()
+    }
+
+    /// The endpoints of one service, ordered by id. Costs O(log n + k).
+    pub fn service<'a>(&'a self, service: &'a str) -> impl Iterator<Item = &'a Endpoint> + 'a {
+        let start = EndpointKey::new(service, "");
+        self.endpoints
+            .range((Bound::Included(start), Bound::Unbounded))
+            .take_while(move |(k, _)| k.service == service)
+            .map(|(_, v)| v)
+    }
+
+    /// The endpoints of one service, cloned into a `Vec`.
+    pub fn list(&self, service: &str) -> Vec<Endpoint> {
+        self.service(service).cloned().collect()
+    }
+
+    /// Every endpoint, cloned into a `Vec`.
+    pub fn to_vec(&self) -> Vec<Endpoint> {
+        self.endpoints.values().cloned().collect()
+    }
+
+    /// A copy with `endpoint` inserted or replaced; the version is unchanged.
+    pub fn with_endpoint(&self, endpoint: Endpoint) -> Snapshot {
+        let mut s = self.clone();
+        s.endpoints.insert(endpoint.key(), endpoint);
+        s
+    }
+
+    /// A copy at `version`.
+    pub fn at_version(&self, version: Version) -> Snapshot {
+        let mut s = self.clone();
+        s.version = version;
+        s
+    }
+
+    /// Apply one watch event: a `Snapshot` replaces everything, a delta
+    /// changes one key and moves the version to the event's.
+    pub fn with_event(&self, event: &Event) -> Snapshot {
+        let mut s = self.clone();
+        s.apply(event);
+        s
+    }
+
+    /// In-place form of [`Snapshot::with_event`].
+    pub fn apply(&mut self, event: &Event) {
+        match event {
+            Event::Snapshot(snap) => *self = snap.clone(),
+            Event::Added { version, endpoint } | Event::Updated { version, endpoint } => {
+                self.endpoints.insert(endpoint.key(), endpoint.clone());
+                self.version = *version;
+            }
+            Event::Removed { version, key } => {
+                self.endpoints.remove(key);
+                self.version = *version;
+            }
+        }
+    }
+
+    /// Insert or replace in place (the version is unchanged).
+    pub(crate) fn insert(&mut self, endpoint: Endpoint) -> Option<Endpoint> {
+        self.endpoints.insert(endpoint.key(), endpoint)
+    }
+
+    /// Remove in place (the version is unchanged).
+    pub(crate) fn remove(&mut self, key: &EndpointKey) -> Option<Endpoint> {
+        self.endpoints.remove(key)
+    }
+
+    /// Set the version in place.
+    pub(crate) fn set_version(&mut self, version: Version) {
+        self.version = version;
+    }
+
+    /// Whether both hold exactly the same endpoints (versions ignored).
+    pub fn same_endpoints(&self, other: &Snapshot) -> bool {
+        self.endpoints == other.endpoints
+    }
+
+    /// Pairs of (key, left, right) that differ between `self` and `other`,
+    /// skipping shared structure where the map allows it.
+    pub(crate) fn changes<'a>(
+        &'a self,
+        other: &'a Snapshot,
+    ) -> impl Iterator<Item = imbl::ordmap::DiffItem<'a, 'a, EndpointKey, Endpoint>> + 'a {
+        self.endpoints.diff(&other.endpoints)
+    }
+}
+
+impl fmt::Debug for Snapshot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Snapshot")
+            .field("version", &self.version)
+            .field("len", &self.endpoints.len())
+            .finish()
+    }
+}
+
+impl FromIterator<Endpoint> for Snapshot {
+    fn from_iter<I: IntoIterator<Item = Endpoint>>(iter: I) -> Self {
+        Snapshot::from_endpoints(Version::ZERO, iter)
+    }
+}

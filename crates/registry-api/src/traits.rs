@@ -1,0 +1,129 @@
+//! The four traits a backend implements. All are object-safe, so
+//! `Arc<dyn Registry>` works, and all are forwarded through `Arc<T>` and
+//! `Box<T>`.
+
+use std::fmt::{Debug, Display};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+
+use crate::error::Result;
+use crate::model::{Capabilities, Endpoint, EndpointKey, Event, Op, Version};
+use crate::snapshot::Snapshot;
+
+/// A stream of watch events, `'static` so it can be moved into a task.
+pub type EventStream = BoxStream<'static, Result<Event>>;
+
+/// Read and write endpoints.
+///
+/// Semantics every backend passes in the conformance suite:
+/// `register` is an upsert; deregistering an unknown key is not an error;
+/// `list` of an unknown service is empty; concurrent writers don't lose each
+/// other's keys. Every write validates its input first
+/// ([`crate::validate_endpoint`]) and stores nothing when it is invalid.
+///
+/// `Display` shows the backend and the chain of combinators around it,
+/// e.g. `Cached(Coalescing(Memory))`.
+#[async_trait]
+pub trait Registry: Display + Debug + Send + Sync + 'static {
+    /// Insert or replace `endpoint`.
+    async fn register(&self, endpoint: Endpoint) -> Result<()>;
+    /// Remove the endpoint with `key`; no error if it does not exist.
+    async fn deregister(&self, key: &EndpointKey) -> Result<()>;
+    /// The endpoints of `service`, ordered by id; empty if unknown.
+    async fn list(&self, service: &str) -> Result<Vec<Endpoint>>;
+    /// Every endpoint, at one version.
+    async fn snapshot(&self) -> Result<Snapshot>;
+    /// What this backend does natively.
+    fn capabilities(&self) -> Capabilities;
+}
+
+/// Follow every change.
+pub trait Watch: Send + Sync + 'static {
+    /// A stream that starts with [`Event::Snapshot`], unless it can resume
+    /// from `from` (then only the changes with a version after it). When the
+    /// source lost history (compaction, a gap, a slow consumer), it sends a
+    /// fresh `Snapshot` and goes on. An `Err` item reports a failure; the
+    /// stream may end after it, and the consumer resumes with
+    /// `watch(Some(last_version))`.
+    fn watch(&self, from: Option<Version>) -> EventStream;
+}
+
+/// Several writes in one call.
+#[async_trait]
+pub trait Batch: Registry {
+    /// Apply `ops` in order (a later op on the same key wins). All-or-nothing
+    /// when [`Capabilities::atomic_batch`] is set and `ops.len() <=
+    /// max_batch()`. Every op is validated before anything is written; an
+    /// invalid op fails the whole call with a field named `ops[i].…`.
+    async fn apply(&self, ops: Vec<Op>) -> Result<()>;
+    /// Largest batch applied in one backend call.
+    fn max_batch(&self) -> usize {
+        self.capabilities().max_batch
+    }
+}
+
+/// The liveness signal of a node that owns endpoints.
+#[async_trait]
+pub trait Heartbeat: Send + Sync + 'static {
+    /// Record that `node` is alive. Revives its endpoints if they were
+    /// marked unhealthy.
+    async fn heartbeat(&self, node: &str) -> Result<()>;
+}
+
+/// Validate every op of a batch, naming the op's index in the error.
+pub fn validate_ops(ops: &[Op]) -> Result<()> {
+    for (i, op) in ops.iter().enumerate() {
+        op.validate().map_err(|e| e.in_field(&format!("ops[{i}].")))?;
+    }
+    Ok(())
+}
+
+macro_rules! forward {
+    ($($ptr:ident),*) => {$(
+        #[async_trait]
+        impl<T: Registry + ?Sized> Registry for $ptr<T> {
+            async fn register(&self, endpoint: Endpoint) -> Result<()> {
+                (**self).register(endpoint).await
+            }
+            async fn deregister(&self, key: &EndpointKey) -> Result<()> {
+                (**self).deregister(key).await
+            }
+            async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
+                (**self).list(service).await
+            }
+            async fn snapshot(&self) -> Result<Snapshot> {
+                (**self).snapshot().await
+            }
+            fn capabilities(&self) -> Capabilities {
+                (**self).capabilities()
+            }
+        }
+
+        impl<T: Watch + ?Sized> Watch for $ptr<T> {
+            fn watch(&self, from: Option<Version>) -> EventStream {
+                (**self).watch(from)
+            }
+        }
+
+        #[async_trait]
+        impl<T: Batch + ?Sized> Batch for $ptr<T> {
+            async fn apply(&self, ops: Vec<Op>) -> Result<()> {
+                (**self).apply(ops).await
+            }
+            fn max_batch(&self) -> usize {
+                (**self).max_batch()
+            }
+        }
+
+        #[async_trait]
+        impl<T: Heartbeat + ?Sized> Heartbeat for $ptr<T> {
+            async fn heartbeat(&self, node: &str) -> Result<()> {
+                (**self).heartbeat(node).await
+            }
+        }
+    )*};
+}
+
+forward!(Arc, Box);

@@ -1,0 +1,199 @@
+//! The one validation every backend calls before it writes.
+//!
+//! The limits are chosen so that an endpoint fits every backend we ship:
+//! names fit a DNS name (253 bytes), and a whole endpoint fits comfortably
+//! in an etcd value, a DynamoDB item, a Cloud Map instance and one gossip
+//! packet's worth of broadcasts.
+
+use crate::error::Error;
+use crate::model::Endpoint;
+
+/// Limits checked by [`validate_endpoint`].
+pub mod limits {
+    /// Longest `service`, `id`, `address`, `cluster` or `node`, in bytes.
+    pub const MAX_NAME_LEN: usize = 253;
+    /// Most labels on one endpoint.
+    pub const MAX_LABELS: usize = 64;
+    /// Longest label key, in bytes (at least 1).
+    pub const MAX_LABEL_KEY_LEN: usize = 128;
+    /// Longest label value, in bytes (may be empty).
+    pub const MAX_LABEL_VALUE_LEN: usize = 1024;
+    /// Largest endpoint: the sum of the lengths of every string in it
+    /// (names, address, label keys and values) plus 16 bytes for the fixed
+    /// fields.
+    pub const MAX_ENCODED_LEN: usize = 16 * 1024;
+}
+
+use limits::*;
+
+/// The size [`limits::MAX_ENCODED_LEN`] is checked against.
+pub fn encoded_len(e: &Endpoint) -> usize {
+    let labels: usize = e.labels.iter().map(|(k, v)| k.len() + v.len()).sum();
+    e.service.len() + e.id.len() + e.address.len() + e.cluster.len() + e.node.len() + labels + 16
+}
+
+/// Check an endpoint against every limit.
+///
+/// Rules:
+/// - `service`, `id`, `address`: 1 to [`MAX_NAME_LEN`] bytes, no control
+///   characters and no whitespace.
+/// - `cluster`, `node`: 0 to [`MAX_NAME_LEN`] bytes, same characters.
+/// - `port`: 1 to 65535.
+/// - at most [`MAX_LABELS`] labels; keys 1 to [`MAX_LABEL_KEY_LEN`] bytes
+///   without control characters or whitespace; values up to
+///   [`MAX_LABEL_VALUE_LEN`] bytes without control characters.
+/// - the whole endpoint at most [`MAX_ENCODED_LEN`] bytes ([`encoded_len`]).
+///
+/// The error is [`Error::InvalidInput`] naming the field and the limit.
+///
+/// ```
+/// use registry_api::{validate_endpoint, Endpoint, ErrorKind};
+/// let bad = Endpoint::new("payments", "", "10.0.0.1", 80);
+/// let err = validate_endpoint(&bad).unwrap_err();
+/// assert_eq!(err.kind(), ErrorKind::InvalidInput);
+/// assert!(err.to_string().contains("id"));
+/// ```
+pub fn validate_endpoint(e: &Endpoint) -> Result<(), Error> {
+    check_name("service", &e.service, true)?;
+    check_name("id", &e.id, true)?;
+    check_name("address", &e.address, true)?;
+    check_name("cluster", &e.cluster, false)?;
+    check_name("node", &e.node, false)?;
+    if e.port == 0 {
+        return Err(Error::invalid("port", "must be between 1 and 65535, got 0"));
+    }
+    if e.labels.len() > MAX_LABELS {
+        return Err(Error::invalid(
+            "labels",
+            format!(
+                "{} labels, more than the limit of {MAX_LABELS}",
+                e.labels.len()
+            ),
+        ));
+    }
+    for (k, v) in &e.labels {
+        let field = || format!("labels[{k:?}]");
+        if k.is_empty() {
+            return Err(Error::invalid("labels", "a label key is empty"));
+        }
+        if k.len() > MAX_LABEL_KEY_LEN {
+            return Err(Error::invalid(
+                field(),
+                format!(
+                    "key is {} bytes, longer than the limit of {MAX_LABEL_KEY_LEN}",
+                    k.len()
+                ),
+            ));
+        }
+        if let Some(c) = k.chars().find(|c| c.is_control() || c.is_whitespace()) {
+            return Err(Error::invalid(
+                field(),
+                format!("key contains the forbidden character {c:?}"),
+            ));
+        }
+        if v.len() > MAX_LABEL_VALUE_LEN {
+            return Err(Error::invalid(
+                field(),
+                format!(
+                    "value is {} bytes, longer than the limit of {MAX_LABEL_VALUE_LEN}",
+                    v.len()
+                ),
+            ));
+        }
+        if let Some(c) = v.chars().find(|c| c.is_control()) {
+            return Err(Error::invalid(
+                field(),
+                format!("value contains the control character {c:?}"),
+            ));
+        }
+    }
+    let len = encoded_len(e);
+    if len > MAX_ENCODED_LEN {
+        return Err(Error::invalid(
+            "endpoint",
+            format!("encoded size is {len} bytes, larger than the limit of {MAX_ENCODED_LEN}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Check one name field: length and characters (see [`validate_endpoint`]).
+pub fn check_name(field: &str, value: &str, required: bool) -> Result<(), Error> {
+    if required && value.is_empty() {
+        return Err(Error::invalid(field, "must not be empty"));
+    }
+    if value.len() > MAX_NAME_LEN {
+        return Err(Error::invalid(
+            field,
+            format!(
+                "is {} bytes, longer than the limit of {MAX_NAME_LEN}",
+                value.len()
+            ),
+        ));
+    }
+    if let Some(c) = value
+        .chars()
+        .find(|c| c.is_control() || c.is_whitespace())
+    {
+        return Err(Error::invalid(
+            field,
+            format!("contains the forbidden character {c:?}"),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorKind;
+
+    fn field_of(e: &Endpoint) -> String {
+        match validate_endpoint(e) {
+            Err(Error::InvalidInput { field, .. }) => field,
+            other => panic!("expected InvalidInput, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn each_rule_names_its_field() {
+        let ok = Endpoint::new("s", "i", "127.0.0.1", 1);
+        assert!(validate_endpoint(&ok).is_ok());
+        let mut e = ok.clone();
+        e.service = "a b".into();
+        assert_eq!(field_of(&e), "service");
+        let mut e = ok.clone();
+        e.address = String::new();
+        assert_eq!(field_of(&e), "address");
+        let mut e = ok.clone();
+        e.node = "n\u{7}".into();
+        assert_eq!(field_of(&e), "node");
+        let mut e = ok.clone();
+        e.port = 0;
+        assert_eq!(field_of(&e), "port");
+        let e = ok.clone().with_label("zone", "a\nb");
+        assert_eq!(field_of(&e), "labels[\"zone\"]");
+        let e = ok.clone().with_label("", "x");
+        assert_eq!(field_of(&e), "labels");
+    }
+
+    #[test]
+    fn limits_are_inclusive() {
+        let mut e = Endpoint::new("s".repeat(MAX_NAME_LEN), "i", "h", 1);
+        assert!(validate_endpoint(&e).is_ok());
+        e.service.push('s');
+        let err = validate_endpoint(&e).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput);
+        assert!(err.to_string().contains("253"), "{err}");
+    }
+
+    #[test]
+    fn total_size_is_bounded() {
+        let mut e = Endpoint::new("s", "i", "h", 1);
+        for i in 0..MAX_LABELS {
+            e.labels
+                .insert(format!("k{i:03}"), "v".repeat(MAX_LABEL_VALUE_LEN));
+        }
+        assert_eq!(field_of(&e), "endpoint");
+    }
+}
