@@ -1,9 +1,15 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
+mod cached;
+mod coalescing;
 mod error;
+mod history;
+mod hub;
+mod liveness;
 mod memory;
 mod model;
+mod polling;
 mod snapshot;
 mod traits;
 mod validate;
@@ -11,11 +17,16 @@ mod validate;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use cached::{CachedConfig, CachedRegistry};
+pub use coalescing::{Coalescing, CoalescingConfig, WriteTicket};
 pub use error::{Cause, Error, ErrorKind, Result};
+pub use hub::{Hub, DEFAULT_SUBSCRIBER_BUFFER};
+pub use liveness::{Liveness, LivenessConfig, SweepReport};
 pub use memory::{MemoryRegistry, DEFAULT_HISTORY};
 pub use model::{
     Capabilities, Endpoint, EndpointKey, Event, Health, Op, Protocol, Version, DEFAULT_CLUSTER,
 };
+pub use polling::{diff, Polling, PollingConfig};
 pub use snapshot::Snapshot;
 pub use traits::{validate_ops, Batch, EventStream, Heartbeat, Registry, Watch};
 pub use validate::{check_name, encoded_len, limits, validate_endpoint};

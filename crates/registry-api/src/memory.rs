@@ -1,6 +1,5 @@
 //! [`MemoryRegistry`]: the complete in-memory reference backend.
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -9,6 +8,7 @@ use futures::stream::{self, StreamExt};
 use tokio::sync::broadcast;
 
 use crate::error::Result;
+use crate::history::History;
 use crate::model::{Capabilities, Endpoint, EndpointKey, Event, Health, Op, Version};
 use crate::snapshot::Snapshot;
 use crate::traits::{validate_ops, Batch, EventStream, Heartbeat, Registry, Watch};
@@ -43,13 +43,12 @@ pub struct MemoryRegistry {
 struct Shared {
     state: Mutex<State>,
     tx: broadcast::Sender<Event>,
-    history_len: usize,
     max_batch: usize,
 }
 
 struct State {
     snap: Snapshot,
-    history: VecDeque<Event>,
+    history: History,
 }
 
 impl Default for MemoryRegistry {
@@ -73,13 +72,20 @@ impl MemoryRegistry {
             shared: Arc::new(Shared {
                 state: Mutex::new(State {
                     snap: Snapshot::empty(Version::ZERO),
-                    history: VecDeque::new(),
+                    history: History::new(history_len, Version::ZERO),
                 }),
                 tx,
-                history_len,
                 max_batch: 10_000,
             }),
         }
+    }
+
+    /// Set the largest batch [`Batch::apply`] takes (default 10 000).
+    pub fn with_max_batch(mut self, max_batch: usize) -> Self {
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            shared.max_batch = max_batch.max(1);
+        }
+        self
     }
 
     /// The version of the latest change.
@@ -117,36 +123,9 @@ impl MemoryRegistry {
                 }
             };
             st.snap.apply(&event);
-            if st.history.len() == self.shared.history_len {
-                st.history.pop_front();
-            }
-            st.history.push_back(event.clone());
+            st.history.push(event.clone());
             // No receivers is fine.
             let _ = self.shared.tx.send(event);
-        }
-    }
-
-    /// What a watch from `from` must send first, computed under the lock.
-    fn initial(st: &State, from: Option<Version>) -> Vec<Event> {
-        let current = st.snap.version();
-        match from {
-            Some(v) if v == current => Vec::new(),
-            Some(v) if v < current => {
-                let held = st
-                    .history
-                    .front()
-                    .is_some_and(|oldest| oldest.version() <= v.next());
-                if held {
-                    st.history
-                        .iter()
-                        .filter(|e| e.version() > v)
-                        .cloned()
-                        .collect()
-                } else {
-                    vec![Event::Snapshot(st.snap.clone())]
-                }
-            }
-            _ => vec![Event::Snapshot(st.snap.clone())],
         }
     }
 }
@@ -173,7 +152,6 @@ impl fmt::Debug for MemoryRegistry {
         f.debug_struct("MemoryRegistry")
             .field("version", &st.snap.version())
             .field("endpoints", &st.snap.len())
-            .field("history", &st.history.len())
             .finish()
     }
 }
@@ -212,6 +190,16 @@ impl Registry for MemoryRegistry {
 impl Batch for MemoryRegistry {
     async fn apply(&self, ops: Vec<Op>) -> Result<()> {
         validate_ops(&ops)?;
+        if ops.len() > self.shared.max_batch {
+            return Err(crate::Error::invalid(
+                "ops",
+                format!(
+                    "{} ops, more than max_batch {}",
+                    ops.len(),
+                    self.shared.max_batch
+                ),
+            ));
+        }
         self.commit(ops);
         Ok(())
     }
@@ -239,7 +227,7 @@ impl Watch for MemoryRegistry {
             let st = self.lock();
             // Subscribing under the lock: no change can fall between the
             // initial events and the live ones.
-            (Self::initial(&st, from), self.shared.tx.subscribe())
+            (st.history.since(from, &st.snap), self.shared.tx.subscribe())
         };
         let last = initial
             .last()
@@ -269,6 +257,8 @@ impl Watch for MemoryRegistry {
                 }
             }
         });
-        stream::iter(initial.into_iter().map(Ok)).chain(live).boxed()
+        stream::iter(initial.into_iter().map(Ok))
+            .chain(live)
+            .boxed()
     }
 }

@@ -318,9 +318,7 @@ impl Event {
     pub fn key(&self) -> Option<EndpointKey> {
         match self {
             Event::Snapshot(_) => None,
-            Event::Added { endpoint, .. } | Event::Updated { endpoint, .. } => {
-                Some(endpoint.key())
-            }
+            Event::Added { endpoint, .. } | Event::Updated { endpoint, .. } => Some(endpoint.key()),
             Event::Removed { key, .. } => Some(key.clone()),
         }
     }

@@ -135,21 +135,6 @@ impl Snapshot {
         }
     }
 
-    /// Insert or replace in place (the version is unchanged).
-    pub(crate) fn insert(&mut self, endpoint: Endpoint) -> Option<Endpoint> {
-        self.endpoints.insert(endpoint.key(), endpoint)
-    }
-
-    /// Remove in place (the version is unchanged).
-    pub(crate) fn remove(&mut self, key: &EndpointKey) -> Option<Endpoint> {
-        self.endpoints.remove(key)
-    }
-
-    /// Set the version in place.
-    pub(crate) fn set_version(&mut self, version: Version) {
-        self.version = version;
-    }
-
     /// Whether both hold exactly the same endpoints (versions ignored).
     pub fn same_endpoints(&self, other: &Snapshot) -> bool {
         self.endpoints == other.endpoints

@@ -113,8 +113,7 @@ pub async fn follow_until(
     service: &str,
     want: &[Endpoint],
 ) -> Vec<Event> {
-    let want: BTreeMap<String, Endpoint> =
-        want.iter().map(|e| (e.id.clone(), e.clone())).collect();
+    let want: BTreeMap<String, Endpoint> = want.iter().map(|e| (e.id.clone(), e.clone())).collect();
     let mut seen = Vec::new();
     while service_state(state, service) != want {
         let ev = next_for(stream, service, &format!("{service} to reach {want:?}")).await;
@@ -134,7 +133,10 @@ fn expect_invalid(res: Result<()>, field: &str, case: &str) {
         Err(Error::InvalidInput { field: f, reason }) => {
             assert_eq!(f, field, "{case}: wrong field named (reason: {reason})");
             let msg = Error::invalid(f.clone(), reason).to_string();
-            assert!(msg.contains(field), "{case}: message {msg:?} does not name {field}");
+            assert!(
+                msg.contains(field),
+                "{case}: message {msg:?} does not name {field}"
+            );
         }
         other => panic!("{case}: expected InvalidInput naming {field}, got {other:?}"),
     }
@@ -209,7 +211,9 @@ pub async fn list_is_scoped_to_service<R: Registry + ?Sized>(reg: &R) {
 pub async fn snapshot_has_everything_and_versions_grow<R: Registry + ?Sized>(reg: &R) {
     let svc = unique("snap");
     let before = reg.snapshot().await.expect("snapshot").version();
-    let eps: Vec<Endpoint> = (0..5).map(|i| ep(&svc, &format!("e{i}"), 3000 + i)).collect();
+    let eps: Vec<Endpoint> = (0..5)
+        .map(|i| ep(&svc, &format!("e{i}"), 3000 + i))
+        .collect();
     let mut last = before;
     for e in &eps {
         reg.register(e.clone()).await.expect("register");
@@ -267,7 +271,10 @@ pub async fn batch_applies_in_order<R: Batch + ?Sized>(reg: &R) {
         Op::Deregister(EndpointKey::new(&svc, "never")),
     ];
     reg.apply(ops).await.expect("apply");
-    assert_eq!(reg.list(&svc).await.expect("list"), vec![b2, ep(&svc, "d", 5)]);
+    assert_eq!(
+        reg.list(&svc).await.expect("list"),
+        vec![b2, ep(&svc, "d", 5)]
+    );
     reg.apply(Vec::new()).await.expect("empty batch");
 }
 
@@ -311,7 +318,12 @@ pub async fn batch_is_atomic<R: Batch + ?Sized>(reg: &R) {
         while !done.load(std::sync::atomic::Ordering::SeqCst) || reads == 0 {
             let len = reg.list(&svc).await.expect("list").len();
             assert_eq!(len % n, 0, "list saw a partial batch: {len} endpoints");
-            let len = reg.snapshot().await.expect("snapshot").service(&svc).count();
+            let len = reg
+                .snapshot()
+                .await
+                .expect("snapshot")
+                .service(&svc)
+                .count();
             assert_eq!(len % n, 0, "snapshot saw a partial batch: {len} endpoints");
             reads += 1;
             tokio::task::yield_now().await;
@@ -349,10 +361,16 @@ fn scenario(svc: &str) -> (Vec<Op>, Vec<(&'static str, String)>, Vec<Endpoint>) 
         Op::Deregister(EndpointKey::new(svc, "b")),
         Op::Register(ep(svc, "c", 3)),
     ];
-    let expected = [("added", "a"), ("added", "b"), ("updated", "a"), ("removed", "b"), ("added", "c")]
-        .iter()
-        .map(|(k, id)| (*k, id.to_string()))
-        .collect();
+    let expected = [
+        ("added", "a"),
+        ("added", "b"),
+        ("updated", "a"),
+        ("removed", "b"),
+        ("added", "c"),
+    ]
+    .iter()
+    .map(|(k, id)| (*k, id.to_string()))
+    .collect();
     (ops, expected, vec![ep(svc, "a", 11), ep(svc, "c", 3)])
 }
 
@@ -373,7 +391,11 @@ fn summary(events: &[Event]) -> Vec<(&'static str, String)> {
 }
 
 fn assert_in_order(events: &[Event], expected: &[(&'static str, String)], after: Version) {
-    assert_eq!(summary(events), expected, "events out of order, missing, repeated or of the wrong kind");
+    assert_eq!(
+        summary(events),
+        expected,
+        "events out of order, missing, repeated or of the wrong kind"
+    );
     let mut last = after;
     for e in events {
         assert!(
@@ -428,7 +450,9 @@ pub async fn watch_resume_loses_nothing<R: Registry + Watch + ?Sized>(reg: &R) {
     for e in &missed {
         reg.register(e.clone()).await.expect("register while away");
     }
-    reg.deregister(&first.key()).await.expect("deregister while away");
+    reg.deregister(&first.key())
+        .await
+        .expect("deregister while away");
     let mut w = reg.watch(Some(resume_at));
     let seen = follow_until(&mut w, &mut state, &svc, &missed).await;
     let caps = reg.capabilities();
@@ -535,21 +559,74 @@ pub async fn invalid_input_names_field<R: Registry + ?Sized>(reg: &R) {
         too_many.labels.insert(format!("k{i}"), "v".into());
     }
     let cases: Vec<(&str, Endpoint)> = vec![
-        ("service", Endpoint { service: String::new(), ..good.clone() }),
-        ("id", Endpoint { id: long.clone(), ..good.clone() }),
-        ("id", Endpoint { id: "has space".into(), ..good.clone() }),
-        ("address", Endpoint { address: "a\u{0}b".into(), ..good.clone() }),
-        ("port", Endpoint { port: 0, ..good.clone() }),
-        ("cluster", Endpoint { cluster: "c\nd".into(), ..good.clone() }),
-        ("node", Endpoint { node: long.clone(), ..good.clone() }),
+        (
+            "service",
+            Endpoint {
+                service: String::new(),
+                ..good.clone()
+            },
+        ),
+        (
+            "id",
+            Endpoint {
+                id: long.clone(),
+                ..good.clone()
+            },
+        ),
+        (
+            "id",
+            Endpoint {
+                id: "has space".into(),
+                ..good.clone()
+            },
+        ),
+        (
+            "address",
+            Endpoint {
+                address: "a\u{0}b".into(),
+                ..good.clone()
+            },
+        ),
+        (
+            "port",
+            Endpoint {
+                port: 0,
+                ..good.clone()
+            },
+        ),
+        (
+            "cluster",
+            Endpoint {
+                cluster: "c\nd".into(),
+                ..good.clone()
+            },
+        ),
+        (
+            "node",
+            Endpoint {
+                node: long.clone(),
+                ..good.clone()
+            },
+        ),
         ("labels", too_many),
-        ("labels[\"zone\"]", good.clone().with_label("zone", "x".repeat(MAX_LABEL_VALUE_LEN + 1))),
-        ("labels[\"bad\\tkey\"]", good.clone().with_label("bad\tkey", "v")),
+        (
+            "labels[\"zone\"]",
+            good.clone()
+                .with_label("zone", "x".repeat(MAX_LABEL_VALUE_LEN + 1)),
+        ),
+        (
+            "labels[\"bad\\tkey\"]",
+            good.clone().with_label("bad\tkey", "v"),
+        ),
     ];
     for (field, bad) in cases {
         expect_invalid(reg.register(bad).await, field, &format!("bad {field}"));
     }
-    assert_eq!(reg.list(&svc).await.expect("list"), vec![good], "stored data changed");
+    assert_eq!(
+        reg.list(&svc).await.expect("list"),
+        vec![good],
+        "stored data changed"
+    );
 }
 
 /// Values exactly at each limit are stored; one past is refused.
@@ -565,7 +642,10 @@ pub async fn limits_accepted_and_one_past_rejected<R: Registry + ?Sized>(reg: &R
     .with_node("n".repeat(MAX_NAME_LEN))
     .with_cluster("c".repeat(MAX_NAME_LEN));
     reg.register(at.clone()).await.expect("names at the limit");
-    let past = Endpoint { id: "i".repeat(MAX_NAME_LEN + 1), ..at.clone() };
+    let past = Endpoint {
+        id: "i".repeat(MAX_NAME_LEN + 1),
+        ..at.clone()
+    };
     expect_invalid(reg.register(past).await, "id", "id one past the limit");
 
     let small = unique("limits-labels");
@@ -574,13 +654,24 @@ pub async fn limits_accepted_and_one_past_rejected<R: Registry + ?Sized>(reg: &R
     for i in 0..max_labels {
         many.labels.insert(format!("k{i:02}"), format!("v{i}"));
     }
-    reg.register(many.clone()).await.expect("labels at the count limit");
-    let mut big = ep(&small, "big", 2)
-        .with_label("k".repeat(MAX_LABEL_KEY_LEN), "v".repeat(MAX_LABEL_VALUE_LEN));
-    reg.register(big.clone()).await.expect("label key and value at the limit");
-    big.labels.insert("k".repeat(MAX_LABEL_KEY_LEN + 1), "v".into());
+    reg.register(many.clone())
+        .await
+        .expect("labels at the count limit");
+    let mut big = ep(&small, "big", 2).with_label(
+        "k".repeat(MAX_LABEL_KEY_LEN),
+        "v".repeat(MAX_LABEL_VALUE_LEN),
+    );
+    reg.register(big.clone())
+        .await
+        .expect("label key and value at the limit");
+    big.labels
+        .insert("k".repeat(MAX_LABEL_KEY_LEN + 1), "v".into());
     let field = format!("labels[{:?}]", "k".repeat(MAX_LABEL_KEY_LEN + 1));
-    expect_invalid(reg.register(big).await, &field, "label key one past the limit");
+    expect_invalid(
+        reg.register(big).await,
+        &field,
+        "label key one past the limit",
+    );
 
     // Total size: fill label values until the endpoint is exactly at the limit.
     let mut full = ep(&small, "full", 3);
@@ -588,18 +679,28 @@ pub async fn limits_accepted_and_one_past_rejected<R: Registry + ?Sized>(reg: &R
     while encoded_len(&full) < MAX_ENCODED_LEN {
         let key = format!("f{i:02}");
         let room = MAX_ENCODED_LEN - encoded_len(&full) - key.len();
-        full.labels.insert(key, "v".repeat(room.min(MAX_LABEL_VALUE_LEN)));
+        full.labels
+            .insert(key, "v".repeat(room.min(MAX_LABEL_VALUE_LEN)));
         i += 1;
     }
     if full.labels.len() < max_labels {
         assert_eq!(encoded_len(&full), MAX_ENCODED_LEN);
-        reg.register(full.clone()).await.expect("endpoint at the size limit");
+        reg.register(full.clone())
+            .await
+            .expect("endpoint at the size limit");
         // One more byte: a label with a one-byte key and an empty value.
         let over = full.clone().with_label("x", "");
-        expect_invalid(reg.register(over).await, "endpoint", "one byte past the size limit");
+        expect_invalid(
+            reg.register(over).await,
+            "endpoint",
+            "one byte past the size limit",
+        );
     }
     let got = reg.list(&small).await.expect("list");
-    assert!(got.contains(&many), "the endpoint with {max_labels} labels is missing");
+    assert!(
+        got.contains(&many),
+        "the endpoint with {max_labels} labels is missing"
+    );
     assert_eq!(reg.list(&svc).await.expect("list"), vec![at]);
 }
 
@@ -678,4 +779,186 @@ macro_rules! conformance_tests {
             }
         )*
     };
+}
+
+/// A wrapper that injects faults into any registry, for testing combinators
+/// and consumers: failing writes, a backend that is down, watch streams
+/// cut at will, and a record of the versions watches were resumed from.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use registry_api::{testing::Faulty, MemoryRegistry, Registry, ErrorKind};
+/// let reg = Faulty::new(MemoryRegistry::new());
+/// reg.fail_writes(1);
+/// let ep = registry_api::testing::ep("s", "a", 1);
+/// assert_eq!(reg.register(ep.clone()).await.unwrap_err().kind(), ErrorKind::Unavailable);
+/// reg.register(ep).await.unwrap();
+/// # });
+/// ```
+pub struct Faulty<R> {
+    inner: R,
+    state: std::sync::Mutex<FaultState>,
+    cut: tokio::sync::watch::Sender<u64>,
+    latency: std::sync::Mutex<Duration>,
+}
+
+#[derive(Default)]
+struct FaultState {
+    fail_writes: usize,
+    down: bool,
+    watch_froms: Vec<Option<Version>>,
+    batches: Vec<usize>,
+    write_calls: usize,
+}
+
+impl<R> Faulty<R> {
+    /// Wrap `inner` with no faults.
+    pub fn new(inner: R) -> Self {
+        Self {
+            inner,
+            state: std::sync::Mutex::new(FaultState::default()),
+            cut: tokio::sync::watch::channel(0).0,
+            latency: std::sync::Mutex::new(Duration::ZERO),
+        }
+    }
+
+    fn st(&self) -> std::sync::MutexGuard<'_, FaultState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The next `n` write calls fail with `Unavailable`.
+    pub fn fail_writes(&self, n: usize) {
+        self.st().fail_writes = n;
+    }
+
+    /// While down, every call fails with `Unavailable`, open watch streams
+    /// are cut and new ones fail at once.
+    pub fn set_down(&self, down: bool) {
+        self.st().down = down;
+        if down {
+            self.cut_streams();
+        }
+    }
+
+    /// End every open watch stream with an `Unavailable` error.
+    pub fn cut_streams(&self) {
+        self.cut.send_modify(|g| *g += 1);
+    }
+
+    /// Every call sleeps this long first (a slow backend).
+    pub fn set_latency(&self, latency: Duration) {
+        *self.latency.lock().unwrap_or_else(|p| p.into_inner()) = latency;
+    }
+
+    /// The `from` argument of every `watch` call so far.
+    pub fn watch_froms(&self) -> Vec<Option<Version>> {
+        self.st().watch_froms.clone()
+    }
+
+    /// The size of every `apply` call that reached the inner registry.
+    pub fn batches(&self) -> Vec<usize> {
+        self.st().batches.clone()
+    }
+
+    /// How many write calls (register, deregister, apply) were made.
+    pub fn write_calls(&self) -> usize {
+        self.st().write_calls
+    }
+
+    /// The wrapped registry.
+    pub fn get_ref(&self) -> &R {
+        &self.inner
+    }
+
+    async fn gate(&self, write: bool) -> Result<()> {
+        let latency = *self.latency.lock().unwrap_or_else(|p| p.into_inner());
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+        let mut st = self.st();
+        if write {
+            st.write_calls += 1;
+        }
+        if st.down {
+            return Err(Error::unavailable("injected: backend down"));
+        }
+        if write && st.fail_writes > 0 {
+            st.fail_writes -= 1;
+            return Err(Error::unavailable("injected: write failed"));
+        }
+        Ok(())
+    }
+}
+
+impl<R: Registry> std::fmt::Display for Faulty<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Faulty({})", self.inner)
+    }
+}
+
+impl<R: Registry> std::fmt::Debug for Faulty<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Faulty")
+            .field("inner", &self.inner)
+            .finish()
+    }
+}
+
+#[async_trait::async_trait]
+impl<R: Registry> Registry for Faulty<R> {
+    async fn register(&self, endpoint: Endpoint) -> Result<()> {
+        self.gate(true).await?;
+        self.inner.register(endpoint).await
+    }
+    async fn deregister(&self, key: &EndpointKey) -> Result<()> {
+        self.gate(true).await?;
+        self.inner.deregister(key).await
+    }
+    async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
+        self.gate(false).await?;
+        self.inner.list(service).await
+    }
+    async fn snapshot(&self) -> Result<Snapshot> {
+        self.gate(false).await?;
+        self.inner.snapshot().await
+    }
+    fn capabilities(&self) -> crate::Capabilities {
+        self.inner.capabilities()
+    }
+}
+
+#[async_trait::async_trait]
+impl<R: Batch> Batch for Faulty<R> {
+    async fn apply(&self, ops: Vec<Op>) -> Result<()> {
+        self.gate(true).await?;
+        let n = ops.len();
+        self.inner.apply(ops).await?;
+        self.st().batches.push(n);
+        Ok(())
+    }
+    fn max_batch(&self) -> usize {
+        self.inner.max_batch()
+    }
+}
+
+impl<R: Watch> Watch for Faulty<R> {
+    fn watch(&self, from: Option<Version>) -> EventStream {
+        let down = {
+            let mut st = self.st();
+            st.watch_froms.push(from);
+            st.down
+        };
+        if down {
+            let err = Error::unavailable("injected: backend down");
+            return futures::stream::once(async move { Err(err) }).boxed();
+        }
+        let mut cut = self.cut.subscribe();
+        cut.borrow_and_update();
+        let until = async move {
+            let _ = cut.changed().await;
+        };
+        let tail =
+            futures::stream::once(async { Err(Error::unavailable("injected: watch stream cut")) });
+        self.inner.watch(from).take_until(until).chain(tail).boxed()
+    }
 }

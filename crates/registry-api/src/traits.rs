@@ -75,7 +75,8 @@ pub trait Heartbeat: Send + Sync + 'static {
 /// Validate every op of a batch, naming the op's index in the error.
 pub fn validate_ops(ops: &[Op]) -> Result<()> {
     for (i, op) in ops.iter().enumerate() {
-        op.validate().map_err(|e| e.in_field(&format!("ops[{i}].")))?;
+        op.validate()
+            .map_err(|e| e.in_field(&format!("ops[{i}].")))?;
     }
     Ok(())
 }

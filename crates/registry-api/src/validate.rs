@@ -131,10 +131,7 @@ pub fn check_name(field: &str, value: &str, required: bool) -> Result<(), Error>
             ),
         ));
     }
-    if let Some(c) = value
-        .chars()
-        .find(|c| c.is_control() || c.is_whitespace())
-    {
+    if let Some(c) = value.chars().find(|c| c.is_control() || c.is_whitespace()) {
         return Err(Error::invalid(
             field,
             format!("contains the forbidden character {c:?}"),

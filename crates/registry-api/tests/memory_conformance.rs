@@ -1,5 +1,7 @@
 //! The conformance suite over `MemoryRegistry`.
 
+#![allow(clippy::unwrap_used)]
+
 use registry_api::{MemoryRegistry, Registry};
 
 const HISTORY: usize = 64;

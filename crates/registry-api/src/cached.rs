@@ -1,0 +1,382 @@
+//! [`CachedRegistry`]: local-first reads from a snapshot kept by a watch.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use backon::BackoffBuilder;
+use futures::StreamExt;
+use tokio::time::Instant;
+
+use crate::error::Result;
+use crate::hub::{Hub, DEFAULT_SUBSCRIBER_BUFFER};
+use crate::model::{Capabilities, Endpoint, EndpointKey, Event, Op, Version};
+use crate::polling::diff;
+use crate::snapshot::Snapshot;
+use crate::traits::{Batch, EventStream, Heartbeat, Registry, Watch};
+
+/// Settings of [`CachedRegistry`].
+#[non_exhaustive]
+#[derive(Debug, Clone)]
+pub struct CachedConfig {
+    /// First delay before reconnecting a lost stream. Default 200 ms.
+    pub reconnect_min: Duration,
+    /// Longest delay between reconnects (exponential, factor 2, with
+    /// jitter). Default 30 s.
+    pub reconnect_max: Duration,
+    /// Deltas kept so local watchers can resume. Default 4096.
+    pub history: usize,
+    /// Events buffered per local watcher before it is cut off. Default 1024.
+    pub buffer: usize,
+    /// After a write succeeds, wait up to this long for the cache to show
+    /// it, so a caller reads its own writes. Zero turns the wait off.
+    /// Default 5 s; the wait is skipped while the stream is down.
+    pub write_wait: Duration,
+}
+
+impl Default for CachedConfig {
+    fn default() -> Self {
+        Self {
+            reconnect_min: Duration::from_millis(200),
+            reconnect_max: Duration::from_secs(30),
+            history: 4096,
+            buffer: DEFAULT_SUBSCRIBER_BUFFER,
+            write_wait: Duration::from_secs(5),
+        }
+    }
+}
+
+impl CachedConfig {
+    /// Set the reconnect delays.
+    pub fn with_reconnect(mut self, min: Duration, max: Duration) -> Self {
+        self.reconnect_min = min;
+        self.reconnect_max = max.max(min);
+        self
+    }
+    /// Set `history`.
+    pub fn with_history(mut self, history: usize) -> Self {
+        self.history = history;
+        self
+    }
+    /// Set `buffer`.
+    pub fn with_buffer(mut self, buffer: usize) -> Self {
+        self.buffer = buffer;
+        self
+    }
+    /// Set `write_wait`.
+    pub fn with_write_wait(mut self, wait: Duration) -> Self {
+        self.write_wait = wait;
+        self
+    }
+}
+
+/// Serves reads from memory, kept current by one watch on the inner
+/// registry.
+///
+/// - Reads (`list`, `snapshot`) come from a snapshot swapped atomically:
+///   they never wait for the writer and never see half an update. Until the
+///   first snapshot has arrived they go to the inner registry.
+/// - When the stream fails or ends, it reconnects with exponential backoff
+///   and jitter, resuming from the last version it applied, and keeps
+///   serving the last-known-good data meanwhile ([`CachedRegistry::cache_age`]
+///   says for how long). If the inner registry answers with a fresh snapshot,
+///   the difference is applied, so local watchers still see each change once.
+/// - Local watchers ([`Watch`]) are fed from the cache through a [`Hub`]:
+///   one upstream stream for any number of them.
+/// - A batch the backend applies atomically reaches the cache event by
+///   event, so the capabilities say `atomic_batch: false`.
+/// - Writes go to the inner registry; then the call waits (up to
+///   [`CachedConfig::write_wait`]) until the watch has brought the write
+///   into the cache, so a caller reads its own writes.
+///
+/// The watch starts in [`CachedRegistry::new`], which must be called inside a
+/// Tokio runtime; it stops when the `CachedRegistry` is dropped.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use registry_api::{CachedRegistry, Endpoint, MemoryRegistry, Registry};
+/// let cached = CachedRegistry::new(MemoryRegistry::new());
+/// cached.register(Endpoint::new("api", "a", "127.0.0.1", 80)).await?;
+/// cached.wait_until_ready().await;
+/// assert_eq!(cached.to_string(), "Cached(Memory)");
+/// # Ok::<(), registry_api::Error>(()) });
+/// ```
+pub struct CachedRegistry<R> {
+    inner: Arc<R>,
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+struct Shared {
+    hub: Arc<Hub>,
+    write_wait: Duration,
+    /// `None` while connected; when the stream was lost otherwise.
+    lost_at: Mutex<Option<Instant>>,
+}
+
+impl Shared {
+    fn set_lost(&self, lost: bool) {
+        let mut at = self.lost_at.lock().unwrap_or_else(|p| p.into_inner());
+        match (lost, at.is_some()) {
+            (true, false) => *at = Some(Instant::now()),
+            (false, true) => *at = None,
+            _ => {}
+        }
+    }
+
+    fn age(&self) -> Option<Duration> {
+        if !self.hub.is_ready() {
+            return None;
+        }
+        let at = self.lost_at.lock().unwrap_or_else(|p| p.into_inner());
+        Some(at.map(|t| t.elapsed()).unwrap_or_default())
+    }
+}
+
+impl<R: Registry + Watch> CachedRegistry<R> {
+    /// Cache `inner` with the default settings.
+    pub fn new(inner: R) -> Self {
+        Self::with_config(inner, CachedConfig::default())
+    }
+
+    /// Cache `inner` with `config`.
+    pub fn with_config(inner: R, config: CachedConfig) -> Self {
+        let inner = Arc::new(inner);
+        let shared = Arc::new(Shared {
+            hub: Arc::new(Hub::pending(config.buffer, config.history)),
+            write_wait: config.write_wait,
+            lost_at: Mutex::new(None),
+        });
+        let task = tokio::spawn(sync_loop(
+            Arc::clone(&inner),
+            Arc::downgrade(&shared),
+            config,
+        ));
+        Self {
+            inner,
+            shared,
+            task,
+        }
+    }
+
+    /// The inner registry.
+    pub fn get_ref(&self) -> &R {
+        &self.inner
+    }
+
+    /// How stale the cache may be: `None` before the first snapshot, zero
+    /// while the stream is up, otherwise the time since it was lost.
+    /// Also published as the gauge `agent_registrar_cache_age_seconds`.
+    pub fn cache_age(&self) -> Option<Duration> {
+        let age = self.shared.age();
+        if let Some(a) = age {
+            metrics::gauge!("agent_registrar_cache_age_seconds").set(a.as_secs_f64());
+        }
+        age
+    }
+
+    /// Whether the first snapshot has arrived (reads are local from then on).
+    pub fn is_ready(&self) -> bool {
+        self.shared.hub.is_ready()
+    }
+
+    /// Wait until the first snapshot has arrived.
+    pub async fn wait_until_ready(&self) {
+        let mut w = self.shared.hub.subscribe(None);
+        let _ = w.next().await;
+    }
+
+    /// The cached state, without waiting; `None` before the first snapshot.
+    pub fn cached(&self) -> Option<Arc<Snapshot>> {
+        self.is_ready().then(|| self.shared.hub.current())
+    }
+}
+
+impl<R: Registry + Watch> CachedRegistry<R> {
+    /// After a successful write, wait for the cache to reflect `ops`' net
+    /// effect (bounded; skipped while disconnected or before the first
+    /// snapshot).
+    async fn await_own_writes(&self, ops: &[Op]) {
+        if self.shared.write_wait.is_zero() || self.shared.age() != Some(Duration::ZERO) {
+            return;
+        }
+        let mut want: std::collections::BTreeMap<EndpointKey, Option<&Endpoint>> =
+            std::collections::BTreeMap::new();
+        for op in ops {
+            match op {
+                Op::Register(e) => want.insert(e.key(), Some(e)),
+                Op::Deregister(k) => want.insert(k.clone(), None),
+            };
+        }
+        let reflected = |snap: &Snapshot| want.iter().all(|(k, v)| snap.get(k) == *v);
+        if !self
+            .shared
+            .hub
+            .wait_until(reflected, self.shared.write_wait)
+            .await
+        {
+            tracing::debug!(registry = %self, "write not yet visible in the cache");
+        }
+    }
+}
+
+impl<R> Drop for CachedRegistry<R> {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn sync_loop<R: Registry + Watch>(inner: Arc<R>, shared: Weak<Shared>, cfg: CachedConfig) {
+    let builder = backon::ExponentialBuilder::default()
+        .with_min_delay(cfg.reconnect_min)
+        .with_max_delay(cfg.reconnect_max)
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times();
+    let mut delays = builder.build();
+    let mut last: Option<Version> = None;
+    loop {
+        let mut stream = inner.watch(last);
+        let mut reason = String::from("stream ended");
+        while let Some(item) = stream.next().await {
+            let Some(shared) = shared.upgrade() else {
+                return;
+            };
+            match item {
+                Ok(ev) => {
+                    shared.set_lost(false);
+                    delays = builder.build();
+                    last = Some(ev.version());
+                    apply_upstream(&shared.hub, ev);
+                }
+                Err(e) => {
+                    reason = e.to_string();
+                    break;
+                }
+            }
+        }
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        shared.set_lost(true);
+        drop(shared);
+        metrics::counter!("agent_registrar_stream_reconnects_total").increment(1);
+        let delay = delays.next().unwrap_or(cfg.reconnect_max);
+        tracing::warn!(registry = %inner, %reason, ?delay, resume_from = ?last, "cache lost its watch; serving last-known-good data");
+        tokio::time::sleep(delay).await;
+    }
+}
+
+/// Apply one upstream event to the hub so that local watchers see each
+/// change once: repeats are dropped, and a snapshot after the first is
+/// turned into the deltas between the cache and it.
+fn apply_upstream(hub: &Hub, ev: Event) {
+    if !hub.is_ready() {
+        if let Event::Snapshot(_) = ev {
+            hub.publish([ev]);
+        }
+        return;
+    }
+    let current = hub.current();
+    let events = match ev {
+        Event::Snapshot(fresh) => diff(&current, &fresh),
+        Event::Added { ref endpoint, .. } | Event::Updated { ref endpoint, .. } => {
+            if current.get(&endpoint.key()) == Some(endpoint) {
+                return;
+            }
+            // The cache decides: an upsert of a key it lacks is an add.
+            let (version, endpoint) = match ev {
+                Event::Added { version, endpoint } | Event::Updated { version, endpoint } => {
+                    (version, endpoint)
+                }
+                _ => return,
+            };
+            if current.contains(&endpoint.key()) {
+                vec![Event::Updated { version, endpoint }]
+            } else {
+                vec![Event::Added { version, endpoint }]
+            }
+        }
+        Event::Removed { ref key, .. } => {
+            if !current.contains(key) {
+                return;
+            }
+            vec![ev]
+        }
+    };
+    if !events.is_empty() {
+        hub.publish(events);
+    }
+}
+
+impl<R: Registry> fmt::Display for CachedRegistry<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Cached({})", self.inner)
+    }
+}
+
+impl<R: Registry> fmt::Debug for CachedRegistry<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CachedRegistry")
+            .field("inner", &self.inner)
+            .field("hub", &self.shared.hub)
+            .finish()
+    }
+}
+
+#[async_trait]
+impl<R: Registry + Watch> Registry for CachedRegistry<R> {
+    async fn register(&self, endpoint: Endpoint) -> Result<()> {
+        self.inner.register(endpoint.clone()).await?;
+        self.await_own_writes(&[Op::Register(endpoint)]).await;
+        Ok(())
+    }
+    async fn deregister(&self, key: &EndpointKey) -> Result<()> {
+        self.inner.deregister(key).await?;
+        self.await_own_writes(&[Op::Deregister(key.clone())]).await;
+        Ok(())
+    }
+    async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
+        match self.cached() {
+            Some(snap) => Ok(snap.list(service)),
+            None => self.inner.list(service).await,
+        }
+    }
+    async fn snapshot(&self) -> Result<Snapshot> {
+        match self.cached() {
+            Some(snap) => Ok(Snapshot::clone(&snap)),
+            None => self.inner.snapshot().await,
+        }
+    }
+    fn capabilities(&self) -> Capabilities {
+        // The backend applies a batch atomically, but the cache receives it
+        // event by event: a read may see part of it.
+        self.inner.capabilities().with_atomic_batch(false)
+    }
+}
+
+impl<R: Registry + Watch> Watch for CachedRegistry<R> {
+    fn watch(&self, from: Option<Version>) -> EventStream {
+        self.shared.hub.subscribe(from)
+    }
+}
+
+#[async_trait]
+impl<R: Batch + Watch> Batch for CachedRegistry<R> {
+    async fn apply(&self, ops: Vec<Op>) -> Result<()> {
+        self.inner.apply(ops.clone()).await?;
+        self.await_own_writes(&ops).await;
+        Ok(())
+    }
+    fn max_batch(&self) -> usize {
+        self.inner.max_batch()
+    }
+}
+
+#[async_trait]
+impl<R: Registry + Watch + Heartbeat> Heartbeat for CachedRegistry<R> {
+    async fn heartbeat(&self, node: &str) -> Result<()> {
+        self.inner.heartbeat(node).await
+    }
+}

@@ -1,0 +1,229 @@
+//! [`Hub`]: one upstream of events fanned out to many subscribers.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use futures::stream::{self, StreamExt};
+use tokio::sync::{mpsc, watch};
+
+use crate::error::Error;
+use crate::history::History;
+use crate::model::{Event, Version};
+use crate::snapshot::Snapshot;
+use crate::traits::EventStream;
+
+/// Default number of events buffered per subscriber.
+pub const DEFAULT_SUBSCRIBER_BUFFER: usize = 1024;
+
+/// The current state of a registry plus its live subscribers.
+///
+/// One writer [`publish`](Hub::publish)es events; any number of readers
+/// [`subscribe`](Hub::subscribe) (a snapshot, or the missed deltas when
+/// resuming from a version the hub still holds, then every change) or read
+/// the [`current`](Hub::current) snapshot without waiting on the writer.
+///
+/// Each subscriber has a bounded buffer. One that falls behind by more than
+/// that is cut off: its stream yields an [`Error::Overloaded`] and ends, and
+/// it must resubscribe (getting a fresh snapshot or the deltas it missed).
+/// The writer never waits for a subscriber, so one slow reader never stalls
+/// the rest.
+///
+/// A hub made with [`Hub::pending`] has no state yet: subscribers wait until
+/// the first published `Snapshot`.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// use std::sync::Arc;
+/// use futures::StreamExt;
+/// use registry_api::{Endpoint, Event, Hub, Version};
+/// let hub = Arc::new(Hub::new(16, 128));
+/// let mut sub = hub.subscribe(None);
+/// hub.publish([Event::Added { version: Version(1), endpoint: Endpoint::new("s", "a", "h", 1) }]);
+/// assert!(matches!(sub.next().await, Some(Ok(Event::Snapshot(_)))));
+/// assert!(matches!(sub.next().await, Some(Ok(Event::Added { .. }))));
+/// assert_eq!(hub.current().len(), 1);
+/// # });
+/// ```
+pub struct Hub {
+    current: ArcSwap<Snapshot>,
+    state: Mutex<HubState>,
+    buffer: usize,
+    ready: watch::Sender<bool>,
+    changed: watch::Sender<()>,
+}
+
+struct HubState {
+    history: History,
+    subscribers: Vec<Subscriber>,
+}
+
+struct Subscriber {
+    tx: mpsc::Sender<Event>,
+    cut_off: Arc<AtomicBool>,
+}
+
+impl Hub {
+    /// An empty hub at version 0: `buffer` events per subscriber, `history`
+    /// deltas kept for resuming.
+    pub fn new(buffer: usize, history: usize) -> Self {
+        let hub = Self::pending(buffer, history);
+        hub.ready.send_replace(true);
+        hub
+    }
+
+    /// A hub without state: subscribers wait until the first published
+    /// [`Event::Snapshot`], and [`Hub::is_ready`] is false until then.
+    pub fn pending(buffer: usize, history: usize) -> Self {
+        Self {
+            current: ArcSwap::from_pointee(Snapshot::empty(Version::ZERO)),
+            state: Mutex::new(HubState {
+                history: History::new(history, Version::ZERO),
+                subscribers: Vec::new(),
+            }),
+            buffer: buffer.max(1),
+            ready: watch::channel(false).0,
+            changed: watch::channel(()).0,
+        }
+    }
+
+    /// Whether the hub holds a state (always true for [`Hub::new`]).
+    pub fn is_ready(&self) -> bool {
+        *self.ready.borrow()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HubState> {
+        // State is only replaced whole after each step; a panic elsewhere
+        // cannot leave it half-written.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The current state. Never waits for the writer.
+    pub fn current(&self) -> Arc<Snapshot> {
+        self.current.load_full()
+    }
+
+    /// How many subscribers are connected.
+    pub fn subscriber_count(&self) -> usize {
+        self.lock().subscribers.len()
+    }
+
+    /// Apply `events` to the state and send them to every subscriber. A
+    /// `Snapshot` replaces the state and restarts the history. Subscribers
+    /// whose buffer is full are cut off; closed ones are dropped.
+    pub fn publish(&self, events: impl IntoIterator<Item = Event>) {
+        let mut st = self.lock();
+        let mut snap = Snapshot::clone(&self.current.load());
+        for ev in events {
+            snap.apply(&ev);
+            match &ev {
+                Event::Snapshot(s) => {
+                    st.history.reset(s.version());
+                    self.ready.send_replace(true);
+                }
+                _ => st.history.push(ev.clone()),
+            }
+            let buffer = self.buffer;
+            st.subscribers
+                .retain(|sub| match sub.tx.try_send(ev.clone()) {
+                    Ok(()) => true,
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        sub.cut_off.store(true, Ordering::SeqCst);
+                        tracing::warn!(buffer, "watch subscriber fell behind and was cut off");
+                        false
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => false,
+                });
+        }
+        // Swapped while the lock is held, so a subscriber's initial events
+        // and the live ones meet exactly.
+        self.current.store(Arc::new(snap));
+        self.changed.send_replace(());
+    }
+
+    /// Wait until `cond` holds for the current state, at most `limit`.
+    /// Returns whether it held.
+    pub async fn wait_until(
+        &self,
+        mut cond: impl FnMut(&Snapshot) -> bool,
+        limit: Duration,
+    ) -> bool {
+        let mut changed = self.changed.subscribe();
+        let wait = async {
+            loop {
+                changed.borrow_and_update();
+                if self.is_ready() && cond(&self.current.load()) {
+                    return;
+                }
+                if changed.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        tokio::time::timeout(limit, wait).await.is_ok() && cond(&self.current.load())
+    }
+
+    /// A stream of the state from `from` (see [`crate::Watch::watch`]).
+    /// On a ready hub the subscription is in place when this returns, so no
+    /// later change is missed; on a pending one it starts once the first
+    /// snapshot is published.
+    pub fn subscribe(self: &Arc<Self>, from: Option<Version>) -> EventStream {
+        if self.is_ready() {
+            return self.subscribe_now(from);
+        }
+        let hub = Arc::clone(self);
+        let mut ready = self.ready.subscribe();
+        stream::once(async move {
+            // The sender lives in `hub`, which this future holds.
+            let _ = ready.wait_for(|r| *r).await;
+            hub.subscribe_now(from)
+        })
+        .flatten()
+        .boxed()
+    }
+
+    fn subscribe_now(&self, from: Option<Version>) -> EventStream {
+        let (tx, rx) = mpsc::channel(self.buffer);
+        let cut_off = Arc::new(AtomicBool::new(false));
+        let initial = {
+            let mut st = self.lock();
+            let initial = st.history.since(from, &self.current.load());
+            st.subscribers.push(Subscriber {
+                tx,
+                cut_off: cut_off.clone(),
+            });
+            initial
+        };
+        let buffer = self.buffer;
+        let live = stream::unfold(Some((rx, cut_off)), move |state| async move {
+            let (mut rx, cut_off) = state?;
+            match rx.recv().await {
+                Some(ev) => Some((Ok(ev), Some((rx, cut_off)))),
+                None if cut_off.load(Ordering::SeqCst) => Some((
+                    Err(Error::overloaded(format!(
+                        "watch subscriber fell more than {buffer} events behind and was cut \
+                         off; resubscribe to get a fresh snapshot"
+                    ))),
+                    None,
+                )),
+                None => None,
+            }
+        });
+        stream::iter(initial.into_iter().map(Ok))
+            .chain(live)
+            .boxed()
+    }
+}
+
+impl fmt::Debug for Hub {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Hub")
+            .field("version", &self.current.load().version())
+            .field("endpoints", &self.current.load().len())
+            .field("subscribers", &self.subscriber_count())
+            .field("buffer", &self.buffer)
+            .finish()
+    }
+}

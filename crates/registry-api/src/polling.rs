@@ -1,0 +1,298 @@
+//! [`diff`] and [`Polling`]: a [`Watch`] for any registry by polling
+//! `snapshot()` and diffing.
+
+use std::fmt;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+
+use crate::error::Result;
+use crate::hub::{Hub, DEFAULT_SUBSCRIBER_BUFFER};
+use crate::model::{Capabilities, Endpoint, EndpointKey, Event, Op, Version};
+use crate::snapshot::Snapshot;
+use crate::traits::{Batch, EventStream, Heartbeat, Registry, Watch};
+
+/// The events that turn `old` into `new`, each at `new`'s version, ordered
+/// by key.
+///
+/// Both snapshots are persistent maps: where `new` was derived from `old`
+/// (as in a cache), shared structure is skipped and the cost grows with the
+/// change; two snapshots built independently are compared key by key.
+///
+/// ```
+/// use registry_api::{diff, Endpoint, Snapshot, Version};
+/// let a = Snapshot::from_endpoints(Version(1), [Endpoint::new("s", "a", "h", 1)]);
+/// let b = Snapshot::from_endpoints(Version(2), [Endpoint::new("s", "b", "h", 1)]);
+/// let events = diff(&a, &b);
+/// assert_eq!(events.len(), 2); // a removed, b added
+/// assert!(a.with_event(&events[0]).with_event(&events[1]).same_endpoints(&b));
+/// ```
+pub fn diff(old: &Snapshot, new: &Snapshot) -> Vec<Event> {
+    use imbl::ordmap::DiffItem;
+    let version = new.version();
+    old.changes(new)
+        .map(|item| match item {
+            DiffItem::Add(_, e) => Event::Added {
+                version,
+                endpoint: e.clone(),
+            },
+            DiffItem::Update { new: (_, e), .. } => Event::Updated {
+                version,
+                endpoint: e.clone(),
+            },
+            DiffItem::Remove(k, _) => Event::Removed {
+                version,
+                key: k.clone(),
+            },
+        })
+        .collect()
+}
+
+/// Settings of [`Polling`].
+#[non_exhaustive]
+#[derive(Debug, Clone)]
+pub struct PollingConfig {
+    /// Time between two `snapshot()` calls. Default 5 s (the registrar
+    /// document's sync interval).
+    pub interval: Duration,
+    /// Deltas kept so a watch can resume. Default 4096.
+    pub history: usize,
+    /// Events buffered per watcher before it is cut off. Default 1024.
+    pub buffer: usize,
+}
+
+impl Default for PollingConfig {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(5),
+            history: 4096,
+            buffer: DEFAULT_SUBSCRIBER_BUFFER,
+        }
+    }
+}
+
+impl PollingConfig {
+    /// Set `interval`.
+    pub fn with_interval(mut self, interval: Duration) -> Self {
+        self.interval = interval;
+        self
+    }
+    /// Set `history`.
+    pub fn with_history(mut self, history: usize) -> Self {
+        self.history = history;
+        self
+    }
+    /// Set `buffer`.
+    pub fn with_buffer(mut self, buffer: usize) -> Self {
+        self.buffer = buffer;
+        self
+    }
+}
+
+/// Turns any [`Registry`] into a [`Watch`] by polling `snapshot()` every
+/// `interval` and sending the [`diff`] of consecutive snapshots.
+///
+/// Each delta gets its own version from a counter that starts at the
+/// current time in microseconds, so versions grow across restarts of the
+/// process and a watch resumed with a version from an earlier run gets a
+/// fresh snapshot. A failed poll keeps the last state (reads of the watch go
+/// on from it), counts `registrar_sync_errors_total` and tries again next
+/// interval. Changes that come and go between two polls are not seen; the
+/// capabilities say `native_watch: false`.
+///
+/// Polling starts with the first `watch()` call, which must be made inside a
+/// Tokio runtime, and stops when the `Polling` is dropped. Reads and writes
+/// go straight to the inner registry.
+pub struct Polling<R> {
+    inner: Arc<R>,
+    hub: Arc<Hub>,
+    config: PollingConfig,
+    started: std::sync::Once,
+}
+
+impl<R: Registry> Polling<R> {
+    /// Poll `inner` with the default settings.
+    pub fn new(inner: R) -> Self {
+        Self::with_config(inner, PollingConfig::default())
+    }
+
+    /// Poll `inner` with `config`.
+    pub fn with_config(inner: R, config: PollingConfig) -> Self {
+        Self {
+            inner: Arc::new(inner),
+            hub: Arc::new(Hub::pending(config.buffer, config.history)),
+            config,
+            started: std::sync::Once::new(),
+        }
+    }
+
+    /// The inner registry.
+    pub fn get_ref(&self) -> &R {
+        &self.inner
+    }
+
+    fn start(&self) {
+        self.started.call_once(|| {
+            let inner = Arc::clone(&self.inner);
+            let hub = Arc::downgrade(&self.hub);
+            tokio::spawn(poll_loop(inner, hub, self.config.interval));
+        });
+    }
+}
+
+fn start_version() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+async fn poll_loop<R: Registry>(inner: Arc<R>, hub: Weak<Hub>, interval: Duration) {
+    let mut next = start_version();
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let Some(hub) = hub.upgrade() else { return };
+        let started = tokio::time::Instant::now();
+        match inner.snapshot().await {
+            Ok(fresh) => {
+                metrics::histogram!("registrar_sync_duration_seconds")
+                    .record(started.elapsed().as_secs_f64());
+                if !hub.is_ready() {
+                    hub.publish([Event::Snapshot(fresh.at_version(Version(next)))]);
+                    continue;
+                }
+                let events: Vec<Event> = diff(&hub.current(), &fresh)
+                    .into_iter()
+                    .map(|ev| {
+                        next += 1;
+                        with_version(ev, Version(next))
+                    })
+                    .collect();
+                if !events.is_empty() {
+                    tracing::debug!(registry = %inner, changes = events.len(), "poll found changes");
+                    hub.publish(events);
+                }
+            }
+            Err(e) => {
+                metrics::counter!("registrar_sync_errors_total").increment(1);
+                tracing::warn!(registry = %inner, error = %e, "poll failed; keeping the last state");
+            }
+        }
+    }
+}
+
+/// The same event at another version (snapshots keep theirs).
+pub(crate) fn with_version(ev: Event, version: Version) -> Event {
+    match ev {
+        Event::Added { endpoint, .. } => Event::Added { version, endpoint },
+        Event::Updated { endpoint, .. } => Event::Updated { version, endpoint },
+        Event::Removed { key, .. } => Event::Removed { version, key },
+        snap @ Event::Snapshot(_) => snap,
+    }
+}
+
+impl<R: Registry> fmt::Display for Polling<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Polling({})", self.inner)
+    }
+}
+
+impl<R: Registry> fmt::Debug for Polling<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Polling")
+            .field("inner", &self.inner)
+            .field("config", &self.config)
+            .field("hub", &self.hub)
+            .finish()
+    }
+}
+
+#[async_trait]
+impl<R: Registry> Registry for Polling<R> {
+    async fn register(&self, endpoint: Endpoint) -> Result<()> {
+        self.inner.register(endpoint).await
+    }
+    async fn deregister(&self, key: &EndpointKey) -> Result<()> {
+        self.inner.deregister(key).await
+    }
+    async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
+        self.inner.list(service).await
+    }
+    async fn snapshot(&self) -> Result<Snapshot> {
+        self.inner.snapshot().await
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner
+            .capabilities()
+            .with_native_watch(false)
+            .with_resumable_watch(true)
+    }
+}
+
+impl<R: Registry> Watch for Polling<R> {
+    fn watch(&self, from: Option<Version>) -> EventStream {
+        self.start();
+        self.hub.subscribe(from)
+    }
+}
+
+#[async_trait]
+impl<R: Batch> Batch for Polling<R> {
+    async fn apply(&self, ops: Vec<Op>) -> Result<()> {
+        self.inner.apply(ops).await
+    }
+    fn max_batch(&self) -> usize {
+        self.inner.max_batch()
+    }
+}
+
+#[async_trait]
+impl<R: Registry + Heartbeat> Heartbeat for Polling<R> {
+    async fn heartbeat(&self, node: &str) -> Result<()> {
+        self.inner.heartbeat(node).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Endpoint;
+    use proptest::prelude::*;
+
+    fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
+        let ep = (0u8..4, 0u8..12, 1u16..4, any::<bool>()).prop_map(|(s, i, port, unhealthy)| {
+            let mut e = Endpoint::new(format!("s{s}"), format!("i{i}"), "h", port);
+            if unhealthy {
+                e.health = crate::model::Health::Unhealthy;
+            }
+            e
+        });
+        (0u64..1000, proptest::collection::vec(ep, 0..40))
+            .prop_map(|(v, eps)| Snapshot::from_endpoints(Version(v), eps))
+    }
+
+    proptest! {
+        #[test]
+        fn applying_the_diff_yields_the_target(a in arb_snapshot(), b in arb_snapshot()) {
+            let mut got = a.clone();
+            for ev in diff(&a, &b) {
+                got.apply(&ev);
+            }
+            prop_assert!(got.same_endpoints(&b));
+        }
+
+        #[test]
+        fn diff_of_equal_is_empty_and_derived_copies_diff_small(a in arb_snapshot()) {
+            prop_assert!(diff(&a, &a.clone()).is_empty());
+            let e = Endpoint::new("zz", "new", "h", 9);
+            let b = a.with_endpoint(e.clone());
+            let d = diff(&a, &b);
+            prop_assert_eq!(d.len(), 1);
+            let added = matches!(&d[0], Event::Added { endpoint, .. } if *endpoint == e);
+            prop_assert!(added);
+        }
+    }
+}
