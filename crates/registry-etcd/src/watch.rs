@@ -1,0 +1,226 @@
+//! The watch stream: etcd's native watch on `<prefix>/services/`, with
+//! snapshots when history is gone and reconnection with backoff.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use etcd_client::{EventType, WatchOptions};
+use futures::{stream, StreamExt};
+use registry_api::{Error, Event, EventStream, Result, Snapshot, Version};
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use crate::backend::Inner;
+use crate::error;
+use crate::layout;
+
+/// Events buffered between the task that reads etcd and the consumer.
+const BUFFER: usize = 256;
+
+/// Start a watch. The task that reads etcd starts on the first poll (so
+/// `watch()` needs no runtime) and ends when the stream is dropped.
+pub(crate) fn watch(inner: Arc<Inner>, from: Option<Version>) -> EventStream {
+    stream::once(async move {
+        let (tx, rx) = mpsc::channel(BUFFER);
+        tokio::spawn(run(inner, from, tx));
+        stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|ev| (ev, rx)) })
+    })
+    .flatten()
+    .boxed()
+}
+
+/// How one session (one etcd watch) ended.
+enum Outcome {
+    /// The consumer dropped the stream.
+    Closed,
+    /// History is gone or etcd cancelled the watch: start over from a
+    /// snapshot.
+    Resync,
+}
+
+struct Watcher {
+    inner: Arc<Inner>,
+    tx: mpsc::Sender<Result<Event>>,
+    /// Every change up to this revision has been delivered.
+    last: i64,
+    need_snapshot: bool,
+    /// `from` was given and not yet checked against the current revision.
+    check_from: bool,
+    /// The last session got a watch going (resets the backoff).
+    connected: bool,
+}
+
+fn backoff() -> impl Iterator<Item = Duration> {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(5))
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
+
+async fn run(inner: Arc<Inner>, from: Option<Version>, tx: mpsc::Sender<Result<Event>>) {
+    let mut w = Watcher {
+        inner,
+        tx,
+        last: from.map_or(0, |v| i64::try_from(v.0).unwrap_or(i64::MAX)),
+        need_snapshot: from.is_none(),
+        check_from: from.is_some(),
+        connected: false,
+    };
+    let mut delays = backoff();
+    loop {
+        w.connected = false;
+        match w.session().await {
+            Ok(Outcome::Closed) => return,
+            Ok(Outcome::Resync) => {
+                w.need_snapshot = true;
+                delays = backoff();
+            }
+            Err(e) if e.is_retryable() => {
+                if w.connected {
+                    delays = backoff();
+                }
+                let delay = delays.next().unwrap_or(Duration::from_secs(5));
+                warn!(error = %e, ?delay, last = w.last, "etcd watch interrupted; reconnecting");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = w.tx.closed() => return,
+                }
+            }
+            Err(e) => {
+                warn!(error = %e, "etcd watch failed for good");
+                let _ = w.tx.send(Err(e)).await;
+                return;
+            }
+        }
+    }
+}
+
+impl Watcher {
+    async fn send(&self, ev: Event) -> bool {
+        self.tx.send(Ok(ev)).await.is_ok()
+    }
+
+    async fn session(&mut self) -> Result<Outcome> {
+        let root = self.inner.layout.root().to_string();
+        if self.check_from {
+            // A revision from the future (another cluster, a wiped etcd):
+            // watching from it would skip changes, so start over.
+            let current = self.current_revision(&root).await?;
+            self.check_from = false;
+            if self.last > current {
+                info!(from = self.last, current, "watch from a revision etcd has not reached; sending a snapshot");
+                self.need_snapshot = true;
+            }
+        }
+        if self.need_snapshot {
+            let (revision, eps) = self.inner.read_range(&root).await?;
+            let snap = Snapshot::from_endpoints(Version(u64::try_from(revision).unwrap_or(0)), eps);
+            if !self.send(Event::Snapshot(snap)).await {
+                return Ok(Outcome::Closed);
+            }
+            self.last = revision;
+            self.need_snapshot = false;
+        }
+        let opts = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(self.last + 1)
+            .with_progress_notify();
+        let mut client = self.inner.client.watch_client();
+        let ws = self
+            .inner
+            .timed(client.watch(root.clone(), Some(opts)))
+            .await
+            .map_err(|e| error::map(e, format!("watch {root} from revision {}", self.last + 1)))?;
+        // Keep the sender: closing it would end the watch on etcd's side.
+        let (mut requests, mut responses) = ws.split();
+        let every = self.inner.cfg.progress_interval.max(Duration::from_millis(100));
+        let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        loop {
+            let resp = tokio::select! {
+                _ = self.tx.closed() => return Ok(Outcome::Closed),
+                _ = progress.tick() => {
+                    requests.request_progress().await.map_err(|e| {
+                        error::map(e, format!("ask for progress on the watch of {root}"))
+                    })?;
+                    continue;
+                }
+                msg = responses.next() => msg,
+            };
+            let resp = match resp {
+                Some(Ok(r)) => r,
+                Some(Err(e)) => return Err(error::map(e, format!("watch {root}"))),
+                None => {
+                    return Err(Error::unavailable(format!(
+                        "watch {root}: etcd closed the stream"
+                    )))
+                }
+            };
+            if resp.compact_revision() > 0 {
+                info!(last = self.last, compacted = resp.compact_revision(), "watch history compacted; sending a fresh snapshot");
+                return Ok(Outcome::Resync);
+            }
+            if resp.canceled() {
+                warn!(reason = resp.cancel_reason(), "etcd cancelled the watch; sending a fresh snapshot");
+                return Ok(Outcome::Resync);
+            }
+            if resp.created() {
+                debug!(from = self.last + 1, "etcd watch created");
+                self.connected = true;
+                continue;
+            }
+            if resp.events().is_empty() {
+                // A progress notification: every change up to the header's
+                // revision has been sent.
+                if let Some(h) = resp.header() {
+                    self.last = self.last.max(h.revision());
+                }
+                continue;
+            }
+            for ev in resp.events() {
+                let Some(kv) = ev.kv() else { continue };
+                let version = Version(u64::try_from(kv.mod_revision()).unwrap_or(0));
+                let event = match ev.event_type() {
+                    EventType::Put => {
+                        match layout::decode(&self.inner.layout, kv.key(), kv.value()) {
+                            Ok(endpoint) if kv.create_revision() == kv.mod_revision() => {
+                                Some(Event::Added { version, endpoint })
+                            }
+                            Ok(endpoint) => Some(Event::Updated { version, endpoint }),
+                            Err(e) => {
+                                warn!(error = %e, "skipping a record that is not an endpoint");
+                                None
+                            }
+                        }
+                    }
+                    EventType::Delete => self
+                        .inner
+                        .layout
+                        .parse(kv.key())
+                        .map(|key| Event::Removed { version, key }),
+                };
+                if let Some(event) = event {
+                    if !self.send(event).await {
+                        return Ok(Outcome::Closed);
+                    }
+                }
+                self.last = self.last.max(kv.mod_revision());
+            }
+        }
+    }
+
+    async fn current_revision(&self, root: &str) -> Result<i64> {
+        let mut kv = self.inner.client.kv_client();
+        let resp = self
+            .inner
+            .timed(kv.get(
+                root.to_string(),
+                Some(etcd_client::GetOptions::new().with_prefix().with_count_only()),
+            ))
+            .await
+            .map_err(|e| error::map(e, format!("read the revision of {root}")))?;
+        Ok(resp.header().map_or(0, |h| h.revision()))
+    }
+}
