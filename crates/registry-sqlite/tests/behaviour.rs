@@ -1,0 +1,407 @@
+//! Persistence, bad paths, error mapping, liveness on an injected clock,
+//! and two handles on one file.
+
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use registry_api::testing::{ep, eventually, next_event};
+use registry_api::{
+    Batch, Endpoint, ErrorKind, Event, Health, Heartbeat, Op, Registry, Snapshot, Version, Watch,
+};
+use registry_sqlite::{Clock, ManualClock, SqliteConfig, SqliteRegistry};
+
+fn cfg(path: &Path) -> SqliteConfig {
+    SqliteConfig::new(path).with_sweep_interval(None)
+}
+
+async fn open(path: &Path) -> SqliteRegistry {
+    SqliteRegistry::open(cfg(path)).await.expect("open")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_keeps_endpoints_and_versions_and_continues_the_sequence() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("registry.db");
+    let reg = open(&path).await;
+    reg.register(ep("api", "a", 1).with_node("n1").with_label("zone", "z1"))
+        .await
+        .expect("register");
+    reg.register(ep("api", "b", 2)).await.expect("register");
+    reg.apply(vec![
+        Op::Register(ep("db", "x", 3)),
+        Op::Deregister(ep("api", "b", 2).key()),
+        Op::Register(ep("db", "y", 4).with_health(Health::Unhealthy)),
+    ])
+    .await
+    .expect("apply");
+    let before: Snapshot = reg.snapshot().await.expect("snapshot");
+    assert_eq!(before.version(), Version(5));
+    reg.close().await;
+    drop(reg);
+
+    let reg = open(&path).await;
+    let after = reg.snapshot().await.expect("snapshot after reopen");
+    assert_eq!(after.version(), before.version(), "version changed across restart");
+    assert!(after.same_endpoints(&before), "endpoints changed across restart");
+    assert_eq!(reg.version().await.expect("version"), Version(5));
+
+    // The change log survived too: resuming from version 3 sends 4 and 5.
+    let mut w = reg.watch(Some(Version(3)));
+    let e4 = next_event(&mut w, "change 4").await;
+    let e5 = next_event(&mut w, "change 5").await;
+    assert!(
+        matches!(&e4, Event::Removed { version: Version(4), key } if key.id == "b"),
+        "{e4:?}"
+    );
+    assert!(
+        matches!(&e5, Event::Added { version: Version(5), endpoint } if endpoint.id == "y"),
+        "{e5:?}"
+    );
+    // New writes continue the sequence, and the resumed watch sees them.
+    reg.register(ep("api", "c", 5)).await.expect("register after reopen");
+    match next_event(&mut w, "change 6").await {
+        Event::Added { version, endpoint } => {
+            assert_eq!(version, Version(6));
+            assert_eq!(endpoint.id, "c");
+        }
+        other => panic!("expected Added at 6, got {other:?}"),
+    }
+
+    // Even with the log emptied, versions never go back after a restart.
+    reg.compact(0).await.expect("compact");
+    reg.close().await;
+    drop(reg);
+    let reg = open(&path).await;
+    assert_eq!(reg.version().await.expect("version"), Version(6));
+    let mut w = reg.watch(Some(Version(5)));
+    match next_event(&mut w, "a fresh snapshot").await {
+        Event::Snapshot(s) => assert_eq!((s.version(), s.len()), (Version(6), 4)),
+        other => panic!("history is gone, expected a snapshot, got {other:?}"),
+    }
+    reg.deregister(&ep("api", "a", 1).key()).await.expect("deregister");
+    assert_eq!(reg.version().await.expect("version"), Version(7));
+    // Re-registering an identical endpoint is not a change.
+    reg.register(ep("api", "c", 5)).await.expect("same again");
+    assert_eq!(reg.version().await.expect("version"), Version(7));
+}
+
+#[tokio::test]
+async fn a_file_that_is_not_a_database_is_refused_and_left_untouched() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("garbage.db");
+    let bytes: Vec<u8> = (0..8192u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    std::fs::write(&path, &bytes).expect("write garbage");
+    let err = SqliteRegistry::open(cfg(&path)).await.expect_err("garbage must not open");
+    assert!(err.to_string().contains(&path.display().to_string()), "{err}");
+    assert!(err.to_string().contains("not an SQLite database"), "{err}");
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    assert_eq!(std::fs::read(&path).expect("read back"), bytes, "the file was changed");
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("list")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert_eq!(names, vec!["garbage.db"], "SQLite left files next to it");
+}
+
+#[tokio::test]
+async fn a_corrupt_database_gives_an_error_naming_the_path() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("corrupt.db");
+    // The SQLite header followed by garbage: passes the header check, then
+    // SQLite itself refuses it.
+    let mut bytes = b"SQLite format 3\0".to_vec();
+    bytes.extend((0..4080u32).map(|i| (i.wrapping_mul(40503) >> 7) as u8));
+    std::fs::write(&path, &bytes).expect("write");
+    let err = SqliteRegistry::open(cfg(&path)).await.expect_err("corrupt must not open");
+    assert!(err.to_string().contains(&path.display().to_string()), "{err}");
+    assert!(!err.is_retryable(), "{err}");
+    eprintln!("MSG corrupt: {err}");
+    assert_eq!(std::fs::read(&path).expect("read back"), bytes, "the file was changed");
+}
+
+#[tokio::test]
+async fn a_directory_is_refused_with_its_path() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let err = SqliteRegistry::open(cfg(dir.path())).await.expect_err("a directory");
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    let msg = err.to_string();
+    assert!(msg.contains(&dir.path().display().to_string()) && msg.contains("directory"), "{msg}");
+}
+
+#[tokio::test]
+async fn an_unwritable_location_gives_an_error_naming_the_path() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // Under a regular file: nothing can be created there, even by root.
+    let file = dir.path().join("plain-file");
+    std::fs::write(&file, b"x").expect("write");
+    let under_file = file.join("registry.db");
+    let err = SqliteRegistry::open(cfg(&under_file)).await.expect_err("under a file");
+    assert!(err.to_string().contains(&under_file.display().to_string()), "{err}");
+    // In a directory that does not exist.
+    let missing = dir.path().join("no-such-dir").join("registry.db");
+    let err = SqliteRegistry::open(cfg(&missing)).await.expect_err("missing dir");
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+    assert!(err.to_string().contains(&missing.display().to_string()), "{err}");
+    // Where the kernel refuses to create files (procfs), so SQLite fails.
+    #[cfg(target_os = "linux")]
+    {
+        let proc_path = Path::new("/proc/registry-sqlite-test.db");
+        let err = SqliteRegistry::open(cfg(proc_path)).await.expect_err("procfs");
+        assert!(err.to_string().contains("/proc/registry-sqlite-test.db"), "{err}");
+        eprintln!("MSG proc: {err}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_write_lock_is_a_retryable_error_and_stores_nothing() {
+    use sqlx::Connection;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("registry.db");
+    let reg = SqliteRegistry::open(cfg(&path).with_busy_timeout(Duration::from_millis(100)))
+        .await
+        .expect("open");
+    reg.register(ep("api", "a", 1)).await.expect("register");
+    let url = format!("sqlite://{}", path.display());
+    let mut other = sqlx::SqliteConnection::connect(&url).await.expect("second connection");
+    sqlx::query("BEGIN IMMEDIATE").execute(&mut other).await.expect("take the write lock");
+    let err = reg.register(ep("api", "b", 2)).await.expect_err("locked");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.is_retryable());
+    assert!(err.to_string().contains(&path.display().to_string()), "{err}");
+    assert!(err.to_string().contains("api/b"), "{err}");
+    sqlx::query("ROLLBACK").execute(&mut other).await.expect("release");
+    assert_eq!(reg.list("api").await.expect("list"), vec![ep("api", "a", 1)]);
+    reg.register(ep("api", "b", 2)).await.expect("register once released");
+    assert_eq!(reg.list("api").await.expect("list").len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_handles_on_one_file_see_each_other_through_the_log() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("registry.db");
+    let fast = |p: &Path| cfg(p).with_poll_interval(Duration::from_millis(20));
+    // Two independent opens: no in-process channel is shared, only the file.
+    let a = SqliteRegistry::open(fast(&path)).await.expect("open a");
+    let b = SqliteRegistry::open(fast(&path)).await.expect("open b");
+    let mut wb = b.watch(None);
+    let Event::Snapshot(_) = next_event(&mut wb, "b's snapshot").await else {
+        panic!("no snapshot");
+    };
+    a.register(ep("svc", "from-a", 1)).await.expect("register on a");
+    match next_event(&mut wb, "a's write on b's watch").await {
+        Event::Added { endpoint, version } => {
+            assert_eq!(endpoint.id, "from-a");
+            assert_eq!(version, Version(1));
+        }
+        other => panic!("expected Added, got {other:?}"),
+    }
+    let mut wa = a.watch(Some(Version(1)));
+    b.deregister(&ep("svc", "from-a", 1).key()).await.expect("deregister on b");
+    match next_event(&mut wa, "b's write on a's watch").await {
+        Event::Removed { key, version } => assert_eq!((key.id.as_str(), version), ("from-a", Version(2))),
+        other => panic!("expected Removed, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watcher_behind_the_log_gets_a_fresh_snapshot() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("registry.db");
+    let reg = SqliteRegistry::open(cfg(&path).with_log_len(5)).await.expect("open");
+    let mut w = reg.watch(None);
+    let Event::Snapshot(s) = next_event(&mut w, "snapshot").await else { panic!("no snapshot") };
+    assert_eq!(s.version(), Version::ZERO);
+    for i in 1..=20u16 {
+        reg.register(ep("svc", &format!("e{i}"), i)).await.expect("register");
+    }
+    match next_event(&mut w, "a fresh snapshot").await {
+        Event::Snapshot(s) => assert_eq!((s.version(), s.len()), (Version(20), 20)),
+        other => panic!("the log holds only 5 changes; expected a snapshot, got {other:?}"),
+    }
+    // Resuming within the log still works.
+    let mut w = reg.watch(Some(Version(16)));
+    let ev = next_event(&mut w, "change 17").await;
+    assert_eq!(ev.version(), Version(17), "{ev:?}");
+}
+
+#[tokio::test]
+async fn invalid_writes_store_nothing() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let reg = open(&dir.path().join("registry.db")).await;
+    let bad = Endpoint::new("svc", "has space", "127.0.0.1", 1);
+    let err = reg.register(bad).await.expect_err("invalid id");
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    let err = reg
+        .apply(vec![Op::Register(ep("svc", "ok", 1)), Op::Register(ep("svc", "p", 0))])
+        .await
+        .expect_err("invalid batch");
+    assert!(err.to_string().contains("ops[1].port"), "{err}");
+    let err = reg.heartbeat("bad node").await.expect_err("invalid node");
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    assert_eq!(reg.version().await.expect("version"), Version::ZERO);
+    assert!(reg.nodes().await.expect("nodes").is_empty());
+}
+
+fn t0() -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
+}
+
+fn health_of(eps: &[Endpoint]) -> Vec<(String, Health)> {
+    eps.iter().map(|e| (e.id.clone(), e.health)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn liveness_unhealthy_at_30s_pruned_at_5min_readmitted_by_heartbeat() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("registry.db");
+    let clock = ManualClock::new(t0());
+    let reg = SqliteRegistry::open(cfg(&path).with_clock(clock.clone()))
+        .await
+        .expect("open");
+    let sec = Duration::from_secs;
+
+    reg.register_node("n1", "10.0.0.1", "compute").await.expect("register node");
+    reg.heartbeat("n2").await.expect("heartbeat n2");
+    for (id, node) in [("a1", "n1"), ("a2", "n1"), ("b1", "n2")] {
+        reg.register(ep("api", id, 80).with_node(node)).await.expect("register");
+    }
+    // Registered unhealthy by its owner: liveness must not revive it.
+    reg.register(ep("api", "a3", 80).with_node("n1").with_health(Health::Unhealthy))
+        .await
+        .expect("register");
+    let mut w = reg.watch(None);
+    let Event::Snapshot(mut state) = next_event(&mut w, "snapshot").await else {
+        panic!("no snapshot")
+    };
+
+    // 29 s of silence: nothing happens.
+    clock.advance(sec(29));
+    reg.heartbeat("n2").await.expect("n2 stays alive");
+    assert!(reg.sweep().await.expect("sweep").suspected.is_empty());
+    // 30 s: n1 and its healthy endpoints are marked unhealthy.
+    clock.advance(sec(1));
+    let report = reg.sweep().await.expect("sweep");
+    assert_eq!(report.suspected, vec!["n1"]);
+    assert_eq!(report.endpoints_changed, 2);
+    let n1 = reg.node("n1").await.expect("node").expect("n1 known");
+    assert_eq!((n1.status, n1.address.as_str()), (Health::Unhealthy, "10.0.0.1"));
+    assert_eq!(n1.last_seen, t0());
+    assert_eq!(
+        health_of(&reg.list("api").await.expect("list")),
+        vec![
+            ("a1".into(), Health::Unhealthy),
+            ("a2".into(), Health::Unhealthy),
+            ("a3".into(), Health::Unhealthy),
+            ("b1".into(), Health::Healthy)
+        ]
+    );
+    // The watch reports the change as two updates.
+    for _ in 0..2 {
+        match next_event(&mut w, "an unhealthy update").await {
+            ev @ Event::Updated { .. } => state.apply(&ev),
+            other => panic!("expected Updated, got {other:?}"),
+        }
+    }
+    assert_eq!(state.list("api"), reg.list("api").await.expect("list"));
+
+    // A heartbeat revives what liveness marked, not a3.
+    clock.advance(sec(1));
+    reg.heartbeat("n1").await.expect("heartbeat n1");
+    let healths = health_of(&reg.list("api").await.expect("list"));
+    assert_eq!(healths[0..3].iter().map(|h| h.1).collect::<Vec<_>>(), [
+        Health::Healthy,
+        Health::Healthy,
+        Health::Unhealthy
+    ]);
+    assert_eq!(reg.node("n1").await.expect("node").expect("n1").status, Health::Healthy);
+
+    // Silent again: unhealthy after 30 s, removed at 5 min, with its endpoints.
+    clock.advance(sec(30));
+    reg.heartbeat("n2").await.expect("n2");
+    assert_eq!(reg.sweep().await.expect("sweep").suspected, vec!["n1"]);
+    clock.advance(sec(269));
+    reg.heartbeat("n2").await.expect("n2");
+    assert!(reg.sweep().await.expect("sweep").removed.is_empty(), "removed before 5 min");
+    clock.advance(sec(1));
+    let report = reg.sweep().await.expect("sweep");
+    assert_eq!(report.removed, vec!["n1"]);
+    assert_eq!(report.endpoints_removed, 3);
+    assert_eq!(health_of(&reg.list("api").await.expect("list")), vec![("b1".into(), Health::Healthy)]);
+    assert!(reg.node("n1").await.expect("node").is_none());
+    assert_eq!(reg.nodes().await.expect("nodes").len(), 1);
+
+    // A heartbeat after pruning re-admits the node, without its old
+    // endpoints; its owner registers them again.
+    reg.heartbeat("n1").await.expect("heartbeat after pruning");
+    let n1 = reg.node("n1").await.expect("node").expect("re-admitted");
+    assert_eq!((n1.status, n1.last_seen), (Health::Healthy, clock.now()));
+    assert_eq!(reg.list("api").await.expect("list").len(), 1);
+    reg.register(ep("api", "a1", 80).with_node("n1")).await.expect("re-register");
+    assert_eq!(reg.list("api").await.expect("list").len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_open_node_status_is_recomputed_from_last_seen() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("registry.db");
+    let clock = ManualClock::new(t0());
+    let open_at = |c: &ManualClock| SqliteRegistry::open(cfg(&path).with_clock(c.clone()));
+    let reg = open_at(&clock).await.expect("open");
+    reg.heartbeat("n1").await.expect("heartbeat");
+    reg.heartbeat("n2").await.expect("heartbeat");
+    reg.register(ep("api", "a", 1).with_node("n1")).await.expect("register");
+    reg.register(ep("api", "b", 2).with_node("n2")).await.expect("register");
+    reg.close().await;
+    drop(reg);
+
+    // Down for 40 s, but n2 kept heartbeating (through another process).
+    clock.advance(Duration::from_secs(40));
+    let other = open_at(&ManualClock::new(t0() + Duration::from_secs(35)))
+        .await
+        .expect("open at 35 s");
+    other.heartbeat("n2").await.expect("heartbeat n2 at 35 s");
+    other.close().await;
+    drop(other);
+    let reg = open_at(&clock).await.expect("reopen");
+    assert_eq!(reg.node("n1").await.expect("n").expect("n1").status, Health::Unhealthy);
+    assert_eq!(reg.node("n2").await.expect("n").expect("n2").status, Health::Healthy);
+    assert_eq!(
+        health_of(&reg.list("api").await.expect("list")),
+        vec![("a".into(), Health::Unhealthy), ("b".into(), Health::Healthy)]
+    );
+    reg.close().await;
+    drop(reg);
+
+    // Down for 6 minutes: everything silent is removed on open.
+    clock.advance(Duration::from_secs(360));
+    let reg = open_at(&clock).await.expect("reopen");
+    assert!(reg.nodes().await.expect("nodes").is_empty());
+    assert!(reg.list("api").await.expect("list").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_background_sweep_runs_by_itself() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("registry.db");
+    let clock = ManualClock::new(t0());
+    let reg = SqliteRegistry::open(
+        SqliteConfig::new(&path)
+            .with_clock(clock.clone())
+            .with_sweep_interval(Some(Duration::from_millis(20))),
+    )
+    .await
+    .expect("open");
+    reg.heartbeat("n1").await.expect("heartbeat");
+    reg.register(ep("api", "a", 1).with_node("n1")).await.expect("register");
+    clock.advance(Duration::from_secs(31));
+    eventually("the sweeper to mark n1 unhealthy", || async {
+        let eps = reg.list("api").await.expect("list");
+        (eps.first().map(|e| e.health) == Some(Health::Unhealthy)).then_some(())
+    })
+    .await;
+    clock.advance(Duration::from_secs(300));
+    eventually("the sweeper to remove n1", || async {
+        reg.list("api").await.expect("list").is_empty().then_some(())
+    })
+    .await;
+}
