@@ -1,0 +1,206 @@
+//! Benchmarks of the combinators. Run with
+//! `cargo bench -p registry-api --bench combinators`.
+//!
+//! Each group measures against a baseline in the same run and prints the
+//! ratio: list at 1k vs 100k endpoints, list idle vs under 10k writes/s,
+//! diff of 100k snapshots, and Coalescing vs one call per op against a
+//! backend that takes 1 ms per call.
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
+use registry_api::testing::Faulty;
+use registry_api::{
+    diff, CachedRegistry, Coalescing, CoalescingConfig, Endpoint, MemoryRegistry, Op, Registry,
+    Snapshot, Version,
+};
+
+const PER_SERVICE: usize = 10;
+
+fn endpoints(total: usize) -> Vec<Endpoint> {
+    (0..total)
+        .map(|i| {
+            Endpoint::new(
+                format!("svc-{:06}", i / PER_SERVICE),
+                format!("ep-{i}"),
+                "127.0.0.1",
+                (i % 60_000 + 1) as u16,
+            )
+            .with_node(format!("node-{}", i % 100))
+        })
+        .collect()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn cached_with(total: usize) -> CachedRegistry<MemoryRegistry> {
+    let mem = MemoryRegistry::new();
+    let ops: Vec<Op> = endpoints(total).into_iter().map(Op::Register).collect();
+    for chunk in ops.chunks(5_000) {
+        registry_api::Batch::apply(&mem, chunk.to_vec()).await.unwrap();
+    }
+    let cached = CachedRegistry::new(mem);
+    cached.wait_until_ready().await;
+    cached
+}
+
+/// Mean time per call of `f`, measured by criterion, returned for ratios.
+fn time_list(c: &mut Criterion, rt: &tokio::runtime::Runtime, name: &str, reg: &CachedRegistry<MemoryRegistry>) -> f64 {
+    let mut total = Duration::ZERO;
+    let mut calls = 0u64;
+    c.bench_function(name, |b| {
+        b.iter_custom(|iters| {
+            let start = Instant::now();
+            for i in 0..iters {
+                let svc = format!("svc-{:06}", i % 100);
+                let got = rt.block_on(reg.list(&svc)).unwrap();
+                assert_eq!(got.len(), PER_SERVICE);
+            }
+            let el = start.elapsed();
+            total += el;
+            calls += iters;
+            el
+        })
+    });
+    total.as_secs_f64() / calls as f64
+}
+
+fn bench_cached_list(c: &mut Criterion) {
+    let rt = runtime();
+    let small = rt.block_on(cached_with(1_000));
+    let big = rt.block_on(cached_with(100_000));
+    let t_small = time_list(c, &rt, "cached_list/1k_total", &small);
+    let t_big = time_list(c, &rt, "cached_list/100k_total", &big);
+    println!(
+        "RATIO cached list 100k/1k total endpoints: {:.2} ({:.0} ns vs {:.0} ns per call)",
+        t_big / t_small,
+        t_big * 1e9,
+        t_small * 1e9
+    );
+
+    // The same list while the backend takes 10k writes/s that the cache follows.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let stop = Arc::clone(&stop);
+        let inner = big.get_ref().clone();
+        rt.spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(1));
+            let mut i = 0u64;
+            let mut written = 0u64;
+            let start = Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                tick.tick().await;
+                for _ in 0..10 {
+                    i += 1;
+                    let ep = Endpoint::new(format!("churn-{}", i % 1000), "x", "127.0.0.1", (i % 60_000 + 1) as u16);
+                    inner.register(ep).await.unwrap();
+                    written += 1;
+                }
+            }
+            written as f64 / start.elapsed().as_secs_f64()
+        })
+    };
+    let t_busy = time_list(c, &rt, "cached_list/100k_total_under_10k_writes_per_s", &big);
+    stop.store(true, Ordering::Relaxed);
+    let rate = rt.block_on(writer).unwrap();
+    println!(
+        "RATIO cached list under writes/idle: {:.2} ({:.0} ns vs {:.0} ns per call; writer achieved {:.0} writes/s)",
+        t_busy / t_big,
+        t_busy * 1e9,
+        t_big * 1e9,
+        rate
+    );
+}
+
+fn bench_diff(c: &mut Criterion) {
+    let base = Snapshot::from_endpoints(Version(1), endpoints(100_000));
+    // Built independently: no shared structure, a key-by-key comparison.
+    let mut changed = endpoints(100_000);
+    for e in changed.iter_mut().step_by(1000) {
+        e.port = e.port.wrapping_add(1).max(1);
+    }
+    let other = Snapshot::from_endpoints(Version(2), changed);
+    // Derived from `base`: shared structure is skipped.
+    let mut derived = base.clone();
+    for e in endpoints(100_000).into_iter().step_by(1000) {
+        let port = e.port.wrapping_add(1).max(1);
+        derived = derived.with_endpoint(Endpoint { port, ..e });
+    }
+    assert_eq!(diff(&base, &other).len(), 100);
+    assert_eq!(diff(&base, &derived).len(), 100);
+    let mut g = c.benchmark_group("diff_100k_100_changes");
+    g.bench_function("independent", |b| b.iter(|| diff(&base, &other)));
+    g.bench_function("derived", |b| b.iter(|| diff(&base, &derived)));
+    g.bench_function("clone_baseline", |b| {
+        b.iter_batched(|| (), |_| base.clone(), BatchSize::SmallInput)
+    });
+    g.finish();
+}
+
+fn bench_coalescing(_c: &mut Criterion) {
+    let rt = runtime();
+    let n = 500usize;
+    let ops: Vec<Endpoint> = (0..n)
+        .map(|i| Endpoint::new("svc", format!("e{i}"), "127.0.0.1", (i + 1) as u16))
+        .collect();
+
+    // Baseline: one backend call per op.
+    let direct = Faulty::new(MemoryRegistry::new());
+    direct.set_latency(Duration::from_millis(1));
+    let start = Instant::now();
+    rt.block_on(async {
+        for e in &ops {
+            direct.register(e.clone()).await.unwrap();
+        }
+    });
+    let t_direct = start.elapsed();
+
+    // Coalescing, same ops, same 1 ms per backend call.
+    let inner = Faulty::new(MemoryRegistry::new());
+    inner.set_latency(Duration::from_millis(1));
+    let t_coalesced = rt.block_on(async {
+        let reg = Coalescing::with_config(inner, CoalescingConfig::default());
+        let start = Instant::now();
+        for e in &ops {
+            reg.register(e.clone()).await.unwrap();
+        }
+        reg.flush().await;
+        let el = start.elapsed();
+        let calls = reg.get_ref().write_calls();
+        assert_eq!(reg.get_ref().get_ref().list("svc").await.unwrap().len(), n);
+        (el, calls)
+    });
+    println!(
+        "RATIO coalescing vs one call per op, {n} ops, 1 ms per backend call: wall time {:.1}x faster ({:?} vs {:?}), backend calls {} vs {} ({:.0}x fewer)",
+        t_direct.as_secs_f64() / t_coalesced.0.as_secs_f64(),
+        t_coalesced.0,
+        t_direct,
+        t_coalesced.1,
+        direct.write_calls(),
+        direct.write_calls() as f64 / t_coalesced.1 as f64
+    );
+}
+
+fn config() -> Criterion {
+    Criterion::default()
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = bench_cached_list, bench_diff, bench_coalescing
+}
+criterion_main!(benches);
