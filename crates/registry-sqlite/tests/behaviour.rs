@@ -115,7 +115,6 @@ async fn a_corrupt_database_gives_an_error_naming_the_path() {
     let err = SqliteRegistry::open(cfg(&path)).await.expect_err("corrupt must not open");
     assert!(err.to_string().contains(&path.display().to_string()), "{err}");
     assert!(!err.is_retryable(), "{err}");
-    eprintln!("MSG corrupt: {err}");
     assert_eq!(std::fs::read(&path).expect("read back"), bytes, "the file was changed");
 }
 
@@ -148,7 +147,6 @@ async fn an_unwritable_location_gives_an_error_naming_the_path() {
         let proc_path = Path::new("/proc/registry-sqlite-test.db");
         let err = SqliteRegistry::open(cfg(proc_path)).await.expect_err("procfs");
         assert!(err.to_string().contains("/proc/registry-sqlite-test.db"), "{err}");
-        eprintln!("MSG proc: {err}");
     }
 }
 
