@@ -8,9 +8,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use etcd_client::{
-    Client, ConnectOptions, Error as EtcdError, GetOptions, PutOptions, Txn, TxnOp,
-};
+use etcd_client::{Client, ConnectOptions, Error as EtcdError, GetOptions, PutOptions, Txn, TxnOp};
 use registry_api::{
     check_name, validate_ops, Batch, Capabilities, Endpoint, EndpointKey, Error, EventStream,
     Heartbeat, Op, Registry, Result, Snapshot, Version, Watch,
@@ -105,7 +103,10 @@ impl EtcdRegistry {
         match (&cfg.user, &cfg.password) {
             (Some(user), Some(password)) => opts = opts.with_user(user, password),
             (Some(_), None) => {
-                return Err(Error::invalid("password", "a user is set without a password"))
+                return Err(Error::invalid(
+                    "password",
+                    "a user is set without a password",
+                ))
             }
             (None, Some(_)) => {
                 return Err(Error::invalid("user", "a password is set without a user"))
@@ -342,7 +343,10 @@ impl Inner {
                 let mut resp = match self.timed(kv.get(from.clone(), Some(opts))).await {
                     Ok(r) => r,
                     Err(e) if error::is_compacted(&e) && attempt < 3 => {
-                        debug!(prefix, revision, "revision compacted while paging; reading again");
+                        debug!(
+                            prefix,
+                            revision, "revision compacted while paging; reading again"
+                        );
                         continue 'read;
                     }
                     Err(e) => return Err(error::map(e, format!("read {prefix}"))),
@@ -381,7 +385,11 @@ impl Inner {
 
     /// Grant a new lease for `node` and write every endpoint we hold for it
     /// under that lease.
-    async fn regrant(self: &Arc<Self>, nodes: &mut MutexGuard<'_, Nodes>, node: &str) -> Result<i64> {
+    async fn regrant(
+        self: &Arc<Self>,
+        nodes: &mut MutexGuard<'_, Nodes>,
+        node: &str,
+    ) -> Result<i64> {
         let ttl = self.cfg.lease_ttl_secs();
         let mut lease = self.client.lease_client();
         let grant = self
@@ -397,7 +405,13 @@ impl Inner {
         if spawn_monitor {
             tokio::spawn(monitor(Arc::downgrade(self), node.to_string()));
         }
-        info!(node, lease = format!("{id:x}"), ttl, endpoints = endpoints.len(), "granted lease");
+        info!(
+            node,
+            lease = format!("{id:x}"),
+            ttl,
+            endpoints = endpoints.len(),
+            "granted lease"
+        );
         for chunk in endpoints.chunks(self.cfg.max_batch.max(1)) {
             let mut ops = Vec::with_capacity(chunk.len());
             for ep in chunk {
@@ -412,7 +426,10 @@ impl Inner {
             self.timed(kv.txn(Txn::new().and_then(ops)))
                 .await
                 .map_err(|e| {
-                    error::map(e, format!("write the endpoints of node {node} under lease {id:x}"))
+                    error::map(
+                        e,
+                        format!("write the endpoints of node {node} under lease {id:x}"),
+                    )
                 })?;
         }
         Ok(id)
@@ -433,7 +450,11 @@ impl Inner {
                 match self.timed(lease.keep_alive(id)).await {
                     Ok(_) => Ok(()),
                     Err(e) if error::is_lease_not_found(&e) => {
-                        warn!(node, lease = format!("{id:x}"), "lease lost; granting a new one");
+                        warn!(
+                            node,
+                            lease = format!("{id:x}"),
+                            "lease lost; granting a new one"
+                        );
                         self.regrant(&mut nodes, node).await.map(drop)
                     }
                     Err(e) => Err(error::map(
@@ -455,45 +476,49 @@ impl Inner {
 fn monitor(inner: Weak<Inner>, node: String) -> futures::future::BoxFuture<'static, ()> {
     // Boxed with an explicit type: `regrant` spawns this, and this calls
     // `regrant`, a cycle the compiler cannot prove `Send` through otherwise.
-    Box::pin(async move { loop {
-        let (every, alive_for) = match inner.upgrade() {
-            Some(i) => {
-                let ttl = i.cfg.lease_ttl.max(Duration::from_secs(1));
-                ((ttl / 3).max(Duration::from_millis(200)), ttl * 3 / 4)
+    Box::pin(async move {
+        loop {
+            let (every, alive_for) = match inner.upgrade() {
+                Some(i) => {
+                    let ttl = i.cfg.lease_ttl.max(Duration::from_secs(1));
+                    ((ttl / 3).max(Duration::from_millis(200)), ttl * 3 / 4)
+                }
+                None => return,
+            };
+            tokio::time::sleep(every).await;
+            let Some(inner) = inner.upgrade() else { return };
+            let mut nodes = inner.nodes.lock().await;
+            let Some(st) = nodes.by_node.get(&node) else {
+                continue;
+            };
+            if st.endpoints.is_empty() || st.last_seen.elapsed() > alive_for {
+                // Nothing to protect, or the node went silent: let it expire.
+                continue;
             }
-            None => return,
-        };
-        tokio::time::sleep(every).await;
-        let Some(inner) = inner.upgrade() else { return };
-        let mut nodes = inner.nodes.lock().await;
-        let Some(st) = nodes.by_node.get(&node) else { continue };
-        if st.endpoints.is_empty() || st.last_seen.elapsed() > alive_for {
-            // Nothing to protect, or the node went silent: let it expire.
-            continue;
-        }
-        let lost = match st.lease {
-            None => true,
-            Some(id) => {
-                let mut lease = inner.client.lease_client();
-                match inner.timed(lease.time_to_live(id, None)).await {
-                    Ok(r) => r.ttl() <= 0,
-                    Err(e) => {
-                        debug!(node, error = %e, "cannot check the lease");
-                        false
+            let lost = match st.lease {
+                None => true,
+                Some(id) => {
+                    let mut lease = inner.client.lease_client();
+                    match inner.timed(lease.time_to_live(id, None)).await {
+                        Ok(r) => r.ttl() <= 0,
+                        Err(e) => {
+                            debug!(node, error = %e, "cannot check the lease");
+                            false
+                        }
+                    }
+                }
+            };
+            if lost {
+                warn!(node, "lease of a live node is gone; granting a new one");
+                if let Err(e) = inner.regrant(&mut nodes, &node).await {
+                    warn!(node, error = %e, "could not restore the node's endpoints; will retry");
+                    if let Some(st) = nodes.by_node.get_mut(&node) {
+                        st.lease = None;
                     }
                 }
             }
-        };
-        if lost {
-            warn!(node, "lease of a live node is gone; granting a new one");
-            if let Err(e) = inner.regrant(&mut nodes, &node).await {
-                warn!(node, error = %e, "could not restore the node's endpoints; will retry");
-                if let Some(st) = nodes.by_node.get_mut(&node) {
-                    st.lease = None;
-                }
-            }
         }
-    } })
+    })
 }
 
 /// Run `fut` with a time limit; a timeout becomes etcd's `DeadlineExceeded`.

@@ -20,7 +20,11 @@ pub(crate) fn map(err: EtcdError, what: impl Display) -> Error {
     match err {
         EtcdError::GRpcStatus(status) => {
             let msg = format!("{what}: {} ({:?})", status.message(), status.code());
-            let kind = status.code();
+            let kind = if broken_connection(&status) {
+                Code::Unavailable
+            } else {
+                status.code()
+            };
             let source = status;
             match kind {
                 Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => {
@@ -62,9 +66,7 @@ pub(crate) fn map(err: EtcdError, what: impl Display) -> Error {
             Error::unavailable(format!("{what}: cannot reach etcd: {e}")).with_source(e)
         }
         EtcdError::IoError(e) => Error::unavailable(format!("{what}: {e}")).with_source(e),
-        EtcdError::WatchError(e) => {
-            Error::unavailable(format!("{what}: watch stream closed: {e}"))
-        }
+        EtcdError::WatchError(e) => Error::unavailable(format!("{what}: watch stream closed: {e}")),
         EtcdError::LeaseKeepAliveError(e) if e.contains("not found") => Error::NotFound {
             what: format!("{what}: {e}"),
         },
@@ -78,10 +80,24 @@ pub(crate) fn map(err: EtcdError, what: impl Display) -> Error {
         EtcdError::Utf8Error(e) => {
             Error::internal(format!("{what}: etcd returned a key that is not UTF-8")).with_source(e)
         }
-        e @ (EtcdError::ElectError(_) | EtcdError::EndpointsNotManaged | EtcdError::Internal(_)) => {
+        e
+        @ (EtcdError::ElectError(_) | EtcdError::EndpointsNotManaged | EtcdError::Internal(_)) => {
             Error::internal(format!("{what}: {e}")).with_source(e)
         }
     }
+}
+
+/// Whether a status was made on this side from a failed connection (a
+/// reset or closed HTTP/2 stream, a broken socket) rather than sent by
+/// etcd: tonic reports those as `Unknown` or `Internal` with the local
+/// error as source, while etcd's own statuses carry none.
+fn broken_connection(status: &tonic::Status) -> bool {
+    matches!(status.code(), Code::Unknown | Code::Internal)
+        && (std::error::Error::source(status).is_some()
+            || status.message().starts_with("h2 protocol error")
+            || status
+                .message()
+                .contains("error reading a body from connection"))
 }
 
 /// Whether etcd answered that a lease does not exist (revoked, or expired
@@ -127,17 +143,60 @@ mod tests {
     #[test]
     fn kinds_and_messages() {
         let cases = [
-            (status(Code::Unavailable, "etcdserver: no leader"), ErrorKind::Unavailable),
-            (status(Code::ResourceExhausted, "etcdserver: too many requests"), ErrorKind::Throttled),
-            (status(Code::PermissionDenied, "etcdserver: permission denied"), ErrorKind::Unauthorized),
-            (status(Code::FailedPrecondition, "etcdserver: invalid auth token"), ErrorKind::Unauthorized),
-            (status(Code::NotFound, "etcdserver: requested lease not found"), ErrorKind::NotFound),
-            (status(Code::OutOfRange, "etcdserver: mvcc: required revision has been compacted"), ErrorKind::Conflict),
-            (status(Code::InvalidArgument, "etcdserver: too many operations in txn request"), ErrorKind::InvalidInput),
+            (
+                status(Code::Unavailable, "etcdserver: no leader"),
+                ErrorKind::Unavailable,
+            ),
+            (
+                status(Code::ResourceExhausted, "etcdserver: too many requests"),
+                ErrorKind::Throttled,
+            ),
+            (
+                status(Code::PermissionDenied, "etcdserver: permission denied"),
+                ErrorKind::Unauthorized,
+            ),
+            (
+                status(Code::FailedPrecondition, "etcdserver: invalid auth token"),
+                ErrorKind::Unauthorized,
+            ),
+            (
+                status(Code::NotFound, "etcdserver: requested lease not found"),
+                ErrorKind::NotFound,
+            ),
+            (
+                status(
+                    Code::OutOfRange,
+                    "etcdserver: mvcc: required revision has been compacted",
+                ),
+                ErrorKind::Conflict,
+            ),
+            (
+                status(
+                    Code::InvalidArgument,
+                    "etcdserver: too many operations in txn request",
+                ),
+                ErrorKind::InvalidInput,
+            ),
             (status(Code::Internal, "boom"), ErrorKind::Internal),
-            (EtcdError::LeaseKeepAliveError("lease not found".into()), ErrorKind::NotFound),
-            (EtcdError::WatchError("closed".into()), ErrorKind::Unavailable),
-            (EtcdError::InvalidArgs("empty endpoints".into()), ErrorKind::InvalidInput),
+            (
+                status(
+                    Code::Unknown,
+                    "h2 protocol error: error reading a body from connection",
+                ),
+                ErrorKind::Unavailable,
+            ),
+            (
+                EtcdError::LeaseKeepAliveError("lease not found".into()),
+                ErrorKind::NotFound,
+            ),
+            (
+                EtcdError::WatchError("closed".into()),
+                ErrorKind::Unavailable,
+            ),
+            (
+                EtcdError::InvalidArgs("empty endpoints".into()),
+                ErrorKind::InvalidInput,
+            ),
         ];
         for (err, kind) in cases {
             let e = map(err, "put /aether/services/api/a");
@@ -148,8 +207,13 @@ mod tests {
 
     #[test]
     fn detects_lost_leases_and_compaction() {
-        assert!(is_lease_not_found(&status(Code::NotFound, "etcdserver: requested lease not found")));
-        assert!(is_lease_not_found(&EtcdError::LeaseKeepAliveError("lease not found".into())));
+        assert!(is_lease_not_found(&status(
+            Code::NotFound,
+            "etcdserver: requested lease not found"
+        )));
+        assert!(is_lease_not_found(&EtcdError::LeaseKeepAliveError(
+            "lease not found".into()
+        )));
         assert!(!is_lease_not_found(&status(Code::Unavailable, "x")));
         assert!(is_compacted(&status(
             Code::OutOfRange,

@@ -158,7 +158,10 @@ pub(crate) fn decode(layout: &Layout, key: &[u8], value: &[u8]) -> Result<Endpoi
         Some(k) if record.endpoint.has_key(&k) => Ok(record.endpoint),
         _ => Err(error::corrupt(
             &key_str,
-            format!("value is endpoint {}, not the one the key names", record.endpoint.key()),
+            format!(
+                "value is endpoint {}, not the one the key names",
+                record.endpoint.key()
+            ),
         )),
     }
 }

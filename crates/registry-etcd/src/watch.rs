@@ -24,7 +24,10 @@ pub(crate) fn watch(inner: Arc<Inner>, from: Option<Version>) -> EventStream {
     stream::once(async move {
         let (tx, rx) = mpsc::channel(BUFFER);
         tokio::spawn(run(inner, from, tx));
-        stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|ev| (ev, rx)) })
+        stream::unfold(
+            rx,
+            |mut rx| async move { rx.recv().await.map(|ev| (ev, rx)) },
+        )
     })
     .flatten()
     .boxed()
@@ -111,7 +114,10 @@ impl Watcher {
             let current = self.current_revision(&root).await?;
             self.check_from = false;
             if self.last > current {
-                info!(from = self.last, current, "watch from a revision etcd has not reached; sending a snapshot");
+                info!(
+                    from = self.last,
+                    current, "watch from a revision etcd has not reached; sending a snapshot"
+                );
                 self.need_snapshot = true;
             }
         }
@@ -136,7 +142,11 @@ impl Watcher {
             .map_err(|e| error::map(e, format!("watch {root} from revision {}", self.last + 1)))?;
         // Keep the sender: closing it would end the watch on etcd's side.
         let (mut requests, mut responses) = ws.split();
-        let every = self.inner.cfg.progress_interval.max(Duration::from_millis(100));
+        let every = self
+            .inner
+            .cfg
+            .progress_interval
+            .max(Duration::from_millis(100));
         let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         loop {
             let resp = tokio::select! {
@@ -159,11 +169,18 @@ impl Watcher {
                 }
             };
             if resp.compact_revision() > 0 {
-                info!(last = self.last, compacted = resp.compact_revision(), "watch history compacted; sending a fresh snapshot");
+                info!(
+                    last = self.last,
+                    compacted = resp.compact_revision(),
+                    "watch history compacted; sending a fresh snapshot"
+                );
                 return Ok(Outcome::Resync);
             }
             if resp.canceled() {
-                warn!(reason = resp.cancel_reason(), "etcd cancelled the watch; sending a fresh snapshot");
+                warn!(
+                    reason = resp.cancel_reason(),
+                    "etcd cancelled the watch; sending a fresh snapshot"
+                );
                 return Ok(Outcome::Resync);
             }
             if resp.created() {
@@ -215,10 +232,16 @@ impl Watcher {
         let mut kv = self.inner.client.kv_client();
         let resp = self
             .inner
-            .timed(kv.get(
-                root.to_string(),
-                Some(etcd_client::GetOptions::new().with_prefix().with_count_only()),
-            ))
+            .timed(
+                kv.get(
+                    root.to_string(),
+                    Some(
+                        etcd_client::GetOptions::new()
+                            .with_prefix()
+                            .with_count_only(),
+                    ),
+                ),
+            )
             .await
             .map_err(|e| error::map(e, format!("read the revision of {root}")))?;
         Ok(resp.header().map_or(0, |h| h.revision()))

@@ -1,0 +1,361 @@
+//! etcd-specific behaviour against a real etcd: key layout, chunked
+//! batches, leases, compaction and restarts during a watch.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{config, Etcd, Proxy};
+use registry_api::testing::{
+    ep, eventually, follow_until, next_event, next_for, service_state, unique, wait_limit,
+};
+use registry_api::{Batch, EndpointKey, ErrorKind, Event, Heartbeat, Op, Registry, Watch};
+use registry_etcd::etcd_client::{GetOptions, PutOptions};
+use registry_etcd::{EtcdConfig, EtcdRegistry};
+
+async fn connect(cfg: EtcdConfig) -> EtcdRegistry {
+    EtcdRegistry::connect(cfg).await.expect("connect")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefix_isolation_and_escaping() {
+    let etcd = Etcd::start().await;
+    let cfg = config(&etcd.url());
+    let prefix = cfg.prefix.clone();
+    let reg = connect(cfg).await;
+    assert_eq!(reg.to_string(), format!("Etcd({prefix})"));
+
+    let names = ["foo", "foo_other", "foo/bar", "foo%2Fbar", "fo", "foo-"];
+    for (i, name) in names.iter().enumerate() {
+        reg.register(ep(name, "x", 1000 + i as u16))
+            .await
+            .expect("register");
+    }
+    let odd_id = ep("foo", "a/b%c", 2000);
+    reg.register(odd_id.clone()).await.expect("register odd id");
+    for (i, name) in names.iter().enumerate() {
+        let mut want = vec![ep(name, "x", 1000 + i as u16)];
+        if *name == "foo" {
+            want.insert(0, odd_id.clone());
+        }
+        assert_eq!(reg.list(name).await.expect("list"), want, "list({name:?})");
+    }
+
+    // The stored keys: one escaped segment per name.
+    let mut raw = etcd.client().await;
+    let resp = raw
+        .get(
+            format!("{prefix}/services/foo/"),
+            Some(GetOptions::new().with_prefix()),
+        )
+        .await
+        .expect("raw get");
+    let keys: Vec<&str> = resp
+        .kvs()
+        .iter()
+        .map(|kv| kv.key_str().expect("utf8"))
+        .collect();
+    assert_eq!(
+        keys,
+        vec![
+            format!("{prefix}/services/foo/a%2Fb%25c"),
+            format!("{prefix}/services/foo/x")
+        ]
+    );
+    let value: serde_json::Value =
+        serde_json::from_slice(resp.kvs()[1].value()).expect("value is JSON");
+    assert_eq!(value["v"], 1);
+    assert_eq!(value["service"], "foo");
+
+    // A registry whose prefix extends ours sees none of it, and we see
+    // none of its.
+    let other = connect(config(&etcd.url()).with_prefix(format!("{prefix}_other"))).await;
+    assert!(other.snapshot().await.expect("snapshot").is_empty());
+    other.register(ep("foo", "y", 9)).await.expect("register");
+    assert_eq!(reg.list("foo").await.expect("list").len(), 2);
+    assert_eq!(
+        reg.snapshot().await.expect("snapshot").len(),
+        names.len() + 1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_is_chunked_at_max_batch_and_applies_the_net_effect() {
+    let etcd = Etcd::start().await;
+    let reg = connect(config(&etcd.url()).with_max_batch(4)).await;
+    assert_eq!(reg.max_batch(), 4);
+    let svc = unique("chunks");
+    let mut ops: Vec<Op> = (0..18)
+        .map(|i| Op::Register(ep(&svc, &format!("k{i:02}"), 100 + i)))
+        .collect();
+    // Repeated keys: the later op wins, and etcd never sees a key twice
+    // in one Txn (it would refuse it).
+    ops.push(Op::Register(ep(&svc, "k00", 2)));
+    ops.push(Op::Deregister(EndpointKey::new(&svc, "k01")));
+    ops.push(Op::Register(ep(&svc, "k01", 3)));
+    ops.push(Op::Deregister(EndpointKey::new(&svc, "k02")));
+    let before = reg.snapshot().await.expect("snapshot").version();
+    reg.apply(ops).await.expect("apply");
+    let after = reg.snapshot().await.expect("snapshot").version();
+    // 18 distinct keys in Txns of at most 4: 5 Txns, one revision each.
+    assert_eq!(after.0 - before.0, 5, "revisions {before} -> {after}");
+    let mut want: Vec<_> = (3..18)
+        .map(|i| ep(&svc, &format!("k{i:02}"), 100 + i))
+        .collect();
+    want.insert(0, ep(&svc, "k01", 3));
+    want.insert(0, ep(&svc, "k00", 2));
+    assert_eq!(reg.list(&svc).await.expect("list"), want);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_nodes_lose_their_endpoints_and_heartbeating_ones_keep_them() {
+    let etcd = Etcd::start().await;
+    let ttl = Duration::from_secs(2);
+    let reg = connect(config(&etcd.url()).with_lease_ttl(ttl)).await;
+    let svc = unique("lease");
+    let dead = [
+        ep(&svc, "d1", 1).with_node("dead"),
+        ep(&svc, "d2", 2).with_node("dead"),
+    ];
+    let live = ep(&svc, "l1", 3).with_node("live");
+    let free = ep(&svc, "f1", 4);
+    let start = Instant::now();
+    for e in dead.iter().chain([&live, &free]) {
+        reg.register(e.clone()).await.expect("register");
+    }
+    assert_eq!(reg.list(&svc).await.expect("list").len(), 4);
+    assert_ne!(reg.lease_of("dead").await, reg.lease_of("live").await);
+
+    let deadline = Instant::now() + wait_limit();
+    let mut dead_gone_after = None;
+    // Heartbeat `live` only, for three TTLs and until `dead` is gone.
+    while dead_gone_after.is_none() || start.elapsed() < ttl * 3 {
+        assert!(
+            Instant::now() < deadline,
+            "dead node's endpoints never expired"
+        );
+        reg.heartbeat("live").await.expect("heartbeat");
+        let eps = reg.list(&svc).await.expect("list");
+        assert!(eps.contains(&live), "a heartbeating node lost its endpoint");
+        assert!(eps.contains(&free), "an endpoint without node expired");
+        if dead_gone_after.is_none() && !eps.iter().any(|e| e.node == "dead") {
+            dead_gone_after = Some(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let gone = dead_gone_after.expect("dead endpoints gone");
+    assert!(
+        gone >= ttl / 2,
+        "dead endpoints vanished after {gone:?}, before the TTL"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lease_is_granted_again_and_the_endpoints_rewritten() {
+    let etcd = Etcd::start().await;
+    let reg = connect(config(&etcd.url()).with_lease_ttl(Duration::from_secs(3))).await;
+    let svc = unique("lost");
+    let (a, b) = (
+        ep(&svc, "a", 1).with_node("n"),
+        ep(&svc, "b", 2).with_node("n"),
+    );
+    reg.register(a.clone()).await.expect("register a");
+    reg.register(b.clone()).await.expect("register b");
+    let mut raw = etcd.client().await;
+
+    // 1. Revoked behind our back; the node goes on heartbeating.
+    let first = reg.lease_of("n").await.expect("lease");
+    raw.lease_revoke(first).await.expect("revoke");
+    assert!(
+        reg.list(&svc).await.expect("list").is_empty(),
+        "revoke deleted nothing"
+    );
+    let second = eventually("the endpoints to come back under a new lease", || async {
+        reg.heartbeat("n").await.expect("heartbeat");
+        let lease = reg.lease_of("n").await?;
+        (lease != first && reg.list(&svc).await.ok()? == vec![a.clone(), b.clone()])
+            .then_some(lease)
+    })
+    .await;
+    let resp = raw
+        .get(reg.key_of(&a.key()), None::<GetOptions>)
+        .await
+        .expect("raw get");
+    assert_eq!(resp.kvs()[0].lease(), second, "key is not on the new lease");
+
+    // 2. Revoked again; the next register for the node finds out.
+    raw.lease_revoke(second).await.expect("revoke");
+    let c = ep(&svc, "c", 3).with_node("n");
+    reg.register(c.clone())
+        .await
+        .expect("register c after the lease was lost");
+    assert_eq!(
+        reg.list(&svc).await.expect("list"),
+        vec![a.clone(), b.clone(), c.clone()]
+    );
+
+    // 3. Revoked again, and the caller does nothing at all: the registry
+    // notices by itself while the node counts as alive.
+    let third = reg.lease_of("n").await.expect("lease");
+    assert_ne!(third, second);
+    raw.lease_revoke(third).await.expect("revoke");
+    eventually(
+        "the registry to restore the endpoints on its own",
+        || async {
+            (reg.list(&svc).await.ok()? == vec![a.clone(), b.clone(), c.clone()]).then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_while_a_watch_is_disconnected_sends_a_fresh_snapshot() {
+    let etcd = Etcd::start().await;
+    let proxy = Proxy::start(etcd.addr()).await;
+    let cfg = config(&proxy.url()).with_request_timeout(Duration::from_secs(2));
+    let writer = connect(config(&etcd.url()).with_prefix(cfg.prefix.clone())).await;
+    let reg = connect(cfg).await;
+    let svc = unique("compacted");
+    let mut w = reg.watch(None);
+    let Event::Snapshot(mut state) = next_event(&mut w, "the first snapshot").await else {
+        panic!("watch(None) did not start with a snapshot");
+    };
+    let (a, b, c) = (ep(&svc, "a", 1), ep(&svc, "b", 2), ep(&svc, "c", 3));
+    writer.register(a.clone()).await.expect("register a");
+    follow_until(&mut w, &mut state, &svc, std::slice::from_ref(&a)).await;
+
+    proxy.cut();
+    writer.register(b.clone()).await.expect("register b");
+    writer.deregister(&a.key()).await.expect("deregister a");
+    etcd.compact().await;
+    proxy.restore();
+
+    match next_for(&mut w, &svc, "a fresh snapshot after compaction").await {
+        Event::Snapshot(s) => state = s,
+        other => panic!("history was compacted, but the watch sent {other:?}"),
+    }
+    assert_eq!(
+        service_state(&state, &svc)
+            .into_values()
+            .collect::<Vec<_>>(),
+        vec![b.clone()]
+    );
+    writer.register(c.clone()).await.expect("register c");
+    let seen = follow_until(&mut w, &mut state, &svc, &[b.clone(), c.clone()]).await;
+    assert!(
+        matches!(seen.as_slice(), [Event::Added { endpoint, .. }] if *endpoint == c),
+        "after the snapshot: {seen:?}"
+    );
+    let truth = writer.snapshot().await.expect("snapshot");
+    assert_eq!(service_state(&state, &svc), service_state(&truth, &svc));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_survives_etcd_killed_and_restarted() {
+    let mut etcd = Etcd::start().await;
+    let reg = connect(config(&etcd.url())).await;
+    let svc = unique("restart");
+    let mut w = reg.watch(None);
+    let Event::Snapshot(mut state) = next_event(&mut w, "the first snapshot").await else {
+        panic!("watch(None) did not start with a snapshot");
+    };
+    let (a, b, c) = (ep(&svc, "a", 1), ep(&svc, "b", 2), ep(&svc, "c", 3));
+    reg.register(a.clone()).await.expect("register a");
+    follow_until(&mut w, &mut state, &svc, std::slice::from_ref(&a)).await;
+    let before = state.version();
+
+    etcd.kill();
+    assert_eq!(
+        reg.register(b.clone()).await.map_err(|e| e.kind()),
+        Err(ErrorKind::Unavailable),
+        "a write while etcd is down"
+    );
+    etcd.restart().await;
+    // The client reconnects by itself; writes may fail until it has.
+    eventually("a write after the restart", || async {
+        reg.register(b.clone()).await.ok()
+    })
+    .await;
+    reg.deregister(&a.key()).await.expect("deregister a");
+    reg.register(c.clone()).await.expect("register c");
+
+    let seen = follow_until(&mut w, &mut state, &svc, &[b.clone(), c.clone()]).await;
+    let resumed = !seen.iter().any(|e| matches!(e, Event::Snapshot(_)));
+    if resumed {
+        let kinds: Vec<_> = seen.iter().map(|e| (e.type_name(), e.key())).collect();
+        assert_eq!(
+            kinds,
+            vec![
+                ("added", Some(b.key())),
+                ("removed", Some(a.key())),
+                ("added", Some(c.key()))
+            ],
+            "resumed watch lost or repeated a change"
+        );
+        assert!(seen.iter().all(|e| e.version() > before));
+    }
+    let truth = reg.snapshot().await.expect("snapshot");
+    assert_eq!(service_state(&state, &svc), service_state(&truth, &svc));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connecting_to_nothing_is_unavailable_and_names_the_endpoint() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    let cfg = EtcdConfig::new([url.clone()])
+        .with_connect_timeout(Duration::from_millis(500))
+        .with_request_timeout(Duration::from_secs(1));
+    let err = EtcdRegistry::connect(cfg)
+        .await
+        .expect_err("nothing listens there");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.to_string().contains(&url), "{err}");
+
+    let err = EtcdRegistry::connect(EtcdConfig::new(Vec::<String>::new()))
+        .await
+        .expect_err("no endpoints");
+    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_that_are_not_endpoints_are_skipped() {
+    let etcd = Etcd::start().await;
+    let cfg = config(&etcd.url());
+    let prefix = cfg.prefix.clone();
+    let reg = connect(cfg).await;
+    let svc = unique("corrupt");
+    let mut w = reg.watch(None);
+    let Event::Snapshot(mut state) = next_event(&mut w, "the first snapshot").await else {
+        panic!("watch(None) did not start with a snapshot");
+    };
+    let mut raw = etcd.client().await;
+    let base = format!("{prefix}/services/{svc}");
+    for (key, value) in [
+        (format!("{base}/garbage"), "not json".to_string()),
+        (
+            format!("{base}/future"),
+            format!(r#"{{"v":9,"service":"{svc}","id":"future"}}"#),
+        ),
+        (format!("{base}/too/deep"), "{}".to_string()),
+    ] {
+        raw.put(key, value, None::<PutOptions>)
+            .await
+            .expect("raw put");
+    }
+    let good = ep(&svc, "good", 1);
+    reg.register(good.clone()).await.expect("register");
+    assert_eq!(reg.list(&svc).await.expect("list"), vec![good.clone()]);
+    assert_eq!(
+        reg.snapshot()
+            .await
+            .expect("snapshot")
+            .service(&svc)
+            .count(),
+        1
+    );
+    let seen = follow_until(&mut w, &mut state, &svc, std::slice::from_ref(&good)).await;
+    assert_eq!(seen.len(), 1, "{seen:?}");
+}
