@@ -1,0 +1,162 @@
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+
+use std::io::Read;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Why a fixture could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum FixtureError {
+    /// The server's program is not installed.
+    #[error("{program} not found on PATH: {hint}")]
+    NotInstalled {
+        /// The program that was looked for.
+        program: String,
+        /// How to install it.
+        hint: String,
+    },
+    /// The server started but did not answer in time, or exited.
+    #[error("{program} on {addr} did not come up: {detail}")]
+    NotReady {
+        /// The program.
+        program: String,
+        /// Where it should have answered.
+        addr: SocketAddr,
+        /// Its exit status or last output.
+        detail: String,
+    },
+    /// Any other I/O failure (ports, temp dirs, spawning).
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> FixtureError {
+    let what = what.into();
+    move |source| FixtureError::Io { what, source }
+}
+
+/// A free TCP port on 127.0.0.1 (bound once, then released for the server).
+pub fn free_port() -> Result<u16, FixtureError> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(io("binding a free loopback port"))?;
+    let port = l.local_addr().map_err(io("reading the bound port"))?.port();
+    Ok(port)
+}
+
+/// Whether `program` can be found on `PATH`.
+pub fn on_path(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+}
+
+/// A child process that is killed (and its data directory removed) on drop.
+pub struct ServerProcess {
+    program: String,
+    child: Child,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl ServerProcess {
+    /// Start `program args…` in a fresh temp directory (passed to `args` as
+    /// its path) with output to a log file there, and wait until `addr`
+    /// accepts TCP connections (at most `limit`).
+    pub fn spawn(
+        program: &str,
+        hint: &str,
+        args: impl FnOnce(&Path) -> Vec<String>,
+        addr: SocketAddr,
+        limit: Duration,
+    ) -> Result<Self, FixtureError> {
+        let exe = on_path(program).ok_or_else(|| FixtureError::NotInstalled {
+            program: program.into(),
+            hint: hint.into(),
+        })?;
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("{program}-fixture-"))
+            .tempdir()
+            .map_err(io("creating a temp dir"))?;
+        let log = dir.path().join("server.log");
+        let out = std::fs::File::create(&log).map_err(io("creating the server log"))?;
+        let err = out.try_clone().map_err(io("cloning the log handle"))?;
+        let child = Command::new(exe)
+            .args(args(dir.path()))
+            .current_dir(dir.path())
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(io(format!("spawning {program}")))?;
+        let mut server = Self {
+            program: program.into(),
+            child,
+            log,
+            _dir: dir,
+        };
+        server.wait_ready(addr, limit)?;
+        tracing::info!(program, %addr, "fixture server up");
+        Ok(server)
+    }
+
+    fn wait_ready(&mut self, addr: SocketAddr, limit: Duration) -> Result<(), FixtureError> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+                return Ok(());
+            }
+            let exited = self.child.try_wait().map_err(io("polling the server"))?;
+            if exited.is_some() || Instant::now() > deadline {
+                let detail = match exited {
+                    Some(status) => format!("exited with {status}; log: {}", self.log_tail()),
+                    None => format!("no answer within {limit:?}; log: {}", self.log_tail()),
+                };
+                return Err(FixtureError::NotReady {
+                    program: self.program.clone(),
+                    addr,
+                    detail,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The last 2 KiB of the server's output.
+    pub fn log_tail(&self) -> String {
+        let mut s = String::new();
+        if let Ok(mut f) = std::fs::File::open(&self.log) {
+            let _ = f.read_to_string(&mut s);
+        }
+        let start = s.len().saturating_sub(2048);
+        let start = (start..s.len())
+            .find(|i| s.is_char_boundary(*i))
+            .unwrap_or(s.len());
+        s[start..].to_string()
+    }
+
+    /// Kill the server now (it is also killed on drop).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+mod etcd;
+mod moto;
+
+pub use etcd::EtcdServer;
+pub use moto::MotoServer;
