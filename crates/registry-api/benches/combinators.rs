@@ -47,7 +47,9 @@ async fn cached_with(total: usize) -> CachedRegistry<MemoryRegistry> {
     let mem = MemoryRegistry::new();
     let ops: Vec<Op> = endpoints(total).into_iter().map(Op::Register).collect();
     for chunk in ops.chunks(5_000) {
-        registry_api::Batch::apply(&mem, chunk.to_vec()).await.unwrap();
+        registry_api::Batch::apply(&mem, chunk.to_vec())
+            .await
+            .unwrap();
     }
     let cached = CachedRegistry::new(mem);
     cached.wait_until_ready().await;
@@ -55,7 +57,12 @@ async fn cached_with(total: usize) -> CachedRegistry<MemoryRegistry> {
 }
 
 /// Mean time per call of `f`, measured by criterion, returned for ratios.
-fn time_list(c: &mut Criterion, rt: &tokio::runtime::Runtime, name: &str, reg: &CachedRegistry<MemoryRegistry>) -> f64 {
+fn time_list(
+    c: &mut Criterion,
+    rt: &tokio::runtime::Runtime,
+    name: &str,
+    reg: &CachedRegistry<MemoryRegistry>,
+) -> f64 {
     let mut total = Duration::ZERO;
     let mut calls = 0u64;
     c.bench_function(name, |b| {
@@ -102,7 +109,12 @@ fn bench_cached_list(c: &mut Criterion) {
                 tick.tick().await;
                 for _ in 0..10 {
                     i += 1;
-                    let ep = Endpoint::new(format!("churn-{}", i % 1000), "x", "127.0.0.1", (i % 60_000 + 1) as u16);
+                    let ep = Endpoint::new(
+                        format!("churn-{}", i % 1000),
+                        "x",
+                        "127.0.0.1",
+                        (i % 60_000 + 1) as u16,
+                    );
                     inner.register(ep).await.unwrap();
                     written += 1;
                 }
@@ -110,7 +122,12 @@ fn bench_cached_list(c: &mut Criterion) {
             written as f64 / start.elapsed().as_secs_f64()
         })
     };
-    let t_busy = time_list(c, &rt, "cached_list/100k_total_under_10k_writes_per_s", &big);
+    let t_busy = time_list(
+        c,
+        &rt,
+        "cached_list/100k_total_under_10k_writes_per_s",
+        &big,
+    );
     stop.store(true, Ordering::Relaxed);
     let rate = rt.block_on(writer).unwrap();
     println!(

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use crate::error::Result;
 use crate::hub::{Hub, DEFAULT_SUBSCRIBER_BUFFER};
 use crate::model::{Capabilities, Endpoint, EndpointKey, Event, Op, Version};
-use crate::polling::diff;
+use crate::polling::{diff, start_version, with_version};
 use crate::snapshot::Snapshot;
 use crate::traits::{Batch, EventStream, Heartbeat, Registry, Watch};
 
@@ -33,6 +33,12 @@ pub struct CachedConfig {
     /// it, so a caller reads its own writes. Zero turns the wait off.
     /// Default 5 s; the wait is skipped while the stream is down.
     pub write_wait: Duration,
+    /// Number the cache's events with its own counter (starting at the
+    /// clock in microseconds) instead of the inner registry's versions.
+    /// Needed when [`CachedRegistry::apply_local`] mixes local changes into
+    /// the stream: local watchers then resume on one consistent sequence.
+    /// Default false.
+    pub local_versions: bool,
 }
 
 impl Default for CachedConfig {
@@ -43,6 +49,7 @@ impl Default for CachedConfig {
             history: 4096,
             buffer: DEFAULT_SUBSCRIBER_BUFFER,
             write_wait: Duration::from_secs(5),
+            local_versions: false,
         }
     }
 }
@@ -62,6 +69,11 @@ impl CachedConfig {
     /// Set `buffer`.
     pub fn with_buffer(mut self, buffer: usize) -> Self {
         self.buffer = buffer;
+        self
+    }
+    /// Set `local_versions`.
+    pub fn with_local_versions(mut self, local: bool) -> Self {
+        self.local_versions = local;
         self
     }
     /// Set `write_wait`.
@@ -110,6 +122,9 @@ pub struct CachedRegistry<R> {
 
 struct Shared {
     hub: Arc<Hub>,
+    /// Held while computing and publishing a change; the local version
+    /// counter when versions are local.
+    publish: Mutex<Option<u64>>,
     write_wait: Duration,
     /// `None` while connected; when the stream was lost otherwise.
     lost_at: Mutex<Option<Instant>>,
@@ -145,6 +160,7 @@ impl<R: Registry + Watch> CachedRegistry<R> {
         let inner = Arc::new(inner);
         let shared = Arc::new(Shared {
             hub: Arc::new(Hub::pending(config.buffer, config.history)),
+            publish: Mutex::new(config.local_versions.then(start_version)),
             write_wait: config.write_wait,
             lost_at: Mutex::new(None),
         });
@@ -185,6 +201,36 @@ impl<R: Registry + Watch> CachedRegistry<R> {
     pub async fn wait_until_ready(&self) {
         let mut w = self.shared.hub.subscribe(None);
         let _ = w.next().await;
+    }
+
+    /// Apply `ops` to the cache now, before (or without) writing them to the
+    /// inner registry: an optimistic update that local watchers see at
+    /// once. The inner registry's own events for the same change are later
+    /// recognised as repeats and dropped. Returns the events published
+    /// (none before the first snapshot). Use with
+    /// [`CachedConfig::local_versions`].
+    pub fn apply_local(&self, ops: &[Op]) -> Vec<Event> {
+        let mut out = Vec::new();
+        for op in ops {
+            let version = self.shared.hub.current().version();
+            let ev = match op {
+                Op::Register(endpoint) => Event::Added {
+                    version,
+                    endpoint: endpoint.clone(),
+                },
+                Op::Deregister(key) => Event::Removed {
+                    version,
+                    key: key.clone(),
+                },
+            };
+            out.extend(self.shared.apply(ev));
+        }
+        out
+    }
+
+    /// The hub that fans the cache out to local watchers.
+    pub fn hub(&self) -> &Arc<Hub> {
+        &self.shared.hub
     }
 
     /// The cached state, without waiting; `None` before the first snapshot.
@@ -248,7 +294,7 @@ async fn sync_loop<R: Registry + Watch>(inner: Arc<R>, shared: Weak<Shared>, cfg
                     shared.set_lost(false);
                     delays = builder.build();
                     last = Some(ev.version());
-                    apply_upstream(&shared.hub, ev);
+                    shared.apply(ev);
                 }
                 Err(e) => {
                     reason = e.to_string();
@@ -268,45 +314,57 @@ async fn sync_loop<R: Registry + Watch>(inner: Arc<R>, shared: Weak<Shared>, cfg
     }
 }
 
-/// Apply one upstream event to the hub so that local watchers see each
-/// change once: repeats are dropped, and a snapshot after the first is
-/// turned into the deltas between the cache and it.
-fn apply_upstream(hub: &Hub, ev: Event) {
-    if !hub.is_ready() {
-        if let Event::Snapshot(_) = ev {
-            hub.publish([ev]);
-        }
-        return;
-    }
-    let current = hub.current();
-    let events = match ev {
-        Event::Snapshot(fresh) => diff(&current, &fresh),
-        Event::Added { ref endpoint, .. } | Event::Updated { ref endpoint, .. } => {
-            if current.get(&endpoint.key()) == Some(endpoint) {
-                return;
+/// The events that bring `current` to what `ev` says, dropping what is
+/// already true: repeats vanish, an upsert of a missing key is an add, and a
+/// snapshot after the first becomes the deltas between the two.
+fn effective(current: &Snapshot, ev: Event) -> Vec<Event> {
+    match ev {
+        Event::Snapshot(fresh) => diff(current, &fresh),
+        Event::Added { version, endpoint } | Event::Updated { version, endpoint } => {
+            match current.get(&endpoint.key()) {
+                Some(old) if *old == endpoint => Vec::new(),
+                Some(_) => vec![Event::Updated { version, endpoint }],
+                None => vec![Event::Added { version, endpoint }],
             }
-            // The cache decides: an upsert of a key it lacks is an add.
-            let (version, endpoint) = match ev {
-                Event::Added { version, endpoint } | Event::Updated { version, endpoint } => {
-                    (version, endpoint)
-                }
-                _ => return,
-            };
-            if current.contains(&endpoint.key()) {
-                vec![Event::Updated { version, endpoint }]
+        }
+        Event::Removed { version, key } => {
+            if current.contains(&key) {
+                vec![Event::Removed { version, key }]
             } else {
-                vec![Event::Added { version, endpoint }]
+                Vec::new()
             }
         }
-        Event::Removed { ref key, .. } => {
-            if !current.contains(key) {
-                return;
-            }
-            vec![ev]
+    }
+}
+
+impl Shared {
+    /// Apply one event to the cache and publish what changed, renumbered
+    /// with local versions when configured. One writer at a time.
+    fn apply(&self, ev: Event) -> Vec<Event> {
+        let mut local = self.publish.lock().unwrap_or_else(|p| p.into_inner());
+        if !self.hub.is_ready() {
+            let Event::Snapshot(snap) = ev else {
+                return Vec::new();
+            };
+            let snap = match local.as_mut() {
+                Some(n) => snap.at_version(Version(*n)),
+                None => snap,
+            };
+            let first = vec![Event::Snapshot(snap)];
+            self.hub.publish(first.clone());
+            return first;
         }
-    };
-    if !events.is_empty() {
-        hub.publish(events);
+        let mut events = effective(&self.hub.current(), ev);
+        if let Some(n) = local.as_mut() {
+            for e in events.iter_mut() {
+                *n += 1;
+                *e = with_version(e.clone(), Version(*n));
+            }
+        }
+        if !events.is_empty() {
+            self.hub.publish(events.clone());
+        }
+        events
     }
 }
 

@@ -141,7 +141,9 @@ impl<R: Registry> Polling<R> {
     }
 }
 
-fn start_version() -> u64 {
+/// The current time in microseconds: a starting version that grows across
+/// restarts of the process.
+pub(crate) fn start_version() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_micros() as u64)

@@ -328,3 +328,59 @@ async fn hub_cuts_off_a_stalled_subscriber_and_serves_the_rest() {
     }]);
     assert_eq!(hub.subscriber_count(), 0);
 }
+
+#[tokio::test]
+async fn optimistic_local_changes_are_seen_once_with_local_versions() {
+    use registry_api::Op;
+    let cached =
+        CachedRegistry::with_config(MemoryRegistry::new(), fast().with_local_versions(true));
+    cached.wait_until_ready().await;
+    let mut w = cached.watch(None);
+    let Event::Snapshot(s) = next_event(&mut w, "snapshot").await else {
+        panic!()
+    };
+    assert!(
+        s.version() > Version(1_600_000_000_000_000),
+        "local versions start at the clock"
+    );
+    let e = ep("s", "a", 1);
+    let published = cached.apply_local(&[Op::Register(e.clone())]);
+    assert_eq!(published.len(), 1);
+    // Visible at once, before the inner registry has it.
+    assert_eq!(cached.list("s").await.unwrap(), vec![e.clone()]);
+    assert!(cached.get_ref().list("s").await.unwrap().is_empty());
+    let Event::Added { version: v1, .. } = next_event(&mut w, "the optimistic add").await else {
+        panic!()
+    };
+    assert!(v1 > s.version());
+    // The inner write arrives through the watch and is recognised as a repeat.
+    cached.get_ref().register(e.clone()).await.unwrap();
+    cached.get_ref().register(ep("s", "b", 2)).await.unwrap();
+    match next_event(&mut w, "the next real change").await {
+        Event::Added { endpoint, version } => {
+            assert_eq!(endpoint, ep("s", "b", 2), "the repeat of a was not dropped");
+            assert_eq!(version, v1.next());
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+mod cached_memory_local_versions {
+    use super::*;
+    type Reg = CachedRegistry<MemoryRegistry>;
+    async fn make() -> Reg {
+        let c = CachedRegistry::with_config(
+            MemoryRegistry::new(),
+            fast().with_history(64).with_local_versions(true),
+        );
+        c.wait_until_ready().await;
+        c
+    }
+    async fn lose_history(reg: &Reg) {
+        let svc = registry_api::testing::unique("filler");
+        for i in 0..70u16 {
+            reg.register(ep(&svc, &format!("f{i}"), 1)).await.unwrap();
+        }
+    }
+    registry_api::conformance_tests!(make, lose_history);
+}
