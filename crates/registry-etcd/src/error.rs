@@ -40,8 +40,8 @@ pub(crate) fn map(err: EtcdError, what: impl Display) -> Error {
                     source: None,
                 }
                 .with_source(source),
-                Code::FailedPrecondition
-                    if source.message().contains("auth") || source.message().contains("token") =>
+                Code::FailedPrecondition | Code::InvalidArgument
+                    if about_auth(source.message()) =>
                 {
                     Error::Unauthorized {
                         message: msg,
@@ -87,6 +87,20 @@ pub(crate) fn map(err: EtcdError, what: impl Display) -> Error {
     }
 }
 
+/// Whether etcd's message is about authentication (a wrong password is
+/// `InvalidArgument`, an unknown user or bad token `FailedPrecondition`).
+fn about_auth(message: &str) -> bool {
+    [
+        "authentication",
+        "auth token",
+        "user name",
+        "invalid password",
+        "not enabled",
+    ]
+    .iter()
+    .any(|m| message.contains(m))
+}
+
 /// Whether a status was made on this side from a failed connection (a
 /// reset or closed HTTP/2 stream, a broken socket) rather than sent by
 /// etcd: tonic reports those as `Unknown` or `Internal` with the local
@@ -124,6 +138,7 @@ pub(crate) fn corrupt(key: &str, reason: impl Display) -> Error {
 }
 
 /// A TLS file that cannot be read.
+#[cfg(feature = "tls")]
 pub(crate) fn tls_file(field: &str, path: &std::path::Path, err: std::io::Error) -> Error {
     Error::invalid(
         format!("tls.{field}"),

@@ -132,14 +132,19 @@ impl Watcher {
         }
         let opts = WatchOptions::new()
             .with_prefix()
-            .with_start_revision(self.last + 1)
+            .with_start_revision(self.last.saturating_add(1))
             .with_progress_notify();
         let mut client = self.inner.client.watch_client();
         let ws = self
             .inner
             .timed(client.watch(root.clone(), Some(opts)))
             .await
-            .map_err(|e| error::map(e, format!("watch {root} from revision {}", self.last + 1)))?;
+            .map_err(|e| {
+                error::map(
+                    e,
+                    format!("watch {root} from revision {}", self.last.saturating_add(1)),
+                )
+            })?;
         // Keep the sender: closing it would end the watch on etcd's side.
         let (mut requests, mut responses) = ws.split();
         let every = self
@@ -184,7 +189,7 @@ impl Watcher {
                 return Ok(Outcome::Resync);
             }
             if resp.created() {
-                debug!(from = self.last + 1, "etcd watch created");
+                debug!(from = self.last.saturating_add(1), "etcd watch created");
                 self.connected = true;
                 continue;
             }

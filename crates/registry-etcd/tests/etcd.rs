@@ -359,3 +359,69 @@ async fn records_that_are_not_endpoints_are_skipped() {
     let seen = follow_until(&mut w, &mut state, &svc, std::slice::from_ref(&good)).await;
     assert_eq!(seen.len(), 1, "{seen:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_notifications_do_not_disturb_an_idle_watch() {
+    let etcd = Etcd::start().await;
+    let reg = connect(config(&etcd.url()).with_progress_interval(Duration::from_millis(50))).await;
+    let svc = unique("progress");
+    let mut w = reg.watch(None);
+    let Event::Snapshot(mut state) = next_event(&mut w, "the first snapshot").await else {
+        panic!("watch(None) did not start with a snapshot");
+    };
+    // Changes outside the prefix move etcd's revision; the watch gets
+    // progress notifications for them while it sees no event.
+    let mut raw = etcd.client().await;
+    for i in 0..5 {
+        raw.put(format!("/elsewhere/{i}"), "x", None::<PutOptions>)
+            .await
+            .expect("raw put");
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    let a = ep(&svc, "a", 1);
+    reg.register(a.clone()).await.expect("register");
+    let seen = follow_until(&mut w, &mut state, &svc, std::slice::from_ref(&a)).await;
+    assert!(
+        matches!(seen.as_slice(), [Event::Added { endpoint, .. }] if *endpoint == a),
+        "{seen:?}"
+    );
+    // Resuming from the version of that change sends nothing old.
+    let resume_at = seen[0].version();
+    drop(w);
+    let b = ep(&svc, "b", 2);
+    reg.register(b.clone()).await.expect("register");
+    let mut w = reg.watch(Some(resume_at));
+    match next_for(&mut w, &svc, "the change after the resume point").await {
+        Event::Added { endpoint, .. } => assert_eq!(endpoint, b),
+        other => panic!("expected b's Added, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_and_password_are_used_and_refusals_are_unauthorized() {
+    let etcd = Etcd::start().await;
+    let mut raw = etcd.client().await;
+    raw.user_add("root", "root-pw", None)
+        .await
+        .expect("add root");
+    raw.user_grant_role("root", "root")
+        .await
+        .expect("grant root");
+    raw.auth_enable().await.expect("enable auth");
+
+    let reg = connect(config(&etcd.url()).with_user("root", "root-pw")).await;
+    let svc = unique("auth");
+    reg.register(ep(&svc, "a", 1))
+        .await
+        .expect("register as root");
+    assert_eq!(reg.list(&svc).await.expect("list").len(), 1);
+
+    let err = EtcdRegistry::connect(config(&etcd.url()).with_user("root", "wrong"))
+        .await
+        .expect_err("wrong password");
+    assert_eq!(err.kind(), ErrorKind::Unauthorized, "{err}");
+    let err = EtcdRegistry::connect(config(&etcd.url()))
+        .await
+        .expect_err("no user while auth is on");
+    assert_eq!(err.kind(), ErrorKind::Unauthorized, "{err}");
+}
