@@ -1,6 +1,6 @@
 //! [`SqliteRegistry`]: the backend and its trait implementations.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fmt;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -17,7 +17,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteSynchronous,
 };
-use sqlx::{Sqlite, Transaction};
+use sqlx::{AssertSqlSafe, Sqlite, Transaction};
 use tokio::sync::{watch, Mutex, MutexGuard};
 use tokio::task::JoinHandle;
 
@@ -49,6 +49,29 @@ type EpRow = (
     String,
     String,
 );
+
+type EpRowSuspended = (
+    String,
+    String,
+    String,
+    i64,
+    String,
+    String,
+    String,
+    String,
+    String,
+    i64,
+);
+
+/// Rows per multi-row statement (at most 11 parameters each, well under
+/// SQLite's limit of 32 766).
+const CHUNK: usize = 400;
+
+/// `(?, ?), (?, ?), …`: `rows` groups of `cols` placeholders.
+fn placeholders(rows: usize, cols: usize) -> String {
+    let one = format!("({})", vec!["?"; cols].join(", "));
+    vec![one; rows].join(", ")
+}
 
 type ChangeRow = (i64, String, String, String, Option<String>);
 
@@ -691,21 +714,190 @@ impl Inner {
     }
 
     /// Apply validated ops in one transaction; returns the new version.
+    ///
+    /// Set-based, so that a batch costs a few statements per few hundred
+    /// ops: the touched keys are read at once, every op is applied in
+    /// order in memory (each real change gets the next revision and a log
+    /// entry, as a single write would), then the final rows and the log
+    /// entries are written with multi-row statements.
     async fn commit_ops(&self, ops: Vec<Op>, what: &str) -> Result<Version> {
         let (_guard, mut tx) = self.write_tx(what).await?;
         let (start, floor) = self.counters(&mut tx, what).await?;
+        let keys: BTreeSet<EndpointKey> = ops.iter().map(Op::key).collect();
+        let mut state = self.load(&mut tx, &keys, what).await?;
         let mut rev = start;
+        let mut log: Vec<(u64, &'static str, EndpointKey, Option<String>)> = Vec::new();
+        let mut dirty: BTreeMap<EndpointKey, u64> = BTreeMap::new();
         for op in ops {
+            let key = op.key();
+            let slot = state.entry(key.clone()).or_insert(None);
             match op {
-                Op::Register(ep) => self.upsert(&mut tx, &mut rev, ep, false).await?,
-                Op::Deregister(key) => self.remove(&mut tx, &mut rev, &key).await?,
-            };
+                Op::Register(ep) => {
+                    let kind = match slot {
+                        Some((old, suspended)) if *old == ep => {
+                            if *suspended {
+                                // The owner now vouches for this value.
+                                *suspended = false;
+                                dirty.entry(key).or_insert(start);
+                            }
+                            continue;
+                        }
+                        Some(_) => "updated",
+                        None => "added",
+                    };
+                    rev += 1;
+                    let json = serde_json::to_string(&ep)
+                        .map_err(|e| Error::internal(format!("encode {key}: {e}")))?;
+                    log.push((rev, kind, key.clone(), Some(json)));
+                    *slot = Some((ep, false));
+                }
+                Op::Deregister(_) => {
+                    if slot.is_none() {
+                        continue;
+                    }
+                    rev += 1;
+                    log.push((rev, "removed", key.clone(), None));
+                    *slot = None;
+                }
+            }
+            dirty.insert(key, rev);
         }
+        let mut gone = Vec::new();
+        let mut rows = Vec::new();
+        for (key, at) in dirty {
+            match state.remove(&key).flatten() {
+                None => gone.push(key),
+                Some((ep, suspended)) => rows.push((ep, suspended, at)),
+            }
+        }
+        self.delete_many(&mut tx, &gone, what).await?;
+        self.store_many(&mut tx, &rows, what).await?;
+        self.log_many(&mut tx, &log, what).await?;
         self.finish(&mut tx, start, floor, rev, what).await?;
         tx.commit().await.map_err(|e| self.map(e, what))?;
         self.bump(rev);
         tracing::debug!(path = %self.cfg.path.display(), revision = rev, changes = rev - start, "{what}");
         Ok(Version(rev))
+    }
+
+    /// The stored value of each of `keys` (`None` when absent).
+    async fn load(
+        &self,
+        conn: &mut SqliteConnection,
+        keys: &BTreeSet<EndpointKey>,
+        what: &str,
+    ) -> Result<HashMap<EndpointKey, Option<(Endpoint, bool)>>> {
+        let mut out: HashMap<EndpointKey, Option<(Endpoint, bool)>> =
+            keys.iter().map(|k| (k.clone(), None)).collect();
+        let keys: Vec<&EndpointKey> = keys.iter().collect();
+        for chunk in keys.chunks(CHUNK) {
+            let sql = format!(
+                concat!(
+                    "SELECT ",
+                    ep_cols!(),
+                    ", suspended FROM endpoints WHERE (service, id) IN (VALUES {})"
+                ),
+                placeholders(chunk.len(), 2)
+            );
+            let mut q = sqlx::query_as::<_, EpRowSuspended>(AssertSqlSafe(sql));
+            for k in chunk {
+                q = q.bind(&k.service).bind(&k.id);
+            }
+            let rows = q.fetch_all(&mut *conn).await.map_err(|e| self.map(e, what))?;
+            for (s, i, a, p, pr, c, n, h, l, susp) in rows {
+                let ep = self.decode((s, i, a, p, pr, c, n, h, l))?;
+                out.insert(ep.key(), Some((ep, susp != 0)));
+            }
+        }
+        Ok(out)
+    }
+
+    async fn delete_many(
+        &self,
+        conn: &mut SqliteConnection,
+        keys: &[EndpointKey],
+        what: &str,
+    ) -> Result<()> {
+        for chunk in keys.chunks(CHUNK) {
+            let sql = format!(
+                "DELETE FROM endpoints WHERE (service, id) IN (VALUES {})",
+                placeholders(chunk.len(), 2)
+            );
+            let mut q = sqlx::query(AssertSqlSafe(sql));
+            for k in chunk {
+                q = q.bind(&k.service).bind(&k.id);
+            }
+            q.execute(&mut *conn).await.map_err(|e| self.map(e, what))?;
+        }
+        Ok(())
+    }
+
+    async fn store_many(
+        &self,
+        conn: &mut SqliteConnection,
+        rows: &[(Endpoint, bool, u64)],
+        what: &str,
+    ) -> Result<()> {
+        for chunk in rows.chunks(CHUNK) {
+            let labels = chunk
+                .iter()
+                .map(|(ep, _, _)| {
+                    serde_json::to_string(&ep.labels).map_err(|e| {
+                        Error::internal(format!("encode the labels of {}: {e}", ep.key()))
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let sql = format!(
+                concat!(
+                    "INSERT OR REPLACE INTO endpoints (",
+                    ep_cols!(),
+                    ", suspended, revision) VALUES {}"
+                ),
+                placeholders(chunk.len(), 11)
+            );
+            let mut q = sqlx::query(AssertSqlSafe(sql));
+            for ((ep, suspended, at), labels) in chunk.iter().zip(&labels) {
+                q = q
+                    .bind(&ep.service)
+                    .bind(&ep.id)
+                    .bind(&ep.address)
+                    .bind(i64::from(ep.port))
+                    .bind(ep.protocol.as_str())
+                    .bind(&ep.cluster)
+                    .bind(&ep.node)
+                    .bind(ep.health.as_str())
+                    .bind(labels)
+                    .bind(i64::from(*suspended))
+                    .bind(to_i64(*at));
+            }
+            q.execute(&mut *conn).await.map_err(|e| self.map(e, what))?;
+        }
+        Ok(())
+    }
+
+    async fn log_many(
+        &self,
+        conn: &mut SqliteConnection,
+        log: &[(u64, &'static str, EndpointKey, Option<String>)],
+        what: &str,
+    ) -> Result<()> {
+        for chunk in log.chunks(CHUNK) {
+            let sql = format!(
+                "INSERT INTO changes (revision, kind, service, id, endpoint) VALUES {}",
+                placeholders(chunk.len(), 5)
+            );
+            let mut q = sqlx::query(AssertSqlSafe(sql));
+            for (rev, kind, key, json) in chunk {
+                q = q
+                    .bind(to_i64(*rev))
+                    .bind(*kind)
+                    .bind(&key.service)
+                    .bind(&key.id)
+                    .bind(json.as_deref());
+            }
+            q.execute(&mut *conn).await.map_err(|e| self.map(e, what))?;
+        }
+        Ok(())
     }
 
     async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
