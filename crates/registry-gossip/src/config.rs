@@ -1,0 +1,186 @@
+//! [`GossipConfig`]: everything a node needs, with documented defaults.
+
+use std::fmt;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+/// Configuration of one gossip node. Build with [`GossipConfig::new`] and
+/// the `with_*` methods; every field has a default that suits a LAN.
+#[non_exhaustive]
+#[derive(Clone)]
+pub struct GossipConfig {
+    /// UDP address to bind (default `127.0.0.1:0`: loopback, any port).
+    pub bind: SocketAddr,
+    /// Addresses of nodes to join through (default none: start alone).
+    pub seeds: Vec<SocketAddr>,
+    /// This node's name, the writer of its entries and the unit of
+    /// liveness (default `gossip-<bound address>`).
+    pub node_name: Option<String>,
+    /// SWIM probe period (default 1 s).
+    pub probe_period: Duration,
+    /// How long to wait for a direct probe answer (default 300 ms; must be
+    /// below `probe_period`).
+    pub probe_rtt: Duration,
+    /// How long a suspect stays suspect before it is declared down
+    /// (default 3 s).
+    pub suspect_to_down_after: Duration,
+    /// How often updates are also gossiped outside the probe cycle
+    /// (default 200 ms).
+    pub gossip_interval: Duration,
+    /// Largest SWIM datagram, authentication tag included (default 1400
+    /// bytes). Membership updates go first; registry entries fill what is
+    /// left.
+    pub max_packet_size: usize,
+    /// How often anti-entropy exchanges digests with a random member
+    /// (default 30 s).
+    pub anti_entropy_interval: Duration,
+    /// Most bytes of entries one anti-entropy exchange pushes in each
+    /// direction (default 64 KiB). A difference larger than that is
+    /// caught up over several exchanges.
+    pub anti_entropy_budget: usize,
+    /// How long a tombstone is kept after it was fully disseminated
+    /// (default 1 hour).
+    pub tombstone_ttl: Duration,
+    /// Shared key: when set, every datagram carries an HMAC-SHA256 tag and
+    /// datagrams without a valid one are dropped and counted.
+    pub auth_key: Option<Vec<u8>>,
+    /// Seed of the node's random choices (default: from the clock). Fix it
+    /// for reproducible runs.
+    pub rng_seed: Option<u64>,
+    /// Events buffered per watch subscriber (default 1024).
+    pub watch_buffer: usize,
+    /// Changes kept for resuming watches (default 4096).
+    pub watch_history: usize,
+    /// Largest batch [`registry_api::Batch::apply`] takes (default 1000).
+    pub max_batch: usize,
+}
+
+impl Default for GossipConfig {
+    fn default() -> Self {
+        Self {
+            bind: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+            seeds: Vec::new(),
+            node_name: None,
+            probe_period: Duration::from_secs(1),
+            probe_rtt: Duration::from_millis(300),
+            suspect_to_down_after: Duration::from_secs(3),
+            gossip_interval: Duration::from_millis(200),
+            max_packet_size: 1400,
+            anti_entropy_interval: Duration::from_secs(30),
+            anti_entropy_budget: 64 * 1024,
+            tombstone_ttl: Duration::from_secs(3600),
+            auth_key: None,
+            rng_seed: None,
+            watch_buffer: registry_api::DEFAULT_SUBSCRIBER_BUFFER,
+            watch_history: 4096,
+            max_batch: 1000,
+        }
+    }
+}
+
+impl GossipConfig {
+    /// The defaults: bind `127.0.0.1:0`, no seeds.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Fast timings for tests on loopback: 100 ms probes, down after
+    /// 300 ms of suspicion, anti-entropy every second, tombstones kept 5 s.
+    pub fn fast() -> Self {
+        Self {
+            probe_period: Duration::from_millis(100),
+            probe_rtt: Duration::from_millis(30),
+            suspect_to_down_after: Duration::from_millis(300),
+            gossip_interval: Duration::from_millis(50),
+            anti_entropy_interval: Duration::from_secs(1),
+            tombstone_ttl: Duration::from_secs(5),
+            ..Self::default()
+        }
+    }
+
+    /// Set the address to bind.
+    pub fn with_bind(mut self, bind: SocketAddr) -> Self {
+        self.bind = bind;
+        self
+    }
+    /// Set the nodes to join through.
+    pub fn with_seeds(mut self, seeds: impl IntoIterator<Item = SocketAddr>) -> Self {
+        self.seeds = seeds.into_iter().collect();
+        self
+    }
+    /// Set this node's name.
+    pub fn with_node_name(mut self, name: impl Into<String>) -> Self {
+        self.node_name = Some(name.into());
+        self
+    }
+    /// Set the shared authentication key.
+    pub fn with_auth_key(mut self, key: impl Into<Vec<u8>>) -> Self {
+        self.auth_key = Some(key.into());
+        self
+    }
+    /// Set the anti-entropy period.
+    pub fn with_anti_entropy_interval(mut self, every: Duration) -> Self {
+        self.anti_entropy_interval = every;
+        self
+    }
+    /// Set the per-exchange anti-entropy budget in bytes.
+    pub fn with_anti_entropy_budget(mut self, bytes: usize) -> Self {
+        self.anti_entropy_budget = bytes;
+        self
+    }
+    /// Set the tombstone TTL.
+    pub fn with_tombstone_ttl(mut self, ttl: Duration) -> Self {
+        self.tombstone_ttl = ttl;
+        self
+    }
+    /// Set the SWIM probe period, direct-probe timeout and suspicion time.
+    pub fn with_swim_timings(
+        mut self,
+        probe_period: Duration,
+        probe_rtt: Duration,
+        suspect_to_down_after: Duration,
+    ) -> Self {
+        self.probe_period = probe_period;
+        self.probe_rtt = probe_rtt;
+        self.suspect_to_down_after = suspect_to_down_after;
+        self
+    }
+    /// Set the seed of the node's random choices.
+    pub fn with_rng_seed(mut self, seed: u64) -> Self {
+        self.rng_seed = Some(seed);
+        self
+    }
+    /// Set the number of changes kept for resuming watches.
+    pub fn with_watch_history(mut self, changes: usize) -> Self {
+        self.watch_history = changes;
+        self
+    }
+    /// Set the largest SWIM datagram.
+    pub fn with_max_packet_size(mut self, bytes: usize) -> Self {
+        self.max_packet_size = bytes;
+        self
+    }
+}
+
+impl fmt::Debug for GossipConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GossipConfig")
+            .field("bind", &self.bind)
+            .field("seeds", &self.seeds)
+            .field("node_name", &self.node_name)
+            .field("probe_period", &self.probe_period)
+            .field("probe_rtt", &self.probe_rtt)
+            .field("suspect_to_down_after", &self.suspect_to_down_after)
+            .field("gossip_interval", &self.gossip_interval)
+            .field("max_packet_size", &self.max_packet_size)
+            .field("anti_entropy_interval", &self.anti_entropy_interval)
+            .field("anti_entropy_budget", &self.anti_entropy_budget)
+            .field("tombstone_ttl", &self.tombstone_ttl)
+            .field("auth_key", &self.auth_key.as_ref().map(|_| "<hidden>"))
+            .field("rng_seed", &self.rng_seed)
+            .field("watch_buffer", &self.watch_buffer)
+            .field("watch_history", &self.watch_history)
+            .field("max_batch", &self.max_batch)
+            .finish()
+    }
+}
