@@ -1,0 +1,218 @@
+//! The one place where Cloud Map and SDK errors become
+//! [`registry_api::Error`]s.
+//!
+//! | Cloud Map / SDK | kind |
+//! | --- | --- |
+//! | no connection, timeout, broken response, HTTP 5xx, `InternalFailure`, `ServiceUnavailable` | `Unavailable` |
+//! | `RequestLimitExceeded`, `ThrottlingException`, `TooManyRequests*`, HTTP 429, failed operation `THROTTLED_REQUEST` | `Throttled` |
+//! | `NamespaceNotFound`, `ServiceNotFound`, `InstanceNotFound`, `OperationNotFound` | `NotFound` |
+//! | `DuplicateRequest`, `ResourceInUse`, `*AlreadyExists`, `ConflictingDomainExists` | `Conflict` |
+//! | `InvalidInput`, `ValidationException` | `InvalidInput` (field `endpoint`) |
+//! | `AccessDenied*`, `UnrecognizedClient`, `InvalidSignature*`, `*Token*` expired or invalid, failed operation `ACCESS_DENIED` / `EXPIRED_TOKEN` | `Unauthorized` |
+//! | `ResourceLimitExceeded` (a quota such as 1,000 instances per service), anything else | `Internal` |
+//!
+//! Every message names the call, what it was about (namespace, service or
+//! instance) and, for connection failures, the endpoint that did not answer.
+
+use aws_sdk_servicediscovery::config::http::HttpResponse;
+use aws_sdk_servicediscovery::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use registry_api::Error;
+
+/// What a failed call was about, for the message.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Call<'a> {
+    /// The API call, e.g. `RegisterInstance`.
+    pub op: &'a str,
+    /// What it was about, e.g. `instance payments/pod-a`.
+    pub target: &'a str,
+    /// Where the API is, e.g. `http://127.0.0.1:5000`.
+    pub endpoint: &'a str,
+}
+
+/// Map an SDK error of any operation.
+pub(crate) fn from_sdk<E>(err: SdkError<E, HttpResponse>, call: Call<'_>) -> Error
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    let Call {
+        op,
+        target,
+        endpoint,
+    } = call;
+    let detail = DisplayErrorContext(&err).to_string();
+    match &err {
+        SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) | SdkError::ResponseError(_) => {
+            return Error::Unavailable {
+                message: format!(
+                    "Cloud Map at {endpoint} did not answer {op} for {target}: {detail}"
+                ),
+                source: None,
+            }
+            .with_source(err);
+        }
+        SdkError::ConstructionFailure(_) => {
+            return Error::internal(format!(
+                "could not build the {op} request for {target}: {detail}"
+            ))
+            .with_source(err);
+        }
+        _ => {}
+    }
+    let code = err.code().unwrap_or("").to_string();
+    let msg = err.message().unwrap_or("").to_string();
+    let status = http_status(&err);
+    let what = format!("{op} for {target} failed with {code} {msg}")
+        .trim_end()
+        .to_string();
+    by_code(&code, status, what, endpoint).with_source(err)
+}
+
+fn http_status<E>(err: &SdkError<E, HttpResponse>) -> Option<u16> {
+    err.raw_response().map(|r| r.status().as_u16())
+}
+
+/// The kind for a Cloud Map error code (and HTTP status when there is no
+/// code Cloud Map documents).
+fn by_code(code: &str, status: Option<u16>, what: String, endpoint: &str) -> Error {
+    let lower = code.to_ascii_lowercase();
+    match code {
+        "NamespaceNotFound" | "ServiceNotFound" | "InstanceNotFound" | "OperationNotFound" => {
+            Error::NotFound { what }
+        }
+        "DuplicateRequest" | "ResourceInUse" | "ConflictingDomainExists" => {
+            Error::Conflict { what }
+        }
+        c if c.ends_with("AlreadyExists") => Error::Conflict { what },
+        "InvalidInput" | "ValidationException" => {
+            Error::invalid("endpoint", format!("Cloud Map refused it: {what}"))
+        }
+        "RequestLimitExceeded" | "ThrottlingException" | "Throttling" => Error::Throttled {
+            message: what,
+            source: None,
+        },
+        c if c.starts_with("TooManyRequests") => Error::Throttled {
+            message: what,
+            source: None,
+        },
+        "AccessDeniedException"
+        | "AccessDenied"
+        | "UnrecognizedClientException"
+        | "InvalidSignatureException"
+        | "MissingAuthenticationToken"
+        | "IncompleteSignature" => Error::Unauthorized {
+            message: what,
+            source: None,
+        },
+        _ if lower.contains("token")
+            && (lower.contains("expired") || lower.contains("invalid")) =>
+        {
+            Error::Unauthorized {
+                message: what,
+                source: None,
+            }
+        }
+        "InternalFailure" | "ServiceUnavailable" | "InternalServerError" => Error::Unavailable {
+            message: format!("Cloud Map at {endpoint}: {what}"),
+            source: None,
+        },
+        "ResourceLimitExceeded" => {
+            Error::internal(format!("a Cloud Map quota was reached: {what}"))
+        }
+        _ => match status {
+            Some(429) => Error::Throttled {
+                message: what,
+                source: None,
+            },
+            Some(401 | 403) => Error::Unauthorized {
+                message: what,
+                source: None,
+            },
+            Some(s) if s >= 500 => Error::Unavailable {
+                message: format!("Cloud Map at {endpoint} answered HTTP {s}: {what}"),
+                source: None,
+            },
+            _ => Error::internal(what),
+        },
+    }
+}
+
+/// The error for a Cloud Map operation that ended with status `FAIL`.
+pub(crate) fn from_failed_operation(
+    operation_id: &str,
+    code: Option<&str>,
+    message: Option<&str>,
+    target: &str,
+) -> Error {
+    let code = code.unwrap_or("UNKNOWN");
+    let what = format!(
+        "Cloud Map operation {operation_id} for {target} failed with {code}: {}",
+        message.unwrap_or("no message")
+    );
+    match code {
+        "ACCESS_DENIED" | "EXPIRED_TOKEN" => Error::Unauthorized {
+            message: what,
+            source: None,
+        },
+        "THROTTLED_REQUEST" => Error::Throttled {
+            message: what,
+            source: None,
+        },
+        "INTERNAL_FAILURE" => Error::unavailable(what),
+        _ => Error::internal(what),
+    }
+}
+
+/// The error for an operation still pending when the wait ran out.
+pub(crate) fn operation_timeout(
+    operation_id: &str,
+    status: &str,
+    target: &str,
+    waited: std::time::Duration,
+) -> Error {
+    Error::unavailable(format!(
+        "Cloud Map operation {operation_id} for {target} was still {status} after {waited:?}"
+    ))
+}
+
+/// The error for an answer that lacks a field Cloud Map always sends.
+pub(crate) fn missing(op: &str, field: &str, target: &str) -> Error {
+    Error::internal(format!(
+        "Cloud Map's {op} answer for {target} has no {field}"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use registry_api::ErrorKind;
+
+    #[test]
+    fn codes_map_to_kinds() {
+        let k = |code: &str, status| by_code(code, status, "x".into(), "http://h").kind();
+        assert_eq!(k("ServiceNotFound", None), ErrorKind::NotFound);
+        assert_eq!(k("NamespaceAlreadyExists", None), ErrorKind::Conflict);
+        assert_eq!(k("DuplicateRequest", None), ErrorKind::Conflict);
+        assert_eq!(k("RequestLimitExceeded", None), ErrorKind::Throttled);
+        assert_eq!(k("InvalidInput", None), ErrorKind::InvalidInput);
+        assert_eq!(k("ExpiredTokenException", None), ErrorKind::Unauthorized);
+        assert_eq!(k("Whatever", Some(503)), ErrorKind::Unavailable);
+        assert_eq!(k("Whatever", Some(429)), ErrorKind::Throttled);
+        assert_eq!(k("ResourceLimitExceeded", None), ErrorKind::Internal);
+    }
+
+    #[test]
+    fn failed_operations_surface_with_their_target() {
+        let e = from_failed_operation(
+            "op-1",
+            Some("THROTTLED_REQUEST"),
+            Some("slow"),
+            "instance s/a",
+        );
+        assert_eq!(e.kind(), ErrorKind::Throttled);
+        let e = from_failed_operation("op-2", Some("INVALID_CHANGE_BATCH"), None, "instance s/a");
+        assert_eq!(e.kind(), ErrorKind::Internal);
+        assert!(e.to_string().contains("op-2") && e.to_string().contains("instance s/a"));
+        let e = from_failed_operation("op-3", Some("ACCESS_DENIED"), None, "instance s/a");
+        assert_eq!(e.kind(), ErrorKind::Unauthorized);
+    }
+}

@@ -1,0 +1,127 @@
+//! Test fixtures: a `moto_server` per test (via `registry-tests`), a
+//! registry on a namespace of its own, and that registry behind `Polling`.
+#![allow(dead_code)]
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use registry_api::{
+    Batch, Capabilities, Endpoint, EndpointKey, EventStream, Op, Polling, PollingConfig, Registry,
+    Result, Snapshot, Version, Watch,
+};
+use registry_cloudmap::aws_sdk_servicediscovery::config::{BehaviorVersion, Credentials, Region};
+use registry_cloudmap::{CloudMapConfig, CloudMapRegistry};
+use registry_tests::MotoServer;
+
+/// Deltas the polling hub keeps; `lose_history` writes more than this.
+pub const HISTORY: usize = 8;
+/// Poll interval of the watch.
+pub const INTERVAL: Duration = Duration::from_millis(50);
+
+/// An SDK configuration for the emulator: fixed credentials, `us-east-1`.
+pub fn sdk_config() -> registry_cloudmap::aws_sdk_servicediscovery::Config {
+    registry_cloudmap::aws_sdk_servicediscovery::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("testing", "testing", None, None, "tests"))
+        .build()
+}
+
+/// A config for `moto` on a fresh namespace, with a rate limit that does
+/// not slow the tests down.
+pub fn config(moto: &MotoServer) -> CloudMapConfig {
+    let rate = NonZeroU32::new(2000).expect("non-zero");
+    CloudMapConfig::new(registry_api::testing::unique("ns"))
+        .with_endpoint_url(moto.url())
+        .with_rate_limit(rate, rate)
+        .with_operation_poll(Duration::from_millis(5), Duration::from_millis(100))
+        // moto keeps a copy per re-registration (see the field's docs).
+        .with_repeat_deregister(true)
+}
+
+pub async fn connect(cfg: CloudMapConfig) -> CloudMapRegistry {
+    CloudMapRegistry::with_sdk_config(sdk_config(), cfg)
+        .await
+        .expect("connect to moto")
+}
+
+pub fn start_moto() -> MotoServer {
+    MotoServer::start().expect("moto_server (pip install 'moto[server]')")
+}
+
+/// A registry behind `Polling`, owning its emulator.
+pub struct Harness {
+    pub reg: Polling<CloudMapRegistry>,
+    pub moto: MotoServer,
+}
+
+impl Harness {
+    pub async fn start() -> Harness {
+        Self::with(|c| c).await
+    }
+
+    pub async fn with(f: impl FnOnce(CloudMapConfig) -> CloudMapConfig) -> Harness {
+        let moto = start_moto();
+        let raw = connect(f(config(&moto))).await;
+        let reg = Polling::with_config(
+            raw,
+            PollingConfig::default()
+                .with_interval(INTERVAL)
+                .with_history(HISTORY),
+        );
+        Harness { reg, moto }
+    }
+
+    /// The backend under the `Polling`.
+    pub fn raw(&self) -> &CloudMapRegistry {
+        self.reg.get_ref()
+    }
+}
+
+impl std::fmt::Display for Harness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.reg.fmt(f)
+    }
+}
+
+impl std::fmt::Debug for Harness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&self.reg, f)
+    }
+}
+
+#[async_trait]
+impl Registry for Harness {
+    async fn register(&self, endpoint: Endpoint) -> Result<()> {
+        self.reg.register(endpoint).await
+    }
+    async fn deregister(&self, key: &EndpointKey) -> Result<()> {
+        self.reg.deregister(key).await
+    }
+    async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
+        self.reg.list(service).await
+    }
+    async fn snapshot(&self) -> Result<Snapshot> {
+        self.reg.snapshot().await
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.reg.capabilities()
+    }
+}
+
+impl Watch for Harness {
+    fn watch(&self, from: Option<Version>) -> EventStream {
+        self.reg.watch(from)
+    }
+}
+
+#[async_trait]
+impl Batch for Harness {
+    async fn apply(&self, ops: Vec<Op>) -> Result<()> {
+        self.reg.apply(ops).await
+    }
+    fn max_batch(&self) -> usize {
+        self.reg.max_batch()
+    }
+}
