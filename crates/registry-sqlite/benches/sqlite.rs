@@ -29,9 +29,14 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 fn endpoint(service: &str, i: usize) -> Endpoint {
-    Endpoint::new(service, format!("ep-{i}"), "127.0.0.1", (i % 60_000 + 1) as u16)
-        .with_node(format!("node-{}", i % 100))
-        .with_label("zone", "zone-a")
+    Endpoint::new(
+        service,
+        format!("ep-{i}"),
+        "127.0.0.1",
+        (i % 60_000 + 1) as u16,
+    )
+    .with_node(format!("node-{}", i % 100))
+    .with_label("zone", "zone-a")
 }
 
 async fn open(dir: &tempfile::TempDir) -> SqliteRegistry {

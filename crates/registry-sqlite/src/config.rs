@@ -215,7 +215,10 @@ impl SqliteConfig {
             return Err(Error::invalid("poll_interval", "must be greater than zero"));
         }
         if self.sweep_interval.is_some_and(|d| d.is_zero()) {
-            return Err(Error::invalid("sweep_interval", "must be greater than zero"));
+            return Err(Error::invalid(
+                "sweep_interval",
+                "must be greater than zero",
+            ));
         }
         if self.remove_after < self.suspect_after {
             return Err(Error::invalid(

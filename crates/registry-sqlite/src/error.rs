@@ -82,10 +82,10 @@ pub(crate) fn map_sqlx(err: sqlx::Error, path: &Path, what: &str) -> Error {
         sqlx::Error::PoolClosed => {
             Error::unavailable(format!("{what} on {p}: the registry was closed")).with_source(err)
         }
-        sqlx::Error::WorkerCrashed => Error::unavailable(format!(
-            "{what} on {p}: the SQLite worker thread stopped"
-        ))
-        .with_source(err),
+        sqlx::Error::WorkerCrashed => {
+            Error::unavailable(format!("{what} on {p}: the SQLite worker thread stopped"))
+                .with_source(err)
+        }
         sqlx::Error::RowNotFound
         | sqlx::Error::ColumnNotFound(_)
         | sqlx::Error::ColumnDecode { .. }
@@ -144,6 +144,9 @@ mod tests {
         let nf = std::io::Error::from(std::io::ErrorKind::NotFound);
         assert_eq!(io(Path::new("a"), "open", nf).kind(), ErrorKind::NotFound);
         let pd = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
-        assert_eq!(io(Path::new("a"), "open", pd).kind(), ErrorKind::Unauthorized);
+        assert_eq!(
+            io(Path::new("a"), "open", pd).kind(),
+            ErrorKind::Unauthorized
+        );
     }
 }

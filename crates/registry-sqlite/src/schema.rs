@@ -24,7 +24,7 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         cluster   TEXT NOT NULL,
         node      TEXT NOT NULL,
         health    TEXT NOT NULL,
-        labels    TEXT NOT NULL,            -- JSON object
+        endpoint  TEXT NOT NULL,            -- the whole endpoint as JSON, labels included
         suspended INTEGER NOT NULL DEFAULT 0, -- 1: marked unhealthy by liveness
         revision  INTEGER NOT NULL,         -- revision of its last change
         PRIMARY KEY (service, id)

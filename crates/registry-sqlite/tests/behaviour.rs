@@ -41,8 +41,15 @@ async fn restart_keeps_endpoints_and_versions_and_continues_the_sequence() {
 
     let reg = open(&path).await;
     let after = reg.snapshot().await.expect("snapshot after reopen");
-    assert_eq!(after.version(), before.version(), "version changed across restart");
-    assert!(after.same_endpoints(&before), "endpoints changed across restart");
+    assert_eq!(
+        after.version(),
+        before.version(),
+        "version changed across restart"
+    );
+    assert!(
+        after.same_endpoints(&before),
+        "endpoints changed across restart"
+    );
     assert_eq!(reg.version().await.expect("version"), Version(5));
 
     // The change log survived too: resuming from version 3 sends 4 and 5.
@@ -58,7 +65,9 @@ async fn restart_keeps_endpoints_and_versions_and_continues_the_sequence() {
         "{e5:?}"
     );
     // New writes continue the sequence, and the resumed watch sees them.
-    reg.register(ep("api", "c", 5)).await.expect("register after reopen");
+    reg.register(ep("api", "c", 5))
+        .await
+        .expect("register after reopen");
     match next_event(&mut w, "change 6").await {
         Event::Added { version, endpoint } => {
             assert_eq!(version, Version(6));
@@ -78,7 +87,9 @@ async fn restart_keeps_endpoints_and_versions_and_continues_the_sequence() {
         Event::Snapshot(s) => assert_eq!((s.version(), s.len()), (Version(6), 4)),
         other => panic!("history is gone, expected a snapshot, got {other:?}"),
     }
-    reg.deregister(&ep("api", "a", 1).key()).await.expect("deregister");
+    reg.deregister(&ep("api", "a", 1).key())
+        .await
+        .expect("deregister");
     assert_eq!(reg.version().await.expect("version"), Version(7));
     // Re-registering an identical endpoint is not a change.
     reg.register(ep("api", "c", 5)).await.expect("same again");
@@ -89,13 +100,24 @@ async fn restart_keeps_endpoints_and_versions_and_continues_the_sequence() {
 async fn a_file_that_is_not_a_database_is_refused_and_left_untouched() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("garbage.db");
-    let bytes: Vec<u8> = (0..8192u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    let bytes: Vec<u8> = (0..8192u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
     std::fs::write(&path, &bytes).expect("write garbage");
-    let err = SqliteRegistry::open(cfg(&path)).await.expect_err("garbage must not open");
-    assert!(err.to_string().contains(&path.display().to_string()), "{err}");
+    let err = SqliteRegistry::open(cfg(&path))
+        .await
+        .expect_err("garbage must not open");
+    assert!(
+        err.to_string().contains(&path.display().to_string()),
+        "{err}"
+    );
     assert!(err.to_string().contains("not an SQLite database"), "{err}");
     assert_eq!(err.kind(), ErrorKind::InvalidInput);
-    assert_eq!(std::fs::read(&path).expect("read back"), bytes, "the file was changed");
+    assert_eq!(
+        std::fs::read(&path).expect("read back"),
+        bytes,
+        "the file was changed"
+    );
     let names: Vec<_> = std::fs::read_dir(dir.path())
         .expect("list")
         .map(|e| e.expect("entry").file_name())
@@ -112,19 +134,33 @@ async fn a_corrupt_database_gives_an_error_naming_the_path() {
     let mut bytes = b"SQLite format 3\0".to_vec();
     bytes.extend((0..4080u32).map(|i| (i.wrapping_mul(40503) >> 7) as u8));
     std::fs::write(&path, &bytes).expect("write");
-    let err = SqliteRegistry::open(cfg(&path)).await.expect_err("corrupt must not open");
-    assert!(err.to_string().contains(&path.display().to_string()), "{err}");
+    let err = SqliteRegistry::open(cfg(&path))
+        .await
+        .expect_err("corrupt must not open");
+    assert!(
+        err.to_string().contains(&path.display().to_string()),
+        "{err}"
+    );
     assert!(!err.is_retryable(), "{err}");
-    assert_eq!(std::fs::read(&path).expect("read back"), bytes, "the file was changed");
+    assert_eq!(
+        std::fs::read(&path).expect("read back"),
+        bytes,
+        "the file was changed"
+    );
 }
 
 #[tokio::test]
 async fn a_directory_is_refused_with_its_path() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let err = SqliteRegistry::open(cfg(dir.path())).await.expect_err("a directory");
+    let err = SqliteRegistry::open(cfg(dir.path()))
+        .await
+        .expect_err("a directory");
     assert_eq!(err.kind(), ErrorKind::InvalidInput);
     let msg = err.to_string();
-    assert!(msg.contains(&dir.path().display().to_string()) && msg.contains("directory"), "{msg}");
+    assert!(
+        msg.contains(&dir.path().display().to_string()) && msg.contains("directory"),
+        "{msg}"
+    );
 }
 
 #[tokio::test]
@@ -134,19 +170,34 @@ async fn an_unwritable_location_gives_an_error_naming_the_path() {
     let file = dir.path().join("plain-file");
     std::fs::write(&file, b"x").expect("write");
     let under_file = file.join("registry.db");
-    let err = SqliteRegistry::open(cfg(&under_file)).await.expect_err("under a file");
-    assert!(err.to_string().contains(&under_file.display().to_string()), "{err}");
+    let err = SqliteRegistry::open(cfg(&under_file))
+        .await
+        .expect_err("under a file");
+    assert!(
+        err.to_string().contains(&under_file.display().to_string()),
+        "{err}"
+    );
     // In a directory that does not exist.
     let missing = dir.path().join("no-such-dir").join("registry.db");
-    let err = SqliteRegistry::open(cfg(&missing)).await.expect_err("missing dir");
+    let err = SqliteRegistry::open(cfg(&missing))
+        .await
+        .expect_err("missing dir");
     assert_eq!(err.kind(), ErrorKind::NotFound);
-    assert!(err.to_string().contains(&missing.display().to_string()), "{err}");
+    assert!(
+        err.to_string().contains(&missing.display().to_string()),
+        "{err}"
+    );
     // Where the kernel refuses to create files (procfs), so SQLite fails.
     #[cfg(target_os = "linux")]
     {
         let proc_path = Path::new("/proc/registry-sqlite-test.db");
-        let err = SqliteRegistry::open(cfg(proc_path)).await.expect_err("procfs");
-        assert!(err.to_string().contains("/proc/registry-sqlite-test.db"), "{err}");
+        let err = SqliteRegistry::open(cfg(proc_path))
+            .await
+            .expect_err("procfs");
+        assert!(
+            err.to_string().contains("/proc/registry-sqlite-test.db"),
+            "{err}"
+        );
     }
 }
 
@@ -160,16 +211,32 @@ async fn a_held_write_lock_is_a_retryable_error_and_stores_nothing() {
         .expect("open");
     reg.register(ep("api", "a", 1)).await.expect("register");
     let url = format!("sqlite://{}", path.display());
-    let mut other = sqlx::SqliteConnection::connect(&url).await.expect("second connection");
-    sqlx::query("BEGIN IMMEDIATE").execute(&mut other).await.expect("take the write lock");
+    let mut other = sqlx::SqliteConnection::connect(&url)
+        .await
+        .expect("second connection");
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut other)
+        .await
+        .expect("take the write lock");
     let err = reg.register(ep("api", "b", 2)).await.expect_err("locked");
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
     assert!(err.is_retryable());
-    assert!(err.to_string().contains(&path.display().to_string()), "{err}");
+    assert!(
+        err.to_string().contains(&path.display().to_string()),
+        "{err}"
+    );
     assert!(err.to_string().contains("api/b"), "{err}");
-    sqlx::query("ROLLBACK").execute(&mut other).await.expect("release");
-    assert_eq!(reg.list("api").await.expect("list"), vec![ep("api", "a", 1)]);
-    reg.register(ep("api", "b", 2)).await.expect("register once released");
+    sqlx::query("ROLLBACK")
+        .execute(&mut other)
+        .await
+        .expect("release");
+    assert_eq!(
+        reg.list("api").await.expect("list"),
+        vec![ep("api", "a", 1)]
+    );
+    reg.register(ep("api", "b", 2))
+        .await
+        .expect("register once released");
     assert_eq!(reg.list("api").await.expect("list").len(), 2);
 }
 
@@ -185,7 +252,9 @@ async fn two_handles_on_one_file_see_each_other_through_the_log() {
     let Event::Snapshot(_) = next_event(&mut wb, "b's snapshot").await else {
         panic!("no snapshot");
     };
-    a.register(ep("svc", "from-a", 1)).await.expect("register on a");
+    a.register(ep("svc", "from-a", 1))
+        .await
+        .expect("register on a");
     match next_event(&mut wb, "a's write on b's watch").await {
         Event::Added { endpoint, version } => {
             assert_eq!(endpoint.id, "from-a");
@@ -194,9 +263,13 @@ async fn two_handles_on_one_file_see_each_other_through_the_log() {
         other => panic!("expected Added, got {other:?}"),
     }
     let mut wa = a.watch(Some(Version(1)));
-    b.deregister(&ep("svc", "from-a", 1).key()).await.expect("deregister on b");
+    b.deregister(&ep("svc", "from-a", 1).key())
+        .await
+        .expect("deregister on b");
     match next_event(&mut wa, "b's write on a's watch").await {
-        Event::Removed { key, version } => assert_eq!((key.id.as_str(), version), ("from-a", Version(2))),
+        Event::Removed { key, version } => {
+            assert_eq!((key.id.as_str(), version), ("from-a", Version(2)))
+        }
         other => panic!("expected Removed, got {other:?}"),
     }
 }
@@ -205,12 +278,18 @@ async fn two_handles_on_one_file_see_each_other_through_the_log() {
 async fn a_watcher_behind_the_log_gets_a_fresh_snapshot() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("registry.db");
-    let reg = SqliteRegistry::open(cfg(&path).with_log_len(5)).await.expect("open");
+    let reg = SqliteRegistry::open(cfg(&path).with_log_len(5))
+        .await
+        .expect("open");
     let mut w = reg.watch(None);
-    let Event::Snapshot(s) = next_event(&mut w, "snapshot").await else { panic!("no snapshot") };
+    let Event::Snapshot(s) = next_event(&mut w, "snapshot").await else {
+        panic!("no snapshot")
+    };
     assert_eq!(s.version(), Version::ZERO);
     for i in 1..=20u16 {
-        reg.register(ep("svc", &format!("e{i}"), i)).await.expect("register");
+        reg.register(ep("svc", &format!("e{i}"), i))
+            .await
+            .expect("register");
     }
     match next_event(&mut w, "a fresh snapshot").await {
         Event::Snapshot(s) => assert_eq!((s.version(), s.len()), (Version(20), 20)),
@@ -230,7 +309,10 @@ async fn invalid_writes_store_nothing() {
     let err = reg.register(bad).await.expect_err("invalid id");
     assert_eq!(err.kind(), ErrorKind::InvalidInput);
     let err = reg
-        .apply(vec![Op::Register(ep("svc", "ok", 1)), Op::Register(ep("svc", "p", 0))])
+        .apply(vec![
+            Op::Register(ep("svc", "ok", 1)),
+            Op::Register(ep("svc", "p", 0)),
+        ])
         .await
         .expect_err("invalid batch");
     assert!(err.to_string().contains("ops[1].port"), "{err}");
@@ -258,15 +340,23 @@ async fn liveness_unhealthy_at_30s_pruned_at_5min_readmitted_by_heartbeat() {
         .expect("open");
     let sec = Duration::from_secs;
 
-    reg.register_node("n1", "10.0.0.1", "compute").await.expect("register node");
+    reg.register_node("n1", "10.0.0.1", "compute")
+        .await
+        .expect("register node");
     reg.heartbeat("n2").await.expect("heartbeat n2");
     for (id, node) in [("a1", "n1"), ("a2", "n1"), ("b1", "n2")] {
-        reg.register(ep("api", id, 80).with_node(node)).await.expect("register");
+        reg.register(ep("api", id, 80).with_node(node))
+            .await
+            .expect("register");
     }
     // Registered unhealthy by its owner: liveness must not revive it.
-    reg.register(ep("api", "a3", 80).with_node("n1").with_health(Health::Unhealthy))
-        .await
-        .expect("register");
+    reg.register(
+        ep("api", "a3", 80)
+            .with_node("n1")
+            .with_health(Health::Unhealthy),
+    )
+    .await
+    .expect("register");
     let mut w = reg.watch(None);
     let Event::Snapshot(mut state) = next_event(&mut w, "snapshot").await else {
         panic!("no snapshot")
@@ -282,7 +372,10 @@ async fn liveness_unhealthy_at_30s_pruned_at_5min_readmitted_by_heartbeat() {
     assert_eq!(report.suspected, vec!["n1"]);
     assert_eq!(report.endpoints_changed, 2);
     let n1 = reg.node("n1").await.expect("node").expect("n1 known");
-    assert_eq!((n1.status, n1.address.as_str()), (Health::Unhealthy, "10.0.0.1"));
+    assert_eq!(
+        (n1.status, n1.address.as_str()),
+        (Health::Unhealthy, "10.0.0.1")
+    );
     assert_eq!(n1.last_seen, t0());
     assert_eq!(
         health_of(&reg.list("api").await.expect("list")),
@@ -306,12 +399,14 @@ async fn liveness_unhealthy_at_30s_pruned_at_5min_readmitted_by_heartbeat() {
     clock.advance(sec(1));
     reg.heartbeat("n1").await.expect("heartbeat n1");
     let healths = health_of(&reg.list("api").await.expect("list"));
-    assert_eq!(healths[0..3].iter().map(|h| h.1).collect::<Vec<_>>(), [
-        Health::Healthy,
-        Health::Healthy,
-        Health::Unhealthy
-    ]);
-    assert_eq!(reg.node("n1").await.expect("node").expect("n1").status, Health::Healthy);
+    assert_eq!(
+        healths[0..3].iter().map(|h| h.1).collect::<Vec<_>>(),
+        [Health::Healthy, Health::Healthy, Health::Unhealthy]
+    );
+    assert_eq!(
+        reg.node("n1").await.expect("node").expect("n1").status,
+        Health::Healthy
+    );
 
     // Silent again: unhealthy after 30 s, removed at 5 min, with its endpoints.
     clock.advance(sec(30));
@@ -319,12 +414,18 @@ async fn liveness_unhealthy_at_30s_pruned_at_5min_readmitted_by_heartbeat() {
     assert_eq!(reg.sweep().await.expect("sweep").suspected, vec!["n1"]);
     clock.advance(sec(269));
     reg.heartbeat("n2").await.expect("n2");
-    assert!(reg.sweep().await.expect("sweep").removed.is_empty(), "removed before 5 min");
+    assert!(
+        reg.sweep().await.expect("sweep").removed.is_empty(),
+        "removed before 5 min"
+    );
     clock.advance(sec(1));
     let report = reg.sweep().await.expect("sweep");
     assert_eq!(report.removed, vec!["n1"]);
     assert_eq!(report.endpoints_removed, 3);
-    assert_eq!(health_of(&reg.list("api").await.expect("list")), vec![("b1".into(), Health::Healthy)]);
+    assert_eq!(
+        health_of(&reg.list("api").await.expect("list")),
+        vec![("b1".into(), Health::Healthy)]
+    );
     assert!(reg.node("n1").await.expect("node").is_none());
     assert_eq!(reg.nodes().await.expect("nodes").len(), 1);
 
@@ -334,7 +435,9 @@ async fn liveness_unhealthy_at_30s_pruned_at_5min_readmitted_by_heartbeat() {
     let n1 = reg.node("n1").await.expect("node").expect("re-admitted");
     assert_eq!((n1.status, n1.last_seen), (Health::Healthy, clock.now()));
     assert_eq!(reg.list("api").await.expect("list").len(), 1);
-    reg.register(ep("api", "a1", 80).with_node("n1")).await.expect("re-register");
+    reg.register(ep("api", "a1", 80).with_node("n1"))
+        .await
+        .expect("re-register");
     assert_eq!(reg.list("api").await.expect("list").len(), 2);
 }
 
@@ -347,8 +450,12 @@ async fn on_open_node_status_is_recomputed_from_last_seen() {
     let reg = open_at(&clock).await.expect("open");
     reg.heartbeat("n1").await.expect("heartbeat");
     reg.heartbeat("n2").await.expect("heartbeat");
-    reg.register(ep("api", "a", 1).with_node("n1")).await.expect("register");
-    reg.register(ep("api", "b", 2).with_node("n2")).await.expect("register");
+    reg.register(ep("api", "a", 1).with_node("n1"))
+        .await
+        .expect("register");
+    reg.register(ep("api", "b", 2).with_node("n2"))
+        .await
+        .expect("register");
     reg.close().await;
     drop(reg);
 
@@ -361,11 +468,20 @@ async fn on_open_node_status_is_recomputed_from_last_seen() {
     other.close().await;
     drop(other);
     let reg = open_at(&clock).await.expect("reopen");
-    assert_eq!(reg.node("n1").await.expect("n").expect("n1").status, Health::Unhealthy);
-    assert_eq!(reg.node("n2").await.expect("n").expect("n2").status, Health::Healthy);
+    assert_eq!(
+        reg.node("n1").await.expect("n").expect("n1").status,
+        Health::Unhealthy
+    );
+    assert_eq!(
+        reg.node("n2").await.expect("n").expect("n2").status,
+        Health::Healthy
+    );
     assert_eq!(
         health_of(&reg.list("api").await.expect("list")),
-        vec![("a".into(), Health::Unhealthy), ("b".into(), Health::Healthy)]
+        vec![
+            ("a".into(), Health::Unhealthy),
+            ("b".into(), Health::Healthy)
+        ]
     );
     reg.close().await;
     drop(reg);
@@ -390,7 +506,9 @@ async fn the_background_sweep_runs_by_itself() {
     .await
     .expect("open");
     reg.heartbeat("n1").await.expect("heartbeat");
-    reg.register(ep("api", "a", 1).with_node("n1")).await.expect("register");
+    reg.register(ep("api", "a", 1).with_node("n1"))
+        .await
+        .expect("register");
     clock.advance(Duration::from_secs(31));
     eventually("the sweeper to mark n1 unhealthy", || async {
         let eps = reg.list("api").await.expect("list");
@@ -399,7 +517,11 @@ async fn the_background_sweep_runs_by_itself() {
     .await;
     clock.advance(Duration::from_secs(300));
     eventually("the sweeper to remove n1", || async {
-        reg.list("api").await.expect("list").is_empty().then_some(())
+        reg.list("api")
+            .await
+            .expect("list")
+            .is_empty()
+            .then_some(())
     })
     .await;
 }

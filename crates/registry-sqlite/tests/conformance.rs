@@ -60,7 +60,9 @@ impl Watch for TempRegistry {
 async fn make() -> TempRegistry {
     let dir = tempfile::tempdir().expect("temp dir");
     let cfg = SqliteConfig::new(dir.path().join("registry.db")).with_sweep_interval(None);
-    let reg = SqliteRegistry::open(cfg).await.expect("open a fresh registry");
+    let reg = SqliteRegistry::open(cfg)
+        .await
+        .expect("open a fresh registry");
     TempRegistry { reg, _dir: dir }
 }
 
@@ -77,7 +79,10 @@ async fn run_all() {
     let reg = make().await;
     registry_api::testing::run_all(&reg, || lose_history(&reg)).await;
     assert!(reg.snapshot().await.expect("snapshot").len() > 100);
-    assert_eq!(reg.reg.integrity_check().await.expect("integrity"), vec!["ok"]);
+    assert_eq!(
+        reg.reg.integrity_check().await.expect("integrity"),
+        vec!["ok"]
+    );
     let caps = reg.capabilities();
     assert!(caps.native_watch && caps.resumable_watch && caps.atomic_batch);
     assert!(caps.persistent && caps.native_liveness);

@@ -29,7 +29,12 @@ fn cfg(path: &Path) -> SqliteConfig {
 fn spawn_child(task: &str, path: &Path) -> (Child, Lines<BufReader<ChildStdout>>) {
     let exe = std::env::current_exe().expect("current test binary");
     let mut child = Command::new(exe)
-        .args(["--exact", "zz_child_helper", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "zz_child_helper",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD_ENV, format!("{task}\n{}", path.display()))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -120,20 +125,31 @@ async fn sigkill_in_the_middle_of_a_batch_leaves_all_or_nothing() {
         "the batch committed before the kill; make BATCH larger so the kill lands mid-batch"
     );
 
-    let reg = SqliteRegistry::open(cfg(&path)).await.expect("reopen after the crash");
+    let reg = SqliteRegistry::open(cfg(&path))
+        .await
+        .expect("reopen after the crash");
     assert_eq!(reg.integrity_check().await.expect("integrity"), vec!["ok"]);
     let n = reg.list(BATCH_SERVICE).await.expect("list").len();
     let v = reg.version().await.expect("version");
-    assert!(n == 0 || n == BATCH, "a partial batch survived: {n} of {BATCH}");
+    assert!(
+        n == 0 || n == BATCH,
+        "a partial batch survived: {n} of {BATCH}"
+    );
     if n == 0 {
         assert_eq!(v, before, "nothing of the batch, but the version moved");
     } else {
-        assert_eq!(v.0, before.0 + BATCH as u64, "the whole batch, but not its versions");
+        assert_eq!(
+            v.0,
+            before.0 + BATCH as u64,
+            "the whole batch, but not its versions"
+        );
     }
     eprintln!("after SIGKILL mid-batch: {n} of {BATCH} endpoints (all or nothing), version {v}");
     assert_eq!(reg.list("kept").await.expect("list").len(), 1);
     // The file goes on working, and the version sequence continues.
-    reg.register(ep("kept", "after", 2)).await.expect("write after the crash");
+    reg.register(ep("kept", "after", 2))
+        .await
+        .expect("write after the crash");
     assert_eq!(reg.version().await.expect("version"), v.next());
 }
 
@@ -158,21 +174,31 @@ async fn two_processes_see_each_others_writes() {
         }
     }
     // And this process's write reaches the child's watch.
-    reg.register(ep("shared", "from-parent", 2)).await.expect("register");
+    reg.register(ep("shared", "from-parent", 2))
+        .await
+        .expect("register");
     line_from(&mut lines, "CHILD SAW from-parent").await;
     let status = tokio::time::timeout(wait_limit(), child.wait())
         .await
         .expect("the child did not exit")
         .expect("wait");
     assert!(status.success(), "child failed: {status}");
-    let ids: Vec<String> = reg.list("shared").await.expect("list").into_iter().map(|e| e.id).collect();
+    let ids: Vec<String> = reg
+        .list("shared")
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
     assert_eq!(ids, vec!["from-child", "from-parent"]);
 }
 
 /// The child's side of the tests above; does nothing unless run as a child.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zz_child_helper() {
-    let Ok(spec) = std::env::var(CHILD_ENV) else { return };
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        return;
+    };
     let (task, path) = spec.split_once('\n').expect("task and path");
     let path = PathBuf::from(path);
     let reg = SqliteRegistry::open(cfg(&path)).await.expect("child: open");
@@ -187,7 +213,9 @@ async fn zz_child_helper() {
         }
         "share" => {
             let mut w = reg.watch(Some(Version::ZERO));
-            reg.register(ep("shared", "from-child", 1)).await.expect("child: register");
+            reg.register(ep("shared", "from-child", 1))
+                .await
+                .expect("child: register");
             println!("CHILD WATCHING");
             loop {
                 let ev = next_event(&mut w, "the parent's endpoint").await;
@@ -203,4 +231,3 @@ async fn zz_child_helper() {
         other => panic!("unknown child task {other:?}"),
     }
 }
-
