@@ -1,0 +1,242 @@
+//! [`DynamoDbConfig`]: which table, where, with which credentials, and how
+//! to read and watch it.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Static credentials, for emulators and tests. Real deployments leave
+/// [`DynamoDbConfig::credentials`] empty and use the usual AWS chain
+/// (environment, profile, web identity, ECS, IMDS).
+#[derive(Clone, PartialEq, Eq)]
+pub struct StaticCredentials {
+    /// The access key id (not secret; shown by `Debug`).
+    pub access_key_id: String,
+    /// The secret access key (never shown by `Debug`).
+    pub secret_access_key: String,
+    /// An optional session token (never shown by `Debug`).
+    pub session_token: Option<String>,
+}
+
+impl StaticCredentials {
+    /// Credentials from an access key id and its secret.
+    pub fn new(access_key_id: impl Into<String>, secret_access_key: impl Into<String>) -> Self {
+        Self {
+            access_key_id: access_key_id.into(),
+            secret_access_key: secret_access_key.into(),
+            session_token: None,
+        }
+    }
+}
+
+impl fmt::Debug for StaticCredentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StaticCredentials")
+            .field("access_key_id", &self.access_key_id)
+            .field("secret_access_key", &"<redacted>")
+            .field(
+                "session_token",
+                &self.session_token.as_ref().map(|_| "<redacted>"),
+            )
+            .finish()
+    }
+}
+
+/// How [`crate::DynamoDbRegistry`] follows changes.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WatchMode {
+    /// DynamoDB Streams when the table has a stream that carries new images
+    /// (`NEW_IMAGE` or `NEW_AND_OLD_IMAGES`), polling otherwise (the default).
+    #[default]
+    Auto,
+    /// Always poll with [`registry_api::Polling`], even when a stream exists.
+    Polling,
+}
+
+/// Settings of [`crate::DynamoDbRegistry`].
+///
+/// Every field has a default (see each field); `table` is the only one most
+/// deployments set. `Debug` never prints secrets.
+///
+/// ```
+/// use std::time::Duration;
+/// use registry_dynamodb::DynamoDbConfig;
+/// let cfg = DynamoDbConfig::new("registry")
+///     .with_region("eu-west-1")
+///     .with_endpoint_url("http://127.0.0.1:8000")
+///     .with_static_credentials("test", "not-shown")
+///     .with_poll_interval(Duration::from_secs(1));
+/// assert!(!format!("{cfg:?}").contains("not-shown"));
+/// ```
+#[non_exhaustive]
+#[derive(Debug, Clone)]
+pub struct DynamoDbConfig {
+    /// The table holding the endpoints. Default `registry`.
+    pub table: String,
+    /// AWS region. Default: from the usual chain (`AWS_REGION`, profile,
+    /// IMDS); `us-east-1` when none is found.
+    pub region: Option<String>,
+    /// Endpoint URL for DynamoDB and DynamoDB Streams (an emulator such as
+    /// moto or DynamoDB Local). Default: the regional AWS endpoints.
+    pub endpoint_url: Option<String>,
+    /// Static credentials. Default `None`: the usual AWS credential chain.
+    pub credentials: Option<StaticCredentials>,
+    /// Strongly consistent `Query` and `Scan` reads (twice the read cost),
+    /// so a read after an acknowledged write sees it. Default `true`.
+    pub consistent_reads: bool,
+    /// Parallel segments of a snapshot's `Scan`. Default 1; raise it for
+    /// tables of many megabytes.
+    pub scan_segments: u32,
+    /// How changes are followed. Default [`WatchMode::Auto`].
+    pub watch: WatchMode,
+    /// Interval of [`registry_api::Polling`] when the table has no usable
+    /// stream. Default 5 s.
+    pub poll_interval: Duration,
+    /// Pause between two `GetRecords` rounds over the stream's shards when
+    /// the last round found nothing. Default 250 ms (DynamoDB Streams allows
+    /// about 5 `GetRecords` calls per second and shard).
+    pub stream_poll_interval: Duration,
+    /// Changes kept in memory so that a watch can resume with
+    /// `watch(Some(version))` instead of getting a fresh snapshot.
+    /// Default 4096.
+    pub watch_history: usize,
+    /// Name of the numeric TTL attribute (epoch seconds). Items whose TTL
+    /// lies in the past are skipped by every read, because DynamoDB deletes
+    /// expired items lazily (up to days later). Default `expires_at`;
+    /// `None` disables the filter.
+    pub ttl_attribute: Option<String>,
+    /// When set (and `ttl_attribute` is set), every write stores
+    /// `now + item_ttl` in the TTL attribute, so an endpoint that is not
+    /// re-registered in time disappears. Default `None`: no expiry.
+    pub item_ttl: Option<Duration>,
+    /// Time limit of one API call including retries. Default 10 s.
+    pub operation_timeout: Duration,
+    /// Attempts per API call (the SDK's standard retry with backoff on
+    /// throttling and transient errors). Default 3.
+    pub max_attempts: u32,
+}
+
+impl Default for DynamoDbConfig {
+    fn default() -> Self {
+        Self {
+            table: "registry".into(),
+            region: None,
+            endpoint_url: None,
+            credentials: None,
+            consistent_reads: true,
+            scan_segments: 1,
+            watch: WatchMode::Auto,
+            poll_interval: Duration::from_secs(5),
+            stream_poll_interval: Duration::from_millis(250),
+            watch_history: 4096,
+            ttl_attribute: Some("expires_at".into()),
+            item_ttl: None,
+            operation_timeout: Duration::from_secs(10),
+            max_attempts: 3,
+        }
+    }
+}
+
+impl DynamoDbConfig {
+    /// The defaults, for `table`.
+    pub fn new(table: impl Into<String>) -> Self {
+        Self {
+            table: table.into(),
+            ..Self::default()
+        }
+    }
+    /// Set `region`.
+    pub fn with_region(mut self, region: impl Into<String>) -> Self {
+        self.region = Some(region.into());
+        self
+    }
+    /// Set `endpoint_url`.
+    pub fn with_endpoint_url(mut self, url: impl Into<String>) -> Self {
+        self.endpoint_url = Some(url.into());
+        self
+    }
+    /// Use static credentials instead of the AWS chain.
+    pub fn with_static_credentials(
+        mut self,
+        access_key_id: impl Into<String>,
+        secret_access_key: impl Into<String>,
+    ) -> Self {
+        self.credentials = Some(StaticCredentials::new(access_key_id, secret_access_key));
+        self
+    }
+    /// Set `consistent_reads`.
+    pub fn with_consistent_reads(mut self, v: bool) -> Self {
+        self.consistent_reads = v;
+        self
+    }
+    /// Set `scan_segments` (at least 1).
+    pub fn with_scan_segments(mut self, n: u32) -> Self {
+        self.scan_segments = n.max(1);
+        self
+    }
+    /// Set `watch`.
+    pub fn with_watch(mut self, mode: WatchMode) -> Self {
+        self.watch = mode;
+        self
+    }
+    /// Set `poll_interval`.
+    pub fn with_poll_interval(mut self, d: Duration) -> Self {
+        self.poll_interval = d;
+        self
+    }
+    /// Set `stream_poll_interval`.
+    pub fn with_stream_poll_interval(mut self, d: Duration) -> Self {
+        self.stream_poll_interval = d;
+        self
+    }
+    /// Set `watch_history` (at least 1).
+    pub fn with_watch_history(mut self, n: usize) -> Self {
+        self.watch_history = n.max(1);
+        self
+    }
+    /// Set `ttl_attribute`.
+    pub fn with_ttl_attribute(mut self, name: Option<String>) -> Self {
+        self.ttl_attribute = name;
+        self
+    }
+    /// Set `item_ttl`.
+    pub fn with_item_ttl(mut self, ttl: Option<Duration>) -> Self {
+        self.item_ttl = ttl;
+        self
+    }
+    /// Set `operation_timeout`.
+    pub fn with_operation_timeout(mut self, d: Duration) -> Self {
+        self.operation_timeout = d;
+        self
+    }
+    /// Set `max_attempts` (at least 1).
+    pub fn with_max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = n.max(1);
+        self
+    }
+
+    /// Where requests go, for error messages: the endpoint URL, or the
+    /// regional AWS endpoint.
+    pub(crate) fn endpoint_name(&self, region: &str) -> String {
+        match &self.endpoint_url {
+            Some(url) => url.clone(),
+            None => format!("https://dynamodb.{region}.amazonaws.com"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_hides_secrets() {
+        let mut cfg = DynamoDbConfig::new("t").with_static_credentials("AKIDEXAMPLE", "s3cr3t");
+        if let Some(c) = cfg.credentials.as_mut() {
+            c.session_token = Some("tok3n".into());
+        }
+        let s = format!("{cfg:?}");
+        assert!(s.contains("AKIDEXAMPLE"), "{s}");
+        assert!(!s.contains("s3cr3t") && !s.contains("tok3n"), "{s}");
+    }
+}

@@ -1,0 +1,198 @@
+//! The item layout: one item per endpoint, in plain attributes that any AWS
+//! tool can read and write (see the crate README for the table).
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use registry_api::{Endpoint, EndpointKey, Error, Health, Protocol};
+
+/// Partition key: the service name.
+pub(crate) const SERVICE: &str = "service";
+/// Sort key: the endpoint id.
+pub(crate) const ID: &str = "id";
+const ADDRESS: &str = "address";
+const PORT: &str = "port";
+const PROTOCOL: &str = "protocol";
+const CLUSTER: &str = "cluster";
+const NODE: &str = "node";
+const HEALTH: &str = "health";
+const LABELS: &str = "labels";
+
+/// An item as the SDK holds it.
+pub(crate) type Item = HashMap<String, AttributeValue>;
+
+/// Seconds since the Unix epoch.
+pub(crate) fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The primary key of `key`.
+pub(crate) fn key_item(key: &EndpointKey) -> Item {
+    HashMap::from([
+        (SERVICE.to_string(), AttributeValue::S(key.service.clone())),
+        (ID.to_string(), AttributeValue::S(key.id.clone())),
+    ])
+}
+
+/// The item of an already validated endpoint; with a TTL attribute set to
+/// `now + ttl` when both are given.
+pub(crate) fn encode(e: &Endpoint, ttl: Option<(&str, Duration)>) -> Item {
+    let s = |v: &str| AttributeValue::S(v.to_string());
+    let labels = e
+        .labels
+        .iter()
+        .map(|(k, v)| (k.clone(), s(v)))
+        .collect::<HashMap<_, _>>();
+    let mut item = HashMap::from([
+        (SERVICE.to_string(), s(&e.service)),
+        (ID.to_string(), s(&e.id)),
+        (ADDRESS.to_string(), s(&e.address)),
+        (PORT.to_string(), AttributeValue::N(e.port.to_string())),
+        (PROTOCOL.to_string(), s(e.protocol.as_str())),
+        (CLUSTER.to_string(), s(&e.cluster)),
+        (NODE.to_string(), s(&e.node)),
+        (HEALTH.to_string(), s(e.health.as_str())),
+        (LABELS.to_string(), AttributeValue::M(labels)),
+    ]);
+    if let Some((attr, ttl)) = ttl {
+        let at = now_secs().saturating_add(ttl.as_secs().max(1));
+        item.insert(attr.to_string(), AttributeValue::N(at.to_string()));
+    }
+    item
+}
+
+fn corrupt(key: &str, what: String) -> Error {
+    Error::internal(format!("corrupt item {key}: {what}"))
+}
+
+fn string(item: &Item, name: &str, key: &str, default: Option<&str>) -> Result<String, Error> {
+    match item.get(name) {
+        Some(AttributeValue::S(v)) => Ok(v.clone()),
+        None | Some(AttributeValue::Null(_)) => match default {
+            Some(d) => Ok(d.to_string()),
+            None => Err(corrupt(key, format!("attribute {name} is missing"))),
+        },
+        Some(other) => Err(corrupt(
+            key,
+            format!("attribute {name} is not a string: {other:?}"),
+        )),
+    }
+}
+
+/// The key of an item, if it has one.
+pub(crate) fn decode_key(item: &Item) -> Option<EndpointKey> {
+    match (item.get(SERVICE), item.get(ID)) {
+        (Some(AttributeValue::S(s)), Some(AttributeValue::S(i))) => {
+            Some(EndpointKey::new(s.clone(), i.clone()))
+        }
+        _ => None,
+    }
+}
+
+/// Whether the item's TTL attribute lies in the past.
+pub(crate) fn expired(item: &Item, ttl_attribute: Option<&str>, now: u64) -> bool {
+    let Some(attr) = ttl_attribute else {
+        return false;
+    };
+    match item.get(attr) {
+        // DynamoDB ignores TTL values that are not numbers; so do we.
+        Some(AttributeValue::N(n)) => n.parse::<f64>().map(|at| at < now as f64).unwrap_or(false),
+        _ => false,
+    }
+}
+
+/// The endpoint an item holds. Attributes other tools may leave out have
+/// defaults (protocol `tcp`, cluster `default`, node empty, `healthy`, no
+/// labels); the result is validated like any write, so a hand-written item
+/// that breaks a limit is reported, not passed on.
+pub(crate) fn decode(item: &Item) -> Result<Endpoint, Error> {
+    let key = decode_key(item)
+        .map(|k| k.to_string())
+        .ok_or_else(|| corrupt("<no key>", "missing service or id".into()))?;
+    let port = match item.get(PORT) {
+        Some(AttributeValue::N(n)) => n
+            .parse::<u16>()
+            .map_err(|_| corrupt(&key, format!("port {n:?} is not a port number")))?,
+        Some(AttributeValue::S(n)) => n
+            .parse::<u16>()
+            .map_err(|_| corrupt(&key, format!("port {n:?} is not a port number")))?,
+        other => return Err(corrupt(&key, format!("port is {other:?}"))),
+    };
+    let protocol: Protocol = string(item, PROTOCOL, &key, Some("tcp"))?
+        .parse()
+        .map_err(|e: Error| corrupt(&key, e.to_string()))?;
+    let health: Health = string(item, HEALTH, &key, Some("healthy"))?
+        .parse()
+        .map_err(|e: Error| corrupt(&key, e.to_string()))?;
+    let labels = match item.get(LABELS) {
+        None | Some(AttributeValue::Null(_)) => BTreeMap::new(),
+        Some(AttributeValue::M(m)) => m
+            .iter()
+            .map(|(k, v)| match v {
+                AttributeValue::S(v) => Ok((k.clone(), v.clone())),
+                other => Err(corrupt(
+                    &key,
+                    format!("label {k:?} is not a string: {other:?}"),
+                )),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(other) => return Err(corrupt(&key, format!("labels is not a map: {other:?}"))),
+    };
+    let e = Endpoint {
+        service: string(item, SERVICE, &key, None)?,
+        id: string(item, ID, &key, None)?,
+        address: string(item, ADDRESS, &key, None)?,
+        port,
+        protocol,
+        cluster: string(item, CLUSTER, &key, Some(registry_api::DEFAULT_CLUSTER))?,
+        node: string(item, NODE, &key, Some(""))?,
+        health,
+        labels,
+    };
+    e.validate().map_err(|err| corrupt(&key, err.to_string()))?;
+    Ok(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roundtrip_and_defaults() {
+        let e = Endpoint::new("svc", "a", "10.0.0.1", 80)
+            .with_protocol(Protocol::Grpc)
+            .with_cluster("")
+            .with_node("n1")
+            .with_health(Health::Unhealthy)
+            .with_label("zone", "")
+            .with_label("k", "ü v");
+        let item = encode(&e, Some(("expires_at", Duration::from_secs(60))));
+        assert_eq!(decode(&item).expect("decode"), e);
+        assert!(!expired(&item, Some("expires_at"), now_secs()));
+        assert!(expired(&item, Some("expires_at"), now_secs() + 120));
+
+        // A minimal item written by another tool.
+        let item: Item = HashMap::from([
+            ("service".into(), AttributeValue::S("svc".into())),
+            ("id".into(), AttributeValue::S("b".into())),
+            ("address".into(), AttributeValue::S("h".into())),
+            ("port".into(), AttributeValue::N("8080".into())),
+        ]);
+        assert_eq!(
+            decode(&item).expect("decode"),
+            Endpoint::new("svc", "b", "h", 8080)
+        );
+    }
+
+    #[test]
+    fn corrupt_items_are_reported() {
+        let mut item = encode(&Endpoint::new("svc", "a", "h", 1), None);
+        item.insert("port".into(), AttributeValue::N("70000".into()));
+        let err = decode(&item).expect_err("port out of range");
+        assert!(err.to_string().contains("svc/a"), "{err}");
+    }
+}

@@ -1,0 +1,344 @@
+//! DynamoDB-specific behaviour against moto: transaction chunking and
+//! merging, idempotency tokens, error mapping, TTL filtering, liveness.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::{config, Harness, RecordingProxy};
+use futures::StreamExt;
+use registry_api::testing::{assert_kind, ep, eventually, follow_until, next_event, unique};
+use registry_api::{
+    Batch, Endpoint, EndpointKey, ErrorKind, Event, Health, Heartbeat, Liveness, LivenessConfig,
+    Op, Registry, Watch,
+};
+use registry_dynamodb::aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
+use registry_dynamodb::{DynamoDbConfig, DynamoDbRegistry};
+use registry_tests::MotoServer;
+
+const TRANSACT_TARGET: &str = "DynamoDB_20120810.TransactWriteItems";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_of_250_ops_is_three_transactions_all_applied() {
+    let moto = common::shared_moto();
+    let proxy = RecordingProxy::start(moto.url()).await;
+    let cfg = config(&proxy.url);
+    DynamoDbRegistry::create_table_if_missing(&cfg, false)
+        .await
+        .unwrap();
+    let reg = DynamoDbRegistry::connect(cfg).await.unwrap();
+    let svc = unique("big-batch");
+    let eps: Vec<Endpoint> = (0..250u16)
+        .map(|i| ep(&svc, &format!("e{i:03}"), 1000 + i))
+        .collect();
+    assert_eq!(proxy.count(TRANSACT_TARGET), 0);
+    reg.apply(eps.iter().cloned().map(Op::Register).collect())
+        .await
+        .unwrap();
+    assert_eq!(
+        proxy.count(TRANSACT_TARGET),
+        3,
+        "250 ops should take 3 TransactWriteItems"
+    );
+    let tokens = proxy.string_fields("ClientRequestToken");
+    assert_eq!(tokens.len(), 3, "one token per transaction: {tokens:?}");
+    assert!(
+        tokens[0] != tokens[1] && tokens[1] != tokens[2] && tokens[0] != tokens[2],
+        "{tokens:?}"
+    );
+    assert_eq!(reg.list(&svc).await.unwrap(), eps);
+    assert_eq!(reg.snapshot().await.unwrap().list(&svc), eps);
+
+    // 100 distinct keys fit one transaction, however many ops name them.
+    let mut ops: Vec<Op> = eps[..100].iter().cloned().map(Op::Register).collect();
+    ops.extend(eps[..100].iter().map(|e| Op::Deregister(e.key())));
+    reg.apply(ops).await.unwrap();
+    assert_eq!(proxy.count(TRANSACT_TARGET), 4);
+    assert_eq!(reg.list(&svc).await.unwrap(), eps[100..].to_vec());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_ops_on_one_key_apply_their_net_effect() {
+    let h = Harness::new(false).await;
+    let svc = unique("net");
+    // moto, like DynamoDB, refuses two actions on one item in a transaction:
+    // without merging this batch would fail.
+    let put = |e: &Endpoint| {
+        let item = HashMap::from([
+            ("service".to_string(), AttributeValue::S(e.service.clone())),
+            ("id".to_string(), AttributeValue::S(e.id.clone())),
+        ]);
+        TransactWriteItem::builder()
+            .put(
+                Put::builder()
+                    .table_name(&h.cfg.table)
+                    .set_item(Some(item))
+                    .build()
+                    .unwrap(),
+            )
+            .build()
+    };
+    let raw = h
+        .reg
+        .client()
+        .transact_write_items()
+        .transact_items(put(&ep(&svc, "a", 1)))
+        .transact_items(put(&ep(&svc, "a", 2)))
+        .send()
+        .await;
+    assert!(raw.is_err(), "the emulator took two actions on one item");
+
+    let b = ep(&svc, "b", 3);
+    h.reg.register(b.clone()).await.unwrap();
+    h.reg
+        .apply(vec![
+            Op::Register(ep(&svc, "a", 1)),
+            Op::Deregister(b.key()),
+            Op::Register(ep(&svc, "a", 2)),
+            Op::Register(ep(&svc, "b", 4)),
+            Op::Register(ep(&svc, "c", 5)),
+            Op::Deregister(EndpointKey::new(&svc, "c")),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(
+        h.reg.list(&svc).await.unwrap(),
+        vec![ep(&svc, "a", 2), ep(&svc, "b", 4)]
+    );
+}
+
+/// A retry carries the caller's token unchanged and the same parameters, so
+/// DynamoDB (which applies one token's transaction at most once within 10
+/// minutes) does not apply it twice. moto 5.2 ignores `ClientRequestToken`
+/// (it applies every request), so what is checked here is the wire: the
+/// token is sent, and a retry sends the identical request body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_transaction_sends_the_same_token_and_body() {
+    let moto = common::shared_moto();
+    let proxy = RecordingProxy::start(moto.url()).await;
+    let cfg = config(&proxy.url);
+    DynamoDbRegistry::create_table_if_missing(&cfg, false)
+        .await
+        .unwrap();
+    let reg = DynamoDbRegistry::connect(cfg).await.unwrap();
+    let svc = unique("token");
+    let ops = vec![
+        Op::Register(ep(&svc, "a", 1).with_label("zone", "z1")),
+        Op::Deregister(EndpointKey::new(&svc, "gone")),
+    ];
+    reg.apply_with_token(ops.clone(), "retry-token-1")
+        .await
+        .unwrap();
+    reg.apply_with_token(ops, "retry-token-1").await.unwrap();
+    assert_eq!(
+        proxy.string_fields("ClientRequestToken"),
+        vec!["retry-token-1", "retry-token-1"]
+    );
+    let bodies = proxy.transact_bodies();
+    assert_eq!(bodies.len(), 2);
+    assert_eq!(
+        bodies[0], bodies[1],
+        "a retry must send the same parameters"
+    );
+
+    let err = reg
+        .apply_with_token(vec![Op::Register(ep(&svc, "b", 1))], "")
+        .await;
+    let err = assert_kind(err, ErrorKind::InvalidInput);
+    assert!(err.to_string().contains("token"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_table_is_not_found_naming_it() {
+    let moto = common::shared_moto();
+    let cfg = config(moto.url());
+    let err = assert_kind(
+        DynamoDbRegistry::connect(cfg.clone()).await,
+        ErrorKind::NotFound,
+    );
+    assert!(err.to_string().contains(&cfg.table), "{err}");
+
+    // A table deleted under a connected registry.
+    let h = Harness::new(false).await;
+    h.reg
+        .client()
+        .delete_table()
+        .table_name(&h.cfg.table)
+        .send()
+        .await
+        .unwrap();
+    let err = assert_kind(h.reg.list("any").await, ErrorKind::NotFound);
+    assert!(err.to_string().contains(&h.cfg.table), "{err}");
+    let err = assert_kind(h.reg.snapshot().await, ErrorKind::NotFound);
+    assert!(err.to_string().contains(&h.cfg.table), "{err}");
+    let err = assert_kind(h.reg.register(ep("s", "a", 1)).await, ErrorKind::NotFound);
+    assert!(err.to_string().contains(&h.cfg.table), "{err}");
+    let err = assert_kind(
+        h.reg.apply(vec![Op::Register(ep("s", "a", 1))]).await,
+        ErrorKind::NotFound,
+    );
+    assert!(err.to_string().contains(&h.cfg.table), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_server_is_unavailable_naming_the_endpoint() {
+    // A server of its own: this test kills it.
+    let mut moto = MotoServer::start().unwrap();
+    let cfg: DynamoDbConfig = config(moto.url())
+        .with_max_attempts(2)
+        .with_operation_timeout(Duration::from_secs(5));
+    DynamoDbRegistry::create_table_if_missing(&cfg, true)
+        .await
+        .unwrap();
+    let reg = DynamoDbRegistry::connect(cfg).await.unwrap();
+    let svc = unique("dead");
+    reg.register(ep(&svc, "a", 1)).await.unwrap();
+    let mut w = reg.watch(None);
+    let Event::Snapshot(mut state) = next_event(&mut w, "snapshot").await else {
+        panic!("no snapshot first");
+    };
+    follow_until(&mut w, &mut state, &svc, &[ep(&svc, "a", 1)]).await;
+
+    moto.kill();
+    let url = moto.url().to_string();
+    let check = |res: registry_api::Result<()>, what: &str| {
+        let err = assert_kind(res, ErrorKind::Unavailable);
+        assert!(err.is_retryable());
+        assert!(err.to_string().contains(&url), "{what}: {err}");
+    };
+    check(reg.list(&svc).await.map(|_| ()), "list");
+    check(reg.snapshot().await.map(|_| ()), "snapshot");
+    check(reg.register(ep(&svc, "b", 2)).await, "register");
+    check(
+        reg.deregister(&EndpointKey::new(&svc, "a")).await,
+        "deregister",
+    );
+    check(
+        reg.apply(vec![Op::Register(ep(&svc, "c", 3))]).await,
+        "apply",
+    );
+    // The watch keeps its last state and does not end.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), w.next())
+            .await
+            .is_err(),
+        "the watch sent something while the server was down"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_items_are_not_read() {
+    let h = Harness::with_config(true, |c| c.with_item_ttl(Some(Duration::from_secs(3600)))).await;
+    let svc = unique("ttl");
+    let live = ep(&svc, "live", 1);
+    h.reg.register(live.clone()).await.unwrap();
+    // The write carries the TTL attribute.
+    let got = h
+        .reg
+        .client()
+        .get_item()
+        .table_name(&h.cfg.table)
+        .key("service", AttributeValue::S(svc.clone()))
+        .key("id", AttributeValue::S("live".into()))
+        .send()
+        .await
+        .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let expires: u64 = match got.item().and_then(|i| i.get("expires_at")) {
+        Some(AttributeValue::N(n)) => n.parse().unwrap(),
+        other => panic!("no expires_at: {other:?}"),
+    };
+    assert!(expires > now + 3000 && expires <= now + 3601, "{expires}");
+
+    let mut w = h.reg.watch(None);
+    let Event::Snapshot(mut state) = next_event(&mut w, "snapshot").await else {
+        panic!("no snapshot first");
+    };
+    // Another writer's item whose TTL passed; DynamoDB has not deleted it.
+    let put = |id: &str, at: u64| {
+        h.reg
+            .client()
+            .put_item()
+            .table_name(&h.cfg.table)
+            .item("service", AttributeValue::S(svc.clone()))
+            .item("id", AttributeValue::S(id.into()))
+            .item("address", AttributeValue::S("10.0.0.1".into()))
+            .item("port", AttributeValue::N("80".into()))
+            .item("expires_at", AttributeValue::N(at.to_string()))
+            .send()
+    };
+    put("stale", now - 60).await.unwrap();
+    put("fresh", now + 600).await.unwrap();
+    let fresh = Endpoint::new(&svc, "fresh", "10.0.0.1", 80);
+    let want = vec![fresh.clone(), live.clone()];
+    assert_eq!(h.reg.list(&svc).await.unwrap(), want);
+    assert_eq!(h.reg.snapshot().await.unwrap().list(&svc), want);
+    // The watch, too, never shows the expired item.
+    let seen = follow_until(&mut w, &mut state, &svc, &want).await;
+    assert!(
+        !seen
+            .iter()
+            .any(|e| e.key().is_some_and(|k| k.id == "stale")),
+        "the watch showed the expired item: {seen:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn liveness_marks_and_removes_silent_nodes() {
+    let h = Harness::new(false).await;
+    let svc = unique("live");
+    let mut cfg = LivenessConfig::default()
+        .with_thresholds(Duration::from_millis(200), Duration::from_millis(1500));
+    cfg.sweep_interval = Duration::from_secs(3600);
+    cfg.hold_min_nodes = 100;
+    let reg = Liveness::with_config(h.reg, cfg);
+    let a = ep(&svc, "a", 1).with_node("node-a");
+    let b = ep(&svc, "b", 2).with_node("node-b");
+    reg.register(a.clone()).await.unwrap();
+    reg.register(b.clone()).await.unwrap();
+    reg.sweep().await.unwrap();
+    eventually("node-a to be marked unhealthy", || async {
+        reg.heartbeat("node-b").await.unwrap();
+        reg.sweep().await.unwrap();
+        let got = reg.list(&svc).await.unwrap();
+        (got == vec![a.clone().with_health(Health::Unhealthy), b.clone()]).then_some(())
+    })
+    .await;
+    eventually("node-a to be removed", || async {
+        reg.heartbeat("node-b").await.unwrap();
+        reg.sweep().await.unwrap();
+        (reg.list(&svc).await.unwrap() == vec![b.clone()]).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_watch_sees_batches_and_other_writers() {
+    let h = Harness::new(true).await;
+    assert!(h.reg.capabilities().native_watch);
+    let svc = unique("stream");
+    let mut w = h.reg.watch(None);
+    let Event::Snapshot(mut state) = next_event(&mut w, "snapshot").await else {
+        panic!("no snapshot first");
+    };
+    let eps: Vec<Endpoint> = (0..150u16)
+        .map(|i| ep(&svc, &format!("e{i:03}"), 1 + i))
+        .collect();
+    h.reg
+        .apply(eps.iter().cloned().map(Op::Register).collect())
+        .await
+        .unwrap();
+    let seen = follow_until(&mut w, &mut state, &svc, &eps).await;
+    assert_eq!(seen.len(), 150, "each endpoint added once");
+    // A second registry on the same table (another process) writes; this
+    // one's watch sees it.
+    let other = DynamoDbRegistry::connect(h.cfg.clone()).await.unwrap();
+    other.deregister(&eps[0].key()).await.unwrap();
+    follow_until(&mut w, &mut state, &svc, &eps[1..]).await;
+}
