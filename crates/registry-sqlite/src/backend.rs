@@ -518,9 +518,9 @@ impl Inner {
         key: &EndpointKey,
         what: &str,
     ) -> Result<Option<(Endpoint, bool)>> {
-        let row: Option<EpRowSuspended> = sqlx::query_as(concat!(
-            "SELECT endpoint, suspended FROM endpoints WHERE service = ?1 AND id = ?2"
-        ))
+        let row: Option<EpRowSuspended> = sqlx::query_as(
+            "SELECT endpoint, suspended FROM endpoints WHERE service = ?1 AND id = ?2",
+        )
         .bind(&key.service)
         .bind(&key.id)
         .fetch_optional(&mut *conn)
@@ -757,9 +757,7 @@ impl Inner {
         let keys: Vec<&EndpointKey> = keys.iter().collect();
         for chunk in keys.chunks(CHUNK) {
             let sql = format!(
-                concat!(
-                    "SELECT endpoint, suspended FROM endpoints WHERE (service, id) IN (VALUES {})"
-                ),
+                "SELECT endpoint, suspended FROM endpoints WHERE (service, id) IN (VALUES {})",
                 placeholders(chunk.len(), 2)
             );
             let mut q = sqlx::query_as::<_, EpRowSuspended>(AssertSqlSafe(sql));
@@ -866,13 +864,12 @@ impl Inner {
     }
 
     async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
-        let rows: Vec<EpRow> = sqlx::query_as(concat!(
-            "SELECT endpoint FROM endpoints WHERE service = ?1 ORDER BY id"
-        ))
-        .bind(service)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(|e| self.map(e, &format!("list {service}")))?;
+        let rows: Vec<EpRow> =
+            sqlx::query_as("SELECT endpoint FROM endpoints WHERE service = ?1 ORDER BY id")
+                .bind(service)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| self.map(e, &format!("list {service}")))?;
         rows.into_iter().map(|r| self.decode(r)).collect()
     }
 
@@ -881,7 +878,7 @@ impl Inner {
         let mut tx = self.pool.begin().await.map_err(|e| self.map(e, what))?;
         // Both reads see the same state: one read transaction.
         let (rev, _) = self.counters(&mut tx, what).await?;
-        let rows: Vec<EpRow> = sqlx::query_as(concat!("SELECT endpoint FROM endpoints"))
+        let rows: Vec<EpRow> = sqlx::query_as("SELECT endpoint FROM endpoints")
             .fetch_all(&mut *tx)
             .await
             .map_err(|e| self.map(e, what))?;
@@ -954,7 +951,7 @@ impl Inner {
             .node_endpoints(
                 conn,
                 node,
-                concat!("SELECT endpoint FROM endpoints WHERE node = ?1 AND suspended = 1"),
+                "SELECT endpoint FROM endpoints WHERE node = ?1 AND suspended = 1",
                 what,
             )
             .await?;
@@ -1067,9 +1064,7 @@ impl Inner {
                 .node_endpoints(
                     &mut tx,
                     node,
-                    concat!(
-                        "SELECT endpoint FROM endpoints WHERE node = ?1 AND health = 'healthy'"
-                    ),
+                    "SELECT endpoint FROM endpoints WHERE node = ?1 AND health = 'healthy'",
                     &what,
                 )
                 .await?;
