@@ -15,16 +15,16 @@ use aws_sdk_servicediscovery::error::BoxError;
 use aws_sdk_servicediscovery::operation::create_http_namespace::CreateHttpNamespaceError;
 use aws_sdk_servicediscovery::operation::create_service::CreateServiceError;
 use aws_sdk_servicediscovery::types::{
-    FilterCondition, HealthStatusFilter, OperationStatus, OperationTargetType, ServiceFilter,
-    ServiceFilterName,
+    FilterCondition, HealthStatus, HealthStatusFilter, OperationStatus, OperationTargetType,
+    ServiceFilter, ServiceFilterName,
 };
 use aws_sdk_servicediscovery::Client;
 use backon::{ExponentialBuilder, Retryable};
 use futures::stream::{self, StreamExt, TryStreamExt};
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use registry_api::{
-    validate_ops, Batch, Capabilities, Endpoint, EndpointKey, Error, ErrorKind, Op, Registry,
-    Result, Snapshot, Version,
+    validate_ops, Batch, Capabilities, Endpoint, EndpointKey, Error, ErrorKind, Health, Op,
+    Registry, Result, Snapshot, Version,
 };
 
 use crate::config::{CloudMapConfig, NamespaceKind, ReadMode, WriteMode};
@@ -86,6 +86,8 @@ struct Inner {
     limiter: DefaultDirectRateLimiter,
     /// Our service name → Cloud Map service id.
     services: Mutex<HashMap<String, String>>,
+    /// Cloud Map service id → whether it is in this namespace.
+    service_namespaces: Mutex<HashMap<String, bool>>,
     key_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     poll: Mutex<PollState>,
     cycle: AtomicU64,
@@ -250,6 +252,7 @@ impl CloudMapRegistry {
             endpoint,
             limiter: RateLimiter::direct(quota),
             services: Mutex::new(HashMap::new()),
+            service_namespaces: Mutex::new(HashMap::new()),
             key_locks: Mutex::new(HashMap::new()),
             poll: Mutex::new(PollState {
                 services: HashMap::new(),
@@ -524,11 +527,53 @@ impl Inner {
                 None => break,
             }
         }
+        let found = self.in_namespace(found).await?;
         *lock(&self.services) = found
             .iter()
             .map(|s| (s.name.clone(), s.id.clone()))
             .collect();
         Ok(found)
+    }
+
+    /// The services that really are in this namespace. `ListServices` may
+    /// ignore its namespace filter (moto does) and its answer does not say
+    /// the namespace, so each service id is checked once with `GetService`
+    /// (a service never moves) and the answer remembered.
+    async fn in_namespace(&self, services: Vec<ServiceRef>) -> Result<Vec<ServiceRef>> {
+        let unknown: Vec<String> = {
+            let known = lock(&self.service_namespaces);
+            services
+                .iter()
+                .filter(|s| !known.contains_key(&s.id))
+                .map(|s| s.id.clone())
+                .collect()
+        };
+        let checked: Vec<(String, bool)> = stream::iter(unknown)
+            .map(|id| async move {
+                let target = format!("service id {id}");
+                self.throttle().await;
+                let res = self.client.get_service().id(&id).send().await;
+                match res {
+                    Ok(out) => {
+                        let ns = out.service().and_then(|s| s.namespace_id());
+                        Ok((id, ns == Some(self.namespace_id.as_str())))
+                    }
+                    Err(e) => match error::from_sdk(e, self.call("GetService", &target)) {
+                        // Deleted since it was listed.
+                        e if e.kind() == ErrorKind::NotFound => Ok((id, false)),
+                        e => Err(e),
+                    },
+                }
+            })
+            .buffer_unordered(self.cfg.concurrency.max(1))
+            .try_collect()
+            .await?;
+        let mut known = lock(&self.service_namespaces);
+        known.extend(checked);
+        Ok(services
+            .into_iter()
+            .filter(|s| known.get(&s.id).copied().unwrap_or(false))
+            .collect())
     }
 
     fn cached_service(&self, service: &str) -> Option<String> {
@@ -584,6 +629,7 @@ impl Inner {
             },
         };
         tracing::debug!(%service, cloud_map_name = %cm_name, service_id = %id, "Cloud Map service ready");
+        lock(&self.service_namespaces).insert(id.clone(), true);
         lock(&self.services).insert(service.to_string(), id.clone());
         Ok(Some(id))
     }
@@ -762,12 +808,27 @@ impl Inner {
                 None => Ok(None),
             };
         }
-        let eps = self.decode_all(
+        let mut eps = self.decode_all(
             service,
             out.instances()
                 .iter()
                 .map(|i| (i.instance_id().unwrap_or_default(), i.attributes())),
         );
+        // Cloud Map's own health status (custom health checks) overrides a
+        // healthy attribute.
+        for i in out.instances() {
+            if i.health_status() == Some(&HealthStatus::Unhealthy) {
+                let id = i.instance_id().unwrap_or_default();
+                let id = i
+                    .attributes()
+                    .and_then(|a| a.get(mapping::ATTR_ID))
+                    .and_then(|v| mapping::unescape(v))
+                    .unwrap_or_else(|| id.to_string());
+                if let Some(ep) = eps.iter_mut().find(|e| e.id == id) {
+                    ep.health = Health::Unhealthy;
+                }
+            }
+        }
         Ok(Some((out.instances_revision(), eps)))
     }
 

@@ -1,0 +1,406 @@
+//! Cloud Map specific behaviour against `moto`: what plain AWS consumers
+//! see, Cloud Map's limits, write modes, revision skipping, rate limiting
+//! and a dead server.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::num::NonZeroU32;
+use std::time::{Duration, Instant};
+
+use common::{config, connect, start_moto, Harness};
+use registry_api::testing::{ep, eventually, unique};
+use registry_api::{Batch, Endpoint, Error, ErrorKind, Op, Registry};
+use registry_cloudmap::aws_sdk_servicediscovery::types::CustomHealthStatus;
+use registry_cloudmap::aws_sdk_servicediscovery::types::HealthStatusFilter;
+use registry_cloudmap::{mapping, ReadMode, WriteMode};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_discover_instances_sees_standard_attributes() {
+    let h = Harness::start().await;
+    let reg = h.raw();
+    assert_eq!(reg.to_string(), format!("CloudMap({})", reg.namespace()));
+    let v4 = Endpoint::new("web", "pod-a", "10.1.2.3", 8080).with_label("zone", "eu-west-1a");
+    let v6 = Endpoint::new("web", "pod-b", "2001:db8::7", 8443);
+    let named = Endpoint::new("web", "pod-c", "db.internal", 5432);
+    for e in [&v4, &v6, &named] {
+        reg.register(e.clone()).await.unwrap();
+    }
+    // An ordinary consumer: DiscoverInstances by namespace and service name.
+    let out = reg
+        .client()
+        .discover_instances()
+        .namespace_name(reg.namespace())
+        .service_name("web")
+        .health_status(HealthStatusFilter::All)
+        .send()
+        .await
+        .unwrap();
+    let by_id = |id: &str| {
+        out.instances()
+            .iter()
+            .find(|i| i.instance_id() == Some(id))
+            .and_then(|i| i.attributes())
+            .unwrap_or_else(|| panic!("instance {id} not discovered: {out:?}"))
+            .clone()
+    };
+    let a = by_id("pod-a");
+    assert_eq!(
+        a.get("AWS_INSTANCE_IPV4").map(String::as_str),
+        Some("10.1.2.3")
+    );
+    assert_eq!(a.get("AWS_INSTANCE_PORT").map(String::as_str), Some("8080"));
+    assert_eq!(a.get("label.zone").map(String::as_str), Some("eu-west-1a"));
+    assert_eq!(
+        a.get("registry.cluster").map(String::as_str),
+        Some("default")
+    );
+    let b = by_id("pod-b");
+    assert_eq!(
+        b.get("AWS_INSTANCE_IPV6").map(String::as_str),
+        Some("2001:db8::7")
+    );
+    assert_eq!(b.get("AWS_INSTANCE_PORT").map(String::as_str), Some("8443"));
+    let c = by_id("pod-c");
+    assert_eq!(
+        c.get("registry.host").map(String::as_str),
+        Some("db.internal")
+    );
+    assert!(!c.contains_key("AWS_INSTANCE_IPV4"));
+    assert_eq!(reg.list("web").await.unwrap(), vec![v4, v6, named]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thirty_one_labels_is_invalid_input_naming_the_limit() {
+    let h = Harness::start().await;
+    let svc = unique("labels");
+    let mut e = ep(&svc, "a", 1);
+    for i in 0..31 {
+        e.labels.insert(format!("k{i:02}"), "v".into());
+    }
+    match h.register(e.clone()).await {
+        Err(Error::InvalidInput { field, reason }) => {
+            assert_eq!(field, "labels");
+            assert!(
+                reason.contains("30") && reason.contains(&mapping::MAX_LABELS.to_string()),
+                "{reason}"
+            );
+        }
+        other => panic!("expected InvalidInput naming labels, got {other:?}"),
+    }
+    // In a batch too, naming the op; nothing was written.
+    let err = h
+        .apply(vec![Op::Register(ep(&svc, "ok", 2)), Op::Register(e)])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidInput { field, .. } if field == "ops[1].labels"),
+        "{err:?}"
+    );
+    assert!(h.list(&svc).await.unwrap().is_empty());
+    assert_eq!(h.capabilities().max_labels, mapping::MAX_LABELS);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_mode_polls_the_operation_and_fire_and_forget_does_not() {
+    let moto = start_moto();
+    let waiting = connect(config(&moto)).await;
+    let svc = unique("modes");
+    waiting.register(ep(&svc, "w", 1)).await.unwrap();
+    assert!(
+        waiting.stats().operation_polls >= 1,
+        "{:?}",
+        waiting.stats()
+    );
+
+    let fire = connect(config(&moto).with_write_mode(WriteMode::FireAndForget)).await;
+    // Creating the namespace is always waited for; the writes are not.
+    let polls = fire.stats().operation_polls;
+    let e = ep(&svc, "f", 2);
+    fire.register(e.clone()).await.unwrap();
+    fire.deregister(&ep(&svc, "never", 3).key()).await.unwrap();
+    assert_eq!(fire.stats().operation_polls, polls, "{:?}", fire.stats());
+    eventually("the fire-and-forget write to show up", || async {
+        fire.list(&svc).await.unwrap().contains(&e).then_some(())
+    })
+    .await;
+    fire.deregister(&e.key()).await.unwrap();
+    eventually("the fire-and-forget removal to show up", || async {
+        (!fire.list(&svc).await.unwrap().contains(&e)).then_some(())
+    })
+    .await;
+    assert_eq!(fire.stats().operation_polls, polls);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moto_killed_is_unavailable_naming_the_endpoint() {
+    let mut h = Harness::start().await;
+    let svc = unique("dead");
+    h.register(ep(&svc, "a", 1)).await.unwrap();
+    let url = h.moto.url().to_string();
+    h.moto.kill();
+    let errors = [
+        h.register(ep(&svc, "b", 2)).await.unwrap_err(),
+        h.deregister(&ep(&svc, "a", 1).key()).await.unwrap_err(),
+        h.list(&svc).await.unwrap_err(),
+        h.snapshot().await.unwrap_err(),
+    ];
+    for e in errors {
+        assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+        assert!(e.is_retryable());
+        assert!(e.to_string().contains(&url), "{e} does not name {url}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_namespace_is_not_found_when_creation_is_off() {
+    let moto = start_moto();
+    let cfg = config(&moto).with_create_namespace(false);
+    let ns = cfg.namespace.clone();
+    let err = registry_cloudmap::CloudMapRegistry::with_sdk_config(common::sdk_config(), cfg)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+    assert!(err.to_string().contains(&ns), "{err}");
+    // Created once, then found by a second registry on the same namespace.
+    let first = connect(config(&moto)).await;
+    let mut cfg = config(&moto).with_create_namespace(false);
+    cfg.namespace = first.namespace().to_string();
+    let again = connect(cfg).await;
+    assert_eq!(again.namespace_id(), first.namespace_id());
+}
+
+/// Snapshots read only services whose revision changed, and everything
+/// every k-th time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_skip_unchanged_services_but_read_all_every_kth() {
+    for mode in [ReadMode::Discover, ReadMode::List] {
+        let moto = start_moto();
+        let reg = connect(config(&moto).with_read_mode(mode).with_full_poll_every(3)).await;
+        let (a, b) = (unique("rev-a"), unique("rev-b"));
+        reg.register(ep(&a, "1", 1)).await.unwrap();
+        reg.register(ep(&b, "1", 1)).await.unwrap();
+
+        let reads = |r: &registry_cloudmap::CloudMapRegistry| r.stats().instance_reads;
+        let before = reads(&reg);
+        let s0 = reg.snapshot().await.unwrap(); // cycle 0: full
+        assert_eq!(
+            reads(&reg) - before,
+            2,
+            "{mode:?}: first snapshot reads both"
+        );
+        assert_eq!(s0.len(), 2);
+
+        let before = reads(&reg);
+        let s1 = reg.snapshot().await.unwrap(); // cycle 1: nothing changed
+        assert_eq!(
+            reads(&reg) - before,
+            0,
+            "{mode:?}: unchanged services were read"
+        );
+        assert!(reg.stats().skipped_services >= 2);
+        assert_eq!(s1, s0, "{mode:?}: an unchanged snapshot changed");
+
+        reg.register(ep(&a, "2", 2)).await.unwrap();
+        let before = reads(&reg);
+        let s2 = reg.snapshot().await.unwrap(); // cycle 2: only `a` changed
+        assert_eq!(
+            reads(&reg) - before,
+            1,
+            "{mode:?}: only the changed service is read"
+        );
+        assert_eq!(s2.list(&a).len(), 2);
+        assert!(s2.version() > s1.version());
+
+        let before = reads(&reg);
+        reg.snapshot().await.unwrap(); // cycle 3: full again
+        assert_eq!(
+            reads(&reg) - before,
+            2,
+            "{mode:?}: the k-th snapshot reads everything"
+        );
+    }
+}
+
+/// A Cloud Map health-status change does not bump the revision: revision
+/// skipping misses it, the full read every `full_poll_every`-th snapshot
+/// sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_change_without_revision_bump_is_seen_on_the_full_cycle() {
+    let moto = start_moto();
+    let k = 4;
+    let reg = connect(config(&moto).with_full_poll_every(k)).await;
+    let svc = unique("health");
+    let a = ep(&svc, "a", 1);
+    reg.register(a.clone()).await.unwrap();
+    let s = reg.snapshot().await.unwrap(); // cycle 0: full
+    assert_eq!(s.get(&a.key()), Some(&a));
+    let revision = || async {
+        reg.client()
+            .discover_instances_revision()
+            .namespace_name(reg.namespace())
+            .service_name(&svc)
+            .send()
+            .await
+            .unwrap()
+            .instances_revision()
+    };
+    let before = revision().await;
+    let service_id = reg
+        .client()
+        .list_services()
+        .send()
+        .await
+        .unwrap()
+        .services()
+        .iter()
+        .find(|s| s.name() == Some(svc.as_str()))
+        .and_then(|s| s.id())
+        .unwrap()
+        .to_string();
+    reg.client()
+        .update_instance_custom_health_status()
+        .service_id(service_id)
+        .instance_id("a")
+        .status(CustomHealthStatus::Unhealthy)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        revision().await,
+        before,
+        "the health change moved the revision"
+    );
+    let unhealthy = a.clone().with_health(registry_api::Health::Unhealthy);
+    for cycle in 1..k {
+        let s = reg.snapshot().await.unwrap();
+        assert_eq!(
+            s.get(&a.key()),
+            Some(&a),
+            "cycle {cycle} was expected to skip the service"
+        );
+    }
+    let s = reg.snapshot().await.unwrap(); // cycle k: full
+    assert_eq!(
+        s.get(&a.key()),
+        Some(&unhealthy),
+        "cycle {k} did not see the health change"
+    );
+    assert_eq!(reg.list(&svc).await.unwrap(), vec![unhealthy]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_is_not_atomic_and_keeps_to_the_rate_limit() {
+    let moto = start_moto();
+    let per_second = NonZeroU32::new(20).unwrap();
+    let burst = NonZeroU32::new(1).unwrap();
+    let reg = connect(
+        config(&moto)
+            .with_rate_limit(per_second, burst)
+            .with_concurrency(4),
+    )
+    .await;
+    assert!(!reg.capabilities().atomic_batch);
+    let svc = unique("rate");
+    let ops: Vec<Op> = (0..8)
+        .map(|i| Op::Register(ep(&svc, &format!("e{i}"), 100 + i)))
+        .collect();
+    let before = reg.stats().requests;
+    let started = Instant::now();
+    reg.apply(ops).await.unwrap();
+    let elapsed = started.elapsed();
+    let requests = reg.stats().requests - before;
+    // 8 registrations and their operations, plus the service lookup/creation.
+    assert!(requests >= 16, "{requests} requests");
+    let floor = Duration::from_secs_f64((requests - 1) as f64 / 20.0);
+    assert!(
+        elapsed >= floor.mul_f64(0.9),
+        "{requests} requests in {elapsed:?}, faster than 20/s"
+    );
+    assert_eq!(reg.list(&svc).await.unwrap().len(), 8);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn odd_names_and_foreign_instances() {
+    let h = Harness::start().await;
+    let reg = h.raw();
+    // Names Cloud Map can't hold verbatim are hashed and read back unchanged.
+    let odd = Endpoint::new("Payments/EU", "pod with:ü", "10.0.0.1", 80);
+    let err = reg.register(odd.clone()).await.unwrap_err();
+    assert_eq!(
+        err.kind(),
+        ErrorKind::InvalidInput,
+        "whitespace in the id is refused first"
+    );
+    let odd = Endpoint::new("Payments/EU", "pod%ü", "10.0.0.1", 80);
+    reg.register(odd.clone()).await.unwrap();
+    assert_eq!(reg.list("Payments/EU").await.unwrap(), vec![odd.clone()]);
+    assert!(reg.snapshot().await.unwrap().contains(&odd.key()));
+    // An instance registered by another tool, with only the standard attributes.
+    let sid = reg
+        .client()
+        .create_service()
+        .name("foreign")
+        .namespace_id(reg.namespace_id())
+        .send()
+        .await
+        .unwrap()
+        .service()
+        .and_then(|s| s.id())
+        .unwrap()
+        .to_string();
+    reg.client()
+        .register_instance()
+        .service_id(&sid)
+        .instance_id("i-1")
+        .attributes("AWS_INSTANCE_IPV4", "192.0.2.44")
+        .attributes("AWS_INSTANCE_PORT", "443")
+        .send()
+        .await
+        .unwrap();
+    reg.client()
+        .register_instance()
+        .service_id(&sid)
+        .instance_id("no-port")
+        .attributes("AWS_INSTANCE_IPV4", "192.0.2.45")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        reg.list("foreign").await.unwrap(),
+        vec![Endpoint::new("foreign", "i-1", "192.0.2.44", 443)]
+    );
+}
+
+/// Two registries on one server, one service name: each sees only its own
+/// namespace (moto's `ListServices` ignores the namespace filter, so this
+/// fails unless services are checked against the namespace).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespaces_are_isolated() {
+    let moto = start_moto();
+    let one = connect(config(&moto)).await;
+    let two = connect(config(&moto)).await;
+    assert_ne!(one.namespace_id(), two.namespace_id());
+    let svc = unique("shared-name");
+    one.register(ep(&svc, "from-one", 1)).await.unwrap();
+    two.register(ep(&svc, "from-two", 2)).await.unwrap();
+    assert_eq!(one.list(&svc).await.unwrap(), vec![ep(&svc, "from-one", 1)]);
+    assert_eq!(two.list(&svc).await.unwrap(), vec![ep(&svc, "from-two", 2)]);
+    let snap = one.snapshot().await.unwrap();
+    assert_eq!(snap.to_vec(), vec![ep(&svc, "from-one", 1)]);
+    two.deregister(&ep(&svc, "from-two", 2).key())
+        .await
+        .unwrap();
+    assert_eq!(one.list(&svc).await.unwrap().len(), 1);
+    let one_list = connect({
+        let mut c = config(&moto).with_read_mode(ReadMode::List);
+        c.namespace = one.namespace().to_string();
+        c
+    })
+    .await;
+    assert_eq!(
+        one_list.list(&svc).await.unwrap(),
+        vec![ep(&svc, "from-one", 1)]
+    );
+}
