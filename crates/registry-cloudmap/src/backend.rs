@@ -14,6 +14,7 @@ use aws_sdk_servicediscovery::config::{
 use aws_sdk_servicediscovery::error::BoxError;
 use aws_sdk_servicediscovery::operation::create_http_namespace::CreateHttpNamespaceError;
 use aws_sdk_servicediscovery::operation::create_service::CreateServiceError;
+use aws_sdk_servicediscovery::operation::register_instance::RegisterInstanceError;
 use aws_sdk_servicediscovery::types::{
     FilterCondition, HealthStatus, HealthStatusFilter, OperationStatus, OperationTargetType,
     ServiceFilter, ServiceFilterName,
@@ -660,8 +661,25 @@ impl Inner {
                 .creator_request_id(request_id("reg"))
                 .set_attributes(Some(attrs.clone()))
                 .send()
-                .await
-                .map_err(|e| error::from_sdk(e, self.call("RegisterInstance", &target)));
+                .await;
+            // An SDK retry of a request Cloud Map already took: the
+            // CreatorRequestId makes Cloud Map answer with the operation of
+            // the first attempt, which is then what to wait for.
+            let res = match res {
+                Err(e) => match e.as_service_error() {
+                    Some(RegisterInstanceError::DuplicateRequest(dup))
+                        if dup.duplicate_operation_id().is_some() =>
+                    {
+                        let op = dup.duplicate_operation_id().map(str::to_string);
+                        tracing::debug!(%target, operation = ?op, "RegisterInstance was a duplicate; following the first operation");
+                        return self
+                            .finish(op.as_deref(), "RegisterInstance", &target)
+                            .await;
+                    }
+                    _ => Err(error::from_sdk(e, self.call("RegisterInstance", &target))),
+                },
+                Ok(out) => Ok(out),
+            };
             match res {
                 Ok(out) => {
                     return self
