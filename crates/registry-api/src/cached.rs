@@ -1,5 +1,6 @@
 //! [`CachedRegistry`]: local-first reads from a snapshot kept by a watch.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -39,6 +40,10 @@ pub struct CachedConfig {
     /// the stream: local watchers then resume on one consistent sequence.
     /// Default false.
     pub local_versions: bool,
+    /// How long a change made with [`CachedRegistry::apply_local`] wins over
+    /// older news of the same key from the inner registry (until the inner
+    /// registry echoes the local value). Default 30 s.
+    pub local_hold: Duration,
 }
 
 impl Default for CachedConfig {
@@ -50,6 +55,7 @@ impl Default for CachedConfig {
             buffer: DEFAULT_SUBSCRIBER_BUFFER,
             write_wait: Duration::from_secs(5),
             local_versions: false,
+            local_hold: Duration::from_secs(30),
         }
     }
 }
@@ -125,6 +131,10 @@ struct Shared {
     /// Held while computing and publishing a change; the local version
     /// counter when versions are local.
     publish: Mutex<Option<u64>>,
+    /// Local writes not yet echoed by the inner registry, with the time
+    /// their hold ends.
+    held: Mutex<HashMap<EndpointKey, (Option<Endpoint>, Instant)>>,
+    hold: Duration,
     write_wait: Duration,
     /// `None` while connected; when the stream was lost otherwise.
     lost_at: Mutex<Option<Instant>>,
@@ -161,6 +171,8 @@ impl<R: Registry + Watch> CachedRegistry<R> {
         let shared = Arc::new(Shared {
             hub: Arc::new(Hub::pending(config.buffer, config.history)),
             publish: Mutex::new(config.local_versions.then(start_version)),
+            held: Mutex::new(HashMap::new()),
+            hold: config.local_hold,
             write_wait: config.write_wait,
             lost_at: Mutex::new(None),
         });
@@ -211,7 +223,17 @@ impl<R: Registry + Watch> CachedRegistry<R> {
     /// [`CachedConfig::local_versions`].
     pub fn apply_local(&self, ops: &[Op]) -> Vec<Event> {
         let mut out = Vec::new();
+        let until = Instant::now() + self.shared.hold;
         for op in ops {
+            let desired = match op {
+                Op::Register(e) => Some(e.clone()),
+                Op::Deregister(_) => None,
+            };
+            self.shared
+                .held
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(op.key(), (desired, until));
             let version = self.shared.hub.current().version();
             let ev = match op {
                 Op::Register(endpoint) => Event::Added {
@@ -223,7 +245,7 @@ impl<R: Registry + Watch> CachedRegistry<R> {
                     key: key.clone(),
                 },
             };
-            out.extend(self.shared.apply(ev));
+            out.extend(self.shared.apply(ev, false));
         }
         out
     }
@@ -294,7 +316,7 @@ async fn sync_loop<R: Registry + Watch>(inner: Arc<R>, shared: Weak<Shared>, cfg
                     shared.set_lost(false);
                     delays = builder.build();
                     last = Some(ev.version());
-                    shared.apply(ev);
+                    shared.apply(ev, true);
                 }
                 Err(e) => {
                     reason = e.to_string();
@@ -338,10 +360,67 @@ fn effective(current: &Snapshot, ev: Event) -> Vec<Event> {
 }
 
 impl Shared {
+    /// Keep local writes over older upstream news: an upstream event on a
+    /// key with a local write not yet echoed is dropped unless it carries
+    /// the local value (which ends the hold) or the hold expired; a snapshot
+    /// is patched with the held values.
+    fn filter_upstream(&self, ev: Event) -> Option<Event> {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        if held.is_empty() {
+            return Some(ev);
+        }
+        let now = Instant::now();
+        held.retain(|_, (_, until)| *until > now);
+        match ev {
+            Event::Snapshot(fresh) => {
+                let mut patched = fresh;
+                held.retain(|key, (desired, _)| {
+                    if patched.get(key) == desired.as_ref() {
+                        return false;
+                    }
+                    patched = match desired {
+                        Some(e) => patched.with_endpoint(e.clone()),
+                        None => patched.without(key),
+                    };
+                    true
+                });
+                Some(Event::Snapshot(patched))
+            }
+            delta => {
+                let Some(key) = delta.key() else {
+                    return Some(delta);
+                };
+                let Some((desired, _)) = held.get(&key) else {
+                    return Some(delta);
+                };
+                let value = match &delta {
+                    Event::Added { endpoint, .. } | Event::Updated { endpoint, .. } => {
+                        Some(endpoint)
+                    }
+                    _ => None,
+                };
+                if value == desired.as_ref() {
+                    held.remove(&key);
+                    Some(delta)
+                } else {
+                    None
+                }
+            }
+        }
+    }
+
     /// Apply one event to the cache and publish what changed, renumbered
     /// with local versions when configured. One writer at a time.
-    fn apply(&self, ev: Event) -> Vec<Event> {
+    fn apply(&self, ev: Event, upstream: bool) -> Vec<Event> {
         let mut local = self.publish.lock().unwrap_or_else(|p| p.into_inner());
+        let ev = if upstream && self.hub.is_ready() {
+            match self.filter_upstream(ev) {
+                Some(ev) => ev,
+                None => return Vec::new(),
+            }
+        } else {
+            ev
+        };
         if !self.hub.is_ready() {
             let Event::Snapshot(snap) = ev else {
                 return Vec::new();

@@ -105,6 +105,13 @@ impl Snapshot {
         s
     }
 
+    /// A copy without `key`; the version is unchanged.
+    pub fn without(&self, key: &EndpointKey) -> Snapshot {
+        let mut s = self.clone();
+        s.endpoints.remove(key);
+        s
+    }
+
     /// A copy at `version`.
     pub fn at_version(&self, version: Version) -> Snapshot {
         let mut s = self.clone();

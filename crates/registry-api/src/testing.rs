@@ -941,6 +941,14 @@ impl<R: Batch> Batch for Faulty<R> {
     }
 }
 
+#[async_trait::async_trait]
+impl<R: crate::Heartbeat> crate::Heartbeat for Faulty<R> {
+    async fn heartbeat(&self, node: &str) -> Result<()> {
+        self.gate(false).await?;
+        self.inner.heartbeat(node).await
+    }
+}
+
 impl<R: Watch> Watch for Faulty<R> {
     fn watch(&self, from: Option<Version>) -> EventStream {
         let down = {

@@ -1,0 +1,334 @@
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+
+mod http;
+mod service;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use registry_api::{
+    Batch, CachedConfig, CachedRegistry, Coalescing, CoalescingConfig, EndpointKey, Error,
+    Heartbeat, Op, Registry, Result, Version, Watch,
+};
+use registry_registrar::Token;
+use tokio::net::TcpListener;
+
+pub use http::health_router;
+pub use service::RegistrarService;
+
+/// What the registrar needs of a backend: batches, a watch and heartbeats.
+/// Wrap backends without a native watch in [`registry_api::Polling`] and
+/// those without native liveness in [`registry_api::Liveness`].
+pub trait Backend: Batch + Watch + Heartbeat {}
+impl<T: Batch + Watch + Heartbeat> Backend for T {}
+
+/// Settings of the registrar (defaults from the Aether registrar document).
+#[non_exhaustive]
+#[derive(Debug, Clone)]
+pub struct RegistrarConfig {
+    /// This registrar's cluster (logged, and the default of the agents'
+    /// `--cluster-name`; endpoints carry their own `cluster`).
+    pub cluster_name: String,
+    /// Flush the write queue at least this often. Default 100 ms.
+    pub write_batch_interval: Duration,
+    /// Flush as soon as this many writes are queued. Default 50.
+    pub write_batch_ops: usize,
+    /// Most writes queued; one more gets `RESOURCE_EXHAUSTED`. Default 10 000.
+    pub write_queue_capacity: usize,
+    /// Events buffered per agent stream before it is cut off. Default 1024.
+    pub agent_buffer: usize,
+    /// Versions kept so a reconnecting agent gets only what it missed.
+    /// Default 8192.
+    pub history: usize,
+    /// Endpoints per `FULL_SNAPSHOT` message. Default 1000.
+    pub snapshot_chunk: usize,
+}
+
+impl RegistrarConfig {
+    /// Defaults for cluster `cluster_name`.
+    pub fn new(cluster_name: impl Into<String>) -> Self {
+        Self {
+            cluster_name: cluster_name.into(),
+            write_batch_interval: Duration::from_millis(100),
+            write_batch_ops: 50,
+            write_queue_capacity: 10_000,
+            agent_buffer: 1024,
+            history: 8192,
+            snapshot_chunk: 1000,
+        }
+    }
+
+    /// Set `write_batch_interval`.
+    pub fn with_write_batch_interval(mut self, d: Duration) -> Self {
+        self.write_batch_interval = d;
+        self
+    }
+
+    /// Set `write_queue_capacity`.
+    pub fn with_write_queue_capacity(mut self, n: usize) -> Self {
+        self.write_queue_capacity = n;
+        self
+    }
+
+    /// Set `history`.
+    pub fn with_history(mut self, n: usize) -> Self {
+        self.history = n;
+        self
+    }
+
+    /// Set `agent_buffer`.
+    pub fn with_agent_buffer(mut self, n: usize) -> Self {
+        self.agent_buffer = n;
+        self
+    }
+}
+
+/// The registrar's state: one backend connection for the whole cluster.
+///
+/// - Writes are validated, broadcast to agents at once (optimistic), and
+///   queued in [`Coalescing`] (100 ms / 50 ops) for the backend. A write
+///   the backend refuses for good is undone in the broadcast state.
+/// - The state is a [`CachedRegistry`] over the backend's watch (native or
+///   polling), numbered with this registrar's own versions; together with
+///   the epoch (the start time in microseconds) they form the tokens agents
+///   resume from.
+/// - Replicas are independent: each keeps its own state from the shared
+///   backend, which is also how endpoints of other clusters arrive.
+pub struct Registrar {
+    cfg: RegistrarConfig,
+    epoch: u64,
+    backend: Arc<dyn Backend>,
+    state: CachedRegistry<Arc<dyn Backend>>,
+    writer: Coalescing<Arc<dyn Backend>>,
+    closing: tokio::sync::watch::Sender<bool>,
+}
+
+impl Registrar {
+    /// A registrar over `backend`. Must be called inside a Tokio runtime.
+    pub fn new(backend: Arc<dyn Backend>, cfg: RegistrarConfig) -> Arc<Self> {
+        let epoch = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_micros() as u64)
+            .unwrap_or(1);
+        let state = CachedRegistry::with_config(
+            Arc::clone(&backend),
+            CachedConfig::default()
+                .with_local_versions(true)
+                .with_write_wait(Duration::ZERO)
+                .with_history(cfg.history)
+                .with_buffer(cfg.agent_buffer),
+        );
+        let writer = Coalescing::with_config(
+            Arc::clone(&backend),
+            CoalescingConfig::default()
+                .with_flush_interval(cfg.write_batch_interval)
+                .with_flush_ops(cfg.write_batch_ops)
+                .with_capacity(cfg.write_queue_capacity),
+        );
+        let this = Arc::new(Self {
+            cfg,
+            epoch,
+            backend,
+            state,
+            writer,
+            closing: tokio::sync::watch::channel(false).0,
+        });
+        tokio::spawn(count_endpoints(Arc::downgrade(&this)));
+        this
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &RegistrarConfig {
+        &self.cfg
+    }
+
+    /// This run's epoch.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The token of the current state.
+    pub fn token(&self) -> Token {
+        Token {
+            epoch: self.epoch,
+            version: self.state.hub().current().version(),
+        }
+    }
+
+    /// The state agents are served from.
+    pub fn state(&self) -> &CachedRegistry<Arc<dyn Backend>> {
+        &self.state
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    /// Whether the first snapshot of the backend has arrived.
+    pub fn is_ready(&self) -> bool {
+        self.state.is_ready()
+    }
+
+    /// Writes queued for the backend.
+    pub fn queue_depth(&self) -> usize {
+        self.writer.queue_depth()
+    }
+
+    /// The version to resume from for an agent's `last_version`: `None`
+    /// (a full snapshot) when it is empty, unparsable or of another epoch.
+    pub fn resume_from(&self, last_version: &str) -> Option<Version> {
+        match last_version.parse::<Token>() {
+            Ok(t) if t.epoch == self.epoch => Some(t.version),
+            _ => None,
+        }
+    }
+
+    /// Accept one write: broadcast it at once, queue it for the backend.
+    pub fn write(self: &Arc<Self>, op: Op) -> Result<Token> {
+        op.validate()?;
+        let key = op.key();
+        let before = self.state.cached().and_then(|s| s.get(&key).cloned());
+        self.state.apply_local(std::slice::from_ref(&op));
+        match self.writer.submit(vec![op]) {
+            Ok(ticket) => {
+                let this = Arc::clone(self);
+                tokio::spawn(async move {
+                    if let Err(e) = ticket.durable().await {
+                        tracing::error!(%key, error = %e, "the backend refused a write; undoing its broadcast");
+                        this.resync_key(&key).await;
+                    }
+                });
+                Ok(self.token())
+            }
+            Err(e) => {
+                let undo = match before {
+                    Some(ep) => Op::Register(ep),
+                    None => Op::Deregister(key),
+                };
+                self.state.apply_local(&[undo]);
+                Err(e)
+            }
+        }
+    }
+
+    /// Put the backend's value of `key` back into the broadcast state.
+    async fn resync_key(&self, key: &EndpointKey) {
+        match self.backend.list(&key.service).await {
+            Ok(eps) => {
+                let op = match eps.into_iter().find(|e| e.has_key(key)) {
+                    Some(e) => Op::Register(e),
+                    None => Op::Deregister(key.clone()),
+                };
+                self.state.apply_local(&[op]);
+            }
+            Err(e) => tracing::warn!(%key, error = %e, "could not re-read a refused write"),
+        }
+    }
+
+    /// Resolves once the registrar is shutting down (agent streams end then).
+    pub fn closing(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.closing.subscribe();
+        async move {
+            let _ = rx.wait_for(|c| *c).await;
+        }
+    }
+
+    /// Record a node's heartbeat with the backend.
+    pub async fn heartbeat(&self, node: &str) -> Result<()> {
+        registry_api::check_name("node_name", node, true)?;
+        self.backend.heartbeat(node).await
+    }
+
+    /// Refuse new writes and drain the queue to the backend.
+    pub async fn drain(&self) {
+        self.writer.shutdown().await;
+    }
+}
+
+/// Publish `registrar_endpoint_count` by cluster every few seconds.
+async fn count_endpoints(this: std::sync::Weak<Registrar>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(5));
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    loop {
+        tick.tick().await;
+        let Some(this) = this.upgrade() else { return };
+        let Some(snap) = this.state.cached() else {
+            continue;
+        };
+        let mut counts: BTreeMap<String, usize> = seen.keys().map(|k| (k.clone(), 0)).collect();
+        for e in snap.iter() {
+            *counts.entry(e.cluster.clone()).or_default() += 1;
+        }
+        for (cluster, n) in &counts {
+            metrics::gauge!("registrar_endpoint_count", "cluster" => cluster.clone())
+                .set(*n as f64);
+        }
+        seen = counts;
+    }
+}
+
+/// Where a running registrar listens.
+#[derive(Debug, Clone, Copy)]
+pub struct Bound {
+    /// The gRPC address.
+    pub grpc: SocketAddr,
+    /// The health and metrics address.
+    pub health: SocketAddr,
+}
+
+/// Serve `registrar` on the two listeners until `shutdown` resolves, then
+/// drain the write queue. `metrics` renders `/metrics` when given.
+pub async fn serve(
+    registrar: Arc<Registrar>,
+    grpc: TcpListener,
+    health: TcpListener,
+    metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    reporter
+        .set_serving::<registry_registrar::proto::registrar::v1::registrar_server::RegistrarServer<
+            RegistrarService,
+        >>()
+        .await;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let closing = registrar.closing.clone();
+    tokio::spawn(async move {
+        shutdown.await;
+        // End the agents' streams first: they would hold the server open.
+        closing.send_replace(true);
+        let _ = stop_tx.send(true);
+    });
+    let mut stop_http = stop_rx.clone();
+    let router = health_router(Arc::clone(&registrar), metrics);
+    let http = tokio::spawn(async move {
+        axum::serve(health, router)
+            .with_graceful_shutdown(async move {
+                let _ = stop_http.wait_for(|s| *s).await;
+            })
+            .await
+    });
+    let mut stop_grpc = stop_rx;
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc);
+    let result = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(health_service)
+        .add_service(RegistrarService::new(Arc::clone(&registrar)).into_server())
+        .serve_with_incoming_shutdown(incoming, async move {
+            let _ = stop_grpc.wait_for(|s| *s).await;
+        })
+        .await;
+    tracing::info!(
+        queued = registrar.queue_depth(),
+        "shutting down: draining the write queue"
+    );
+    registrar.drain().await;
+    if let Ok(Err(e)) = http.await {
+        tracing::warn!(error = %e, "health server failed");
+    }
+    result.map_err(|e| Error::unavailable(format!("gRPC server failed: {e}")).with_source(e))
+}

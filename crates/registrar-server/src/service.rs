@@ -1,0 +1,252 @@
+//! The `Registrar` gRPC service.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::{Stream, StreamExt};
+use registry_api::{Error, Event, Op, Watch};
+use registry_registrar::proto::registrar::v1::endpoint_event::EventType;
+use registry_registrar::proto::registrar::v1::registrar_server::{
+    Registrar as GrpcRegistrar, RegistrarServer,
+};
+use registry_registrar::proto::registrar::v1::{
+    EndpointEvent, HeartbeatRequest, HeartbeatResponse, ListAllEndpointsRequest,
+    ListAllEndpointsResponse, RegisterEndpointRequest, RegisterEndpointResponse,
+    UnregisterEndpointRequest, UnregisterEndpointResponse, WatchEndpointsRequest,
+};
+use registry_registrar::{
+    endpoint_from_proto, endpoint_to_proto, key_from_parts, status_from_error, Token,
+};
+use tonic::{Request, Response, Status};
+
+use crate::Registrar;
+
+/// The gRPC face of a [`Registrar`].
+#[derive(Clone)]
+pub struct RegistrarService {
+    registrar: Arc<Registrar>,
+}
+
+impl RegistrarService {
+    /// Serve `registrar`.
+    pub fn new(registrar: Arc<Registrar>) -> Self {
+        Self { registrar }
+    }
+
+    /// As a tonic service, with message limits large enough for big
+    /// registries (64 MiB).
+    pub fn into_server(self) -> RegistrarServer<Self> {
+        RegistrarServer::new(self)
+            .max_decoding_message_size(64 * 1024 * 1024)
+            .max_encoding_message_size(256 * 1024 * 1024)
+    }
+}
+
+fn status(e: Error) -> Status {
+    status_from_error(&e)
+}
+
+/// Counts a connected agent while alive.
+struct AgentGuard;
+
+impl AgentGuard {
+    fn new() -> Self {
+        metrics::gauge!("registrar_connected_agents").increment(1.0);
+        AgentGuard
+    }
+}
+
+impl Drop for AgentGuard {
+    fn drop(&mut self) {
+        metrics::gauge!("registrar_connected_agents").decrement(1.0);
+    }
+}
+
+/// One event as protobuf messages (a snapshot in chunks).
+fn encode(ev: Event, epoch: u64, chunk: usize) -> Vec<EndpointEvent> {
+    let version = Token {
+        epoch,
+        version: ev.version(),
+    }
+    .to_string();
+    let delta = |ty: EventType, ep: registry_registrar::proto::registry::v1::ServiceEndpoint| {
+        EndpointEvent {
+            r#type: ty as i32,
+            service_name: ep.service_name.clone(),
+            protocol: ep.protocol,
+            endpoint: Some(ep),
+            version: version.clone(),
+            snapshot_endpoints: Vec::new(),
+            snapshot_last: false,
+        }
+    };
+    match ev {
+        Event::Snapshot(s) => {
+            let all: Vec<_> = s.iter().map(endpoint_to_proto).collect();
+            let chunks: Vec<Vec<_>> = if all.is_empty() {
+                vec![Vec::new()]
+            } else {
+                all.chunks(chunk.max(1)).map(<[_]>::to_vec).collect()
+            };
+            let n = chunks.len();
+            chunks
+                .into_iter()
+                .enumerate()
+                .map(|(i, eps)| EndpointEvent {
+                    r#type: EventType::FullSnapshot as i32,
+                    service_name: String::new(),
+                    protocol: 0,
+                    endpoint: None,
+                    version: version.clone(),
+                    snapshot_endpoints: eps,
+                    snapshot_last: i + 1 == n,
+                })
+                .collect()
+        }
+        Event::Added { endpoint, .. } => vec![delta(
+            EventType::EndpointAdded,
+            endpoint_to_proto(&endpoint),
+        )],
+        Event::Updated { endpoint, .. } => {
+            vec![delta(
+                EventType::EndpointUpdated,
+                endpoint_to_proto(&endpoint),
+            )]
+        }
+        Event::Removed { key, .. } => {
+            let ep = registry_registrar::proto::registry::v1::ServiceEndpoint {
+                service_name: key.service,
+                id: key.id,
+                ..Default::default()
+            };
+            vec![delta(EventType::EndpointRemoved, ep)]
+        }
+    }
+}
+
+fn type_label(ty: i32) -> &'static str {
+    match EventType::try_from(ty) {
+        Ok(EventType::FullSnapshot) => "full_snapshot",
+        Ok(EventType::EndpointAdded) => "endpoint_added",
+        Ok(EventType::EndpointRemoved) => "endpoint_removed",
+        Ok(EventType::EndpointUpdated) => "endpoint_updated",
+        Err(_) => "unknown",
+    }
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<EndpointEvent, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl GrpcRegistrar for RegistrarService {
+    async fn register_endpoint(
+        &self,
+        request: Request<RegisterEndpointRequest>,
+    ) -> Result<Response<RegisterEndpointResponse>, Status> {
+        let req = request.into_inner();
+        let proto = req
+            .endpoint
+            .ok_or_else(|| status(Error::invalid("endpoint", "missing")))?;
+        let endpoint = endpoint_from_proto(proto, "endpoint.").map_err(status)?;
+        let token = self
+            .registrar
+            .write(Op::Register(endpoint))
+            .map_err(status)?;
+        Ok(Response::new(RegisterEndpointResponse {
+            version: token.to_string(),
+        }))
+    }
+
+    async fn unregister_endpoint(
+        &self,
+        request: Request<UnregisterEndpointRequest>,
+    ) -> Result<Response<UnregisterEndpointResponse>, Status> {
+        let req = request.into_inner();
+        let key = key_from_parts(req.service_name, req.id).map_err(status)?;
+        let token = self.registrar.write(Op::Deregister(key)).map_err(status)?;
+        Ok(Response::new(UnregisterEndpointResponse {
+            version: token.to_string(),
+        }))
+    }
+
+    type WatchEndpointsStream = EventStream;
+
+    async fn watch_endpoints(
+        &self,
+        request: Request<WatchEndpointsRequest>,
+    ) -> Result<Response<Self::WatchEndpointsStream>, Status> {
+        let req = request.into_inner();
+        let from = self.registrar.resume_from(&req.last_version);
+        tracing::debug!(
+            cluster = %req.cluster_name,
+            node = %req.node_name,
+            last_version = %req.last_version,
+            resume = from.is_some(),
+            "agent watching"
+        );
+        let epoch = self.registrar.epoch();
+        let chunk = self.registrar.config().snapshot_chunk;
+        let guard = AgentGuard::new();
+        let stream = self
+            .registrar
+            .state()
+            .watch(from)
+            .take_until(self.registrar.closing())
+            .flat_map(move |item| {
+                let _alive = &guard;
+                let out: Vec<Result<EndpointEvent, Status>> = match item {
+                    Ok(ev) => encode(ev, epoch, chunk)
+                        .into_iter()
+                        .map(|m| {
+                            metrics::counter!("registrar_event_broadcast_total", "type" => type_label(m.r#type))
+                                .increment(1);
+                            Ok(m)
+                        })
+                        .collect(),
+                    Err(e) => vec![Err(status(e))],
+                };
+                futures::stream::iter(out)
+            });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn list_all_endpoints(
+        &self,
+        _request: Request<ListAllEndpointsRequest>,
+    ) -> Result<Response<ListAllEndpointsResponse>, Status> {
+        let (endpoints, version) = match self.registrar.state().cached() {
+            Some(snap) => (
+                snap.iter().map(endpoint_to_proto).collect(),
+                self.registrar.token(),
+            ),
+            None => {
+                let snap = registry_api::Registry::snapshot(self.registrar.backend().as_ref())
+                    .await
+                    .map_err(status)?;
+                let eps = snap.iter().map(endpoint_to_proto).collect();
+                (
+                    eps,
+                    Token {
+                        epoch: self.registrar.epoch(),
+                        version: registry_api::Version::ZERO,
+                    },
+                )
+            }
+        };
+        Ok(Response::new(ListAllEndpointsResponse {
+            endpoints,
+            version: version.to_string(),
+        }))
+    }
+
+    async fn heartbeat(
+        &self,
+        request: Request<HeartbeatRequest>,
+    ) -> Result<Response<HeartbeatResponse>, Status> {
+        let req = request.into_inner();
+        self.registrar
+            .heartbeat(&req.node_name)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(HeartbeatResponse {}))
+    }
+}

@@ -1,0 +1,82 @@
+//! An in-process registrar on loopback for tests.
+
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use registrar_server::{serve, Backend, Registrar, RegistrarConfig};
+use registry_registrar::{ClientConfig, RegistrarClient};
+
+pub struct Server {
+    pub addr: SocketAddr,
+    pub registrar: Arc<Registrar>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<registry_api::Result<()>>,
+}
+
+pub async fn start(backend: Arc<dyn Backend>, cfg: RegistrarConfig) -> Server {
+    start_on(backend, cfg, "127.0.0.1:0".parse().unwrap()).await
+}
+
+pub async fn start_on(backend: Arc<dyn Backend>, cfg: RegistrarConfig, addr: SocketAddr) -> Server {
+    let grpc = bind_retrying(addr).await;
+    let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = grpc.local_addr().unwrap();
+    let registrar = Registrar::new(backend, cfg);
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(serve(
+        Arc::clone(&registrar),
+        grpc,
+        health,
+        None,
+        async move {
+            let _ = rx.await;
+        },
+    ));
+    Server {
+        addr,
+        registrar,
+        stop: Some(tx),
+        task,
+    }
+}
+
+/// The port was just released by a previous server: retry briefly.
+async fn bind_retrying(addr: SocketAddr) -> tokio::net::TcpListener {
+    for _ in 0..100 {
+        if let Ok(l) = tokio::net::TcpListener::bind(addr).await {
+            return l;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("could not bind {addr}");
+}
+
+impl Server {
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Graceful: stop serving and drain the write queue.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        let _ = (&mut self.task).await;
+    }
+
+    /// A crash: the server stops at once, nothing is drained first.
+    pub async fn crash(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
+}
+
+pub fn fast_client(url: &str, cluster: &str, node: &str) -> RegistrarClient {
+    let cfg = ClientConfig::new(url, cluster, node)
+        .with_reconnect(Duration::from_millis(10), Duration::from_millis(200))
+        .with_retry_interval(Duration::from_millis(50));
+    RegistrarClient::connect(cfg).unwrap()
+}

@@ -1,0 +1,302 @@
+//! The registrar over real gRPC on loopback: conformance through the agent
+//! client, cross-cluster over one SQLite file, resume and epochs, backend
+//! outages, bad requests.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{fast_client, start, start_on};
+use futures::StreamExt;
+use registrar_server::{Backend, RegistrarConfig};
+use registry_api::testing::{ep, eventually, next_event, Faulty};
+use registry_api::{Event, Liveness, MemoryRegistry, Registry, Watch};
+use registry_registrar::proto::registrar::v1::registrar_client::RegistrarClient as Grpc;
+use registry_registrar::proto::registrar::v1::{
+    RegisterEndpointRequest, UnregisterEndpointRequest,
+};
+use registry_registrar::{endpoint_to_proto, ClientConfig, RegistrarClient};
+
+fn memory() -> Arc<dyn Backend> {
+    Arc::new(Liveness::new(MemoryRegistry::new()))
+}
+
+mod conformance_through_the_client {
+    use super::*;
+
+    async fn make() -> RegistrarClient {
+        let server = start(memory(), RegistrarConfig::new("test").with_history(64)).await;
+        let client = RegistrarClient::connect(
+            ClientConfig::new(server.url(), "test", "node-1")
+                .with_reconnect(Duration::from_millis(10), Duration::from_millis(200))
+                .with_history(64),
+        )
+        .unwrap();
+        // The server lives as long as its serving task; keep it running.
+        std::mem::forget(server);
+        client.cache().wait_until_ready().await;
+        client
+    }
+
+    async fn lose_history(reg: &RegistrarClient) {
+        let svc = registry_api::testing::unique("filler");
+        for i in 0..70u16 {
+            reg.register(ep(&svc, &format!("f{i}"), 1)).await.unwrap();
+        }
+    }
+
+    registry_api::conformance_tests!(make, lose_history);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clusters_share_one_sqlite_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shared.db");
+    let open = || async {
+        let cfg =
+            registry_sqlite::SqliteConfig::new(&path).with_poll_interval(Duration::from_millis(50));
+        Arc::new(registry_sqlite::SqliteRegistry::open(cfg).await.unwrap()) as Arc<dyn Backend>
+    };
+    let a = start(open().await, RegistrarConfig::new("cluster-a")).await;
+    let b = start(open().await, RegistrarConfig::new("cluster-b")).await;
+    let agent_a = fast_client(&a.url(), "cluster-a", "node-a1");
+    let agent_b1 = fast_client(&b.url(), "cluster-b", "node-b1");
+    let agent_b2 = fast_client(&b.url(), "cluster-b", "node-b2");
+
+    let payments = ep("payments", "pod-a", 8080)
+        .with_node("node-a1")
+        .with_cluster("cluster-a");
+    agent_a.register(payments.clone()).await.unwrap();
+    for agent in [&agent_b1, &agent_b2] {
+        let got = eventually("cluster-a's endpoint at a cluster-b agent", || async {
+            agent.list("payments").await.ok().filter(|l| l.len() == 1)
+        })
+        .await;
+        assert_eq!(got[0].id, "pod-a");
+        assert_eq!(got[0], payments);
+    }
+    // And back: cluster-b's endpoint reaches cluster-a.
+    agent_b1
+        .register(ep("search", "pod-b", 9090).with_node("node-b1"))
+        .await
+        .unwrap();
+    eventually("cluster-b's endpoint at the cluster-a agent", || async {
+        agent_a.list("search").await.ok().filter(|l| l.len() == 1)
+    })
+    .await;
+
+    agent_a.deregister(&payments.key()).await.unwrap();
+    for agent in [&agent_b1, &agent_b2] {
+        eventually("the removal at a cluster-b agent", || async {
+            agent.list("payments").await.ok().filter(Vec::is_empty)
+        })
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_gets_only_what_was_missed_and_a_new_epoch_gets_a_snapshot() {
+    let backend = memory();
+    let server = start(Arc::clone(&backend), RegistrarConfig::new("c")).await;
+    let writer = fast_client(&server.url(), "c", "writer");
+    writer.register(ep("s", "a", 1)).await.unwrap();
+
+    let raw =
+        registry_registrar::Raw::connect(ClientConfig::new(server.url(), "c", "watcher")).unwrap();
+    let mut w = raw.watch(None);
+    let Event::Snapshot(snap) = next_event(&mut w, "snapshot").await else {
+        panic!("no snapshot")
+    };
+    assert_eq!(snap.list("s").len(), 1);
+    drop(w);
+    writer.register(ep("s", "b", 2)).await.unwrap();
+    writer.deregister(&ep("s", "a", 1).key()).await.unwrap();
+
+    let mut w = raw.watch(Some(snap.version()));
+    match next_event(&mut w, "the first missed change").await {
+        Event::Added { endpoint, .. } => assert_eq!(endpoint.id, "b"),
+        other => panic!("expected only the missed changes, got {other:?}"),
+    }
+    match next_event(&mut w, "the second missed change").await {
+        Event::Removed { key, .. } => assert_eq!(key.id, "a"),
+        other => panic!("expected only the missed changes, got {other:?}"),
+    }
+    drop(w);
+
+    // A restarted registrar (same address, same backend, new epoch).
+    let addr = server.addr;
+    let old_epoch = server.registrar.epoch();
+    server.stop().await;
+    let server = start_on(Arc::clone(&backend), RegistrarConfig::new("c"), addr).await;
+    assert_ne!(server.registrar.epoch(), old_epoch);
+    let mut w = raw.watch(Some(snap.version()));
+    match next_event(&mut w, "a snapshot from the new epoch").await {
+        Event::Snapshot(s) => {
+            let ids: Vec<_> = s.list("s").into_iter().map(|e| e.id).collect();
+            assert_eq!(ids, vec!["b".to_string()]);
+        }
+        other => panic!("a new epoch must start with a snapshot, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_read_through_a_backend_outage_and_writes_land_after() {
+    let faulty = Arc::new(Faulty::new(Liveness::new(MemoryRegistry::new())));
+    let server = start(
+        Arc::clone(&faulty) as Arc<dyn Backend>,
+        RegistrarConfig::new("c"),
+    )
+    .await;
+    let agent = fast_client(&server.url(), "c", "n1");
+    let other = fast_client(&server.url(), "c", "n2");
+    agent.register(ep("s", "a", 1)).await.unwrap();
+    eventually("a in the backend", || async {
+        (faulty.get_ref().list("s").await.unwrap().len() == 1).then_some(())
+    })
+    .await;
+
+    faulty.set_down(true);
+    assert_eq!(other.list("s").await.unwrap().len(), 1, "reads go on");
+    agent.register(ep("s", "b", 2)).await.unwrap();
+    agent.register(ep("s", "c", 3)).await.unwrap();
+    // The optimistic broadcast reaches the other agent while the backend is down.
+    eventually("b and c at the other agent", || async {
+        (other.list("s").await.unwrap().len() == 3).then_some(())
+    })
+    .await;
+    assert!(
+        server.registrar.queue_depth() > 0,
+        "writes should be queued"
+    );
+
+    faulty.set_down(false);
+    eventually("every queued write in the backend", || async {
+        (faulty.get_ref().list("s").await.unwrap().len() == 3).then_some(())
+    })
+    .await;
+    assert_eq!(server.registrar.queue_depth(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_are_invalid_argument_naming_the_field() {
+    let backend = memory();
+    let server = start(Arc::clone(&backend), RegistrarConfig::new("c")).await;
+    let mut grpc = Grpc::connect(server.url()).await.unwrap();
+
+    let err = grpc
+        .register_endpoint(RegisterEndpointRequest { endpoint: None })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("endpoint"), "{}", err.message());
+
+    let cases = [
+        ("endpoint.port", {
+            let mut p = endpoint_to_proto(&ep("s", "a", 1));
+            p.port = 70_000;
+            p
+        }),
+        ("endpoint.protocol", {
+            let mut p = endpoint_to_proto(&ep("s", "a", 1));
+            p.protocol = 42;
+            p
+        }),
+        ("endpoint.health", {
+            let mut p = endpoint_to_proto(&ep("s", "a", 1));
+            p.health = 9;
+            p
+        }),
+        ("endpoint.service_name", {
+            let mut p = endpoint_to_proto(&ep("s", "a", 1));
+            p.service_name = String::new();
+            p
+        }),
+        ("endpoint.address", {
+            let mut p = endpoint_to_proto(&ep("s", "a", 1));
+            p.address = "a b".into();
+            p
+        }),
+    ];
+    for (field, p) in cases {
+        let err = grpc
+            .register_endpoint(RegisterEndpointRequest { endpoint: Some(p) })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{field}");
+        assert!(err.message().contains(field), "{field}: {}", err.message());
+    }
+    let err = grpc
+        .unregister_endpoint(UnregisterEndpointRequest {
+            service_name: String::new(),
+            id: "x".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("service_name"));
+    // An oversized message is refused by the transport, not written.
+    let mut huge = endpoint_to_proto(&ep("s", "huge", 1));
+    huge.labels.insert("k".into(), "v".repeat(70 * 1024 * 1024));
+    let err = grpc
+        .register_endpoint(RegisterEndpointRequest {
+            endpoint: Some(huge),
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err.code(),
+            tonic::Code::OutOfRange | tonic::Code::ResourceExhausted | tonic::Code::InvalidArgument
+        ),
+        "{err:?}"
+    );
+    // Nothing was written.
+    assert!(server
+        .registrar
+        .state()
+        .snapshot()
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(backend.snapshot().await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_agent_is_cut_off_and_resumes() {
+    let server = start(memory(), RegistrarConfig::new("c").with_agent_buffer(8)).await;
+    let writer = fast_client(&server.url(), "c", "w");
+    let raw =
+        registry_registrar::Raw::connect(ClientConfig::new(server.url(), "c", "slow")).unwrap();
+    let mut w = raw.watch(None);
+    let Event::Snapshot(_) = next_event(&mut w, "snapshot").await else {
+        panic!()
+    };
+    // Never read while 1200 changes of 4 KiB go by: more than HTTP/2's
+    // flow-control windows hold, so the registrar's buffer for it fills.
+    let pad = "x".repeat(1000);
+    for i in 0..1200u16 {
+        let mut e = ep("s", &format!("e{}", i % 50), i + 1);
+        for k in 0..4 {
+            e = e.with_label(format!("pad{k}"), pad.clone());
+        }
+        writer.register(e).await.unwrap();
+    }
+    let mut saw_error = false;
+    while let Ok(Some(item)) = tokio::time::timeout(Duration::from_secs(10), w.next()).await {
+        if let Err(e) = item {
+            assert_eq!(e.kind(), registry_api::ErrorKind::Overloaded, "{e}");
+            saw_error = true;
+            break;
+        }
+    }
+    assert!(saw_error, "the slow stream was not cut off");
+    // A fresh watch still works and has the final state.
+    let mut w = raw.watch(None);
+    let Event::Snapshot(s) = next_event(&mut w, "snapshot").await else {
+        panic!()
+    };
+    assert_eq!(s.list("s").len(), 50);
+}

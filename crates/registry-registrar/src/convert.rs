@@ -1,0 +1,244 @@
+//! Conversions between the protobuf messages and `registry_api`'s model,
+//! the resume token, and the one mapping between `registry_api::Error` and
+//! gRPC statuses (both directions).
+
+use std::fmt;
+use std::str::FromStr;
+
+use registry_api::{Endpoint, EndpointKey, Error, ErrorKind, Health, Protocol, Version};
+use tonic::{Code, Status};
+
+use crate::proto::registry::v1::{service, service_endpoint, ServiceEndpoint};
+
+/// The registrar's version as sent on the wire: `<epoch>.<sequence>`.
+///
+/// The epoch changes every time a registrar starts, so a client resuming
+/// with a token from an earlier run always gets a full snapshot instead of
+/// a silent mix of two histories.
+///
+/// ```
+/// use registry_registrar::Token;
+/// let t: Token = "17.42".parse().unwrap();
+/// assert_eq!((t.epoch, t.version.0), (17, 42));
+/// assert_eq!(t.to_string(), "17.42");
+/// assert!("garbage".parse::<Token>().is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Token {
+    /// The registrar run that issued the version.
+    pub epoch: u64,
+    /// The version within that run.
+    pub version: Version,
+}
+
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.epoch, self.version.0)
+    }
+}
+
+impl FromStr for Token {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        let bad = || {
+            Error::invalid(
+                "last_version",
+                format!("{s:?} is not a version token of the form <epoch>.<sequence>"),
+            )
+        };
+        let (e, v) = s.split_once('.').ok_or_else(bad)?;
+        Ok(Token {
+            epoch: e.parse().map_err(|_| bad())?,
+            version: Version(v.parse().map_err(|_| bad())?),
+        })
+    }
+}
+
+fn protocol_to_proto(p: Protocol) -> service::Protocol {
+    match p {
+        Protocol::Udp => service::Protocol::Udp,
+        Protocol::Http => service::Protocol::Http,
+        Protocol::Https => service::Protocol::Https,
+        Protocol::Grpc => service::Protocol::Grpc,
+        // Tcp, and any protocol added later, travel as TCP.
+        _ => service::Protocol::Tcp,
+    }
+}
+
+/// Our endpoint as a protobuf message.
+pub fn endpoint_to_proto(e: &Endpoint) -> ServiceEndpoint {
+    ServiceEndpoint {
+        service_name: e.service.clone(),
+        id: e.id.clone(),
+        address: e.address.clone(),
+        port: u32::from(e.port),
+        protocol: protocol_to_proto(e.protocol) as i32,
+        cluster: e.cluster.clone(),
+        node: e.node.clone(),
+        health: match e.health {
+            Health::Healthy => service_endpoint::Health::Healthy,
+            Health::Unhealthy => service_endpoint::Health::Unhealthy,
+        } as i32,
+        labels: e.labels.clone().into_iter().collect(),
+    }
+}
+
+/// A protobuf endpoint as ours, validated. Errors name the field with
+/// `prefix` in front (e.g. `endpoint.port`).
+pub fn endpoint_from_proto(p: ServiceEndpoint, prefix: &str) -> Result<Endpoint, Error> {
+    let field = |f: &str| format!("{prefix}{f}");
+    let port = u16::try_from(p.port).map_err(|_| {
+        Error::invalid(field("port"), format!("{} is not a port (1-65535)", p.port))
+    })?;
+    let protocol = match service::Protocol::try_from(p.protocol) {
+        Ok(service::Protocol::Unspecified | service::Protocol::Tcp) => Protocol::Tcp,
+        Ok(service::Protocol::Udp) => Protocol::Udp,
+        Ok(service::Protocol::Http) => Protocol::Http,
+        Ok(service::Protocol::Https) => Protocol::Https,
+        Ok(service::Protocol::Grpc) => Protocol::Grpc,
+        Err(_) => {
+            return Err(Error::invalid(
+                field("protocol"),
+                format!("unknown protocol value {}", p.protocol),
+            ))
+        }
+    };
+    let health = match service_endpoint::Health::try_from(p.health) {
+        Ok(service_endpoint::Health::Unspecified | service_endpoint::Health::Healthy) => {
+            Health::Healthy
+        }
+        Ok(service_endpoint::Health::Unhealthy) => Health::Unhealthy,
+        Err(_) => {
+            return Err(Error::invalid(
+                field("health"),
+                format!("unknown health value {}", p.health),
+            ))
+        }
+    };
+    let e = Endpoint {
+        service: p.service_name,
+        id: p.id,
+        address: p.address,
+        port,
+        protocol,
+        cluster: p.cluster,
+        node: p.node,
+        health,
+        labels: p.labels.into_iter().collect(),
+    };
+    e.validate().map_err(|err| match err {
+        Error::InvalidInput { field: f, reason } => {
+            let f = if f == "service" {
+                "service_name".to_string()
+            } else {
+                f
+            };
+            Error::invalid(field(&f), reason)
+        }
+        other => other,
+    })?;
+    Ok(e)
+}
+
+/// The key named by an unregister request, checked.
+pub fn key_from_parts(service_name: String, id: String) -> Result<EndpointKey, Error> {
+    registry_api::check_name("service_name", &service_name, true)?;
+    registry_api::check_name("id", &id, true)?;
+    Ok(EndpointKey::new(service_name, id))
+}
+
+/// Our error as a gRPC status (server side).
+pub fn status_from_error(e: &Error) -> Status {
+    let msg = e.to_string();
+    match e.kind() {
+        ErrorKind::InvalidInput => Status::invalid_argument(msg),
+        ErrorKind::NotFound => Status::not_found(msg),
+        ErrorKind::Conflict => Status::aborted(msg),
+        ErrorKind::Unavailable => Status::unavailable(msg),
+        ErrorKind::Throttled | ErrorKind::Overloaded => Status::resource_exhausted(msg),
+        ErrorKind::Unauthorized => Status::permission_denied(msg),
+        _ => Status::internal(msg),
+    }
+}
+
+/// A gRPC status as our error (client side); `addr` is the registrar's
+/// address, named in connection errors.
+pub fn error_from_status(s: &Status, addr: &str) -> Error {
+    let msg = s.message().to_string();
+    match s.code() {
+        Code::InvalidArgument | Code::OutOfRange => {
+            // The server's message is already "invalid <field>: <reason>".
+            let body = msg.strip_prefix("invalid ").unwrap_or(&msg);
+            match body.split_once(": ") {
+                Some((field, reason)) => Error::invalid(field, reason),
+                None => Error::invalid("request", msg),
+            }
+        }
+        Code::NotFound => Error::NotFound { what: msg },
+        Code::Aborted | Code::AlreadyExists | Code::FailedPrecondition => {
+            Error::Conflict { what: msg }
+        }
+        Code::ResourceExhausted => Error::overloaded(format!("registrar {addr}: {msg}")),
+        Code::PermissionDenied | Code::Unauthenticated => Error::Unauthorized {
+            message: format!("registrar {addr}: {msg}"),
+            source: None,
+        },
+        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
+            Error::unavailable(format!("registrar {addr}: {msg}")).with_source(s.clone())
+        }
+        _ => Error::internal(format!("registrar {addr}: {msg}")).with_source(s.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoint_round_trips_and_bad_fields_are_named() {
+        let e = Endpoint::new("svc", "a", "10.0.0.1", 80)
+            .with_protocol(Protocol::Grpc)
+            .with_node("n1")
+            .with_health(Health::Unhealthy)
+            .with_label("zone", "z");
+        assert_eq!(endpoint_from_proto(endpoint_to_proto(&e), "").unwrap(), e);
+
+        let mut p = endpoint_to_proto(&e);
+        p.port = 70_000;
+        let err = endpoint_from_proto(p, "endpoint.").unwrap_err();
+        assert!(
+            err.to_string().starts_with("invalid endpoint.port:"),
+            "{err}"
+        );
+
+        let mut p = endpoint_to_proto(&e);
+        p.protocol = 99;
+        let err = endpoint_from_proto(p, "endpoint.").unwrap_err();
+        assert!(
+            err.to_string().starts_with("invalid endpoint.protocol:"),
+            "{err}"
+        );
+
+        let mut p = endpoint_to_proto(&e);
+        p.service_name = String::new();
+        let err = endpoint_from_proto(p, "endpoint.").unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("invalid endpoint.service_name:"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn statuses_and_errors_map_both_ways() {
+        let e = Error::invalid("endpoint.port", "0 is not a port");
+        let s = status_from_error(&e);
+        assert_eq!(s.code(), Code::InvalidArgument);
+        let back = error_from_status(&s, "127.0.0.1:1");
+        assert_eq!(back.to_string(), e.to_string());
+        let s = Status::unavailable("connection refused");
+        let back = error_from_status(&s, "127.0.0.1:9");
+        assert_eq!(back.kind(), ErrorKind::Unavailable);
+        assert!(back.to_string().contains("127.0.0.1:9"));
+    }
+}

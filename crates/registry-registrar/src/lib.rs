@@ -1,0 +1,30 @@
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+
+mod client;
+mod convert;
+
+/// The generated protobuf and gRPC code.
+#[allow(missing_docs, clippy::all, clippy::pedantic, clippy::unwrap_used)]
+pub mod proto {
+    /// `aether.registry`
+    pub mod registry {
+        /// `aether.registry.v1`: the endpoint model.
+        pub mod v1 {
+            tonic::include_proto!("aether.registry.v1");
+        }
+    }
+    /// `aether.registrar`
+    pub mod registrar {
+        /// `aether.registrar.v1`: the `Registrar` service.
+        pub mod v1 {
+            tonic::include_proto!("aether.registrar.v1");
+        }
+    }
+}
+
+pub use client::{ClientConfig, Raw, RegistrarClient};
+pub use convert::{
+    endpoint_from_proto, endpoint_to_proto, error_from_status, key_from_parts, status_from_error,
+    Token,
+};
