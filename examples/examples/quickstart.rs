@@ -14,8 +14,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use futures::StreamExt;
 use registry_api::{
-    Batch, Endpoint, EndpointKey, Event, Health, Heartbeat, Op, Protocol, Registry, Snapshot,
-    Watch,
+    Batch, Endpoint, EndpointKey, Event, Health, Heartbeat, Op, Protocol, Registry, Snapshot, Watch,
 };
 use registry_sqlite::{SqliteConfig, SqliteRegistry};
 
@@ -30,20 +29,60 @@ const NODE2_LIVES: Duration = Duration::from_millis(1500);
 /// The whole run gives up after this long.
 const DEADLINE: Duration = Duration::from_secs(15);
 
+/// service, id, node, address, port, protocol
+const ENDPOINTS: &[(&str, &str, &str, &str, u16, Protocol)] = &[
+    (
+        "payments",
+        "pay-1",
+        "node-1",
+        "127.0.0.1",
+        9001,
+        Protocol::Grpc,
+    ),
+    (
+        "payments",
+        "pay-2",
+        "node-2",
+        "127.0.0.2",
+        9001,
+        Protocol::Grpc,
+    ),
+    (
+        "search",
+        "search-1",
+        "node-1",
+        "127.0.0.1",
+        9200,
+        Protocol::Http,
+    ),
+    (
+        "search",
+        "search-2",
+        "node-2",
+        "127.0.0.2",
+        9200,
+        Protocol::Http,
+    ),
+    (
+        "frontend",
+        "web-1",
+        "node-1",
+        "127.0.0.1",
+        8080,
+        Protocol::Https,
+    ),
+];
+
 fn endpoints() -> Vec<Endpoint> {
-    let on = |svc: &str, id: &str, node: &str, addr: &str, port: u16, proto: Protocol| {
-        Endpoint::new(svc, id, addr, port)
-            .with_node(node)
-            .with_protocol(proto)
-            .with_label("zone", if node == "node-1" { "zone-a" } else { "zone-b" })
-    };
-    vec![
-        on("payments", "pay-1", "node-1", "127.0.0.1", 9001, Protocol::Grpc),
-        on("payments", "pay-2", "node-2", "127.0.0.2", 9001, Protocol::Grpc),
-        on("search", "search-1", "node-1", "127.0.0.1", 9200, Protocol::Http),
-        on("search", "search-2", "node-2", "127.0.0.2", 9200, Protocol::Http),
-        on("frontend", "web-1", "node-1", "127.0.0.1", 8080, Protocol::Https),
-    ]
+    ENDPOINTS
+        .iter()
+        .map(|&(svc, id, node, addr, port, proto)| {
+            Endpoint::new(svc, id, addr, port)
+                .with_node(node)
+                .with_protocol(proto)
+                .with_label("zone", if node == "node-1" { "zone-a" } else { "zone-b" })
+        })
+        .collect()
 }
 
 fn line(ep: &Endpoint) -> String {
@@ -59,7 +98,11 @@ fn line(ep: &Endpoint) -> String {
 }
 
 fn print_state(title: &str, snap: &Snapshot) {
-    println!("{title} (version {}, {} endpoints)", snap.version(), snap.len());
+    println!(
+        "{title} (version {}, {} endpoints)",
+        snap.version(),
+        snap.len()
+    );
     for ep in snap.iter() {
         println!("    {}", line(ep));
     }
@@ -99,7 +142,9 @@ fn describe(ev: &Event, before: &Snapshot) -> String {
         Event::Updated { endpoint, .. } => {
             let what = match before.get(&endpoint.key()) {
                 Some(old) if old.health != endpoint.health => match endpoint.health {
-                    Health::Unhealthy => format!("is now UNHEALTHY ({} went silent)", endpoint.node),
+                    Health::Unhealthy => {
+                        format!("is now UNHEALTHY ({} went silent)", endpoint.node)
+                    }
                     Health::Healthy => "is healthy again".to_string(),
                 },
                 _ => format!("changed: {}", line(endpoint)),
@@ -108,7 +153,10 @@ fn describe(ev: &Event, before: &Snapshot) -> String {
         }
         Event::Removed { key, .. } => {
             let node = before.get(key).map(|e| e.node.as_str()).unwrap_or("?");
-            format!("{v:<5} - {:<20} removed ({node} silent for {REMOVE_AFTER:?})", key.to_string())
+            format!(
+                "{v:<5} - {:<20} removed ({node} silent for {REMOVE_AFTER:?})",
+                key.to_string()
+            )
         }
     }
 }
@@ -119,7 +167,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let fresh = !std::path::Path::new(FILE).exists();
 
     // 1. What the file holds, read with the default thresholds (30 s / 5 min).
-    let first_look = SqliteRegistry::open(SqliteConfig::new(FILE).with_sweep_interval(None)).await?;
+    let first_look =
+        SqliteRegistry::open(SqliteConfig::new(FILE).with_sweep_interval(None)).await?;
     let loaded = first_look.snapshot().await?;
     if fresh {
         println!("Created {FILE}: a new, empty registry.");
@@ -158,8 +207,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // 4. Two nodes join and register their endpoints (one transaction).
     reg.register_node("node-1", "127.0.0.1", "compute").await?;
     reg.register_node("node-2", "127.0.0.2", "compute").await?;
-    reg.apply(endpoints().into_iter().map(Op::Register).collect()).await?;
-    println!("\nnode-1 and node-2 registered {} endpoints. Changes, as the watch reports them:", endpoints().len());
+    reg.apply(endpoints().into_iter().map(Op::Register).collect())
+        .await?;
+    println!(
+        "\nnode-1 and node-2 registered {} endpoints. Changes, as the watch reports them:",
+        endpoints().len()
+    );
 
     // 5. Heartbeats: node-1 all along, node-2 only for a moment.
     let beats = {
@@ -179,7 +232,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     }
                 } else if node2 {
                     node2 = false;
-                    println!("[{:>4.1}s] node-2 stops sending heartbeats", started.elapsed().as_secs_f64());
+                    println!(
+                        "[{:>4.1}s] node-2 stops sending heartbeats",
+                        started.elapsed().as_secs_f64()
+                    );
                 }
             }
         })
@@ -200,7 +256,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             Ok(None) => return Err("the watch ended".into()),
             Err(_) => return Err(format!("gave up after {DEADLINE:?}").into()),
         };
-        println!("[{:>4.1}s] {}", started.elapsed().as_secs_f64(), describe(&ev, &state));
+        println!(
+            "[{:>4.1}s] {}",
+            started.elapsed().as_secs_f64(),
+            describe(&ev, &state)
+        );
         state.apply(&ev);
         saw_unhealthy |= matches!(&ev, Event::Updated { endpoint, .. }
             if endpoint.node == "node-2" && endpoint.health == Health::Unhealthy);

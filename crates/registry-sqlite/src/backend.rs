@@ -213,6 +213,14 @@ impl SqliteRegistry {
         self.inner.version().await
     }
 
+    /// The latest version this handle knows of without reading the file:
+    /// its own last commit, or the last one the log poller saw from other
+    /// processes (the poller runs while a watch is open). Parked watchers
+    /// wake when it moves.
+    pub fn known_version(&self) -> Version {
+        Version(*self.inner.notify.borrow())
+    }
+
     /// Trim the change log to its last `keep` changes now (writes trim it
     /// to `log_len` by themselves). Watches resumed from before the trimmed
     /// part get a fresh snapshot. Versions are unaffected.

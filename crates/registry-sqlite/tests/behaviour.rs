@@ -255,6 +255,11 @@ async fn two_handles_on_one_file_see_each_other_through_the_log() {
     a.register(ep("svc", "from-a", 1))
         .await
         .expect("register on a");
+    // b never wrote: only its log poller can tell it about version 1.
+    eventually("b's log poller to see a's write", || async {
+        (b.known_version() == Version(1)).then_some(())
+    })
+    .await;
     match next_event(&mut wb, "a's write on b's watch").await {
         Event::Added { endpoint, version } => {
             assert_eq!(endpoint.id, "from-a");
@@ -266,6 +271,10 @@ async fn two_handles_on_one_file_see_each_other_through_the_log() {
     b.deregister(&ep("svc", "from-a", 1).key())
         .await
         .expect("deregister on b");
+    eventually("a's log poller to see b's write", || async {
+        (a.known_version() == Version(2)).then_some(())
+    })
+    .await;
     match next_event(&mut wa, "b's write on a's watch").await {
         Event::Removed { key, version } => {
             assert_eq!((key.id.as_str(), version), ("from-a", Version(2)))

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use registry_api::testing::{ep, next_event, wait_limit};
+use registry_api::testing::{ep, eventually, next_event, wait_limit};
 use registry_api::{Batch, Event, Op, Registry, Version, Watch};
 use registry_sqlite::{SqliteConfig, SqliteRegistry};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
@@ -165,6 +165,12 @@ async fn two_processes_see_each_others_writes() {
 
     let (mut child, mut lines) = spawn_child("share", &path);
     line_from(&mut lines, "CHILD WATCHING").await;
+    // This process never wrote: only its log poller can learn of the
+    // child's write (version 1) and wake the watch.
+    eventually("the log poller to see the child's write", || async {
+        (reg.known_version() >= Version(1)).then_some(())
+    })
+    .await;
     // The child's write reaches this process's watch through the log.
     loop {
         let ev = next_event(&mut w, "the child's endpoint").await;
