@@ -11,13 +11,13 @@ use aws_sdk_servicediscovery::config::interceptors::BeforeTransmitInterceptorCon
 use aws_sdk_servicediscovery::config::{
     BehaviorVersion, ConfigBag, Intercept, Region, RuntimeComponents,
 };
-use aws_sdk_servicediscovery::error::BoxError;
+use aws_sdk_servicediscovery::error::{BoxError, ProvideErrorMetadata};
 use aws_sdk_servicediscovery::operation::create_http_namespace::CreateHttpNamespaceError;
 use aws_sdk_servicediscovery::operation::create_service::CreateServiceError;
 use aws_sdk_servicediscovery::operation::register_instance::RegisterInstanceError;
 use aws_sdk_servicediscovery::types::{
-    FilterCondition, HealthStatus, HealthStatusFilter, OperationStatus, OperationTargetType,
-    ServiceFilter, ServiceFilterName,
+    CustomHealthStatus, FilterCondition, HealthCheckCustomConfig, HealthStatus, HealthStatusFilter,
+    OperationStatus, OperationTargetType, ServiceFilter, ServiceFilterName,
 };
 use aws_sdk_servicediscovery::Client;
 use backon::{ExponentialBuilder, Retryable};
@@ -614,6 +614,9 @@ impl Inner {
         if cm_name != service {
             req = req.description(service);
         }
+        if self.cfg.custom_health {
+            req = req.health_check_custom_config(HealthCheckCustomConfig::builder().build());
+        }
         let id = match req.send().await {
             Ok(out) => out
                 .service()
@@ -682,9 +685,13 @@ impl Inner {
             };
             match res {
                 Ok(out) => {
-                    return self
-                        .finish(out.operation_id(), "RegisterInstance", &target)
-                        .await
+                    self.finish(out.operation_id(), "RegisterInstance", &target)
+                        .await?;
+                    if self.cfg.custom_health && self.cfg.write_mode == WriteMode::Wait {
+                        self.set_health(&service_id, &instance_id, ep, &target)
+                            .await?;
+                    }
+                    return Ok(());
                 }
                 // The cached service was deleted behind our back: look again once.
                 Err(e) if e.kind() == ErrorKind::NotFound && !retried => {
@@ -694,6 +701,41 @@ impl Inner {
                 }
                 Err(e) => return Err(e),
             }
+        }
+    }
+
+    /// Set the instance's Cloud Map health status from `ep.health`; a
+    /// service without a custom health config is left alone.
+    async fn set_health(
+        &self,
+        service_id: &str,
+        instance_id: &str,
+        ep: &Endpoint,
+        target: &str,
+    ) -> Result<()> {
+        let status = match ep.health {
+            Health::Healthy => CustomHealthStatus::Healthy,
+            Health::Unhealthy => CustomHealthStatus::Unhealthy,
+        };
+        self.throttle().await;
+        let res = self
+            .client
+            .update_instance_custom_health_status()
+            .service_id(service_id)
+            .instance_id(instance_id)
+            .status(status)
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(()),
+            Err(e) if e.code() == Some("CustomHealthNotFound") => {
+                tracing::debug!(%target, "service has no custom health config; health kept as an attribute only");
+                Ok(())
+            }
+            Err(e) => Err(error::from_sdk(
+                e,
+                self.call("UpdateInstanceCustomHealthStatus", target),
+            )),
         }
     }
 

@@ -108,6 +108,14 @@ pub struct CloudMapConfig {
     /// removes one copy per `DeregisterInstance`; on AWS it costs one extra
     /// request per deregistration.
     pub repeat_deregister: bool,
+    /// Create services with a custom health check config and, after each
+    /// registration in [`WriteMode::Wait`], set the instance's Cloud Map
+    /// health status (`UpdateInstanceCustomHealthStatus`) from the
+    /// endpoint's health, so consumers asking `DiscoverInstances` for
+    /// `HEALTHY` instances skip unhealthy endpoints (default false).
+    /// Services created without it (by others, or before) keep working;
+    /// their health is then only the `registry.health` attribute.
+    pub custom_health: bool,
 }
 
 impl CloudMapConfig {
@@ -130,6 +138,7 @@ impl CloudMapConfig {
             requests_per_second: NonZeroU32::new(50).unwrap_or(NonZeroU32::MIN),
             burst: NonZeroU32::new(20).unwrap_or(NonZeroU32::MIN),
             repeat_deregister: false,
+            custom_health: false,
         }
     }
 
@@ -192,6 +201,11 @@ impl CloudMapConfig {
     /// Set `repeat_deregister`.
     pub fn with_repeat_deregister(mut self, v: bool) -> Self {
         self.repeat_deregister = v;
+        self
+    }
+    /// Set `custom_health`.
+    pub fn with_custom_health(mut self, v: bool) -> Self {
+        self.custom_health = v;
         self
     }
     /// Set the client-side rate limit: `per_second` steady, `burst` at once.

@@ -5,7 +5,7 @@
 //! | --- | --- |
 //! | no connection, timeout, broken response, HTTP 5xx, `InternalFailure`, `ServiceUnavailable` | `Unavailable` |
 //! | `RequestLimitExceeded`, `ThrottlingException`, `TooManyRequests*`, HTTP 429, failed operation `THROTTLED_REQUEST` | `Throttled` |
-//! | `NamespaceNotFound`, `ServiceNotFound`, `InstanceNotFound`, `OperationNotFound` | `NotFound` |
+//! | `NamespaceNotFound`, `ServiceNotFound`, `InstanceNotFound`, `OperationNotFound`, `CustomHealthNotFound` | `NotFound` |
 //! | `DuplicateRequest`, `ResourceInUse`, `*AlreadyExists`, `ConflictingDomainExists` | `Conflict` |
 //! | `InvalidInput`, `ValidationException` | `InvalidInput` (field `endpoint`) |
 //! | `AccessDenied*`, `UnrecognizedClient`, `InvalidSignature*`, `*Token*` expired or invalid, failed operation `ACCESS_DENIED` / `EXPIRED_TOKEN` | `Unauthorized` |
@@ -76,9 +76,11 @@ fn http_status<E>(err: &SdkError<E, HttpResponse>) -> Option<u16> {
 fn by_code(code: &str, status: Option<u16>, what: String, endpoint: &str) -> Error {
     let lower = code.to_ascii_lowercase();
     match code {
-        "NamespaceNotFound" | "ServiceNotFound" | "InstanceNotFound" | "OperationNotFound" => {
-            Error::NotFound { what }
-        }
+        "NamespaceNotFound"
+        | "ServiceNotFound"
+        | "InstanceNotFound"
+        | "OperationNotFound"
+        | "CustomHealthNotFound" => Error::NotFound { what },
         "DuplicateRequest" | "ResourceInUse" | "ConflictingDomainExists" => {
             Error::Conflict { what }
         }

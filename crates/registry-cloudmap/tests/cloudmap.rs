@@ -404,3 +404,43 @@ async fn namespaces_are_isolated() {
         vec![ep(&svc, "from-one", 1)]
     );
 }
+
+/// With `custom_health`, an unhealthy endpoint is hidden from consumers
+/// asking Cloud Map for healthy instances, and still listed by us.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn custom_health_hides_unhealthy_endpoints_from_healthy_discovery() {
+    let moto = start_moto();
+    let reg = connect(config(&moto).with_custom_health(true)).await;
+    let svc = unique("custom-health");
+    let up = ep(&svc, "up", 1);
+    let down = ep(&svc, "down", 2).with_health(registry_api::Health::Unhealthy);
+    reg.register(up.clone()).await.unwrap();
+    reg.register(down.clone()).await.unwrap();
+    let discover = |filter: HealthStatusFilter| {
+        let (client, ns, svc) = (
+            reg.client().clone(),
+            reg.namespace().to_string(),
+            svc.clone(),
+        );
+        async move {
+            let out = client
+                .discover_instances()
+                .namespace_name(ns)
+                .service_name(svc)
+                .health_status(filter)
+                .send()
+                .await
+                .unwrap();
+            let mut ids: Vec<String> = out
+                .instances()
+                .iter()
+                .filter_map(|i| i.instance_id().map(str::to_string))
+                .collect();
+            ids.sort();
+            ids
+        }
+    };
+    assert_eq!(discover(HealthStatusFilter::Healthy).await, vec!["up"]);
+    assert_eq!(discover(HealthStatusFilter::All).await, vec!["down", "up"]);
+    assert_eq!(reg.list(&svc).await.unwrap(), vec![down, up]);
+}
