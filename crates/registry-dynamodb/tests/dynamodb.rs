@@ -8,18 +8,16 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::{config, Harness, RecordingProxy};
+use common::{config, Harness, RecordingProxy, TRANSACT_TARGET};
 use futures::StreamExt;
 use registry_api::testing::{assert_kind, ep, eventually, follow_until, next_event, unique};
 use registry_api::{
-    Batch, Endpoint, EndpointKey, ErrorKind, Event, Health, Heartbeat, Liveness, LivenessConfig,
-    Op, Registry, Watch,
+    Batch, Coalescing, CoalescingConfig, Endpoint, EndpointKey, ErrorKind, Event, Health,
+    Heartbeat, Liveness, LivenessConfig, Op, Registry, Watch,
 };
 use registry_dynamodb::aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
 use registry_dynamodb::{DynamoDbConfig, DynamoDbRegistry};
 use registry_tests::MotoServer;
-
-const TRANSACT_TARGET: &str = "DynamoDB_20120810.TransactWriteItems";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batch_of_250_ops_is_three_transactions_all_applied() {
@@ -341,4 +339,115 @@ async fn stream_watch_sees_batches_and_other_writers() {
     let other = DynamoDbRegistry::connect(h.cfg.clone()).await.unwrap();
     other.deregister(&eps[0].key()).await.unwrap();
     follow_until(&mut w, &mut state, &svc, &eps[1..]).await;
+}
+
+/// A registry on a fresh table behind a recording proxy.
+async fn behind_proxy(
+    max_attempts: u32,
+) -> (DynamoDbRegistry, RecordingProxy, std::sync::Arc<MotoServer>) {
+    behind_proxy_on(common::shared_moto(), max_attempts).await
+}
+
+async fn behind_proxy_on(
+    moto: std::sync::Arc<MotoServer>,
+    max_attempts: u32,
+) -> (DynamoDbRegistry, RecordingProxy, std::sync::Arc<MotoServer>) {
+    let proxy = RecordingProxy::start(moto.url()).await;
+    let cfg = config(&proxy.url).with_max_attempts(max_attempts);
+    DynamoDbRegistry::create_table_if_missing(&cfg, false)
+        .await
+        .unwrap();
+    let reg = DynamoDbRegistry::connect(cfg).await.unwrap();
+    (reg, proxy, moto)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousand_ops_through_coalescing_are_transactions_of_at_most_100() {
+    // A server of its own: moto copies every table of the server for each
+    // transaction, so a shared one grows slow as other tests fill it.
+    let moto = std::sync::Arc::new(MotoServer::start().unwrap());
+    let (reg, proxy, _moto) = behind_proxy_on(moto, 3).await;
+    let reg = Coalescing::with_config(
+        reg,
+        CoalescingConfig::default()
+            .with_flush_interval(Duration::from_millis(20))
+            .with_flush_ops(1000),
+    );
+    let svc = unique("coalesced");
+    let eps: Vec<Endpoint> = (0..1000u16)
+        .map(|i| ep(&svc, &format!("e{i:04}"), 1 + i))
+        .collect();
+    let tickets: Vec<_> = eps
+        .iter()
+        .map(|e| reg.submit(vec![Op::Register(e.clone())]).unwrap())
+        .collect();
+    reg.flush().await;
+    for t in tickets {
+        t.durable().await.unwrap();
+    }
+    let bodies = proxy.transact_bodies();
+    let sizes: Vec<usize> = bodies
+        .iter()
+        .map(|b| b["TransactItems"].as_array().map(Vec::len).unwrap_or(0))
+        .collect();
+    assert_eq!(sizes.iter().sum::<usize>(), 1000, "{sizes:?}");
+    assert!(sizes.iter().all(|n| (1..=100).contains(n)), "{sizes:?}");
+    assert!(
+        sizes.len() >= 10 && sizes.len() < 100,
+        "{} requests: {sizes:?}",
+        sizes.len()
+    );
+    assert_eq!(proxy.count(TRANSACT_TARGET), sizes.len());
+    assert_eq!(reg.list(&svc).await.unwrap(), eps);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttling_is_mapped_and_retried() {
+    // The SDK retries a throttled call by itself.
+    let (reg, proxy, _moto) = behind_proxy(3).await;
+    let svc = unique("throttle");
+    proxy.throttle_next(1);
+    reg.apply(vec![Op::Register(ep(&svc, "a", 1))])
+        .await
+        .unwrap();
+    assert_eq!(
+        proxy.count(TRANSACT_TARGET),
+        2,
+        "one throttled call, one retry"
+    );
+    let tokens = proxy.string_fields("ClientRequestToken");
+    assert_eq!(tokens.len(), 2);
+    assert_eq!(tokens[0], tokens[1], "the retry must carry the same token");
+
+    // Without SDK retries, the caller sees Throttled (retryable)...
+    let (reg, proxy, _moto) = behind_proxy(1).await;
+    proxy.throttle_next(1);
+    let err = assert_kind(
+        reg.apply(vec![Op::Register(ep(&svc, "b", 2))]).await,
+        ErrorKind::Throttled,
+    );
+    assert!(err.is_retryable(), "{err}");
+    assert!(
+        err.to_string().contains("ProvisionedThroughputExceeded"),
+        "{err}"
+    );
+    assert!(reg.list(&svc).await.unwrap().is_empty());
+
+    // ...and Coalescing's retry path gets the ops through.
+    proxy.throttle_next(2);
+    let reg = Coalescing::with_config(
+        reg,
+        CoalescingConfig::default()
+            .with_flush_interval(Duration::from_millis(10))
+            .with_retry(Duration::from_millis(10), Duration::from_millis(50)),
+    );
+    let ticket = reg.submit(vec![Op::Register(ep(&svc, "c", 3))]).unwrap();
+    reg.flush().await;
+    ticket.durable().await.unwrap();
+    assert_eq!(reg.list(&svc).await.unwrap(), vec![ep(&svc, "c", 3)]);
+    assert_eq!(
+        proxy.count(TRANSACT_TARGET),
+        4,
+        "1 + 2 throttled + 1 applied"
+    );
 }

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -16,6 +17,9 @@ use registry_api::{
 use registry_dynamodb::{DynamoDbConfig, DynamoDbRegistry};
 use registry_tests::MotoServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The `X-Amz-Target` of `TransactWriteItems`.
+pub const TRANSACT_TARGET: &str = "DynamoDB_20120810.TransactWriteItems";
 
 static SHARED: Mutex<Weak<MotoServer>> = Mutex::new(Weak::new());
 
@@ -140,13 +144,58 @@ impl Watch for Harness {
     }
 }
 
-/// A TCP proxy on loopback that keeps a copy of everything clients send
-/// to the server, so tests can count API calls (`X-Amz-Target` names one)
-/// and read request fields.
+/// An HTTP/1.1 proxy on loopback in front of moto. It keeps a copy of every
+/// request, so tests can count API calls (`X-Amz-Target` names one) and
+/// read request fields, and it can answer the next `TransactWriteItems`
+/// calls itself with a `ProvisionedThroughputExceededException`.
 pub struct RecordingProxy {
     pub url: String,
     sent: Arc<Mutex<Vec<u8>>>,
+    throttle: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// One HTTP message (head and body, by `Content-Length`) from `r`, with
+/// `buf` holding what was read past it; `None` at the end of the stream.
+async fn read_message(
+    r: &mut (impl tokio::io::AsyncRead + Unpin),
+    buf: &mut Vec<u8>,
+) -> Option<Vec<u8>> {
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            let total = end + 4 + len;
+            while buf.len() < total {
+                let n = r.read(&mut chunk).await.ok()?;
+                if n == 0 {
+                    return None;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            return Some(buf.drain(..total).collect());
+        }
+        let n = r.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+fn throttled_response() -> Vec<u8> {
+    let body = r#"{"__type":"com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException","message":"injected by the test proxy"}"#;
+    format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/x-amz-json-1.0\r\n\
+         x-amzn-requestid: test-proxy\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
 }
 
 impl RecordingProxy {
@@ -158,41 +207,58 @@ impl RecordingProxy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let sent = Arc::new(Mutex::new(Vec::new()));
-        let log = Arc::clone(&sent);
+        let throttle = Arc::new(AtomicUsize::new(0));
+        let (log, faults) = (Arc::clone(&sent), Arc::clone(&throttle));
         let task = tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let log = Arc::clone(&log);
+            while let Ok((mut client, _)) = listener.accept().await {
+                let (log, faults) = (Arc::clone(&log), Arc::clone(&faults));
                 tokio::spawn(async move {
-                    let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
-                        return;
-                    };
-                    let (mut cr, mut cw) = client.into_split();
-                    let (mut sr, mut sw) = server.into_split();
-                    let up = async move {
-                        let mut buf = vec![0u8; 64 * 1024];
-                        loop {
-                            let n = match cr.read(&mut buf).await {
-                                Ok(0) | Err(_) => break,
-                                Ok(n) => n,
+                    let mut cbuf = Vec::new();
+                    while let Some(req) = read_message(&mut client, &mut cbuf).await {
+                        log.lock().unwrap().extend_from_slice(&req);
+                        let transact = req
+                            .windows(TRANSACT_TARGET.len())
+                            .any(|w| w == TRANSACT_TARGET.as_bytes());
+                        let inject = transact
+                            && faults
+                                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                                    n.checked_sub(1)
+                                })
+                                .is_ok();
+                        let resp = if inject {
+                            throttled_response()
+                        } else {
+                            let Ok(mut up) = tokio::net::TcpStream::connect(upstream).await else {
+                                return;
                             };
-                            // Whole requests arrive before the server answers,
-                            // so the log is complete once a call returned.
-                            log.lock().unwrap().extend_from_slice(&buf[..n]);
-                            if sw.write_all(&buf[..n]).await.is_err() {
-                                break;
+                            if up.write_all(&req).await.is_err() {
+                                return;
                             }
+                            let mut ubuf = Vec::new();
+                            let Some(resp) = read_message(&mut up, &mut ubuf).await else {
+                                return;
+                            };
+                            resp
+                        };
+                        if client.write_all(&resp).await.is_err() {
+                            return;
                         }
-                        let _ = sw.shutdown().await;
-                    };
-                    let down = async move {
-                        let _ = tokio::io::copy(&mut sr, &mut cw).await;
-                        let _ = cw.shutdown().await;
-                    };
-                    tokio::join!(up, down);
+                    }
                 });
             }
         });
-        RecordingProxy { url, sent, task }
+        RecordingProxy {
+            url,
+            sent,
+            throttle,
+            task,
+        }
+    }
+
+    /// Answer the next `n` `TransactWriteItems` calls with a throttling
+    /// error instead of passing them on.
+    pub fn throttle_next(&self, n: usize) {
+        self.throttle.store(n, Ordering::SeqCst);
     }
 
     /// How often `needle` was sent so far.
