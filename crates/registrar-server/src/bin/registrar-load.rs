@@ -1,0 +1,379 @@
+//! `registrar-load`: a bounded load test of one in-process registrar on
+//! loopback. Prints figures and ratios against baselines measured in the
+//! same run.
+//!
+//! ```sh
+//! cargo run --release -p registrar-server --bin registrar-load -- --agents 1000 --rate 1000 --seconds 5
+//! ```
+//!
+//! Phases:
+//! 1. fan-out: `--agents` agent streams (one gRPC connection each), a writer
+//!    registering `--rate` endpoint changes per second for `--seconds`;
+//!    time from each write to its delivery at one agent (p50/p99), and to
+//!    its delivery at every agent; memory per agent stream.
+//! 2. backend load: backend connections and reads per sync interval with
+//!    the registrar in front of a polling backend, vs every agent polling
+//!    the backend itself.
+//! 3. cold start: a new agent on `--cold-endpoints` endpoints, vs reading
+//!    the backend's snapshot directly.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use clap::Parser;
+use futures::StreamExt;
+use registrar_server::{serve, Backend, Registrar, RegistrarConfig};
+use registry_api::{
+    Batch, Capabilities, Endpoint, EndpointKey, Event, EventStream, Heartbeat, MemoryRegistry,
+    Op, Polling, PollingConfig, Registry, Result, Snapshot, Watch,
+};
+use registry_registrar::{ClientConfig, Raw, RegistrarClient};
+
+#[derive(Parser, Debug)]
+#[command(about = "Bounded load test of one registrar on loopback")]
+struct Args {
+    /// Agent streams.
+    #[arg(long, default_value_t = 1000)]
+    agents: usize,
+    /// Endpoint changes per second.
+    #[arg(long, default_value_t = 1000)]
+    rate: u64,
+    /// Length of the fan-out phase.
+    #[arg(long, default_value_t = 5)]
+    seconds: u64,
+    /// Endpoints for the cold-start phase.
+    #[arg(long, default_value_t = 100_000)]
+    cold_endpoints: usize,
+    /// Sync interval of the polling phase.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    sync_interval: Duration,
+}
+
+fn now_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+fn rss_bytes() -> u64 {
+    // Resident pages, from /proc (Linux); 0 elsewhere.
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map(|pages| pages * 4096)
+        .unwrap_or(0)
+}
+
+struct Server {
+    url: String,
+    registrar: Arc<Registrar>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+async fn start(backend: Arc<dyn Backend>, cfg: RegistrarConfig) -> std::io::Result<Server> {
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let health = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", grpc.local_addr()?);
+    let registrar = Registrar::new(backend, cfg);
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(serve(Arc::clone(&registrar), grpc, health, None, async move {
+        let _ = rx.await;
+    }));
+    Ok(Server {
+        url,
+        registrar,
+        stop: Some(tx),
+    })
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+fn pct(h: &hdrhistogram::Histogram<u64>, q: f64) -> String {
+    format!("{:.2} ms", h.value_at_quantile(q) as f64 / 1000.0)
+}
+
+/// Phase 1: fan-out latency and memory per stream.
+async fn fan_out(args: &Args) -> std::result::Result<(), Box<dyn std::error::Error>> {
+    let server = start(
+        Arc::new(MemoryRegistry::new()),
+        RegistrarConfig::new("load").with_agent_buffer(65_536),
+    )
+    .await?;
+    let writes = (args.rate * args.seconds) as usize;
+    // Per write: deliveries seen and the latest delivery time.
+    let delivered: Arc<Vec<AtomicUsize>> = Arc::new((0..writes).map(|_| AtomicUsize::new(0)).collect());
+    let slowest: Arc<Vec<AtomicU64>> = Arc::new((0..writes).map(|_| AtomicU64::new(0)).collect());
+    let one = Arc::new(Mutex::new(hdrhistogram::Histogram::<u64>::new(3)?));
+
+    let rss_before = rss_bytes();
+    let mut streams = Vec::with_capacity(args.agents);
+    for i in 0..args.agents {
+        let raw = Raw::connect(ClientConfig::new(server.url.clone(), "load", format!("agent-{i}")))?;
+        let mut w = raw.watch(None);
+        match w.next().await {
+            Some(Ok(Event::Snapshot(_))) => {}
+            other => return Err(format!("agent {i} did not get a snapshot: {other:?}").into()),
+        }
+        streams.push((raw, w));
+    }
+    let rss_after = rss_bytes();
+    println!(
+        "streams: {} agent streams open; memory {:.1} KiB per stream (client and server side together, RSS {} -> {} MiB)",
+        args.agents,
+        (rss_after.saturating_sub(rss_before)) as f64 / args.agents as f64 / 1024.0,
+        rss_before / (1 << 20),
+        rss_after / (1 << 20)
+    );
+
+    let readers: Vec<_> = streams
+        .into_iter()
+        .map(|(raw, mut w)| {
+            let delivered = Arc::clone(&delivered);
+            let slowest = Arc::clone(&slowest);
+            let one = Arc::clone(&one);
+            tokio::spawn(async move {
+                let _keep = raw;
+                let mut local = hdrhistogram::Histogram::<u64>::new(3).ok();
+                let mut seen = 0usize;
+                while let Some(Ok(ev)) = w.next().await {
+                    if let Event::Added { endpoint, .. } | Event::Updated { endpoint, .. } = ev {
+                        let (Some(sent), Some(seq)) = (
+                            endpoint.labels.get("sent").and_then(|s| s.parse::<u64>().ok()),
+                            endpoint.labels.get("seq").and_then(|s| s.parse::<usize>().ok()),
+                        ) else {
+                            continue;
+                        };
+                        let now = now_micros();
+                        let lat = now.saturating_sub(sent);
+                        if let Some(h) = local.as_mut() {
+                            let _ = h.record(lat.max(1));
+                        }
+                        if let (Some(d), Some(s)) = (delivered.get(seq), slowest.get(seq)) {
+                            d.fetch_add(1, Ordering::Relaxed);
+                            s.fetch_max(now, Ordering::Relaxed);
+                        }
+                        seen += 1;
+                        if seen == delivered.len() {
+                            break;
+                        }
+                    }
+                }
+                if let (Some(h), Ok(mut all)) = (local, one.lock()) {
+                    let _ = all.add(h);
+                }
+            })
+        })
+        .collect();
+
+    let writer = RegistrarClient::connect(ClientConfig::new(server.url.clone(), "load", "writer"))?;
+    let mut sent_at = vec![0u64; writes];
+    let start = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    let per_tick = (args.rate / 100).max(1) as usize;
+    let mut seq = 0usize;
+    while seq < writes {
+        tick.tick().await;
+        // This tick's writes go out concurrently (distinct keys).
+        let mut batch = Vec::new();
+        for _ in 0..per_tick.min(writes - seq) {
+            let t = now_micros();
+            sent_at[seq] = t;
+            let e = Endpoint::new("load", format!("ep-{}", seq % 500), "127.0.0.1", 8080)
+                .with_label("sent", t.to_string())
+                .with_label("seq", seq.to_string());
+            batch.push(writer.register(e));
+            seq += 1;
+        }
+        for r in futures::future::join_all(batch).await {
+            r?;
+        }
+    }
+    let write_time = start.elapsed();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for r in readers {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if tokio::time::timeout(left, r).await.is_err() {
+            println!("fan-out: some agents did not receive every change within 30 s");
+            break;
+        }
+    }
+    let mut every = hdrhistogram::Histogram::<u64>::new(3)?;
+    let mut complete = 0;
+    for i in 0..writes {
+        if delivered[i].load(Ordering::Relaxed) == args.agents {
+            complete += 1;
+            let _ = every.record(slowest[i].load(Ordering::Relaxed).saturating_sub(sent_at[i]).max(1));
+        }
+    }
+    let one = one.lock().map_err(|_| "poisoned")?;
+    println!(
+        "fan-out: {} changes in {:.1} s ({:.0}/s) to {} agents = {:.0} deliveries/s",
+        writes,
+        write_time.as_secs_f64(),
+        writes as f64 / write_time.as_secs_f64(),
+        args.agents,
+        (writes * args.agents) as f64 / write_time.as_secs_f64()
+    );
+    println!(
+        "fan-out: write -> delivery at one agent p50 {} p99 {}; write -> delivered at every agent p50 {} p99 {} ({} of {} writes reached all agents)",
+        pct(&one, 0.5),
+        pct(&one, 0.99),
+        pct(&every, 0.5),
+        pct(&every, 0.99),
+        complete,
+        writes
+    );
+    Ok(())
+}
+
+/// A backend that counts what it is asked, for the backend-load phase.
+#[derive(Debug, Default)]
+struct Counting {
+    inner: MemoryRegistry,
+    snapshots: AtomicUsize,
+}
+
+impl fmt::Display for Counting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Counting({})", self.inner)
+    }
+}
+
+#[async_trait]
+impl Registry for Counting {
+    async fn register(&self, endpoint: Endpoint) -> Result<()> {
+        self.inner.register(endpoint).await
+    }
+    async fn deregister(&self, key: &EndpointKey) -> Result<()> {
+        self.inner.deregister(key).await
+    }
+    async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
+        self.inner.list(service).await
+    }
+    async fn snapshot(&self) -> Result<Snapshot> {
+        self.snapshots.fetch_add(1, Ordering::Relaxed);
+        self.inner.snapshot().await
+    }
+    fn capabilities(&self) -> Capabilities {
+        // Behave like a backend without a native watch (DynamoDB without
+        // a stream, Cloud Map): everyone has to poll it.
+        self.inner.capabilities().with_native_watch(false)
+    }
+}
+
+#[async_trait]
+impl Batch for Counting {
+    async fn apply(&self, ops: Vec<Op>) -> Result<()> {
+        self.inner.apply(ops).await
+    }
+}
+
+#[async_trait]
+impl Heartbeat for Counting {
+    async fn heartbeat(&self, node: &str) -> Result<()> {
+        self.inner.heartbeat(node).await
+    }
+}
+
+/// Phase 2: backend reads per sync interval, registrar vs direct polling.
+async fn backend_load(args: &Args) -> std::result::Result<(), Box<dyn std::error::Error>> {
+    let window = args.sync_interval * 3;
+    let agents = args.agents;
+
+    // Direct: every agent polls the backend itself.
+    let direct = Arc::new(Counting::default());
+    let mut watches: Vec<(Polling<Arc<Counting>>, EventStream)> = Vec::new();
+    for _ in 0..agents {
+        let p = Polling::with_config(
+            Arc::clone(&direct),
+            PollingConfig::default().with_interval(args.sync_interval),
+        );
+        let w = p.watch(None);
+        watches.push((p, w));
+    }
+    let before = direct.snapshots.load(Ordering::Relaxed);
+    tokio::time::sleep(window).await;
+    let direct_reads = direct.snapshots.load(Ordering::Relaxed) - before;
+    drop(watches);
+
+    // Through the registrar: one backend client, agents on gRPC streams.
+    let shared = Arc::new(Counting::default());
+    let backend: Arc<dyn Backend> = Arc::new(Polling::with_config(
+        Arc::clone(&shared),
+        PollingConfig::default().with_interval(args.sync_interval),
+    ));
+    let server = start(backend, RegistrarConfig::new("load")).await?;
+    let mut streams = Vec::new();
+    for i in 0..agents {
+        let raw = Raw::connect(ClientConfig::new(server.url.clone(), "load", format!("agent-{i}")))?;
+        let mut w = raw.watch(None);
+        let _ = w.next().await;
+        streams.push((raw, w));
+    }
+    let before = shared.snapshots.load(Ordering::Relaxed);
+    tokio::time::sleep(window).await;
+    let registrar_reads = shared.snapshots.load(Ordering::Relaxed) - before;
+    let per = |n: usize| n as f64 / (window.as_secs_f64() / args.sync_interval.as_secs_f64());
+    println!(
+        "backend: {agents} agents, sync every {:?}: backend connections 1 vs {agents}; backend snapshot reads per sync {:.1} vs {:.1} when each agent polls directly ({:.0}x fewer)",
+        args.sync_interval,
+        per(registrar_reads),
+        per(direct_reads),
+        direct_reads as f64 / registrar_reads.max(1) as f64
+    );
+    Ok(())
+}
+
+/// Phase 3: cold start of an agent on many endpoints.
+async fn cold_start(args: &Args) -> std::result::Result<(), Box<dyn std::error::Error>> {
+    let mem = MemoryRegistry::new();
+    let ops: Vec<Op> = (0..args.cold_endpoints)
+        .map(|i| {
+            Op::Register(
+                Endpoint::new(format!("svc-{}", i / 10), format!("ep-{i}"), "127.0.0.1", 8080)
+                    .with_node(format!("node-{}", i % 1000)),
+            )
+        })
+        .collect();
+    for chunk in ops.chunks(5000) {
+        mem.apply(chunk.to_vec()).await?;
+    }
+    let server = start(Arc::new(mem), RegistrarConfig::new("load")).await?;
+    server.registrar.state().wait_until_ready().await;
+    // Baseline: one plain ListAllEndpoints call (the proxy path).
+    let raw = Raw::connect(ClientConfig::new(server.url.clone(), "load", "proxy"))?;
+    let t = Instant::now();
+    let direct = raw.snapshot().await?.len();
+    let direct_time = t.elapsed();
+    let t = Instant::now();
+    let agent = RegistrarClient::connect(ClientConfig::new(server.url.clone(), "load", "cold"))?;
+    agent.cache().wait_until_ready().await;
+    let cold = t.elapsed();
+    let n = agent.snapshot().await?.len();
+    println!(
+        "cold start: an agent on {n} endpoints is ready in {:.0} ms (stream, decode, cache); one plain ListAllEndpoints call for the same {direct} endpoints takes {:.0} ms",
+        cold.as_secs_f64() * 1000.0,
+        direct_time.as_secs_f64() * 1000.0
+    );
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    println!("registrar-load: {args:?}");
+    fan_out(&args).await?;
+    backend_load(&args).await?;
+    cold_start(&args).await?;
+    Ok(())
+}
