@@ -17,7 +17,8 @@ use aws_sdk_servicediscovery::operation::create_service::CreateServiceError;
 use aws_sdk_servicediscovery::operation::register_instance::RegisterInstanceError;
 use aws_sdk_servicediscovery::types::{
     CustomHealthStatus, FilterCondition, HealthCheckCustomConfig, HealthStatus, HealthStatusFilter,
-    OperationStatus, OperationTargetType, ServiceFilter, ServiceFilterName,
+    NamespaceType, OperationStatus, OperationTargetType, ServiceFilter, ServiceFilterName,
+    ServiceTypeOption,
 };
 use aws_sdk_servicediscovery::Client;
 use backon::{ExponentialBuilder, Retryable};
@@ -82,6 +83,8 @@ struct Inner {
     client: Client,
     cfg: CloudMapConfig,
     namespace_id: String,
+    /// An existing DNS namespace: services are created API-only (`HTTP`).
+    dns_namespace: bool,
     /// Where the API is, for messages.
     endpoint: String,
     limiter: DefaultDirectRateLimiter,
@@ -250,6 +253,7 @@ impl CloudMapRegistry {
             client: Client::from_conf(sdk),
             cfg,
             namespace_id: String::new(),
+            dns_namespace: false,
             endpoint,
             limiter: RateLimiter::direct(quota),
             services: Mutex::new(HashMap::new()),
@@ -262,7 +266,7 @@ impl CloudMapRegistry {
             cycle: AtomicU64::new(0),
             counters: Counters::default(),
         };
-        inner.namespace_id = inner.resolve_namespace().await?;
+        (inner.namespace_id, inner.dns_namespace) = inner.resolve_namespace().await?;
         tracing::info!(
             namespace = %inner.cfg.namespace,
             namespace_id = %inner.namespace_id,
@@ -335,7 +339,8 @@ impl Inner {
 
     // ---- namespace ----
 
-    async fn find_namespace(&self) -> Result<Option<String>> {
+    /// The namespace's id and whether it is a DNS namespace.
+    async fn find_namespace(&self) -> Result<Option<(String, bool)>> {
         let target = format!("namespace {}", self.cfg.namespace);
         let mut token = None;
         loop {
@@ -352,7 +357,11 @@ impl Inner {
                 .iter()
                 .find(|ns| ns.name() == Some(self.cfg.namespace.as_str()))
             {
-                return Ok(ns.id().map(str::to_string));
+                let dns = matches!(
+                    ns.r#type(),
+                    Some(NamespaceType::DnsPrivate | NamespaceType::DnsPublic)
+                );
+                return Ok(ns.id().map(|id| (id.to_string(), dns)));
             }
             match out.next_token() {
                 Some(t) => token = Some(t.to_string()),
@@ -361,9 +370,9 @@ impl Inner {
         }
     }
 
-    async fn resolve_namespace(&self) -> Result<String> {
-        if let Some(id) = self.find_namespace().await? {
-            return Ok(id);
+    async fn resolve_namespace(&self) -> Result<(String, bool)> {
+        if let Some(found) = self.find_namespace().await? {
+            return Ok(found);
         }
         let target = format!("namespace {}", self.cfg.namespace);
         if !self.cfg.create_namespace {
@@ -394,7 +403,7 @@ impl Inner {
                 {
                     // Another process created it first.
                     if let Some(id) = exists.namespace_id() {
-                        return Ok(id.to_string());
+                        return Ok((id.to_string(), false));
                     }
                     return self.find_namespace().await?.ok_or_else(|| Error::NotFound {
                         what: format!("{target}: reported as existing, but not listed"),
@@ -410,7 +419,7 @@ impl Inner {
         // Always waited for: nothing can be registered before it exists.
         let targets = self.wait_operation(&op_id, &target).await?;
         match targets.get(&OperationTargetType::Namespace) {
-            Some(id) => Ok(id.clone()),
+            Some(id) => Ok((id.clone(), false)),
             None => self.find_namespace().await?.ok_or_else(|| Error::NotFound {
                 what: format!("{target}: created, but not listed"),
             }),
@@ -613,6 +622,9 @@ impl Inner {
             .creator_request_id(request_id("svc"));
         if cm_name != service {
             req = req.description(service);
+        }
+        if self.dns_namespace {
+            req = req.r#type(ServiceTypeOption::Http);
         }
         if self.cfg.custom_health {
             req = req.health_check_custom_config(HealthCheckCustomConfig::builder().build());

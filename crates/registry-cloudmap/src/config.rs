@@ -31,7 +31,9 @@ pub enum WriteMode {
     FireAndForget,
 }
 
-/// The kind of namespace created when it is missing.
+/// The kind of namespace created when it is missing. An existing namespace
+/// of any kind can be used: in a DNS namespace the services are created as
+/// API-only (`Type: HTTP`, no DNS records).
 #[non_exhaustive]
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum NamespaceKind {

@@ -444,3 +444,55 @@ async fn custom_health_hides_unhealthy_endpoints_from_healthy_discovery() {
     assert_eq!(discover(HealthStatusFilter::All).await, vec!["down", "up"]);
     assert_eq!(reg.list(&svc).await.unwrap(), vec![down, up]);
 }
+
+/// An existing DNS namespace is used as it is: services are created
+/// API-only, and endpoints (including host names) round-trip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn existing_dns_namespace_is_used() {
+    let moto = start_moto();
+    let creator = connect(config(&moto)).await;
+    let name = format!("{}.example.com", unique("dns"));
+    let op = creator
+        .client()
+        .create_public_dns_namespace()
+        .name(&name)
+        .send()
+        .await
+        .unwrap();
+    assert!(op.operation_id().is_some());
+    let mut cfg = config(&moto).with_create_namespace(false);
+    cfg.namespace = name.clone();
+    let reg = connect(cfg).await;
+    let svc = unique("in-dns");
+    let named = Endpoint::new(&svc, "a", "db.internal", 5432);
+    reg.register(named.clone()).await.unwrap();
+    assert_eq!(reg.list(&svc).await.unwrap(), vec![named.clone()]);
+    let service = reg
+        .client()
+        .list_services()
+        .send()
+        .await
+        .unwrap()
+        .services()
+        .iter()
+        .find(|s| s.name() == Some(svc.as_str()))
+        .cloned()
+        .unwrap();
+    let got = reg
+        .client()
+        .get_service()
+        .id(service.id().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        got.service().and_then(|s| s.namespace_id()),
+        Some(reg.namespace_id())
+    );
+    assert_eq!(
+        got.service()
+            .and_then(|s| s.r#type())
+            .map(|t| t.as_str().to_string()),
+        Some("HTTP".to_string())
+    );
+}
