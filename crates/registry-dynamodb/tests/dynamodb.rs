@@ -345,16 +345,17 @@ async fn stream_watch_sees_batches_and_other_writers() {
 async fn behind_proxy(
     max_attempts: u32,
 ) -> (DynamoDbRegistry, RecordingProxy, std::sync::Arc<MotoServer>) {
-    behind_proxy_on(common::shared_moto(), max_attempts).await
+    behind_proxy_on(common::shared_moto(), max_attempts, false).await
 }
 
 async fn behind_proxy_on(
     moto: std::sync::Arc<MotoServer>,
     max_attempts: u32,
+    stream: bool,
 ) -> (DynamoDbRegistry, RecordingProxy, std::sync::Arc<MotoServer>) {
     let proxy = RecordingProxy::start(moto.url()).await;
     let cfg = config(&proxy.url).with_max_attempts(max_attempts);
-    DynamoDbRegistry::create_table_if_missing(&cfg, false)
+    DynamoDbRegistry::create_table_if_missing(&cfg, stream)
         .await
         .unwrap();
     let reg = DynamoDbRegistry::connect(cfg).await.unwrap();
@@ -366,7 +367,7 @@ async fn thousand_ops_through_coalescing_are_transactions_of_at_most_100() {
     // A server of its own: moto copies every table of the server for each
     // transaction, so a shared one grows slow as other tests fill it.
     let moto = std::sync::Arc::new(MotoServer::start().unwrap());
-    let (reg, proxy, _moto) = behind_proxy_on(moto, 3).await;
+    let (reg, proxy, _moto) = behind_proxy_on(moto, 3, false).await;
     let reg = Coalescing::with_config(
         reg,
         CoalescingConfig::default()
@@ -450,4 +451,84 @@ async fn throttling_is_mapped_and_retried() {
         4,
         "1 + 2 throttled + 1 applied"
     );
+}
+
+const GET_RECORDS: &str = "DynamoDBStreams_20120810.GetRecords";
+const GET_SHARD_ITERATOR: &str = "DynamoDBStreams_20120810.GetShardIterator";
+const SCAN: &str = "DynamoDB_20120810.Scan";
+
+/// Read `w` until `service` holds `want`; every event must be a delta (no
+/// snapshot) and name a key at most once.
+async fn deltas_until(
+    w: &mut registry_api::EventStream,
+    state: &mut registry_api::Snapshot,
+    svc: &str,
+    want: &[Endpoint],
+) {
+    let seen = follow_until(w, state, svc, want).await;
+    assert!(
+        !seen.iter().any(|e| matches!(e, Event::Snapshot(_))),
+        "the watch started over: {seen:?}"
+    );
+    let mut keys: Vec<_> = seen.iter().filter_map(Event::key).collect();
+    let n = keys.len();
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), n, "an event was repeated: {seen:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_iterator_resumes_after_the_last_sequence_number() {
+    let (reg, proxy, _moto) = behind_proxy_on(common::shared_moto(), 3, true).await;
+    let svc = unique("expired");
+    let mut w = reg.watch(None);
+    let Event::Snapshot(mut state) = next_event(&mut w, "snapshot").await else {
+        panic!("no snapshot first");
+    };
+    let a = ep(&svc, "a", 1);
+    reg.register(a.clone()).await.unwrap();
+    deltas_until(&mut w, &mut state, &svc, std::slice::from_ref(&a)).await;
+    assert_eq!(proxy.count("AFTER_SEQUENCE_NUMBER"), 0);
+
+    proxy.fail_next(GET_RECORDS, "ExpiredIteratorException", 1);
+    let b = ep(&svc, "b", 2);
+    reg.register(b.clone()).await.unwrap();
+    reg.deregister(&a.key()).await.unwrap();
+    deltas_until(&mut w, &mut state, &svc, std::slice::from_ref(&b)).await;
+    assert_eq!(
+        proxy.count("AFTER_SEQUENCE_NUMBER"),
+        1,
+        "the shard should resume after its last sequence number"
+    );
+    assert_eq!(proxy.count(SCAN), 1, "no resync was needed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trimmed_position_resyncs_from_a_fresh_snapshot() {
+    let (reg, proxy, _moto) = behind_proxy_on(common::shared_moto(), 3, true).await;
+    let svc = unique("trimmed");
+    let mut w = reg.watch(None);
+    let Event::Snapshot(mut state) = next_event(&mut w, "snapshot").await else {
+        panic!("no snapshot first");
+    };
+    let a = ep(&svc, "a", 1);
+    reg.register(a.clone()).await.unwrap();
+    deltas_until(&mut w, &mut state, &svc, std::slice::from_ref(&a)).await;
+    assert_eq!(proxy.count(SCAN), 1);
+
+    // The iterator is gone, and so is the data after its sequence number.
+    proxy.fail_next(GET_RECORDS, "ExpiredIteratorException", 1);
+    proxy.fail_next(GET_SHARD_ITERATOR, "TrimmedDataAccessException", 1);
+    let b = ep(&svc, "b", 2);
+    reg.register(b.clone()).await.unwrap();
+    reg.deregister(&a.key()).await.unwrap();
+    eventually("a resync scan", || async {
+        (proxy.count(SCAN) == 2).then_some(())
+    })
+    .await;
+    let c = ep(&svc, "c", 3);
+    reg.register(c.clone()).await.unwrap();
+    // Watchers get the difference (b added, a removed) and go on (c).
+    deltas_until(&mut w, &mut state, &svc, &[b, c]).await;
+    assert_eq!(proxy.count(SCAN), 2, "exactly one resync");
 }

@@ -4,7 +4,6 @@
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -146,13 +145,26 @@ impl Watch for Harness {
 
 /// An HTTP/1.1 proxy on loopback in front of moto. It keeps a copy of every
 /// request, so tests can count API calls (`X-Amz-Target` names one) and
-/// read request fields, and it can answer the next `TransactWriteItems`
-/// calls itself with a `ProvisionedThroughputExceededException`.
+/// read request fields, and it can answer the next calls of an API itself
+/// with an error of its choice ([`RecordingProxy::fail_next`]).
 pub struct RecordingProxy {
     pub url: String,
     sent: Arc<Mutex<Vec<u8>>>,
-    throttle: Arc<AtomicUsize>,
+    faults: Faults,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// Injected errors: (target, error type, how many more).
+type Faults = Arc<Mutex<Vec<(String, String, usize)>>>;
+
+/// The error to answer `req` with, if a fault matches it (and count it).
+fn injected(faults: &Faults, req: &[u8]) -> Option<String> {
+    let mut faults = faults.lock().unwrap();
+    let hit = faults.iter_mut().find(|(target, _, left)| {
+        *left > 0 && req.windows(target.len()).any(|w| w == target.as_bytes())
+    })?;
+    hit.2 -= 1;
+    Some(hit.1.clone())
 }
 
 /// One HTTP message (head and body, by `Content-Length`) from `r`, with
@@ -188,8 +200,10 @@ async fn read_message(
     }
 }
 
-fn throttled_response() -> Vec<u8> {
-    let body = r#"{"__type":"com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException","message":"injected by the test proxy"}"#;
+fn error_response(error_type: &str) -> Vec<u8> {
+    let body = format!(
+        r#"{{"__type":"com.amazonaws.dynamodb.v20120810#{error_type}","message":"injected by the test proxy"}}"#
+    );
     format!(
         "HTTP/1.1 400 Bad Request\r\ncontent-type: application/x-amz-json-1.0\r\n\
          x-amzn-requestid: test-proxy\r\ncontent-length: {}\r\n\r\n{body}",
@@ -207,26 +221,17 @@ impl RecordingProxy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let sent = Arc::new(Mutex::new(Vec::new()));
-        let throttle = Arc::new(AtomicUsize::new(0));
-        let (log, faults) = (Arc::clone(&sent), Arc::clone(&throttle));
+        let faults: Faults = Arc::default();
+        let (log, injector) = (Arc::clone(&sent), Arc::clone(&faults));
         let task = tokio::spawn(async move {
             while let Ok((mut client, _)) = listener.accept().await {
-                let (log, faults) = (Arc::clone(&log), Arc::clone(&faults));
+                let (log, faults) = (Arc::clone(&log), Arc::clone(&injector));
                 tokio::spawn(async move {
                     let mut cbuf = Vec::new();
                     while let Some(req) = read_message(&mut client, &mut cbuf).await {
                         log.lock().unwrap().extend_from_slice(&req);
-                        let transact = req
-                            .windows(TRANSACT_TARGET.len())
-                            .any(|w| w == TRANSACT_TARGET.as_bytes());
-                        let inject = transact
-                            && faults
-                                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                                    n.checked_sub(1)
-                                })
-                                .is_ok();
-                        let resp = if inject {
-                            throttled_response()
+                        let resp = if let Some(error) = injected(&faults, &req) {
+                            error_response(&error)
                         } else {
                             let Ok(mut up) = tokio::net::TcpStream::connect(upstream).await else {
                                 return;
@@ -250,15 +255,24 @@ impl RecordingProxy {
         RecordingProxy {
             url,
             sent,
-            throttle,
+            faults,
             task,
         }
     }
 
+    /// Answer the next `n` calls whose request contains `target` (an
+    /// `X-Amz-Target`) with `error_type` instead of passing them on.
+    pub fn fail_next(&self, target: &str, error_type: &str, n: usize) {
+        self.faults
+            .lock()
+            .unwrap()
+            .push((target.to_string(), error_type.to_string(), n));
+    }
+
     /// Answer the next `n` `TransactWriteItems` calls with a throttling
-    /// error instead of passing them on.
+    /// error.
     pub fn throttle_next(&self, n: usize) {
-        self.throttle.store(n, Ordering::SeqCst);
+        self.fail_next(TRANSACT_TARGET, "ProvisionedThroughputExceededException", n);
     }
 
     /// How often `needle` was sent so far.
