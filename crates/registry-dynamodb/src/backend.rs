@@ -37,7 +37,7 @@ pub const MAX_TRANSACTION_ITEMS: usize = 100;
 /// Reads are `Query` (one service) and a paginated, optionally parallel
 /// `Scan` (a snapshot). Writes are `PutItem` / `DeleteItem`; batches are
 /// `TransactWriteItems` of at most 100 actions. Watches follow the table's
-/// DynamoDB Stream when it has one (see [`crate::stream`] in the README), and
+/// DynamoDB Stream when it has one (see "Watch" in the crate docs), and
 /// poll otherwise. See the crate documentation for the item layout and the
 /// meaning of versions.
 pub struct DynamoDbRegistry {
