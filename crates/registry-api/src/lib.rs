@@ -17,8 +17,15 @@ mod validate;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+#[cfg(feature = "tower")]
+mod discover;
+#[cfg(feature = "mock")]
+pub mod mock;
+
 pub use cached::{CachedConfig, CachedRegistry};
 pub use coalescing::{Coalescing, CoalescingConfig, WriteTicket};
+#[cfg(feature = "tower")]
+pub use discover::{discover, Discovery};
 pub use error::{Cause, Error, ErrorKind, Result};
 pub use hub::{Hub, DEFAULT_SUBSCRIBER_BUFFER};
 pub use liveness::{Liveness, LivenessConfig, SweepReport};
