@@ -1,51 +1,159 @@
-//! `etcd` on loopback with its own data directory.
+//! `etcd` on loopback: in a container, or as a process with its own data
+//! directory.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::{free_port, FixtureError, ServerProcess};
+use crate::containers::{self, ContainerSpec, ServerContainer};
+use crate::{container_fallback, free_port, FixtureError, Provision, ServerProcess};
 
-/// A running single-member etcd, or one named by
-/// `REGISTRY_TEST_ETCD_ENDPOINT`. Use a unique key prefix per test.
+/// The image used when `REGISTRY_TEST_ETCD_IMAGE` is not set.
+pub const DEFAULT_ETCD_IMAGE: &str = "quay.io/coreos/etcd:v3.5.17";
+
+/// How long etcd may take to answer after a start.
+const START_LIMIT: Duration = Duration::from_secs(30);
+
+/// A running single-member etcd. Use a unique key prefix per test.
+///
+/// [`EtcdServer::start`] picks, in order: the endpoint in
+/// `REGISTRY_TEST_ETCD_ENDPOINT`; a container (image
+/// `REGISTRY_TEST_ETCD_IMAGE`, default [`DEFAULT_ETCD_IMAGE`]) when a
+/// Docker-compatible engine answers (see [`crate::containers`]); a local
+/// `etcd` process.
 pub struct EtcdServer {
     endpoint: String,
-    process: Option<ServerProcess>,
-    data: Option<tempfile::TempDir>,
-    client_port: u16,
-    peer_port: u16,
+    inner: Inner,
+}
+
+enum Inner {
+    External,
+    Container(ServerContainer),
+    Process {
+        process: Option<ServerProcess>,
+        data: tempfile::TempDir,
+        client_port: u16,
+        peer_port: u16,
+    },
+}
+
+fn spec() -> ContainerSpec {
+    let env = [
+        ("ETCD_NAME", "fixture"),
+        ("ETCD_DATA_DIR", "/etcd-data"),
+        ("ETCD_LISTEN_CLIENT_URLS", "http://0.0.0.0:2379"),
+        ("ETCD_ADVERTISE_CLIENT_URLS", "http://127.0.0.1:2379"),
+        ("ETCD_LISTEN_PEER_URLS", "http://127.0.0.1:2380"),
+        ("ETCD_INITIAL_ADVERTISE_PEER_URLS", "http://127.0.0.1:2380"),
+        ("ETCD_INITIAL_CLUSTER", "fixture=http://127.0.0.1:2380"),
+        ("ETCD_LOG_LEVEL", "error"),
+    ];
+    ContainerSpec {
+        kind: "etcd",
+        image: std::env::var("REGISTRY_TEST_ETCD_IMAGE")
+            .ok()
+            .filter(|i| !i.is_empty())
+            .unwrap_or_else(|| DEFAULT_ETCD_IMAGE.to_string()),
+        port: 2379,
+        env: env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        cmd: Vec::new(),
+        ready_path: "/health",
+        limit: START_LIMIT,
+    }
 }
 
 impl EtcdServer {
-    /// Start `etcd` on two free loopback ports (or use
-    /// `REGISTRY_TEST_ETCD_ENDPOINT` when set).
+    /// Start etcd (environment variable, container or process, see the
+    /// type's docs). Blocks; callable from sync tests and from inside a
+    /// tokio runtime alike. A container that fails to start is reported on
+    /// stderr and replaced by a local process.
     pub fn start() -> Result<Self, FixtureError> {
-        if let Ok(endpoint) = std::env::var("REGISTRY_TEST_ETCD_ENDPOINT") {
-            return Ok(Self {
-                endpoint,
-                process: None,
-                data: None,
-                client_port: 0,
-                peer_port: 0,
-            });
+        if let Some(s) = Self::external() {
+            return Ok(s);
         }
+        if containers::containers_allowed("etcd") && containers::engine_answers() {
+            match ServerContainer::start(spec()) {
+                Ok(c) => return Ok(Self::in_container(c)),
+                Err(e) => container_fallback("etcd", &e),
+            }
+        }
+        Self::start_process()
+    }
+
+    /// [`EtcdServer::start`] for async code: does not block the runtime
+    /// while the server comes up.
+    pub async fn start_async() -> Result<Self, FixtureError> {
+        if let Some(s) = Self::external() {
+            return Ok(s);
+        }
+        if containers::containers_allowed("etcd") && containers::engine_answers() {
+            match ServerContainer::start_async(spec()).await {
+                Ok(c) => return Ok(Self::in_container(c)),
+                Err(e) => container_fallback("etcd", &e),
+            }
+        }
+        tokio::task::spawn_blocking(Self::start_process)
+            .await
+            .map_err(|e| FixtureError::Io {
+                what: "starting etcd".into(),
+                source: std::io::Error::other(e),
+            })?
+    }
+
+    /// Start etcd in a container through testcontainers, whatever the
+    /// environment variables say about an existing server. Fails with
+    /// [`FixtureError::NoEngine`] when no engine answers.
+    pub fn start_container() -> Result<Self, FixtureError> {
+        containers::engine_probe().map_err(|detail| FixtureError::NoEngine { detail })?;
+        ServerContainer::start(spec()).map(Self::in_container)
+    }
+
+    /// [`EtcdServer::start_container`] for async code.
+    pub async fn start_container_async() -> Result<Self, FixtureError> {
+        containers::engine_probe().map_err(|detail| FixtureError::NoEngine { detail })?;
+        ServerContainer::start_async(spec())
+            .await
+            .map(Self::in_container)
+    }
+
+    /// Start etcd as a local process on two free loopback ports.
+    pub fn start_process() -> Result<Self, FixtureError> {
+        let data = tempfile::Builder::new()
+            .prefix("etcd-data-")
+            .tempdir()
+            .map_err(|source| FixtureError::Io {
+                what: "creating etcd's data dir".into(),
+                source,
+            })?;
+        let client_port = free_port()?;
         let mut s = Self {
-            endpoint: String::new(),
-            process: None,
-            data: Some(
-                tempfile::Builder::new()
-                    .prefix("etcd-data-")
-                    .tempdir()
-                    .map_err(|source| FixtureError::Io {
-                        what: "creating etcd's data dir".into(),
-                        source,
-                    })?,
-            ),
-            client_port: free_port()?,
-            peer_port: free_port()?,
+            endpoint: format!("http://127.0.0.1:{client_port}"),
+            inner: Inner::Process {
+                process: None,
+                data,
+                client_port,
+                peer_port: free_port()?,
+            },
         };
-        s.endpoint = format!("http://127.0.0.1:{}", s.client_port);
         s.restart()?;
         Ok(s)
+    }
+
+    fn external() -> Option<Self> {
+        let endpoint = std::env::var("REGISTRY_TEST_ETCD_ENDPOINT").ok()?;
+        Some(Self {
+            endpoint,
+            inner: Inner::External,
+        })
+    }
+
+    fn in_container(c: ServerContainer) -> Self {
+        Self {
+            endpoint: format!("http://{}", c.addr()),
+            inner: Inner::Container(c),
+        }
     }
 
     /// The client URL, e.g. `http://127.0.0.1:40123`.
@@ -53,41 +161,82 @@ impl EtcdServer {
         &self.endpoint
     }
 
-    /// Kill etcd (a fault). Its data survives for [`EtcdServer::restart`].
-    pub fn kill(&mut self) {
-        if let Some(p) = self.process.as_mut() {
-            p.kill();
+    /// How this server is provided.
+    pub fn provision(&self) -> Provision {
+        match self.inner {
+            Inner::External => Provision::External,
+            Inner::Container(_) => Provision::Container,
+            Inner::Process { .. } => Provision::Process,
         }
     }
 
-    /// Start etcd again on the same ports with the same data.
+    /// The container, when etcd runs in one.
+    pub fn container(&self) -> Option<&ServerContainer> {
+        match &self.inner {
+            Inner::Container(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// Kill etcd (a fault: SIGKILL to the process, or `docker stop -t 0`
+    /// for a container). Its data survives for [`EtcdServer::restart`].
+    /// Does nothing for an external server.
+    pub fn kill(&mut self) {
+        match &mut self.inner {
+            Inner::External => {}
+            Inner::Container(c) => {
+                if let Err(e) = c.kill() {
+                    tracing::warn!("killing the etcd container: {e}");
+                }
+            }
+            Inner::Process { process, .. } => {
+                if let Some(p) = process.as_mut() {
+                    p.kill();
+                }
+            }
+        }
+    }
+
+    /// Start etcd again on the same port with the same data (after
+    /// [`EtcdServer::kill`], or killing it first). Does nothing for an
+    /// external server.
     pub fn restart(&mut self) -> Result<(), FixtureError> {
-        let Some(dir) = self.data.as_ref().map(|d| d.path().to_path_buf()) else {
-            return Ok(());
-        };
-        self.kill();
-        let (client, peer) = (self.client_port, self.peer_port);
-        let process = ServerProcess::spawn(
-            "etcd",
-            "apt-get install etcd-server (scripts/test does this)",
-            |_| {
-                let client_url = format!("http://127.0.0.1:{client}");
-                let peer_url = format!("http://127.0.0.1:{peer}");
-                vec![
-                    "--name=fixture".into(),
-                    format!("--data-dir={}", dir.display()),
-                    format!("--listen-client-urls={client_url}"),
-                    format!("--advertise-client-urls={client_url}"),
-                    format!("--listen-peer-urls={peer_url}"),
-                    format!("--initial-advertise-peer-urls={peer_url}"),
-                    format!("--initial-cluster=fixture={peer_url}"),
-                    "--log-level=error".into(),
-                ]
-            },
-            SocketAddr::from(([127, 0, 0, 1], client)),
-            Duration::from_secs(30),
-        )?;
-        self.process = Some(process);
-        Ok(())
+        match &mut self.inner {
+            Inner::External => Ok(()),
+            Inner::Container(c) => c.restart(),
+            Inner::Process {
+                process,
+                data,
+                client_port,
+                peer_port,
+            } => {
+                if let Some(p) = process.as_mut() {
+                    p.kill();
+                }
+                let dir = data.path().to_path_buf();
+                let (client, peer) = (*client_port, *peer_port);
+                *process = Some(ServerProcess::spawn(
+                    "etcd",
+                    "apt-get install etcd-server (scripts/test does this)",
+                    |_| {
+                        let client_url = format!("http://127.0.0.1:{client}");
+                        let peer_url = format!("http://127.0.0.1:{peer}");
+                        vec![
+                            "--name=fixture".into(),
+                            format!("--data-dir={}", dir.display()),
+                            format!("--listen-client-urls={client_url}"),
+                            format!("--advertise-client-urls={client_url}"),
+                            format!("--listen-peer-urls={peer_url}"),
+                            format!("--initial-advertise-peer-urls={peer_url}"),
+                            format!("--initial-cluster=fixture={peer_url}"),
+                            "--log-level=error".into(),
+                        ]
+                    },
+                    SocketAddr::from(([127, 0, 0, 1], client)),
+                    START_LIMIT,
+                )?);
+                Ok(())
+            }
+        }
     }
 }

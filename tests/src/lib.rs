@@ -28,6 +28,24 @@ pub enum FixtureError {
         /// Its exit status or last output.
         detail: String,
     },
+    /// No Docker-compatible engine answered (for the explicit container
+    /// constructors).
+    #[error(
+        "no container engine: {detail} (run scripts/containers-setup.sh and export what it prints)"
+    )]
+    NoEngine {
+        /// What the probe found.
+        detail: String,
+    },
+    /// The container engine could not create, start, stop or inspect the
+    /// fixture's container.
+    #[error("container from {image}: {detail}")]
+    Container {
+        /// The image.
+        image: String,
+        /// What failed.
+        detail: String,
+    },
     /// Any other I/O failure (ports, temp dirs, spawning).
     #[error("{what}: {source}")]
     Io {
@@ -155,8 +173,31 @@ impl Drop for ServerProcess {
     }
 }
 
+pub mod containers;
 mod etcd;
 mod moto;
 
 pub use etcd::EtcdServer;
 pub use moto::MotoServer;
+
+/// How a fixture's server is provided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Provision {
+    /// A server named by an environment variable; the fixture does not own
+    /// it (kill / restart do nothing).
+    External,
+    /// A container started through testcontainers, removed on drop.
+    Container,
+    /// A local process, killed (and its data removed) on drop.
+    Process,
+}
+
+/// Log, on stderr too (test output shows it), that `start()` fell back
+/// from containers to a local process.
+fn container_fallback(kind: &str, err: &FixtureError) {
+    tracing::warn!(
+        kind,
+        "fixture container failed, using a local process: {err}"
+    );
+    eprintln!("registry-tests: {kind} container failed, using a local process: {err}");
+}

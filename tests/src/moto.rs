@@ -1,27 +1,111 @@
-//! `moto_server`: the AWS emulator (DynamoDB, Cloud Map, …) on loopback.
+//! `moto_server`: the AWS emulator (DynamoDB, Cloud Map, …) on loopback,
+//! in a container or as a local process.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::{free_port, FixtureError, ServerProcess};
+use crate::containers::{self, ContainerSpec, ServerContainer};
+use crate::{container_fallback, free_port, FixtureError, Provision, ServerProcess};
 
-/// A running `moto_server`, or one named by `REGISTRY_TEST_MOTO_URL`.
+/// The image used when `REGISTRY_TEST_MOTO_IMAGE` is not set (its
+/// entrypoint is `moto_server -H 0.0.0.0`, port 5000).
+pub const DEFAULT_MOTO_IMAGE: &str = "motoserver/moto:latest";
+
+/// How long moto may take to answer after a start.
+const START_LIMIT: Duration = Duration::from_secs(60);
+
+/// A running `moto_server`.
+///
+/// [`MotoServer::start`] picks, in order: the URL in
+/// `REGISTRY_TEST_MOTO_URL`; a container (image `REGISTRY_TEST_MOTO_IMAGE`,
+/// default [`DEFAULT_MOTO_IMAGE`]) when a Docker-compatible engine answers
+/// (see [`crate::containers`]); a local `moto_server` process.
 ///
 /// Each test should use its own table / namespace names: one server may be
 /// shared. Credentials for the emulator are any non-empty strings; use
 /// region `us-east-1`.
 pub struct MotoServer {
     url: String,
-    process: Option<ServerProcess>,
+    inner: Inner,
+}
+
+enum Inner {
+    External,
+    Container(ServerContainer),
+    Process(ServerProcess),
+}
+
+fn spec() -> ContainerSpec {
+    ContainerSpec {
+        kind: "moto",
+        image: std::env::var("REGISTRY_TEST_MOTO_IMAGE")
+            .ok()
+            .filter(|i| !i.is_empty())
+            .unwrap_or_else(|| DEFAULT_MOTO_IMAGE.to_string()),
+        port: 5000,
+        env: Vec::new(),
+        cmd: Vec::new(),
+        ready_path: "/moto-api/",
+        limit: START_LIMIT,
+    }
 }
 
 impl MotoServer {
-    /// Start `moto_server -H 127.0.0.1 -p <free port>` (or use
-    /// `REGISTRY_TEST_MOTO_URL` when set).
+    /// Start moto (environment variable, container or process, see the
+    /// type's docs). Blocks; callable from sync tests and from inside a
+    /// tokio runtime alike. A container that fails to start is reported on
+    /// stderr and replaced by a local process.
     pub fn start() -> Result<Self, FixtureError> {
-        if let Ok(url) = std::env::var("REGISTRY_TEST_MOTO_URL") {
-            return Ok(Self { url, process: None });
+        if let Some(s) = Self::external() {
+            return Ok(s);
         }
+        if containers::containers_allowed("moto") && containers::engine_answers() {
+            match ServerContainer::start(spec()) {
+                Ok(c) => return Ok(Self::in_container(c)),
+                Err(e) => container_fallback("moto", &e),
+            }
+        }
+        Self::start_process()
+    }
+
+    /// [`MotoServer::start`] for async code: does not block the runtime
+    /// while the server comes up.
+    pub async fn start_async() -> Result<Self, FixtureError> {
+        if let Some(s) = Self::external() {
+            return Ok(s);
+        }
+        if containers::containers_allowed("moto") && containers::engine_answers() {
+            match ServerContainer::start_async(spec()).await {
+                Ok(c) => return Ok(Self::in_container(c)),
+                Err(e) => container_fallback("moto", &e),
+            }
+        }
+        tokio::task::spawn_blocking(Self::start_process)
+            .await
+            .map_err(|e| FixtureError::Io {
+                what: "starting moto_server".into(),
+                source: std::io::Error::other(e),
+            })?
+    }
+
+    /// Start moto in a container through testcontainers, whatever the
+    /// environment variables say about an existing server. Fails with
+    /// [`FixtureError::NoEngine`] when no engine answers.
+    pub fn start_container() -> Result<Self, FixtureError> {
+        containers::engine_probe().map_err(|detail| FixtureError::NoEngine { detail })?;
+        ServerContainer::start(spec()).map(Self::in_container)
+    }
+
+    /// [`MotoServer::start_container`] for async code.
+    pub async fn start_container_async() -> Result<Self, FixtureError> {
+        containers::engine_probe().map_err(|detail| FixtureError::NoEngine { detail })?;
+        ServerContainer::start_async(spec())
+            .await
+            .map(Self::in_container)
+    }
+
+    /// Start `moto_server -H 127.0.0.1 -p <free port>` as a local process.
+    pub fn start_process() -> Result<Self, FixtureError> {
         let port = free_port()?;
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let process = ServerProcess::spawn(
@@ -36,12 +120,27 @@ impl MotoServer {
                 ]
             },
             addr,
-            Duration::from_secs(60),
+            START_LIMIT,
         )?;
         Ok(Self {
             url: format!("http://127.0.0.1:{port}"),
-            process: Some(process),
+            inner: Inner::Process(process),
         })
+    }
+
+    fn external() -> Option<Self> {
+        let url = std::env::var("REGISTRY_TEST_MOTO_URL").ok()?;
+        Some(Self {
+            url,
+            inner: Inner::External,
+        })
+    }
+
+    fn in_container(c: ServerContainer) -> Self {
+        Self {
+            url: format!("http://{}", c.addr()),
+            inner: Inner::Container(c),
+        }
     }
 
     /// The endpoint URL to give the AWS SDK, e.g. `http://127.0.0.1:40123`.
@@ -49,10 +148,36 @@ impl MotoServer {
         &self.url
     }
 
-    /// Stop the server (a fault); a later `start` gives a new, empty one.
+    /// How this server is provided.
+    pub fn provision(&self) -> Provision {
+        match self.inner {
+            Inner::External => Provision::External,
+            Inner::Container(_) => Provision::Container,
+            Inner::Process(_) => Provision::Process,
+        }
+    }
+
+    /// The container, when moto runs in one.
+    pub fn container(&self) -> Option<&ServerContainer> {
+        match &self.inner {
+            Inner::Container(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// Stop the server (a fault: SIGKILL to the process, `docker stop -t 0`
+    /// for a container). Moto keeps its state in memory, so there is no
+    /// restart: a later `start` gives a new, empty one. Does nothing for an
+    /// external server.
     pub fn kill(&mut self) {
-        if let Some(p) = self.process.as_mut() {
-            p.kill();
+        match &mut self.inner {
+            Inner::External => {}
+            Inner::Container(c) => {
+                if let Err(e) = c.kill() {
+                    tracing::warn!("killing the moto container: {e}");
+                }
+            }
+            Inner::Process(p) => p.kill(),
         }
     }
 }
