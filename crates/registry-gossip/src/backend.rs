@@ -70,7 +70,9 @@ impl Inner {
     fn step<T>(&self, f: impl FnOnce(&mut Machine, Duration) -> T) -> T {
         let now = self.now();
         let mut st = self.lock();
+        let before = st.machine.next_deadline();
         let out = f(&mut st.machine, now);
+        let after = st.machine.next_deadline();
         let changes = st.machine.take_changes();
         if !changes.is_empty() {
             let events = to_events(&mut st.version, changes);
@@ -84,7 +86,16 @@ impl Inner {
             }
         }
         drop(st);
-        self.wake.notify_one();
+        // Wake the timer task only when the next deadline moved earlier
+        // (waking it on every step would make it spin).
+        let earlier = match (before, after) {
+            (_, None) => false,
+            (None, Some(_)) => true,
+            (Some(b), Some(a)) => a < b,
+        };
+        if earlier {
+            self.wake.notify_one();
+        }
         out
     }
 }

@@ -143,6 +143,7 @@ enum Tick {
     Swim(Timer<GossipId>),
     AntiEntropy,
     Gc,
+    Rejoin,
 }
 
 #[derive(Debug)]
@@ -185,6 +186,7 @@ struct Settings {
     ae_budget: usize,
     ttl: Duration,
     gc_every: Duration,
+    rejoin_every: Duration,
     /// Largest encoded entry sent as a SWIM broadcast; bigger ones travel
     /// by anti-entropy only.
     max_broadcast: usize,
@@ -203,6 +205,9 @@ pub struct Machine {
     now: Duration,
     outbox: Vec<(SocketAddr, Vec<u8>)>,
     down: BTreeSet<NodeId>,
+    seeds: Vec<SocketAddr>,
+    /// Whether this node had a live member after the last notification.
+    connected: bool,
     ae_cursor: u64,
     settings: Settings,
     stats: Stats,
@@ -242,12 +247,14 @@ impl Machine {
             ));
         }
         if config.anti_entropy_interval.is_zero() {
-            return Err(error::config(
-                "anti_entropy_interval",
-                "must be above zero",
-            ));
+            return Err(error::config("anti_entropy_interval", "must be above zero"));
         }
-        let overhead = FRAME_HEAD + if config.auth_key.is_some() { TAG_LEN } else { 0 };
+        let overhead = FRAME_HEAD
+            + if config.auth_key.is_some() {
+                TAG_LEN
+            } else {
+                0
+            };
         let swim_max = config.max_packet_size.saturating_sub(overhead);
         if swim_max < 512 || config.max_packet_size > 65_000 {
             return Err(error::config(
@@ -312,6 +319,8 @@ impl Machine {
             now,
             outbox: Vec::new(),
             down: BTreeSet::new(),
+            seeds: Vec::new(),
+            connected: false,
             ae_cursor: 0,
             settings: Settings {
                 key: config.auth_key.clone(),
@@ -320,6 +329,7 @@ impl Machine {
                 ae_budget: config.anti_entropy_budget.max(config.max_packet_size),
                 ttl,
                 gc_every: (ttl / 4).clamp(Duration::from_millis(10), Duration::from_secs(1)),
+                rejoin_every: config.probe_period * 3,
                 max_broadcast,
             },
             stats: Stats::default(),
@@ -327,24 +337,67 @@ impl Machine {
         let first_ae = m.jitter(m.settings.ae_interval);
         m.schedule(first_ae, Tick::AntiEntropy);
         m.schedule(m.settings.gc_every, Tick::Gc);
+        m.schedule(m.settings.rejoin_every, Tick::Rejoin);
         Ok(m)
     }
 
     // ------------------------------------------------------------ inputs
 
-    /// Ask the node at `seed` to let us in.
+    /// Ask the node at `seed` to let us in. The seed is remembered: while
+    /// this node has no live member it keeps announcing itself to its seeds
+    /// (and to members it saw go down), so a lost announce or a partition
+    /// that isolated it is retried.
     pub fn join(&mut self, seed: SocketAddr, now: Duration) {
         self.set_now(now);
+        if !self.seeds.contains(&seed) && seed != self.foca.identity().addr {
+            self.seeds.push(seed);
+        }
+        self.announce(seed);
+        self.pump();
+    }
+
+    fn announce(&mut self, addr: SocketAddr) {
         let dst = GossipId {
-            addr: seed,
+            addr,
             node: NodeId::default(),
             bump: 0,
         };
         if let Err(e) = self.foca.announce(dst, &mut self.rt) {
-            tracing::debug!(%seed, error = %e, "announce failed");
+            tracing::debug!(%addr, error = %e, "announce failed");
             self.stats.swim_errors += 1;
         }
-        self.pump();
+    }
+
+    /// Announce to every seed that is not a live member; when alone, also
+    /// to a few members seen before.
+    fn rejoin_if_alone(&mut self) {
+        let live: BTreeSet<SocketAddr> = self.foca.iter_members().map(|m| m.id().addr).collect();
+        let mut targets: Vec<SocketAddr> = self
+            .seeds
+            .iter()
+            .filter(|s| !live.contains(s))
+            .copied()
+            .collect();
+        if !live.is_empty() {
+            for addr in targets {
+                self.announce(addr);
+            }
+            return;
+        }
+        let me = self.foca.identity().addr;
+        let mut known: Vec<SocketAddr> = self
+            .foca
+            .iter_membership_state()
+            .map(|m| m.id().addr)
+            .filter(|a| *a != me && !targets.contains(a))
+            .collect();
+        for _ in 0..known.len().min(3) {
+            let i = self.rng.random_range(0..known.len());
+            targets.push(known.swap_remove(i));
+        }
+        for addr in targets {
+            self.announce(addr);
+        }
     }
 
     /// Handle one datagram from `from`. Bad datagrams are dropped and
@@ -413,6 +466,11 @@ impl Machine {
                 Tick::Gc => {
                     self.gc();
                     self.schedule(self.settings.gc_every, Tick::Gc);
+                }
+                Tick::Rejoin => {
+                    self.rejoin_if_alone();
+                    let next = self.jitter(self.settings.rejoin_every);
+                    self.schedule(next, Tick::Rejoin);
                 }
             }
             self.pump();
@@ -701,14 +759,16 @@ impl Machine {
             OwnedNotification::MemberUp(id) => {
                 tracing::debug!(member = ?id, "member up");
                 self.down.remove(&id.node);
-                if self.foca.num_members() == 1 {
+                if !self.connected {
                     // We just (re)connected: catch up from this member now.
+                    self.connected = true;
                     self.send_digest(id.addr, 0);
                 }
                 true
             }
             OwnedNotification::MemberDown(id) => {
                 tracing::debug!(member = ?id, "member down");
+                self.connected = self.foca.num_members() > 0;
                 let still_up = self.foca.iter_members().any(|m| m.id().node == id.node);
                 if !still_up && id.node != self.node {
                     self.down.insert(id.node.clone());

@@ -76,7 +76,8 @@ impl GossipRegistry {
     /// consistent), if bound.
     pub fn resolve_name(&self, name: &str) -> Option<NameBinding> {
         let key = EndpointKey::new(NAME_SERVICE, name);
-        self.with_machine(|m| m.endpoint(&key)).map(|ep| binding(&ep))
+        self.with_machine(|m| m.endpoint(&key))
+            .map(|ep| binding(&ep))
     }
 
     /// Every name bound in the local replica.
