@@ -44,7 +44,10 @@ async fn ready(State(st): State<HttpState>) -> (StatusCode, String) {
 async fn render(State(st): State<HttpState>) -> (StatusCode, String) {
     match &st.metrics {
         Some(h) => {
-            metrics::gauge!("registrar_write_queue_depth").set(st.registrar.queue_depth() as f64);
+            st.registrar.publish_gauges();
+            // The registrar's own cache of the backend is the same
+            // `CachedRegistry` as an agent's: this sets its age gauge.
+            let _ = st.registrar.state().cache_age();
             (StatusCode::OK, h.render())
         }
         None => (

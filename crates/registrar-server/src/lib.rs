@@ -1,7 +1,9 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
+mod auth;
 mod http;
+mod metered;
 mod service;
 
 use std::collections::BTreeMap;
@@ -9,6 +11,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use futures::StreamExt;
 use registry_api::{
     Batch, CachedConfig, CachedRegistry, Coalescing, CoalescingConfig, EndpointKey, Error,
     Heartbeat, Op, Registry, Result, Version, Watch,
@@ -16,7 +19,10 @@ use registry_api::{
 use registry_registrar::Token;
 use tokio::net::TcpListener;
 
+pub use auth::{AuthzConfig, DEFAULT_ID_PATTERN};
 pub use http::health_router;
+pub use metered::{describe_metrics, SyncMetered};
+pub use registry_registrar::TlsFiles;
 pub use service::RegistrarService;
 
 /// What the registrar needs of a backend: batches, a watch and heartbeats.
@@ -104,11 +110,23 @@ pub struct Registrar {
     state: CachedRegistry<Arc<dyn Backend>>,
     writer: Coalescing<Arc<dyn Backend>>,
     closing: tokio::sync::watch::Sender<bool>,
+    /// Clusters seen by `registrar_endpoint_count` (published as 0 when gone).
+    counted: std::sync::Mutex<BTreeMap<String, usize>>,
 }
 
 impl Registrar {
     /// A registrar over `backend`. Must be called inside a Tokio runtime.
+    ///
+    /// A backend with a native watch is wrapped in [`SyncMetered`] so that
+    /// `registrar_sync_duration_seconds` and `registrar_sync_errors_total`
+    /// are recorded for it too ([`registry_api::Polling`] records them for
+    /// the others).
     pub fn new(backend: Arc<dyn Backend>, cfg: RegistrarConfig) -> Arc<Self> {
+        let backend: Arc<dyn Backend> = if backend.capabilities().native_watch {
+            Arc::new(SyncMetered::new(backend))
+        } else {
+            backend
+        };
         let epoch = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_micros() as u64)
@@ -135,6 +153,7 @@ impl Registrar {
             state,
             writer,
             closing: tokio::sync::watch::channel(false).0,
+            counted: std::sync::Mutex::new(BTreeMap::new()),
         });
         tokio::spawn(count_endpoints(Arc::downgrade(&this)));
         this
@@ -237,6 +256,37 @@ impl Registrar {
         }
     }
 
+    /// The node owning `key` now (from the state once it is ready, before
+    /// that from the backend); `None` when the endpoint does not exist.
+    pub async fn current_node(&self, key: &EndpointKey) -> Result<Option<String>> {
+        if let Some(snap) = self.state.cached() {
+            return Ok(snap.get(key).map(|e| e.node.clone()));
+        }
+        let eps = self.backend.list(&key.service).await?;
+        Ok(eps.into_iter().find(|e| e.has_key(key)).map(|e| e.node))
+    }
+
+    /// Publish the gauges computed from the state:
+    /// `registrar_endpoint_count{cluster}` (0 for clusters gone since) and
+    /// `registrar_write_queue_depth`. Called every 5 s and on each scrape.
+    pub fn publish_gauges(&self) {
+        metrics::gauge!("registrar_write_queue_depth").set(self.queue_depth() as f64);
+        let Some(snap) = self.state.cached() else {
+            return;
+        };
+        let mut seen = self.counted.lock().unwrap_or_else(|p| p.into_inner());
+        let mut counts: BTreeMap<String, usize> = seen.keys().map(|k| (k.clone(), 0)).collect();
+        counts.entry(self.cfg.cluster_name.clone()).or_default();
+        for e in snap.iter() {
+            *counts.entry(e.cluster.clone()).or_default() += 1;
+        }
+        for (cluster, n) in &counts {
+            metrics::gauge!("registrar_endpoint_count", "cluster" => cluster.clone())
+                .set(*n as f64);
+        }
+        *seen = counts;
+    }
+
     /// Record a node's heartbeat with the backend.
     pub async fn heartbeat(&self, node: &str) -> Result<()> {
         registry_api::check_name("node_name", node, true)?;
@@ -249,25 +299,13 @@ impl Registrar {
     }
 }
 
-/// Publish `registrar_endpoint_count` by cluster every few seconds.
+/// Publish the state's gauges every few seconds.
 async fn count_endpoints(this: std::sync::Weak<Registrar>) {
     let mut tick = tokio::time::interval(Duration::from_secs(5));
-    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
     loop {
         tick.tick().await;
         let Some(this) = this.upgrade() else { return };
-        let Some(snap) = this.state.cached() else {
-            continue;
-        };
-        let mut counts: BTreeMap<String, usize> = seen.keys().map(|k| (k.clone(), 0)).collect();
-        for e in snap.iter() {
-            *counts.entry(e.cluster.clone()).or_default() += 1;
-        }
-        for (cluster, n) in &counts {
-            metrics::gauge!("registrar_endpoint_count", "cluster" => cluster.clone())
-                .set(*n as f64);
-        }
-        seen = counts;
+        this.publish_gauges();
     }
 }
 
@@ -280,8 +318,53 @@ pub struct Bound {
     pub health: SocketAddr,
 }
 
+/// How [`serve_with`] secures the gRPC port.
+#[non_exhaustive]
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// mTLS: the server's certificate and key, and the CA bundle agents'
+    /// certificates must chain to; all re-read when the files change.
+    /// `None`: plaintext (logged as a warning).
+    pub tls: Option<TlsFiles>,
+    /// Authorization by SPIFFE ID (needs `tls`). `None` with `tls`: any
+    /// certificate of the CA may write any endpoint (logged as a warning).
+    pub authz: Option<AuthzConfig>,
+    /// Longest TLS handshake. Default 10 s.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        Self {
+            tls: None,
+            authz: None,
+            handshake_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl ServeOptions {
+    /// Plaintext, no authorization.
+    pub fn plaintext() -> Self {
+        Self::default()
+    }
+
+    /// mTLS with `files`.
+    pub fn with_tls(mut self, files: TlsFiles) -> Self {
+        self.tls = Some(files);
+        self
+    }
+
+    /// Authorize by SPIFFE ID.
+    pub fn with_authz(mut self, authz: AuthzConfig) -> Self {
+        self.authz = Some(authz);
+        self
+    }
+}
+
 /// Serve `registrar` on the two listeners until `shutdown` resolves, then
 /// drain the write queue. `metrics` renders `/metrics` when given.
+/// Plaintext; see [`serve_with`] for mTLS.
 pub async fn serve(
     registrar: Arc<Registrar>,
     grpc: TcpListener,
@@ -289,6 +372,63 @@ pub async fn serve(
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
+    serve_with(
+        registrar,
+        grpc,
+        health,
+        metrics,
+        ServeOptions::default(),
+        shutdown,
+    )
+    .await
+}
+
+/// [`serve`] with options: mTLS and authorization. Fails at once when the
+/// certificate files cannot be loaded or the authorization settings are
+/// wrong.
+pub async fn serve_with(
+    registrar: Arc<Registrar>,
+    grpc: TcpListener,
+    health: TcpListener,
+    metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    options: ServeOptions,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    let authz = options.authz.as_ref().map(auth::Authz::new).transpose()?;
+    let acceptor = match &options.tls {
+        Some(files) => {
+            let cfg = registry_registrar::tls::server_config(files)?;
+            Some(tokio_rustls::TlsAcceptor::from(Arc::new(cfg)))
+        }
+        None => None,
+    };
+    match (&options.tls, &options.authz) {
+        (None, None) => tracing::warn!(
+            "no certificates configured: serving plaintext gRPC without authentication"
+        ),
+        (None, Some(_)) => {
+            return Err(Error::invalid(
+                "authz",
+                "authorization by SPIFFE ID needs TLS certificates",
+            ))
+        }
+        (Some(files), None) => tracing::warn!(
+            ca = %files.ca.display(),
+            "mTLS without a trust domain: any certificate of the CA may write any endpoint"
+        ),
+        (Some(files), Some(a)) => tracing::info!(
+            ca = %files.ca.display(),
+            trust_domain = %a.trust_domain,
+            id_pattern = %a.id_pattern,
+            admins = a.admin_ids.len(),
+            "mTLS with authorization by SPIFFE ID"
+        ),
+    }
+    let security = auth::Security {
+        tls: acceptor.is_some(),
+        authz,
+    };
+
     let (reporter, health_service) = tonic_health::server::health_reporter();
     reporter
         .set_serving::<registry_registrar::proto::registrar::v1::registrar_server::RegistrarServer<
@@ -313,15 +453,34 @@ pub async fn serve(
             .await
     });
     let mut stop_grpc = stop_rx;
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc);
-    let result = tonic::transport::Server::builder()
+    let stopped = async move {
+        let _ = stop_grpc.wait_for(|s| *s).await;
+    };
+    let grpc_router = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .add_service(health_service)
-        .add_service(RegistrarService::new(Arc::clone(&registrar)).into_server())
-        .serve_with_incoming_shutdown(incoming, async move {
-            let _ = stop_grpc.wait_for(|s| *s).await;
-        })
-        .await;
+        .add_service(
+            RegistrarService::new(Arc::clone(&registrar))
+                .with_security(security)
+                .into_server(),
+        );
+    let result = match acceptor {
+        None => {
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc);
+            grpc_router
+                .serve_with_incoming_shutdown(incoming, stopped)
+                .await
+        }
+        Some(acceptor) => {
+            let (tx, rx) = tokio::sync::mpsc::channel(64);
+            tokio::spawn(accept_tls(grpc, acceptor, tx, options.handshake_timeout));
+            let incoming =
+                tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, std::io::Error>);
+            grpc_router
+                .serve_with_incoming_shutdown(incoming, stopped)
+                .await
+        }
+    };
     tracing::info!(
         queued = registrar.queue_depth(),
         "shutting down: draining the write queue"
@@ -331,4 +490,48 @@ pub async fn serve(
         tracing::warn!(error = %e, "health server failed");
     }
     result.map_err(|e| Error::unavailable(format!("gRPC server failed: {e}")).with_source(e))
+}
+
+type TlsConn = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+
+/// Accept TCP connections and hand those that complete the TLS handshake
+/// to the gRPC server; handshakes run concurrently, each bounded by
+/// `timeout`. Ends when the server stops taking connections.
+async fn accept_tls(
+    listener: TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    tx: tokio::sync::mpsc::Sender<TlsConn>,
+    timeout: Duration,
+) {
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            () = tx.closed() => return,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(c) => c,
+            Err(e) => {
+                // Out of file descriptors and the like: do not spin.
+                tracing::warn!(error = %e, "accepting a connection failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let acceptor = acceptor.clone();
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => {
+                    let _ = tx.send(tls).await;
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(%peer, error = %e, "TLS handshake failed");
+                }
+                Err(_) => {
+                    tracing::warn!(%peer, ?timeout, "TLS handshake timed out");
+                }
+            }
+        });
+    }
 }

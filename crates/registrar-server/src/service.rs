@@ -19,18 +19,51 @@ use registry_registrar::{
 };
 use tonic::{Request, Response, Status};
 
+use crate::auth::{Caller, Security};
 use crate::Registrar;
 
 /// The gRPC face of a [`Registrar`].
 #[derive(Clone)]
 pub struct RegistrarService {
     registrar: Arc<Registrar>,
+    security: Arc<Security>,
 }
 
 impl RegistrarService {
-    /// Serve `registrar`.
+    /// Serve `registrar` without authentication (plaintext).
     pub fn new(registrar: Arc<Registrar>) -> Self {
-        Self { registrar }
+        Self {
+            registrar,
+            security: Arc::new(Security::default()),
+        }
+    }
+
+    /// Authenticate (and authorize) requests as `security` says.
+    pub(crate) fn with_security(mut self, security: Security) -> Self {
+        self.security = Arc::new(security);
+        self
+    }
+
+    /// Refuse a write of `key` (to be owned by `new_node`, or removed)
+    /// unless `caller` may write both its new and its current node.
+    async fn authorize_write(
+        &self,
+        caller: &Caller,
+        key: &registry_api::EndpointKey,
+        new_node: Option<&str>,
+    ) -> Result<(), Status> {
+        if *caller == Caller::Anyone {
+            return Ok(());
+        }
+        if let Some(node) = new_node {
+            caller.may_write(node)?;
+        }
+        if let Some(current) = self.registrar.current_node(key).await.map_err(status)? {
+            if Some(current.as_str()) != new_node {
+                caller.may_write(&current)?;
+            }
+        }
+        Ok(())
     }
 
     /// As a tonic service, with message limits large enough for big
@@ -142,11 +175,14 @@ impl GrpcRegistrar for RegistrarService {
         &self,
         request: Request<RegisterEndpointRequest>,
     ) -> Result<Response<RegisterEndpointResponse>, Status> {
+        let caller = self.security.caller(&request)?;
         let req = request.into_inner();
         let proto = req
             .endpoint
             .ok_or_else(|| status(Error::invalid("endpoint", "missing")))?;
         let endpoint = endpoint_from_proto(proto, "endpoint.").map_err(status)?;
+        self.authorize_write(&caller, &endpoint.key(), Some(&endpoint.node))
+            .await?;
         let token = self
             .registrar
             .write(Op::Register(endpoint))
@@ -160,8 +196,10 @@ impl GrpcRegistrar for RegistrarService {
         &self,
         request: Request<UnregisterEndpointRequest>,
     ) -> Result<Response<UnregisterEndpointResponse>, Status> {
+        let caller = self.security.caller(&request)?;
         let req = request.into_inner();
         let key = key_from_parts(req.service_name, req.id).map_err(status)?;
+        self.authorize_write(&caller, &key, None).await?;
         let token = self.registrar.write(Op::Deregister(key)).map_err(status)?;
         Ok(Response::new(UnregisterEndpointResponse {
             version: token.to_string(),
@@ -174,6 +212,7 @@ impl GrpcRegistrar for RegistrarService {
         &self,
         request: Request<WatchEndpointsRequest>,
     ) -> Result<Response<Self::WatchEndpointsStream>, Status> {
+        let caller = self.security.caller(&request)?;
         let req = request.into_inner();
         let from = self.registrar.resume_from(&req.last_version);
         tracing::debug!(
@@ -181,6 +220,7 @@ impl GrpcRegistrar for RegistrarService {
             node = %req.node_name,
             last_version = %req.last_version,
             resume = from.is_some(),
+            %caller,
             "agent watching"
         );
         let epoch = self.registrar.epoch();
@@ -211,8 +251,9 @@ impl GrpcRegistrar for RegistrarService {
 
     async fn list_all_endpoints(
         &self,
-        _request: Request<ListAllEndpointsRequest>,
+        request: Request<ListAllEndpointsRequest>,
     ) -> Result<Response<ListAllEndpointsResponse>, Status> {
+        self.security.caller(&request)?;
         let (endpoints, version) = match self.registrar.state().cached() {
             Some(snap) => (
                 snap.iter().map(endpoint_to_proto).collect(),
@@ -242,7 +283,9 @@ impl GrpcRegistrar for RegistrarService {
         &self,
         request: Request<HeartbeatRequest>,
     ) -> Result<Response<HeartbeatResponse>, Status> {
+        let caller = self.security.caller(&request)?;
         let req = request.into_inner();
+        caller.may_write(&req.node_name)?;
         self.registrar
             .heartbeat(&req.node_name)
             .await

@@ -23,6 +23,7 @@ use crate::proto::registrar::v1::{
     EndpointEvent, HeartbeatRequest, ListAllEndpointsRequest, RegisterEndpointRequest,
     UnregisterEndpointRequest, WatchEndpointsRequest,
 };
+use crate::tls::{self, TlsFiles};
 
 /// Settings of [`RegistrarClient`].
 #[non_exhaustive]
@@ -50,6 +51,9 @@ pub struct ClientConfig {
     /// Changes the local cache keeps so local watchers can resume. Default
     /// 4096.
     pub history: usize,
+    /// mTLS: the registrar's CA bundle and this agent's certificate and
+    /// key, re-read when the files change. `None` (the default): plaintext.
+    pub tls: Option<TlsFiles>,
 }
 
 impl ClientConfig {
@@ -70,7 +74,22 @@ impl ClientConfig {
             max_pending: 10_000,
             retry_interval: Duration::from_secs(1),
             history: 4096,
+            tls: None,
         }
+    }
+
+    /// Use mTLS with these files (`http://` or `https://` addresses alike
+    /// are then reached over TLS).
+    pub fn with_tls(mut self, files: TlsFiles) -> Self {
+        self.tls = Some(files);
+        self
+    }
+
+    /// Set the timeouts of connecting and of one unary call.
+    pub fn with_timeouts(mut self, connect: Duration, request: Duration) -> Self {
+        self.connect_timeout = connect;
+        self.request_timeout = request;
+        self
     }
 
     /// Set the reconnect delays.
@@ -110,13 +129,26 @@ pub struct Raw {
 
 impl Raw {
     /// A plain client for the registrar in `cfg` (no cache): every call is
-    /// an RPC. Connects lazily; fails only for an address that is not a URL.
+    /// an RPC. Connects lazily; fails only for an address that is not a URL
+    /// and for TLS files that cannot be loaded.
     pub fn connect(cfg: ClientConfig) -> Result<Self> {
-        let endpoint = TonicEndpoint::from_shared(cfg.address.clone())
-            .map_err(|e| Error::invalid("address", format!("{:?}: {e}", cfg.address)))?
-            .connect_timeout(cfg.connect_timeout)
-            .tcp_nodelay(true);
-        let grpc = Grpc::new(endpoint.connect_lazy())
+        let channel = match &cfg.tls {
+            None => {
+                if cfg.address.starts_with("https://") {
+                    return Err(Error::invalid(
+                        "address",
+                        format!("{}: https needs TLS files (a CA bundle)", cfg.address),
+                    ));
+                }
+                TonicEndpoint::from_shared(cfg.address.clone())
+                    .map_err(|e| Error::invalid("address", format!("{:?}: {e}", cfg.address)))?
+                    .connect_timeout(cfg.connect_timeout)
+                    .tcp_nodelay(true)
+                    .connect_lazy()
+            }
+            Some(files) => tls_channel(&cfg, files)?,
+        };
+        let grpc = Grpc::new(channel)
             .max_decoding_message_size(256 * 1024 * 1024)
             .max_encoding_message_size(64 * 1024 * 1024);
         Ok(Raw {
@@ -130,6 +162,12 @@ impl Raw {
     /// The registrar's address.
     pub fn address(&self) -> &str {
         &self.cfg.address
+    }
+
+    /// The generated gRPC client on this client's channel (exact status
+    /// codes, the operator CLI).
+    pub fn grpc(&self) -> Grpc<Channel> {
+        self.grpc.clone()
     }
 
     fn err(&self, s: &tonic::Status) -> Error {
@@ -167,6 +205,47 @@ impl Raw {
             .collect::<Result<Vec<_>>>()?;
         Ok(Snapshot::from_endpoints(token.version, eps))
     }
+}
+
+/// A channel whose connections are TLS with `files` (rustls, certificates
+/// re-read on change). tonic is given the address as `http://` and the TLS
+/// is done by this connector, so that a rotated certificate is used by the
+/// next connection without rebuilding the channel.
+fn tls_channel(cfg: &ClientConfig, files: &TlsFiles) -> Result<Channel> {
+    let uri: tonic::codegen::http::Uri = cfg
+        .address
+        .parse()
+        .map_err(|e| Error::invalid("address", format!("{:?}: {e}", cfg.address)))?;
+    let host = uri
+        .host()
+        .ok_or_else(|| Error::invalid("address", format!("{:?}: no host", cfg.address)))?
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    let port = uri.port_u16().unwrap_or(match uri.scheme_str() {
+        Some("http") => 80,
+        _ => 443,
+    });
+    let server_name = rustls::pki_types::ServerName::try_from(host.clone())
+        .map_err(|e| Error::invalid("address", format!("{:?}: {e}", cfg.address)))?;
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(tls::client_config(files)?));
+    let plain = format!("http://{}:{port}", uri.host().unwrap_or(host.as_str()));
+    let endpoint = TonicEndpoint::from_shared(plain)
+        .map_err(|e| Error::invalid("address", format!("{:?}: {e}", cfg.address)))?
+        .connect_timeout(cfg.connect_timeout);
+    let target = (host, port);
+    let svc = tower::service_fn(move |_: tonic::codegen::http::Uri| {
+        let connector = connector.clone();
+        let server_name = server_name.clone();
+        let (host, port) = target.clone();
+        async move {
+            let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
+            tcp.set_nodelay(true)?;
+            let tls = connector.connect(server_name, tcp).await?;
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))
+        }
+    });
+    Ok(endpoint.connect_with_connector_lazy(svc))
 }
 
 impl fmt::Display for Raw {

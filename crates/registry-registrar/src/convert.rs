@@ -161,6 +161,24 @@ pub fn status_from_error(e: &Error) -> Status {
     }
 }
 
+/// The chain of causes below a status (why a connection failed), as
+/// `": cause: cause"`, without repeats.
+fn causes(s: &Status) -> String {
+    let mut out = String::new();
+    let mut seen = vec![s.message().to_string()];
+    let mut next = std::error::Error::source(s);
+    while let Some(e) = next {
+        let text = e.to_string();
+        if !seen.iter().any(|t| t.contains(&text)) {
+            out.push_str(": ");
+            out.push_str(&text);
+            seen.push(text);
+        }
+        next = e.source();
+    }
+    out
+}
+
 /// A gRPC status as our error (client side); `addr` is the registrar's
 /// address, named in connection errors.
 pub fn error_from_status(s: &Status, addr: &str) -> Error {
@@ -184,7 +202,8 @@ pub fn error_from_status(s: &Status, addr: &str) -> Error {
             source: None,
         },
         Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
-            Error::unavailable(format!("registrar {addr}: {msg}")).with_source(s.clone())
+            Error::unavailable(format!("registrar {addr}: {msg}{}", causes(s)))
+                .with_source(s.clone())
         }
         _ => Error::internal(format!("registrar {addr}: {msg}")).with_source(s.clone()),
     }

@@ -3,6 +3,7 @@
 
 mod client;
 mod convert;
+pub mod tls;
 
 /// The generated protobuf and gRPC code.
 #[allow(missing_docs, clippy::all, clippy::pedantic, clippy::unwrap_used)]
@@ -28,3 +29,4 @@ pub use convert::{
     endpoint_from_proto, endpoint_to_proto, error_from_status, key_from_parts, status_from_error,
     Token,
 };
+pub use tls::TlsFiles;

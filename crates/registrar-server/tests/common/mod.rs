@@ -6,7 +6,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use registrar_server::{serve, Backend, Registrar, RegistrarConfig};
+pub mod pki;
+
+use registrar_server::{serve, serve_with, Backend, Registrar, RegistrarConfig, ServeOptions};
 use registry_registrar::{ClientConfig, RegistrarClient};
 
 pub struct Server {
@@ -31,6 +33,35 @@ pub async fn start_on(backend: Arc<dyn Backend>, cfg: RegistrarConfig, addr: Soc
         grpc,
         health,
         None,
+        async move {
+            let _ = rx.await;
+        },
+    ));
+    Server {
+        addr,
+        registrar,
+        stop: Some(tx),
+        task,
+    }
+}
+
+/// A registrar serving with `options` (mTLS, authorization) on loopback.
+pub async fn start_with(
+    backend: Arc<dyn Backend>,
+    cfg: RegistrarConfig,
+    options: ServeOptions,
+) -> Server {
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = grpc.local_addr().unwrap();
+    let registrar = Registrar::new(backend, cfg);
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(serve_with(
+        Arc::clone(&registrar),
+        grpc,
+        health,
+        None,
+        options,
         async move {
             let _ = rx.await;
         },
