@@ -390,6 +390,10 @@ pub struct Capabilities {
     /// Most labels one endpoint may carry here (at most
     /// [`crate::limits::MAX_LABELS`]; Cloud Map allows fewer).
     pub max_labels: usize,
+    /// Largest endpoint the backend stores, as measured by
+    /// [`crate::encoded_len`] (at most [`crate::limits::MAX_ENCODED_LEN`];
+    /// Cloud Map allows less).
+    pub max_encoded_len: usize,
 }
 
 impl Default for Capabilities {
@@ -402,6 +406,7 @@ impl Default for Capabilities {
             native_liveness: false,
             persistent: false,
             max_labels: crate::limits::MAX_LABELS,
+            max_encoded_len: crate::limits::MAX_ENCODED_LEN,
         }
     }
 }
@@ -435,6 +440,11 @@ impl Capabilities {
     /// Set `max_labels` (capped at [`crate::limits::MAX_LABELS`]).
     pub fn with_max_labels(mut self, v: usize) -> Self {
         self.max_labels = v.min(crate::limits::MAX_LABELS);
+        self
+    }
+    /// Set `max_encoded_len` (capped at [`crate::limits::MAX_ENCODED_LEN`]).
+    pub fn with_max_encoded_len(mut self, v: usize) -> Self {
+        self.max_encoded_len = v.min(crate::limits::MAX_ENCODED_LEN);
         self
     }
     /// Set `persistent`.

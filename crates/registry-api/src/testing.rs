@@ -25,7 +25,7 @@ use futures::{future, StreamExt};
 use rand::RngExt;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::limits::{MAX_ENCODED_LEN, MAX_LABEL_KEY_LEN, MAX_LABEL_VALUE_LEN, MAX_NAME_LEN};
+use crate::limits::{MAX_LABEL_KEY_LEN, MAX_LABEL_VALUE_LEN, MAX_NAME_LEN};
 use crate::model::{Endpoint, EndpointKey, Event, Health, Op, Protocol, Version};
 use crate::snapshot::Snapshot;
 use crate::traits::{Batch, EventStream, Registry, Watch};
@@ -673,18 +673,19 @@ pub async fn limits_accepted_and_one_past_rejected<R: Registry + ?Sized>(reg: &R
         "label key one past the limit",
     );
 
-    // Total size: fill label values until the endpoint is exactly at the limit.
+    // Total size: fill label values until the endpoint is exactly at the
+    // backend's limit (the API's, or less where the backend says so).
+    let limit = reg.capabilities().max_encoded_len;
     let mut full = ep(&small, "full", 3);
     let mut i = 0;
-    while encoded_len(&full) < MAX_ENCODED_LEN {
+    while encoded_len(&full) < limit && full.labels.len() < max_labels {
         let key = format!("f{i:02}");
-        let room = MAX_ENCODED_LEN - encoded_len(&full) - key.len();
+        let room = limit.saturating_sub(encoded_len(&full) + key.len());
         full.labels
             .insert(key, "v".repeat(room.min(MAX_LABEL_VALUE_LEN)));
         i += 1;
     }
-    if full.labels.len() < max_labels {
-        assert_eq!(encoded_len(&full), MAX_ENCODED_LEN);
+    if encoded_len(&full) == limit && full.labels.len() < max_labels {
         reg.register(full.clone())
             .await
             .expect("endpoint at the size limit");
@@ -968,5 +969,90 @@ impl<R: Watch> Watch for Faulty<R> {
         let tail =
             futures::stream::once(async { Err(Error::unavailable("injected: watch stream cut")) });
         self.inner.watch(from).take_until(until).chain(tail).boxed()
+    }
+}
+
+/// A registry that keeps something alive beside it (a temp directory, a
+/// server fixture, a peer node) and forwards every trait method to it, so a
+/// `make()` for [`conformance_tests!`](crate::conformance_tests) can return
+/// one value.
+///
+/// ```
+/// use registry_api::{testing::Guarded, MemoryRegistry};
+/// let dir = std::env::temp_dir(); // stands for a tempfile::TempDir
+/// let reg = Guarded::new(MemoryRegistry::new(), dir);
+/// assert_eq!(reg.to_string(), "Memory");
+/// ```
+pub struct Guarded<R> {
+    inner: R,
+    _guard: Box<dyn std::any::Any + Send + Sync>,
+}
+
+impl<R> Guarded<R> {
+    /// `inner`, with `guard` dropped only after it.
+    pub fn new(inner: R, guard: impl std::any::Any + Send + Sync) -> Self {
+        Self {
+            inner,
+            _guard: Box::new(guard),
+        }
+    }
+
+    /// The registry.
+    pub fn get_ref(&self) -> &R {
+        &self.inner
+    }
+}
+
+impl<R: Registry> std::fmt::Display for Guarded<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.inner, f)
+    }
+}
+
+impl<R: Registry> std::fmt::Debug for Guarded<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&self.inner, f)
+    }
+}
+
+#[async_trait::async_trait]
+impl<R: Registry> Registry for Guarded<R> {
+    async fn register(&self, endpoint: Endpoint) -> Result<()> {
+        self.inner.register(endpoint).await
+    }
+    async fn deregister(&self, key: &EndpointKey) -> Result<()> {
+        self.inner.deregister(key).await
+    }
+    async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
+        self.inner.list(service).await
+    }
+    async fn snapshot(&self) -> Result<Snapshot> {
+        self.inner.snapshot().await
+    }
+    fn capabilities(&self) -> crate::Capabilities {
+        self.inner.capabilities()
+    }
+}
+
+#[async_trait::async_trait]
+impl<R: Batch> Batch for Guarded<R> {
+    async fn apply(&self, ops: Vec<Op>) -> Result<()> {
+        self.inner.apply(ops).await
+    }
+    fn max_batch(&self) -> usize {
+        self.inner.max_batch()
+    }
+}
+
+impl<R: Watch> Watch for Guarded<R> {
+    fn watch(&self, from: Option<Version>) -> EventStream {
+        self.inner.watch(from)
+    }
+}
+
+#[async_trait::async_trait]
+impl<R: crate::Heartbeat> crate::Heartbeat for Guarded<R> {
+    async fn heartbeat(&self, node: &str) -> Result<()> {
+        self.inner.heartbeat(node).await
     }
 }

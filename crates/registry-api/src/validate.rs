@@ -1,9 +1,10 @@
 //! The one validation every backend calls before it writes.
 //!
-//! The limits are chosen so that an endpoint fits every backend we ship:
-//! names fit a DNS name (253 bytes), and a whole endpoint fits comfortably
-//! in an etcd value, a DynamoDB item, a Cloud Map instance and one gossip
-//! packet's worth of broadcasts.
+//! The limits are chosen so that names fit a DNS name (253 bytes) and a
+//! whole endpoint fits comfortably in an etcd value and a DynamoDB item.
+//! Backends that store less say so in their [`crate::Capabilities`]
+//! (`max_labels`, `max_encoded_len`; Cloud Map allows 30 attributes and
+//! 5,000 characters per instance) and refuse more with `InvalidInput`.
 
 use crate::error::Error;
 use crate::model::Endpoint;
