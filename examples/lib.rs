@@ -1,1 +1,1 @@
-//! Runnable examples live in `examples/`.
+#![doc = include_str!("README.md")]

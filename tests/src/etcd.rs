@@ -17,7 +17,7 @@ const START_LIMIT: Duration = Duration::from_secs(30);
 ///
 /// [`EtcdServer::start`] picks, in order: the endpoint in
 /// `REGISTRY_TEST_ETCD_ENDPOINT`; a container (image
-/// `REGISTRY_TEST_ETCD_IMAGE`, default [`DEFAULT_ETCD_IMAGE`]) when a
+/// `REGISTRY_TEST_ETCD_IMAGE`, default `DEFAULT_ETCD_IMAGE`) when a
 /// Docker-compatible engine answers (see [`crate::containers`]); a local
 /// `etcd` process.
 pub struct EtcdServer {

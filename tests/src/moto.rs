@@ -18,7 +18,7 @@ const START_LIMIT: Duration = Duration::from_secs(60);
 ///
 /// [`MotoServer::start`] picks, in order: the URL in
 /// `REGISTRY_TEST_MOTO_URL`; a container (image `REGISTRY_TEST_MOTO_IMAGE`,
-/// default [`DEFAULT_MOTO_IMAGE`]) when a Docker-compatible engine answers
+/// default `DEFAULT_MOTO_IMAGE`) when a Docker-compatible engine answers
 /// (see [`crate::containers`]); a local `moto_server` process.
 ///
 /// Each test should use its own table / namespace names: one server may be

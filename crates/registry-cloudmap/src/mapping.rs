@@ -62,9 +62,10 @@ pub const LABEL_PREFIX: &str = "label.";
 /// is the printable ASCII Cloud Map accepts.
 const ESCAPED: &AsciiSet = &CONTROLS.add(b' ').add(b'%');
 
-/// Escape `s` for a Cloud Map attribute: percent-encoding of the bytes in
-/// [`ESCAPED`]; the empty string becomes a lone `%` (Cloud Map values must
-/// not be empty, and an escaped value never ends in a lone `%` otherwise).
+/// Escape `s` for a Cloud Map attribute: percent-encoding of control
+/// characters, space, `%` and everything outside ASCII; the empty string
+/// becomes a lone `%` (Cloud Map values must not be empty, and an escaped
+/// value never ends in a lone `%` otherwise).
 pub fn escape(s: &str) -> String {
     if s.is_empty() {
         return "%".to_string();
