@@ -1001,6 +1001,11 @@ impl<R> Guarded<R> {
     pub fn get_ref(&self) -> &R {
         &self.inner
     }
+
+    /// The guard, if it is a `G`.
+    pub fn guard<G: 'static>(&self) -> Option<&G> {
+        self._guard.downcast_ref::<G>()
+    }
 }
 
 impl<R: Registry> std::fmt::Display for Guarded<R> {

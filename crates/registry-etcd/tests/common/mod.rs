@@ -10,11 +10,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use registry_api::{
-    Batch, Capabilities, Endpoint, EndpointKey, EventStream, Op, Registry, Result, Snapshot,
-    Version, Watch,
-};
 use registry_etcd::etcd_client::{Client, CompactionOptions, PutOptions};
 use registry_etcd::{EtcdConfig, EtcdRegistry};
 
@@ -288,52 +283,5 @@ impl Harness {
             .await
             .expect("connect to the test etcd");
         Harness { reg, etcd }
-    }
-}
-
-impl std::fmt::Display for Harness {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.reg.fmt(f)
-    }
-}
-
-impl std::fmt::Debug for Harness {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Debug::fmt(&self.reg, f)
-    }
-}
-
-#[async_trait]
-impl Registry for Harness {
-    async fn register(&self, endpoint: Endpoint) -> Result<()> {
-        self.reg.register(endpoint).await
-    }
-    async fn deregister(&self, key: &EndpointKey) -> Result<()> {
-        self.reg.deregister(key).await
-    }
-    async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
-        self.reg.list(service).await
-    }
-    async fn snapshot(&self) -> Result<Snapshot> {
-        self.reg.snapshot().await
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.reg.capabilities()
-    }
-}
-
-impl Watch for Harness {
-    fn watch(&self, from: Option<Version>) -> EventStream {
-        self.reg.watch(from)
-    }
-}
-
-#[async_trait]
-impl Batch for Harness {
-    async fn apply(&self, ops: Vec<Op>) -> Result<()> {
-        self.reg.apply(ops).await
-    }
-    fn max_batch(&self) -> usize {
-        self.reg.max_batch()
     }
 }
