@@ -51,6 +51,9 @@ pub struct Stats {
     pub death_tombstones: u64,
     /// Entries re-asserted after this node was (wrongly) declared dead.
     pub reasserted: u64,
+    /// Live entries found under this node's name that it does not own (left
+    /// by an earlier run of the node) and retracted with a tombstone.
+    pub retracted: u64,
 }
 
 /// Per-register bookkeeping for tombstone GC.
@@ -825,7 +828,8 @@ impl Machine {
 
     /// Look at every register replaced since last time: a live entry of a
     /// dead node is killed; a death tombstone of one of our own entries is
-    /// refuted; an owned key someone else wrote is no longer ours. Returns
+    /// refuted; an owned key someone else wrote is no longer ours; a live
+    /// entry under our name that we do not own is retracted. Returns
     /// whether it wrote anything.
     fn reconcile(&mut self) -> bool {
         let mut writes = Vec::new();
@@ -844,6 +848,22 @@ impl Machine {
                     continue;
                 }
                 let Some(mine) = st.owned.get(&key).cloned() else {
+                    if !cur.is_tombstone() && cur.stamp.writer == self.node {
+                        // Written under our name by an earlier run of this
+                        // node (a restart faster than failure detection):
+                        // nobody asserts it any more, so retract it.
+                        let gen = cur.stamp.gen.saturating_add(1);
+                        let ts = st.replica.tick();
+                        self.stats.retracted += 1;
+                        writes.push(Entry::tombstone(
+                            key,
+                            Stamp {
+                                ts,
+                                gen,
+                                writer: self.node.clone(),
+                            },
+                        ));
+                    }
                     continue;
                 };
                 if cur.stamp.writer == self.node && cur.died {

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::fmt;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use registry_api::{
@@ -20,11 +21,21 @@ struct Pair {
     _peer: GossipRegistry,
 }
 
+/// Fast gossip, but SWIM timings that tolerate a loaded machine: the
+/// checks are about the registry, not failure detection.
+fn config() -> GossipConfig {
+    GossipConfig::fast().with_swim_timings(
+        Duration::from_millis(200),
+        Duration::from_millis(100),
+        Duration::from_secs(3),
+    )
+}
+
 async fn make() -> Pair {
-    let node = GossipRegistry::start(GossipConfig::fast().with_watch_history(HISTORY))
+    let node = GossipRegistry::start(config().with_watch_history(HISTORY))
         .await
         .unwrap();
-    let peer = GossipRegistry::start(GossipConfig::fast().with_seeds([node.local_addr()]))
+    let peer = GossipRegistry::start(config().with_seeds([node.local_addr()]))
         .await
         .unwrap();
     registry_api::testing::eventually("the pair to join", || async {

@@ -68,10 +68,16 @@ async fn lww_conflict() {
     let nodes = cluster(3).await;
     let all: Vec<&GossipRegistry> = nodes.iter().collect();
     // Sequential: node 0 writes after it has seen node 1's write, so its
-    // write is the latest and wins everywhere, although node 0's name sorts
-    // lower (the tie-break would pick node 1) and node 0 had written
-    // nothing before (the seed's clock, moving only on local writes, would
-    // have stamped it 1 and lost).
+    // write is the latest and wins everywhere, although node 1's clock ran
+    // ahead (the seed's clock, moving only on local writes, would have
+    // stamped node 0's write 1 and lost).
+    for i in 0..5 {
+        // Node 1's clock runs ahead of node 0's.
+        nodes[1]
+            .register_name(&format!("filler-{i}"), "actor-f")
+            .await
+            .unwrap();
+    }
     nodes[1]
         .register_name("svc-x", "actor-from-1")
         .await

@@ -106,6 +106,22 @@ impl Sim {
         i
     }
 
+    /// Replace node `i` by a fresh machine with the same name and address
+    /// (a restart faster than failure detection), joining through `via`.
+    fn restart(&mut self, i: usize, via: usize) {
+        let mut m = Machine::new(
+            &self.config,
+            self.addrs[i],
+            NodeId::new(format!("n{i:03}")),
+            self.seed.wrapping_mul(7777).wrapping_add(i as u64),
+            self.now,
+        )
+        .unwrap();
+        m.join(self.addrs[via], self.now);
+        self.nodes[i] = Some(m);
+        self.collect(i);
+    }
+
     fn node(&mut self, i: usize) -> &mut Machine {
         self.nodes[i].as_mut().unwrap()
     }
@@ -359,6 +375,9 @@ fn same_seed_same_run() {
 #[test]
 fn killed_node_entries_are_tombstoned_everywhere() {
     let mut sim = cluster(3, 8, LOSSY, sim_config());
+    assert!(sim
+        .alive()
+        .all(|(_, m)| m.dissemination_target() == registry_gossip::dissemination_count(8)));
     let victim = 5;
     let mine = [ep("k", "a", 1, victim), ep("k", "b", 2, victim)];
     for e in &mine {
@@ -476,4 +495,25 @@ fn tombstones_are_collected_after_dissemination_and_ttl() {
     assert!(sim
         .alive()
         .all(|(_, m)| m.stats().tombstones_collected >= 1));
+}
+
+#[test]
+fn restarted_node_retracts_what_it_no_longer_owns() {
+    let mut sim = cluster(17, 5, LOSSY, sim_config());
+    let old = ep("restart", "old", 1, 3);
+    let kept = ep("restart", "kept", 2, 1);
+    sim.register(3, old.clone());
+    sim.register(1, kept.clone());
+    assert!(sim.run_until(Duration::from_secs(30), |s| s
+        .alive()
+        .all(|(_, m)| m.endpoints().len() == 2)));
+    // Node 3 restarts at once with an empty state under the same name.
+    sim.restart(3, 0);
+    assert!(
+        sim.run_until(Duration::from_secs(60), |s| s
+            .alive()
+            .all(|(_, m)| m.endpoints() == vec![kept.clone()])),
+        "the old run's entry was not retracted"
+    );
+    assert!(sim.nodes[3].as_ref().unwrap().stats().retracted >= 1);
 }

@@ -200,3 +200,21 @@ async fn bind_failure_is_mapped() {
     let err = GossipRegistry::start(bad).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidInput);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_too_big_for_a_datagram_travel_by_anti_entropy() {
+    let a = start("a", &[]).await;
+    let b = start("b", &[&a]).await;
+    joined(&[&a, &b]).await;
+    let mut big = ep("big", "x", 1);
+    for i in 0..12 {
+        big = big.with_label(format!("k{i}"), "v".repeat(1000));
+    }
+    assert!(registry_api::encoded_len(&big) > 10_000);
+    a.register(big.clone()).await.unwrap();
+    eventually("b to receive the 12 KB endpoint", || async {
+        (b.list("big").await.ok()? == vec![big.clone()]).then_some(())
+    })
+    .await;
+    assert!(b.stats().entries_repaired >= 1);
+}
