@@ -17,7 +17,9 @@
 #
 # Environment:
 #   CONTAINERS_SETUP_MOTO=0       don't build the moto image
+#   CONTAINERS_SETUP_MOTO_BUDGET  seconds the moto image may take (600)
 #   CONTAINERS_SETUP_PORT=2375    loopback port for the Docker-compatible API
+#   CONTAINERS_SETUP_REAP=1       remove leftover fixture containers (CI)
 #   DEBOOTSTRAP_MIRROR=...        Debian mirror for the moto image's root
 set -euo pipefail
 
@@ -40,6 +42,7 @@ need=()
 command -v podman >/dev/null 2>&1 || need+=(podman)
 command -v runc >/dev/null 2>&1 || need+=(runc)
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+command -v curl >/dev/null 2>&1 || need+=(curl)
 if [ "${CONTAINERS_SETUP_MOTO:-1}" != 0 ]; then
     command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 fi
@@ -104,37 +107,58 @@ if ! ping_api; then
 fi
 log "engine answers on $api ($(elapsed))"
 
-# Fixture containers left by test processes that died without unwinding.
-leftovers="$(podman ps -aq --filter "label=org.registry-toolkit.fixture" || true)"
+write_env() {
+    exports="export DOCKER_HOST=$api REGISTRY_TEST_ETCD_IMAGE=$etcd_image"
+    if [ "$1" = 1 ]; then
+        exports="$exports REGISTRY_TEST_MOTO_IMAGE=$moto_image REGISTRY_TEST_CONTAINERS=etcd,moto"
+    else
+        # No moto image here (none can be pulled): moto fixtures use processes.
+        exports="$exports REGISTRY_TEST_CONTAINERS=etcd"
+    fi
+    if [ -n "$env_file" ]; then
+        echo "$exports" >"$env_file.tmp" && mv "$env_file.tmp" "$env_file"
+    fi
+}
+# etcd is ready: a caller that gives up during the moto image still has it.
+write_env 0
+
+# Fixture containers left by test processes that died without unwinding
+# (only when asked: on a shared machine they may belong to running tests).
+leftovers=""
+if [ "${CONTAINERS_SETUP_REAP:-0}" = 1 ]; then
+    leftovers="$(podman ps -aq --filter "label=org.registry-toolkit.fixture" || true)"
+fi
 if [ -n "$leftovers" ]; then
     log "removing leftover fixture containers: $(echo $leftovers)"
     podman rm -f $leftovers >/dev/null 2>&1 || true
 fi
 
-# 5. moto image (optional, ~80 s): a minbase Debian root with python3 and
+# 5. moto image (optional, 2-3 minutes here): a minbase Debian root with python3 and
 #    pip-installed moto[server], imported as an image. Runs like the
 #    upstream motoserver/moto image: moto_server -H 0.0.0.0 on port 5000.
 moto_ok=0
+moto_deadline=$(( $(date +%s) + ${CONTAINERS_SETUP_MOTO_BUDGET:-600} ))
+left() { local l=$(( moto_deadline - $(date +%s) )); [ "$l" -gt 1 ] && echo "$l" || echo 1; }
 if [ "${CONTAINERS_SETUP_MOTO:-1}" != 0 ]; then
     if podman image exists "$moto_image"; then
         moto_ok=1
     else
         root="$state/moto-root"
-        rm -rf "$root"
-        if timeout 300 debootstrap --variant=minbase --include=python3,python3-pip,ca-certificates \
+        rm -rf "$root" "$state"/moto-root.old.*
+        if timeout "$(left)" debootstrap --variant=minbase --include=python3,python3-pip,ca-certificates \
                 bookworm "$root" "$mirror" >"$state/debootstrap.log" 2>&1; then
             # pip inside the root needs the host's CA bundle (and DNS).
             cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/host-ca.crt"
             cp -L /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
             chroot_bin="$(command -v chroot || echo /usr/sbin/chroot)"
-            if timeout 400 env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/root \
+            if timeout "$(left)" env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/root \
                     PIP_CERT=/etc/ssl/certs/host-ca.crt PIP_DEFAULT_TIMEOUT=120 \
                     "$chroot_bin" "$root" python3 -m pip install --quiet --no-cache-dir \
                     --break-system-packages --disable-pip-version-check 'moto[server]' \
                     >"$state/pip.log" 2>&1; then
                 rm -f "$root/etc/ssl/certs/host-ca.crt"
                 rm -rf "$root/var/cache/apt/archives/"*.deb "$root/var/lib/apt/lists/"*
-                if tar -C "$root" -c . | timeout 300 podman import \
+                if tar -C "$root" -c . | timeout "$(left)" podman import --quiet \
                         --change 'ENTRYPOINT ["/usr/local/bin/moto_server", "-H", "0.0.0.0"]' \
                         --change 'EXPOSE 5000' \
                         --change 'ENV PYTHONUNBUFFERED=1' \
@@ -150,17 +174,12 @@ if [ "${CONTAINERS_SETUP_MOTO:-1}" != 0 ]; then
         else
             log "debootstrap failed; see $state/debootstrap.log"
         fi
-        rm -rf "$root"
+        # Removing the root takes a while on overlay file systems: not
+        # on the critical path.
+        mv "$root" "$root.old.$$" && (nohup rm -rf "$root.old.$$" >/dev/null 2>&1 &)
     fi
 fi
 
-exports="export DOCKER_HOST=$api REGISTRY_TEST_ETCD_IMAGE=$etcd_image"
-if [ "$moto_ok" = 1 ]; then
-    exports="$exports REGISTRY_TEST_MOTO_IMAGE=$moto_image REGISTRY_TEST_CONTAINERS=etcd,moto"
-else
-    # No moto image here (none can be pulled): moto fixtures use processes.
-    exports="$exports REGISTRY_TEST_CONTAINERS=etcd"
-fi
-[ -n "$env_file" ] && echo "$exports" >"$env_file"
+write_env "$moto_ok"
 echo "$exports"
 log "done in $(elapsed)"
