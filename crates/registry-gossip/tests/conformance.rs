@@ -3,23 +3,16 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::fmt;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use registry_api::{
-    Batch, Capabilities, Endpoint, EndpointKey, EventStream, Op, Registry, Result, Snapshot,
-    Version, Watch,
-};
+use registry_api::testing::Guarded;
+use registry_api::Registry;
 use registry_gossip::{GossipConfig, GossipRegistry};
 
 const HISTORY: usize = 64;
 
-/// The node under test, and a peer that keeps the cluster real.
-struct Pair {
-    node: GossipRegistry,
-    _peer: GossipRegistry,
-}
+/// The node under test, with a peer that keeps the cluster real.
+type Pair = Guarded<GossipRegistry>;
 
 /// Fast gossip, but SWIM timings that tolerate a loaded machine: the
 /// checks are about the registry, not failure detection.
@@ -42,7 +35,7 @@ async fn make() -> Pair {
         (node.members().len() == 1 && peer.members().len() == 1).then_some(())
     })
     .await;
-    Pair { node, _peer: peer }
+    Guarded::new(node, peer)
 }
 
 /// Push the watch history window past everything written so far.
@@ -61,48 +54,4 @@ registry_api::conformance_tests!(make, lose_history);
 async fn run_all_on_one_node() {
     let reg = make().await;
     registry_api::testing::run_all(&reg, || lose_history(&reg)).await;
-}
-
-impl fmt::Display for Pair {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.node.fmt(f)
-    }
-}
-
-impl fmt::Debug for Pair {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.node.fmt(f)
-    }
-}
-
-#[async_trait]
-impl Registry for Pair {
-    async fn register(&self, endpoint: Endpoint) -> Result<()> {
-        self.node.register(endpoint).await
-    }
-    async fn deregister(&self, key: &EndpointKey) -> Result<()> {
-        self.node.deregister(key).await
-    }
-    async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
-        self.node.list(service).await
-    }
-    async fn snapshot(&self) -> Result<Snapshot> {
-        self.node.snapshot().await
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.node.capabilities()
-    }
-}
-
-impl Watch for Pair {
-    fn watch(&self, from: Option<Version>) -> EventStream {
-        self.node.watch(from)
-    }
-}
-
-#[async_trait]
-impl Batch for Pair {
-    async fn apply(&self, ops: Vec<Op>) -> Result<()> {
-        self.node.apply(ops).await
-    }
 }
