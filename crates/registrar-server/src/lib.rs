@@ -360,6 +360,24 @@ impl ServeOptions {
         self.authz = Some(authz);
         self
     }
+
+    /// Check the options as [`serve_with`] will: the certificate files
+    /// load, the authorization settings are valid and have TLS.
+    pub fn check(&self) -> Result<()> {
+        if let Some(a) = &self.authz {
+            auth::Authz::new(a)?;
+            if self.tls.is_none() {
+                return Err(Error::invalid(
+                    "authz",
+                    "authorization by SPIFFE ID needs TLS certificates",
+                ));
+            }
+        }
+        if let Some(files) = &self.tls {
+            registry_registrar::tls::server_config(files)?;
+        }
+        Ok(())
+    }
 }
 
 /// Serve `registrar` on the two listeners until `shutdown` resolves, then

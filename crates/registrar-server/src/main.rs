@@ -334,6 +334,7 @@ async fn run_serve(args: ServeArgs, tls: &TlsArgs) -> Result<(), String> {
     if let Some(authz) = authz {
         options = options.with_authz(authz);
     }
+    options.check().map_err(|e| e.to_string())?;
     let metrics = install_metrics()?;
     let backend = open_backend(&args)
         .await

@@ -1,0 +1,508 @@
+//! The `registrar` binary as a child process on loopback: the operator
+//! CLI end to end (register, ls, watch --json, deregister), usage errors,
+//! unreachable addresses, mTLS flags, and `/metrics` scraped and parsed.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::pki::{write_bundle, Ca};
+use registry_api::testing::{ep, eventually};
+use registry_api::Registry;
+use registry_registrar::{ClientConfig, RegistrarClient};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout, Command};
+
+const BIN: &str = env!("CARGO_BIN_EXE_registrar");
+const LIMIT: Duration = Duration::from_secs(30);
+
+/// A `registrar serve` child on free loopback ports, killed on drop.
+struct Served {
+    _child: Child,
+    grpc: String,
+    health: String,
+}
+
+async fn serve(extra: &[&str]) -> Served {
+    let mut child = Command::new(BIN)
+        .args([
+            "serve",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--health-addr",
+            "127.0.0.1:0",
+        ])
+        .args(extra)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(LIMIT, lines.next_line())
+        .await
+        .expect("the server did not print its addresses")
+        .unwrap()
+        .expect("the server exited before listening");
+    // "registrar listening grpc=127.0.0.1:P health=127.0.0.1:Q"
+    let field = |name: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(name))
+            .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+            .to_string()
+    };
+    Served {
+        grpc: field("grpc="),
+        health: field("health="),
+        _child: child,
+    }
+}
+
+impl Served {
+    fn url(&self) -> String {
+        format!("http://{}", self.grpc)
+    }
+}
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+/// Run one CLI command to completion (bounded).
+async fn cli(args: &[&str]) -> Out {
+    let out = tokio::time::timeout(
+        LIMIT,
+        Command::new(BIN).args(args).kill_on_drop(true).output(),
+    )
+    .await
+    .expect("the command did not finish")
+    .unwrap();
+    Out {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+async fn next_line(lines: &mut Lines<BufReader<ChildStdout>>) -> String {
+    tokio::time::timeout(LIMIT, lines.next_line())
+        .await
+        .expect("no line in time")
+        .unwrap()
+        .expect("the output ended")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_register_ls_watch_deregister() {
+    let server = serve(&[]).await;
+    let url = server.url();
+
+    // A watcher first: it prints the (empty) snapshot, then the changes.
+    let mut watch = Command::new(BIN)
+        .args(["--address", &url, "watch", "--json", "--count", "4"])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    let first: serde_json::Value = serde_json::from_str(&next_line(&mut lines).await).unwrap();
+    assert_eq!(first["type"], "snapshot");
+    assert_eq!(first["endpoints"].as_array().unwrap().len(), 0);
+
+    let out = cli(&[
+        "--address",
+        &url,
+        "register",
+        "payments",
+        "pod-1",
+        "10.0.0.5:8080",
+        "--protocol",
+        "grpc",
+        "--cluster",
+        "cluster-a",
+        "--node",
+        "node-1",
+        "--label",
+        "zone=z1",
+    ])
+    .await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(out.stdout.contains("payments/pod-1"), "{}", out.stdout);
+    let out = cli(&[
+        "--address",
+        &url,
+        "register",
+        "billing",
+        "b-1",
+        "10.0.0.6:9090",
+    ])
+    .await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+
+    let added: serde_json::Value = serde_json::from_str(&next_line(&mut lines).await).unwrap();
+    assert_eq!(added["type"], "added");
+    assert_eq!(added["endpoint"]["service"], "payments");
+    assert_eq!(added["endpoint"]["id"], "pod-1");
+    assert_eq!(added["endpoint"]["port"], 8080);
+    assert_eq!(added["endpoint"]["protocol"], "grpc");
+    assert_eq!(added["endpoint"]["labels"]["zone"], "z1");
+
+    // The table, filtered.
+    let out = cli(&["--address", &url, "ls"]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let rows: Vec<&str> = out.stdout.lines().collect();
+    assert!(rows[0].starts_with("SERVICE"), "{}", out.stdout);
+    assert_eq!(rows.len(), 3, "{}", out.stdout);
+    let out = cli(&["--address", &url, "ls", "--service", "payments"]).await;
+    let rows: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(rows.len(), 2, "{}", out.stdout);
+    for cell in [
+        "payments",
+        "pod-1",
+        "10.0.0.5:8080",
+        "grpc",
+        "cluster-a",
+        "node-1",
+        "healthy",
+        "zone=z1",
+    ] {
+        assert!(rows[1].contains(cell), "{cell} missing in {:?}", rows[1]);
+    }
+    let out = cli(&["--address", &url, "ls", "--cluster", "default", "--json"]).await;
+    let eps: Vec<serde_json::Value> = out
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(eps.len(), 1, "{}", out.stdout);
+    assert_eq!(eps[0]["service"], "billing");
+
+    let out = cli(&["--address", &url, "deregister", "payments", "pod-1"]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    // billing's add came second; then the removal.
+    let second: serde_json::Value = serde_json::from_str(&next_line(&mut lines).await).unwrap();
+    assert_eq!(second["endpoint"]["service"], "billing");
+    let removed: serde_json::Value = serde_json::from_str(&next_line(&mut lines).await).unwrap();
+    assert_eq!(removed["type"], "removed");
+    assert_eq!(removed["service"], "payments");
+    assert_eq!(removed["id"], "pod-1");
+    // --count 4 (the snapshot and three changes) reached: the watcher exits 0.
+    let status = tokio::time::timeout(LIMIT, watch.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success());
+
+    let out = cli(&["--address", &url, "ls", "--service", "payments"]).await;
+    assert_eq!(out.stdout.lines().count(), 1, "{}", out.stdout);
+
+    // A watch bounded by time ends by itself, printing text.
+    let out = cli(&["--address", &url, "watch", "--timeout", "300ms"]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(out.stdout.starts_with("snapshot v"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("billing/b-1 10.0.0.6:9090"),
+        "{}",
+        out.stdout
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_flags_exit_2_and_failures_name_the_address() {
+    let out = cli(&["ls", "--no-such-flag"]).await;
+    assert_eq!(out.code, 2);
+    assert!(out.stderr.contains("Usage:"), "{}", out.stderr);
+    let out = cli(&["register", "svc", "id", "no-port"]).await;
+    assert_eq!(out.code, 1);
+    assert!(out.stderr.contains("HOST:PORT"), "{}", out.stderr);
+    let out = cli(&["register", "svc"]).await;
+    assert_eq!(out.code, 2, "{}", out.stderr);
+
+    let port = registry_tests::free_port().unwrap();
+    let addr = format!("http://127.0.0.1:{port}");
+    for args in [
+        vec!["--address", addr.as_str(), "ls"],
+        vec!["--address", addr.as_str(), "watch", "--count", "1"],
+        vec![
+            "--address",
+            addr.as_str(),
+            "register",
+            "s",
+            "i",
+            "10.0.0.1:80",
+        ],
+        vec!["--address", addr.as_str(), "deregister", "s", "i"],
+    ] {
+        let out = cli(&args).await;
+        assert_eq!(out.code, 1, "{args:?}: {}", out.stderr);
+        assert!(out.stderr.contains(&addr), "{args:?}: {}", out.stderr);
+        assert!(out.stderr.contains("refused"), "{args:?}: {}", out.stderr);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_over_mtls_with_an_admin_and_an_agent_identity() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ca = Ca::new("test CA");
+    let bundle = write_bundle(d, "ca.pem", &[&ca]);
+    let (scert, skey) = ca.server().write(d, "server");
+    let (acert, akey) = ca
+        .client(Some("spiffe://example.org/ops/cli"))
+        .write(d, "admin");
+    let (ncert, nkey) = ca
+        .client(Some("spiffe://example.org/node/n1"))
+        .write(d, "n1");
+    let p = |x: &std::path::Path| x.to_str().unwrap().to_string();
+    let (bundle, scert, skey, acert, akey, ncert, nkey) = (
+        p(&bundle),
+        p(&scert),
+        p(&skey),
+        p(&acert),
+        p(&akey),
+        p(&ncert),
+        p(&nkey),
+    );
+    let server = serve(&[
+        "--tls-ca",
+        &bundle,
+        "--tls-cert",
+        &scert,
+        "--tls-key",
+        &skey,
+        "--trust-domain",
+        "example.org",
+        "--admin-id",
+        "spiffe://example.org/ops/cli",
+    ])
+    .await;
+    let url = format!("https://{}", server.grpc);
+    let admin = [
+        "--address",
+        &url,
+        "--tls-ca",
+        &bundle,
+        "--tls-cert",
+        &acert,
+        "--tls-key",
+        &akey,
+    ];
+    let node1 = [
+        "--address",
+        &url,
+        "--tls-ca",
+        &bundle,
+        "--tls-cert",
+        &ncert,
+        "--tls-key",
+        &nkey,
+    ];
+
+    let out = cli(&[
+        &admin[..],
+        &["register", "api", "a", "10.0.0.1:80", "--node", "n2"],
+    ]
+    .concat())
+    .await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let out = cli(&[
+        &node1[..],
+        &["register", "api", "b", "10.0.0.2:80", "--node", "n1"],
+    ]
+    .concat())
+    .await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let out = cli(&[&node1[..], &["deregister", "api", "a"]].concat()).await;
+    assert_eq!(out.code, 1);
+    assert!(
+        out.stderr
+            .contains("may not write endpoints of node \"n2\""),
+        "{}",
+        out.stderr
+    );
+    let out = cli(&[&node1[..], &["ls"]].concat()).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.stdout.lines().count(), 3, "{}", out.stdout);
+    // Without a client certificate; and in plaintext.
+    let out = cli(&["--address", &url, "--tls-ca", &bundle, "ls"]).await;
+    assert_eq!(out.code, 1);
+    assert!(
+        out.stderr.contains("no client certificate"),
+        "{}",
+        out.stderr
+    );
+    let out = cli(&["--address", &server.url(), "ls"]).await;
+    assert_eq!(out.code, 1, "{}", out.stdout);
+}
+
+/// GET `path` from `addr` over HTTP/1.1.
+async fn http_get(addr: &str, path: &str) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = String::new();
+    tokio::time::timeout(LIMIT, s.read_to_string(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    let code = buf
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = buf
+        .split_once("\r\n\r\n")
+        .map(|x| x.1)
+        .unwrap_or("")
+        .to_string();
+    (code, body)
+}
+
+/// A parsed Prometheus text page: `# TYPE` per family, value per series.
+struct Scrape {
+    types: BTreeMap<String, String>,
+    values: BTreeMap<String, f64>,
+}
+
+fn parse(text: &str) -> Scrape {
+    let mut types = BTreeMap::new();
+    let mut values = BTreeMap::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut it = rest.split_whitespace();
+            types.insert(
+                it.next().unwrap().to_string(),
+                it.next().unwrap().to_string(),
+            );
+        } else if !line.starts_with('#') && !line.trim().is_empty() {
+            let (series, value) = line.rsplit_once(' ').unwrap();
+            values.insert(series.to_string(), value.parse::<f64>().unwrap());
+        }
+    }
+    Scrape { types, values }
+}
+
+impl Scrape {
+    fn get(&self, series: &str) -> f64 {
+        *self
+            .values
+            .get(series)
+            .unwrap_or_else(|| panic!("no series {series}"))
+    }
+}
+
+async fn scrape(server: &Served) -> Scrape {
+    let (code, body) = http_get(&server.health, "/metrics").await;
+    assert_eq!(code, 200, "{body}");
+    parse(&body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_have_the_nine_names_types_and_plausible_values() {
+    let server = serve(&["--cluster-name", "cluster-a"]).await;
+    assert_eq!(http_get(&server.health, "/healthz").await.0, 200);
+    eventually("ready", || async {
+        (http_get(&server.health, "/readyz").await.0 == 200).then_some(())
+    })
+    .await;
+
+    // A workload: two agents with open streams, writes in two clusters.
+    let agent = |node: &str| {
+        RegistrarClient::connect(ClientConfig::new(server.url(), "cluster-a", node)).unwrap()
+    };
+    let a1 = agent("n1");
+    let a2 = agent("n2");
+    a1.cache().wait_until_ready().await;
+    a2.cache().wait_until_ready().await;
+    a1.register(ep("api", "1", 80).with_node("n1").with_cluster("cluster-a"))
+        .await
+        .unwrap();
+    a1.register(ep("api", "2", 80).with_node("n1").with_cluster("cluster-a"))
+        .await
+        .unwrap();
+    a2.register(ep("api", "3", 80).with_node("n2").with_cluster("cluster-b"))
+        .await
+        .unwrap();
+    a2.deregister(&registry_api::EndpointKey::new("api", "2"))
+        .await
+        .unwrap();
+    eventually("the writes at the other agent", || async {
+        a1.list("api").await.ok().filter(|l| l.len() == 2)
+    })
+    .await;
+
+    let m = eventually("the workload in /metrics", || async {
+        let m = scrape(&server).await;
+        let settled = m.values.get("registrar_connected_agents") == Some(&2.0)
+            && m.values.get("registrar_endpoint_count{cluster=\"cluster-b\"}") == Some(&1.0)
+            && m.values.get("registrar_endpoint_count{cluster=\"cluster-a\"}") == Some(&1.0)
+            && m.values.get("registrar_write_queue_depth") == Some(&0.0)
+            // Four writes; a register and a deregister of one key in the
+            // same batch count as one operation.
+            && m.values.get("registrar_write_batch_size_sum").is_some_and(|s| *s >= 3.0);
+        settled.then_some(m)
+    })
+    .await;
+
+    let expected = [
+        ("registrar_connected_agents", "gauge"),
+        ("registrar_endpoint_count", "gauge"),
+        ("registrar_sync_duration_seconds", "histogram"),
+        ("registrar_sync_errors_total", "counter"),
+        ("registrar_write_batch_size", "histogram"),
+        ("registrar_write_queue_depth", "gauge"),
+        ("registrar_event_broadcast_total", "counter"),
+        ("agent_registrar_cache_age_seconds", "gauge"),
+        ("agent_registrar_stream_reconnects_total", "counter"),
+    ];
+    for (name, ty) in expected {
+        assert_eq!(
+            m.types.get(name).map(String::as_str),
+            Some(ty),
+            "# TYPE of {name}"
+        );
+    }
+    assert_eq!(
+        m.get("registrar_endpoint_count{cluster=\"cluster-a\"}"),
+        1.0
+    );
+    assert_eq!(
+        m.get("registrar_endpoint_count{cluster=\"cluster-b\"}"),
+        1.0
+    );
+    // The memory backend has a native watch: its first snapshot is a sync.
+    assert!(m.get("registrar_sync_duration_seconds_count") >= 1.0);
+    assert!(m.get("registrar_sync_duration_seconds_bucket{le=\"+Inf\"}") >= 1.0);
+    assert_eq!(m.get("registrar_sync_errors_total"), 0.0);
+    // Four single writes, coalesced into 1 to 4 batches of 3 or 4 ops.
+    let batches = m.get("registrar_write_batch_size_count");
+    assert!((1.0..=4.0).contains(&batches), "{batches}");
+    assert!(m.get("registrar_write_batch_size_sum") <= 4.0);
+    // Each agent got a snapshot, then 3 adds... at least the snapshots
+    // and the changes for each of the two streams.
+    assert!(m.get("registrar_event_broadcast_total{type=\"full_snapshot\"}") >= 2.0);
+    assert!(m.get("registrar_event_broadcast_total{type=\"endpoint_added\"}") >= 6.0);
+    assert!(m.get("registrar_event_broadcast_total{type=\"endpoint_removed\"}") >= 2.0);
+    assert_eq!(m.get("agent_registrar_cache_age_seconds"), 0.0);
+    assert_eq!(m.get("agent_registrar_stream_reconnects_total"), 0.0);
+
+    // An agent leaves: the gauge follows.
+    drop(a2);
+    eventually("connected agents back to 1", || async {
+        (scrape(&server)
+            .await
+            .values
+            .get("registrar_connected_agents")
+            == Some(&1.0))
+        .then_some(())
+    })
+    .await;
+    drop(server);
+}
