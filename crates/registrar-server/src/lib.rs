@@ -484,7 +484,10 @@ pub async fn serve_with(
         );
     let result = match acceptor {
         None => {
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc);
+            // Without TCP_NODELAY on accepted sockets, small responses wait
+            // for delayed ACKs (tens of milliseconds per call).
+            let incoming =
+                tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true));
             grpc_router
                 .serve_with_incoming_shutdown(incoming, stopped)
                 .await
