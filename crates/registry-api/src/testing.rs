@@ -2,7 +2,7 @@
 //! (feature `testing`).
 //!
 //! Each check is a public async function taking the registry under test. It
-//! reads [`Capabilities`] from the registry and decides from them what to
+//! reads [`Capabilities`](crate::Capabilities) from the registry and decides from them what to
 //! demand (exact event sequences from a native watch, convergence from a
 //! polling one; atomicity only where claimed). Every check works in
 //! services of its own with random names, so checks may share one registry

@@ -998,7 +998,7 @@ impl Inner {
         let services = self.list_services().await?;
         let cycle = self.cycle.fetch_add(1, Ordering::Relaxed);
         let every = u64::from(self.cfg.full_poll_every.max(1));
-        let full = !self.cfg.revision_skip || cycle % every == 0;
+        let full = !self.cfg.revision_skip || cycle.is_multiple_of(every);
         let cache: HashMap<String, (Option<i64>, Arc<Vec<Endpoint>>)> =
             lock(&self.poll).services.clone();
         let results: Vec<(String, Option<i64>, Arc<Vec<Endpoint>>)> = stream::iter(services)

@@ -27,8 +27,8 @@ use clap::Parser;
 use futures::StreamExt;
 use registrar_server::{serve, Backend, Registrar, RegistrarConfig};
 use registry_api::{
-    Batch, Capabilities, Endpoint, EndpointKey, Event, EventStream, Heartbeat, MemoryRegistry,
-    Op, Polling, PollingConfig, Registry, Result, Snapshot, Watch,
+    Batch, Capabilities, Endpoint, EndpointKey, Event, EventStream, Heartbeat, MemoryRegistry, Op,
+    Polling, PollingConfig, Registry, Result, Snapshot, Watch,
 };
 use registry_registrar::{ClientConfig, Raw, RegistrarClient};
 
@@ -80,9 +80,15 @@ async fn start(backend: Arc<dyn Backend>, cfg: RegistrarConfig) -> std::io::Resu
     let url = format!("http://{}", grpc.local_addr()?);
     let registrar = Registrar::new(backend, cfg);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(serve(Arc::clone(&registrar), grpc, health, None, async move {
-        let _ = rx.await;
-    }));
+    tokio::spawn(serve(
+        Arc::clone(&registrar),
+        grpc,
+        health,
+        None,
+        async move {
+            let _ = rx.await;
+        },
+    ));
     Ok(Server {
         url,
         registrar,
@@ -111,14 +117,19 @@ async fn fan_out(args: &Args) -> std::result::Result<(), Box<dyn std::error::Err
     .await?;
     let writes = (args.rate * args.seconds) as usize;
     // Per write: deliveries seen and the latest delivery time.
-    let delivered: Arc<Vec<AtomicUsize>> = Arc::new((0..writes).map(|_| AtomicUsize::new(0)).collect());
+    let delivered: Arc<Vec<AtomicUsize>> =
+        Arc::new((0..writes).map(|_| AtomicUsize::new(0)).collect());
     let slowest: Arc<Vec<AtomicU64>> = Arc::new((0..writes).map(|_| AtomicU64::new(0)).collect());
     let one = Arc::new(Mutex::new(hdrhistogram::Histogram::<u64>::new(3)?));
 
     let rss_before = rss_bytes();
     let mut streams = Vec::with_capacity(args.agents);
     for i in 0..args.agents {
-        let raw = Raw::connect(ClientConfig::new(server.url.clone(), "load", format!("agent-{i}")))?;
+        let raw = Raw::connect(ClientConfig::new(
+            server.url.clone(),
+            "load",
+            format!("agent-{i}"),
+        ))?;
         let mut w = raw.watch(None);
         match w.next().await {
             Some(Ok(Event::Snapshot(_))) => {}
@@ -148,8 +159,14 @@ async fn fan_out(args: &Args) -> std::result::Result<(), Box<dyn std::error::Err
                 while let Some(Ok(ev)) = w.next().await {
                     if let Event::Added { endpoint, .. } | Event::Updated { endpoint, .. } = ev {
                         let (Some(sent), Some(seq)) = (
-                            endpoint.labels.get("sent").and_then(|s| s.parse::<u64>().ok()),
-                            endpoint.labels.get("seq").and_then(|s| s.parse::<usize>().ok()),
+                            endpoint
+                                .labels
+                                .get("sent")
+                                .and_then(|s| s.parse::<u64>().ok()),
+                            endpoint
+                                .labels
+                                .get("seq")
+                                .and_then(|s| s.parse::<usize>().ok()),
                         ) else {
                             continue;
                         };
@@ -212,7 +229,12 @@ async fn fan_out(args: &Args) -> std::result::Result<(), Box<dyn std::error::Err
     for i in 0..writes {
         if delivered[i].load(Ordering::Relaxed) == args.agents {
             complete += 1;
-            let _ = every.record(slowest[i].load(Ordering::Relaxed).saturating_sub(sent_at[i]).max(1));
+            let _ = every.record(
+                slowest[i]
+                    .load(Ordering::Relaxed)
+                    .saturating_sub(sent_at[i])
+                    .max(1),
+            );
         }
     }
     let one = one.lock().map_err(|_| "poisoned")?;
@@ -315,7 +337,11 @@ async fn backend_load(args: &Args) -> std::result::Result<(), Box<dyn std::error
     let server = start(backend, RegistrarConfig::new("load")).await?;
     let mut streams = Vec::new();
     for i in 0..agents {
-        let raw = Raw::connect(ClientConfig::new(server.url.clone(), "load", format!("agent-{i}")))?;
+        let raw = Raw::connect(ClientConfig::new(
+            server.url.clone(),
+            "load",
+            format!("agent-{i}"),
+        ))?;
         let mut w = raw.watch(None);
         let _ = w.next().await;
         streams.push((raw, w));
@@ -340,8 +366,13 @@ async fn cold_start(args: &Args) -> std::result::Result<(), Box<dyn std::error::
     let ops: Vec<Op> = (0..args.cold_endpoints)
         .map(|i| {
             Op::Register(
-                Endpoint::new(format!("svc-{}", i / 10), format!("ep-{i}"), "127.0.0.1", 8080)
-                    .with_node(format!("node-{}", i % 1000)),
+                Endpoint::new(
+                    format!("svc-{}", i / 10),
+                    format!("ep-{i}"),
+                    "127.0.0.1",
+                    8080,
+                )
+                .with_node(format!("node-{}", i % 1000)),
             )
         })
         .collect();
