@@ -46,6 +46,15 @@ pub enum FixtureError {
         /// What failed.
         detail: String,
     },
+    /// The server is up but the registry on it could not be set up.
+    #[cfg(any(feature = "etcd", feature = "dynamodb", feature = "cloudmap"))]
+    #[error("{what}: {source}")]
+    Registry {
+        /// What was being set up.
+        what: String,
+        /// The registry's error.
+        source: registry_api::Error,
+    },
     /// Any other I/O failure (ports, temp dirs, spawning).
     #[error("{what}: {source}")]
     Io {
@@ -176,6 +185,8 @@ impl Drop for ServerProcess {
 pub mod containers;
 mod etcd;
 mod moto;
+#[cfg(any(feature = "etcd", feature = "dynamodb", feature = "cloudmap"))]
+pub mod registries;
 
 pub use etcd::EtcdServer;
 pub use moto::MotoServer;

@@ -82,7 +82,7 @@ impl TlsArgs {
 #[derive(Subcommand)]
 enum Command {
     /// Run the registrar.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// List the registered endpoints.
     Ls(LsArgs),
     /// Follow the changes: a snapshot, then every change as it happens.
@@ -185,6 +185,14 @@ enum BackendKind {
     /// etcd (`--etcd-endpoints`, `--etcd-prefix`).
     #[cfg(feature = "etcd")]
     Etcd,
+    /// DynamoDB (`--dynamodb-table`; region, endpoint and credentials from
+    /// the usual AWS chain or `--aws-region`, `--aws-endpoint-url`).
+    #[cfg(feature = "dynamodb")]
+    Dynamodb,
+    /// AWS Cloud Map (`--cloudmap-namespace`), polled every
+    /// `--sync-interval`.
+    #[cfg(feature = "cloudmap")]
+    Cloudmap,
 }
 
 #[derive(clap::Args, Clone)]
@@ -216,6 +224,22 @@ struct ServeArgs {
     /// Key prefix in etcd.
     #[arg(long, default_value = "/aether")]
     etcd_prefix: String,
+    /// The DynamoDB table (`--registry-backend=dynamodb`).
+    #[arg(long, default_value = "aether-registry")]
+    dynamodb_table: String,
+    /// Create the DynamoDB table (on-demand, with a stream) if it is missing.
+    #[arg(long)]
+    dynamodb_create_table: bool,
+    /// The Cloud Map namespace (`--registry-backend=cloudmap`); created as an
+    /// HTTP namespace if missing.
+    #[arg(long, default_value = "aether")]
+    cloudmap_namespace: String,
+    /// AWS region for DynamoDB and Cloud Map (default: the AWS chain's).
+    #[arg(long, env = "AWS_REGION")]
+    aws_region: Option<String>,
+    /// AWS endpoint URL for DynamoDB and Cloud Map (an emulator, a VPC endpoint).
+    #[arg(long, env = "AWS_ENDPOINT_URL")]
+    aws_endpoint_url: Option<String>,
     /// Authorize agents by SPIFFE ID in this trust domain (needs TLS):
     /// an agent may write only endpoints of its own node.
     #[arg(long, env = "REGISTRAR_TRUST_DOMAIN")]
@@ -262,6 +286,39 @@ async fn open_backend(args: &ServeArgs) -> registry_api::Result<Arc<dyn Backend>
                 registry_etcd::EtcdRegistry::connect(cfg).await?,
                 args.sync_interval,
             )
+        }
+        #[cfg(feature = "dynamodb")]
+        BackendKind::Dynamodb => {
+            let mut cfg = registry_dynamodb::DynamoDbConfig::new(args.dynamodb_table.clone())
+                .with_poll_interval(args.sync_interval);
+            if let Some(region) = &args.aws_region {
+                cfg = cfg.with_region(region.clone());
+            }
+            if let Some(url) = &args.aws_endpoint_url {
+                cfg = cfg.with_endpoint_url(url.clone());
+            }
+            if args.dynamodb_create_table {
+                registry_dynamodb::DynamoDbRegistry::create_table_if_missing(&cfg, true).await?;
+            }
+            // Native watch (Streams, or its own polling); no native liveness.
+            Arc::new(Liveness::new(
+                registry_dynamodb::DynamoDbRegistry::connect(cfg).await?,
+            ))
+        }
+        #[cfg(feature = "cloudmap")]
+        BackendKind::Cloudmap => {
+            let mut cfg = registry_cloudmap::CloudMapConfig::new(args.cloudmap_namespace.clone());
+            if let Some(region) = &args.aws_region {
+                cfg = cfg.with_region(region.clone());
+            }
+            if let Some(url) = &args.aws_endpoint_url {
+                cfg = cfg.with_endpoint_url(url.clone());
+            }
+            let raw = registry_cloudmap::CloudMapRegistry::connect(cfg).await?;
+            Arc::new(Polling::with_config(
+                Liveness::new(raw),
+                PollingConfig::default().with_interval(args.sync_interval),
+            ))
         }
     })
 }
@@ -605,7 +662,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match &cli.command {
-            Command::Serve(args) => run_serve(args.clone(), &cli.tls).await,
+            Command::Serve(args) => run_serve(ServeArgs::clone(args), &cli.tls).await,
             Command::Ls(args) => run_ls(&cli, args).await,
             Command::Watch(args) => run_watch(&cli, args).await,
             Command::Register(args) => run_register(&cli, args).await,

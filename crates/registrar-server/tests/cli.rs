@@ -11,63 +11,15 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::pki::{write_bundle, Ca};
+use common::{serve_binary, Served};
 use registry_api::testing::{ep, eventually};
 use registry_api::Registry;
 use registry_registrar::{ClientConfig, RegistrarClient};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdout, Command};
+use tokio::process::{ChildStdout, Command};
 
 const BIN: &str = env!("CARGO_BIN_EXE_registrar");
 const LIMIT: Duration = Duration::from_secs(30);
-
-/// A `registrar serve` child on free loopback ports, killed on drop.
-struct Served {
-    _child: Child,
-    grpc: String,
-    health: String,
-}
-
-async fn serve(extra: &[&str]) -> Served {
-    let mut child = Command::new(BIN)
-        .args([
-            "serve",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--health-addr",
-            "127.0.0.1:0",
-        ])
-        .args(extra)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = tokio::time::timeout(LIMIT, lines.next_line())
-        .await
-        .expect("the server did not print its addresses")
-        .unwrap()
-        .expect("the server exited before listening");
-    // "registrar listening grpc=127.0.0.1:P health=127.0.0.1:Q"
-    let field = |name: &str| {
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix(name))
-            .unwrap_or_else(|| panic!("no {name} in {line:?}"))
-            .to_string()
-    };
-    Served {
-        grpc: field("grpc="),
-        health: field("health="),
-        _child: child,
-    }
-}
-
-impl Served {
-    fn url(&self) -> String {
-        format!("http://{}", self.grpc)
-    }
-}
 
 struct Out {
     code: i32,
@@ -101,7 +53,7 @@ async fn next_line(lines: &mut Lines<BufReader<ChildStdout>>) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_register_ls_watch_deregister() {
-    let server = serve(&[]).await;
+    let server = serve_binary(&[]).await;
     let url = server.url();
 
     // A watcher first: it prints the (empty) snapshot, then the changes.
@@ -270,7 +222,7 @@ async fn cli_over_mtls_with_an_admin_and_an_agent_identity() {
         p(&ncert),
         p(&nkey),
     );
-    let server = serve(&[
+    let server = serve_binary(&[
         "--tls-ca",
         &bundle,
         "--tls-cert",
@@ -406,7 +358,7 @@ async fn scrape(server: &Served) -> Scrape {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_have_the_nine_names_types_and_plausible_values() {
-    let server = serve(&["--cluster-name", "cluster-a"]).await;
+    let server = serve_binary(&["--cluster-name", "cluster-a"]).await;
     assert_eq!(http_get(&server.health, "/healthz").await.0, 200);
     eventually("ready", || async {
         (http_get(&server.health, "/readyz").await.0 == 200).then_some(())

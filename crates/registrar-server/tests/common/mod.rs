@@ -111,3 +111,63 @@ pub fn fast_client(url: &str, cluster: &str, node: &str) -> RegistrarClient {
         .with_retry_interval(Duration::from_millis(50));
     RegistrarClient::connect(cfg).unwrap()
 }
+
+use std::process::Stdio;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// A `registrar serve` child on free loopback ports, killed on drop.
+pub struct Served {
+    _child: Child,
+    pub grpc: String,
+    pub health: String,
+}
+
+pub async fn serve_binary(extra: &[&str]) -> Served {
+    serve_binary_with_env(extra, &[]).await
+}
+
+/// [`serve_binary`] with extra environment variables for the child.
+pub async fn serve_binary_with_env(extra: &[&str], env: &[(&str, &str)]) -> Served {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_registrar"))
+        .args([
+            "serve",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--health-addr",
+            "127.0.0.1:0",
+        ])
+        .args(extra)
+        .envs(env.iter().copied())
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("the server did not print its addresses")
+        .unwrap()
+        .expect("the server exited before listening");
+    // "registrar listening grpc=127.0.0.1:P health=127.0.0.1:Q"
+    let field = |name: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(name))
+            .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+            .to_string()
+    };
+    Served {
+        grpc: field("grpc="),
+        health: field("health="),
+        _child: child,
+    }
+}
+
+impl Served {
+    pub fn url(&self) -> String {
+        format!("http://{}", self.grpc)
+    }
+}

@@ -1,0 +1,91 @@
+//! Ready, isolated registries on fixture servers: each call starts (or
+//! reuses, per the fixture's rules) a server and hands back a registry with
+//! names of its own (a unique etcd prefix, DynamoDB table or Cloud Map
+//! namespace). The server lives as long as the returned registry.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), registry_tests::FixtureError> {
+//! use registry_api::Registry;
+//! let reg = registry_tests::registries::etcd().await?;   // feature `etcd`
+//! reg.register(registry_api::Endpoint::new("api", "a", "127.0.0.1", 80)).await.unwrap();
+//! # Ok(()) }
+//! ```
+
+use std::time::Duration;
+
+use registry_api::testing::{unique, Guarded};
+
+use crate::FixtureError;
+
+fn setup(what: &str) -> impl FnOnce(registry_api::Error) -> FixtureError + '_ {
+    move |source| FixtureError::Registry {
+        what: what.to_string(),
+        source,
+    }
+}
+
+/// An `EtcdRegistry` under a unique prefix on a fixture etcd.
+#[cfg(feature = "etcd")]
+pub async fn etcd() -> Result<Guarded<registry_etcd::EtcdRegistry>, FixtureError> {
+    let server = crate::EtcdServer::start_async().await?;
+    let cfg = registry_etcd::EtcdConfig::new([server.endpoint().to_string()])
+        .with_prefix(format!("/{}", unique("test")))
+        .with_connect_timeout(Duration::from_secs(2));
+    let reg = registry_etcd::EtcdRegistry::connect(cfg)
+        .await
+        .map_err(setup("connecting to the fixture etcd"))?;
+    Ok(Guarded::new(reg, server))
+}
+
+/// A `DynamoDbRegistry` on a new table (with a stream when `with_stream`,
+/// watched natively; otherwise polled every 50 ms) on a fixture moto.
+#[cfg(feature = "dynamodb")]
+pub async fn dynamodb(
+    with_stream: bool,
+) -> Result<Guarded<registry_dynamodb::DynamoDbRegistry>, FixtureError> {
+    let moto = crate::MotoServer::start_async().await?;
+    let cfg = registry_dynamodb::DynamoDbConfig::new(unique("table"))
+        .with_region("us-east-1")
+        .with_endpoint_url(moto.url())
+        .with_static_credentials("test", "test")
+        .with_poll_interval(Duration::from_millis(50))
+        .with_stream_poll_interval(Duration::from_millis(50));
+    registry_dynamodb::DynamoDbRegistry::create_table_if_missing(&cfg, with_stream)
+        .await
+        .map_err(setup("creating the fixture table"))?;
+    let reg = registry_dynamodb::DynamoDbRegistry::connect(cfg)
+        .await
+        .map_err(setup("connecting to the fixture moto"))?;
+    Ok(Guarded::new(reg, moto))
+}
+
+/// A `CloudMapRegistry` on a new HTTP namespace on a fixture moto, polled
+/// every 50 ms for its watch.
+#[cfg(feature = "cloudmap")]
+pub async fn cloudmap(
+) -> Result<Guarded<registry_api::Polling<registry_cloudmap::CloudMapRegistry>>, FixtureError> {
+    use registry_cloudmap::aws_sdk_servicediscovery::config::{
+        BehaviorVersion, Credentials, Region,
+    };
+    let moto = crate::MotoServer::start_async().await?;
+    let sdk = registry_cloudmap::aws_sdk_servicediscovery::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("test", "test", None, None, "fixture"))
+        .build();
+    let rate = std::num::NonZeroU32::new(2000).unwrap_or(std::num::NonZeroU32::MIN);
+    let cfg = registry_cloudmap::CloudMapConfig::new(unique("ns"))
+        .with_endpoint_url(moto.url())
+        .with_rate_limit(rate, rate)
+        .with_operation_poll(Duration::from_millis(5), Duration::from_millis(100))
+        // moto keeps a copy per re-registration (see the option's docs).
+        .with_repeat_deregister(true);
+    let raw = registry_cloudmap::CloudMapRegistry::with_sdk_config(sdk, cfg)
+        .await
+        .map_err(setup("creating the fixture namespace"))?;
+    let polling = registry_api::Polling::with_config(
+        raw,
+        registry_api::PollingConfig::default().with_interval(Duration::from_millis(50)),
+    );
+    Ok(Guarded::new(polling, moto))
+}
