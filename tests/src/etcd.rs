@@ -4,8 +4,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::containers::{self, ContainerSpec, ServerContainer};
-use crate::{container_fallback, free_port, FixtureError, Provision, ServerProcess};
+use crate::containers::{ContainerSpec, ServerContainer};
+use crate::{free_port, FixtureError, Provision, ServerProcess};
 
 /// The image used when `REGISTRY_TEST_ETCD_IMAGE` is not set.
 pub const DEFAULT_ETCD_IMAGE: &str = "quay.io/coreos/etcd:v3.5.17";
@@ -70,52 +70,25 @@ impl EtcdServer {
     /// tokio runtime alike. A container that fails to start is reported on
     /// stderr and replaced by a local process.
     pub fn start() -> Result<Self, FixtureError> {
-        if let Some(s) = Self::external() {
-            return Ok(s);
-        }
-        if containers::containers_allowed("etcd") && containers::engine_answers() {
-            match ServerContainer::start(spec()) {
-                Ok(c) => return Ok(Self::in_container(c)),
-                Err(e) => container_fallback("etcd", &e),
-            }
-        }
-        Self::start_process()
+        crate::provision()
     }
 
     /// [`EtcdServer::start`] for async code: does not block the runtime
     /// while the server comes up.
     pub async fn start_async() -> Result<Self, FixtureError> {
-        if let Some(s) = Self::external() {
-            return Ok(s);
-        }
-        if containers::containers_allowed("etcd") && containers::engine_answers() {
-            match ServerContainer::start_async(spec()).await {
-                Ok(c) => return Ok(Self::in_container(c)),
-                Err(e) => container_fallback("etcd", &e),
-            }
-        }
-        tokio::task::spawn_blocking(Self::start_process)
-            .await
-            .map_err(|e| FixtureError::Io {
-                what: "starting etcd".into(),
-                source: std::io::Error::other(e),
-            })?
+        crate::provision_async().await
     }
 
     /// Start etcd in a container through testcontainers, whatever the
     /// environment variables say about an existing server. Fails with
     /// [`FixtureError::NoEngine`] when no engine answers.
     pub fn start_container() -> Result<Self, FixtureError> {
-        containers::engine_probe().map_err(|detail| FixtureError::NoEngine { detail })?;
-        ServerContainer::start(spec()).map(Self::in_container)
+        crate::provision_container()
     }
 
     /// [`EtcdServer::start_container`] for async code.
     pub async fn start_container_async() -> Result<Self, FixtureError> {
-        containers::engine_probe().map_err(|detail| FixtureError::NoEngine { detail })?;
-        ServerContainer::start_async(spec())
-            .await
-            .map(Self::in_container)
+        crate::provision_container_async().await
     }
 
     /// Start etcd as a local process on two free loopback ports.
@@ -139,21 +112,6 @@ impl EtcdServer {
         };
         s.restart()?;
         Ok(s)
-    }
-
-    fn external() -> Option<Self> {
-        let endpoint = std::env::var("REGISTRY_TEST_ETCD_ENDPOINT").ok()?;
-        Some(Self {
-            endpoint,
-            inner: Inner::External,
-        })
-    }
-
-    fn in_container(c: ServerContainer) -> Self {
-        Self {
-            endpoint: format!("http://{}", c.addr()),
-            inner: Inner::Container(c),
-        }
     }
 
     /// The client URL, e.g. `http://127.0.0.1:40123`.
@@ -238,5 +196,28 @@ impl EtcdServer {
                 Ok(())
             }
         }
+    }
+}
+
+impl crate::Fixture for EtcdServer {
+    const KIND: &'static str = "etcd";
+    fn spec() -> ContainerSpec {
+        spec()
+    }
+    fn external() -> Option<Self> {
+        let endpoint = std::env::var("REGISTRY_TEST_ETCD_ENDPOINT").ok()?;
+        Some(Self {
+            endpoint,
+            inner: Inner::External,
+        })
+    }
+    fn in_container(c: ServerContainer) -> Self {
+        Self {
+            endpoint: format!("http://{}", c.addr()),
+            inner: Inner::Container(c),
+        }
+    }
+    fn start_process() -> Result<Self, FixtureError> {
+        Self::start_process()
     }
 }

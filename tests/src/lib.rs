@@ -203,6 +203,69 @@ pub enum Provision {
     Process,
 }
 
+/// What a fixture server type supplies so that the choice between an
+/// external server, a container and a local process is written once.
+trait Fixture: Sized + Send + 'static {
+    /// `etcd` or `moto`, as in `REGISTRY_TEST_CONTAINERS`.
+    const KIND: &'static str;
+    /// The container to start.
+    fn spec() -> containers::ContainerSpec;
+    /// The server named by the environment variable, if any.
+    fn external() -> Option<Self>;
+    /// The fixture around a started container.
+    fn in_container(c: containers::ServerContainer) -> Self;
+    /// Start a local process.
+    fn start_process() -> Result<Self, FixtureError>;
+}
+
+/// Environment variable, then a container when an engine answers, then a
+/// local process (blocking).
+fn provision<T: Fixture>() -> Result<T, FixtureError> {
+    if let Some(s) = T::external() {
+        return Ok(s);
+    }
+    if containers::containers_allowed(T::KIND) && containers::engine_answers() {
+        match containers::ServerContainer::start(T::spec()) {
+            Ok(c) => return Ok(T::in_container(c)),
+            Err(e) => container_fallback(T::KIND, &e),
+        }
+    }
+    T::start_process()
+}
+
+/// [`provision`] without blocking the runtime.
+async fn provision_async<T: Fixture>() -> Result<T, FixtureError> {
+    if let Some(s) = T::external() {
+        return Ok(s);
+    }
+    if containers::containers_allowed(T::KIND) && containers::engine_answers() {
+        match containers::ServerContainer::start_async(T::spec()).await {
+            Ok(c) => return Ok(T::in_container(c)),
+            Err(e) => container_fallback(T::KIND, &e),
+        }
+    }
+    tokio::task::spawn_blocking(T::start_process)
+        .await
+        .map_err(|e| FixtureError::Io {
+            what: format!("starting {}", T::KIND),
+            source: std::io::Error::other(e),
+        })?
+}
+
+/// A container, whatever the environment says; `NoEngine` without one.
+fn provision_container<T: Fixture>() -> Result<T, FixtureError> {
+    containers::engine_probe().map_err(|detail| FixtureError::NoEngine { detail })?;
+    containers::ServerContainer::start(T::spec()).map(T::in_container)
+}
+
+/// [`provision_container`] for async code.
+async fn provision_container_async<T: Fixture>() -> Result<T, FixtureError> {
+    containers::engine_probe().map_err(|detail| FixtureError::NoEngine { detail })?;
+    containers::ServerContainer::start_async(T::spec())
+        .await
+        .map(T::in_container)
+}
+
 /// Log, on stderr too (test output shows it), that `start()` fell back
 /// from containers to a local process.
 fn container_fallback(kind: &str, err: &FixtureError) {

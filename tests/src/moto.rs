@@ -4,8 +4,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::containers::{self, ContainerSpec, ServerContainer};
-use crate::{container_fallback, free_port, FixtureError, Provision, ServerProcess};
+use crate::containers::{ContainerSpec, ServerContainer};
+use crate::{free_port, FixtureError, Provision, ServerProcess};
 
 /// The image used when `REGISTRY_TEST_MOTO_IMAGE` is not set (its
 /// entrypoint is `moto_server -H 0.0.0.0`, port 5000).
@@ -56,52 +56,25 @@ impl MotoServer {
     /// tokio runtime alike. A container that fails to start is reported on
     /// stderr and replaced by a local process.
     pub fn start() -> Result<Self, FixtureError> {
-        if let Some(s) = Self::external() {
-            return Ok(s);
-        }
-        if containers::containers_allowed("moto") && containers::engine_answers() {
-            match ServerContainer::start(spec()) {
-                Ok(c) => return Ok(Self::in_container(c)),
-                Err(e) => container_fallback("moto", &e),
-            }
-        }
-        Self::start_process()
+        crate::provision()
     }
 
     /// [`MotoServer::start`] for async code: does not block the runtime
     /// while the server comes up.
     pub async fn start_async() -> Result<Self, FixtureError> {
-        if let Some(s) = Self::external() {
-            return Ok(s);
-        }
-        if containers::containers_allowed("moto") && containers::engine_answers() {
-            match ServerContainer::start_async(spec()).await {
-                Ok(c) => return Ok(Self::in_container(c)),
-                Err(e) => container_fallback("moto", &e),
-            }
-        }
-        tokio::task::spawn_blocking(Self::start_process)
-            .await
-            .map_err(|e| FixtureError::Io {
-                what: "starting moto_server".into(),
-                source: std::io::Error::other(e),
-            })?
+        crate::provision_async().await
     }
 
     /// Start moto in a container through testcontainers, whatever the
     /// environment variables say about an existing server. Fails with
     /// [`FixtureError::NoEngine`] when no engine answers.
     pub fn start_container() -> Result<Self, FixtureError> {
-        containers::engine_probe().map_err(|detail| FixtureError::NoEngine { detail })?;
-        ServerContainer::start(spec()).map(Self::in_container)
+        crate::provision_container()
     }
 
     /// [`MotoServer::start_container`] for async code.
     pub async fn start_container_async() -> Result<Self, FixtureError> {
-        containers::engine_probe().map_err(|detail| FixtureError::NoEngine { detail })?;
-        ServerContainer::start_async(spec())
-            .await
-            .map(Self::in_container)
+        crate::provision_container_async().await
     }
 
     /// Start `moto_server -H 127.0.0.1 -p <free port>` as a local process.
@@ -126,21 +99,6 @@ impl MotoServer {
             url: format!("http://127.0.0.1:{port}"),
             inner: Inner::Process(process),
         })
-    }
-
-    fn external() -> Option<Self> {
-        let url = std::env::var("REGISTRY_TEST_MOTO_URL").ok()?;
-        Some(Self {
-            url,
-            inner: Inner::External,
-        })
-    }
-
-    fn in_container(c: ServerContainer) -> Self {
-        Self {
-            url: format!("http://{}", c.addr()),
-            inner: Inner::Container(c),
-        }
     }
 
     /// The endpoint URL to give the AWS SDK, e.g. `http://127.0.0.1:40123`.
@@ -179,5 +137,28 @@ impl MotoServer {
             }
             Inner::Process(p) => p.kill(),
         }
+    }
+}
+
+impl crate::Fixture for MotoServer {
+    const KIND: &'static str = "moto";
+    fn spec() -> ContainerSpec {
+        spec()
+    }
+    fn external() -> Option<Self> {
+        let url = std::env::var("REGISTRY_TEST_MOTO_URL").ok()?;
+        Some(Self {
+            url,
+            inner: Inner::External,
+        })
+    }
+    fn in_container(c: ServerContainer) -> Self {
+        Self {
+            url: format!("http://{}", c.addr()),
+            inner: Inner::Container(c),
+        }
+    }
+    fn start_process() -> Result<Self, FixtureError> {
+        Self::start_process()
     }
 }
