@@ -43,7 +43,7 @@ macro_rules! checks {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $check() {
             let reg = make().await;
-            registry_api::testing::$check(&reg).await;
+            registry_api::testing::$check(&*reg).await;
         }
     )*};
 }
@@ -70,7 +70,7 @@ checks!(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_watch_fresh_snapshot_when_history_gone() {
     let reg = make().await;
-    registry_api::testing::watch_fresh_snapshot_when_history_gone(&reg, || lose_history(&reg))
+    registry_api::testing::watch_fresh_snapshot_when_history_gone(&*reg, || lose_history(&reg))
         .await;
 }
 

@@ -5,11 +5,7 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use registry_api::{
-    Batch, Capabilities, Endpoint, EndpointKey, EventStream, Op, Polling, PollingConfig, Registry,
-    Result, Snapshot, Version, Watch,
-};
+use registry_api::{Polling, PollingConfig};
 use registry_cloudmap::aws_sdk_servicediscovery::config::{BehaviorVersion, Credentials, Region};
 use registry_cloudmap::{CloudMapConfig, CloudMapRegistry};
 use registry_tests::MotoServer;
@@ -79,49 +75,11 @@ impl Harness {
     }
 }
 
-impl std::fmt::Display for Harness {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.reg.fmt(f)
-    }
-}
-
-impl std::fmt::Debug for Harness {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Debug::fmt(&self.reg, f)
-    }
-}
-
-#[async_trait]
-impl Registry for Harness {
-    async fn register(&self, endpoint: Endpoint) -> Result<()> {
-        self.reg.register(endpoint).await
-    }
-    async fn deregister(&self, key: &EndpointKey) -> Result<()> {
-        self.reg.deregister(key).await
-    }
-    async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
-        self.reg.list(service).await
-    }
-    async fn snapshot(&self) -> Result<Snapshot> {
-        self.reg.snapshot().await
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.reg.capabilities()
-    }
-}
-
-impl Watch for Harness {
-    fn watch(&self, from: Option<Version>) -> EventStream {
-        self.reg.watch(from)
-    }
-}
-
-#[async_trait]
-impl Batch for Harness {
-    async fn apply(&self, ops: Vec<Op>) -> Result<()> {
-        self.reg.apply(ops).await
-    }
-    fn max_batch(&self) -> usize {
-        self.reg.max_batch()
+/// The harness reads as its registry (`h.register(..)`, `h.watch(..)`);
+/// pass `&*h` where a `Registry` is expected.
+impl std::ops::Deref for Harness {
+    type Target = Polling<CloudMapRegistry>;
+    fn deref(&self) -> &Self::Target {
+        &self.reg
     }
 }
