@@ -44,7 +44,7 @@ async fn start_registrar(
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let health = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = grpc.local_addr()?;
-    let registrar = Registrar::new(backend, RegistrarConfig::new(cluster));
+    let registrar = Registrar::new(backend, RegistrarConfig::new(cluster))?;
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(serve(registrar, grpc, health, None, async move {
         let _ = stopped.await;

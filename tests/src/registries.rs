@@ -86,6 +86,7 @@ pub async fn cloudmap(
     let polling = registry_api::Polling::with_config(
         raw,
         registry_api::PollingConfig::default().with_interval(Duration::from_millis(50)),
-    );
+    )
+    .map_err(setup("polling the fixture namespace"))?;
     Ok(Guarded::new(polling, moto))
 }

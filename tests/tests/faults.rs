@@ -38,13 +38,15 @@ async fn etcd_killed_during_a_10k_churn_loses_nothing() {
         CoalescingConfig::default()
             .with_capacity(20_000)
             .with_retry(Duration::from_millis(20), Duration::from_millis(500)),
-    );
+    )
+    .unwrap();
     let cached = CachedRegistry::with_config(
         writer,
         CachedConfig::default()
             .with_write_wait(Duration::ZERO)
             .with_reconnect(Duration::from_millis(20), Duration::from_millis(500)),
-    );
+    )
+    .unwrap();
     cached.wait_until_ready().await;
 
     let svc = "churn";
@@ -290,7 +292,8 @@ async fn hundred_drops_registrar_stream() {
     let backend = Arc::new(registry_api::Liveness::new(
         registry_api::MemoryRegistry::new(),
     ));
-    let registrar = Registrar::new(backend, RegistrarConfig::new("drops").with_history(1 << 16));
+    let registrar =
+        Registrar::new(backend, RegistrarConfig::new("drops").with_history(1 << 16)).unwrap();
     tokio::spawn(serve(
         registrar,
         grpc,

@@ -155,7 +155,8 @@ async fn cloudmap() {
             PollingConfig::default()
                 .with_interval(Duration::from_millis(50))
                 .with_history(8),
-        ),
+        )
+        .unwrap(),
         moto,
     );
     // Every check but the size limits: Cloud Map stores at most 5,000
@@ -214,7 +215,8 @@ async fn registrar_client() {
     let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", grpc.local_addr().unwrap());
     let backend = Arc::new(registry_api::Liveness::new(MemoryRegistry::new()));
-    let registrar = Registrar::new(backend, RegistrarConfig::new("matrix").with_history(64));
+    let registrar =
+        Registrar::new(backend, RegistrarConfig::new("matrix").with_history(64)).unwrap();
     tokio::spawn(serve(
         registrar,
         grpc,

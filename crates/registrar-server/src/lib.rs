@@ -121,7 +121,7 @@ impl Registrar {
     /// `registrar_sync_duration_seconds` and `registrar_sync_errors_total`
     /// are recorded for it too ([`registry_api::Polling`] records them for
     /// the others).
-    pub fn new(backend: Arc<dyn Backend>, cfg: RegistrarConfig) -> Arc<Self> {
+    pub fn new(backend: Arc<dyn Backend>, cfg: RegistrarConfig) -> Result<Arc<Self>> {
         let backend: Arc<dyn Backend> = if backend.capabilities().native_watch {
             Arc::new(SyncMetered::new(backend))
         } else {
@@ -138,14 +138,14 @@ impl Registrar {
                 .with_write_wait(Duration::ZERO)
                 .with_history(cfg.history)
                 .with_buffer(cfg.agent_buffer),
-        );
+        )?;
         let writer = Coalescing::with_config(
             Arc::clone(&backend),
             CoalescingConfig::default()
                 .with_flush_interval(cfg.write_batch_interval)
                 .with_flush_ops(cfg.write_batch_ops)
                 .with_capacity(cfg.write_queue_capacity),
-        );
+        )?;
         let this = Arc::new(Self {
             cfg,
             epoch,
@@ -156,7 +156,7 @@ impl Registrar {
             counted: std::sync::Mutex::new(BTreeMap::new()),
         });
         tokio::spawn(count_endpoints(Arc::downgrade(&this)));
-        this
+        Ok(this)
     }
 
     /// The settings.

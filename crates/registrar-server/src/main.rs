@@ -256,28 +256,28 @@ struct ServeArgs {
 
 /// Wrap a backend for the registrar: polling when it has no native watch,
 /// the generic sweeper when it has no native liveness.
-fn assemble<B>(backend: B, sync_interval: Duration) -> Arc<dyn Backend>
+fn assemble<B>(backend: B, sync_interval: Duration) -> registry_api::Result<Arc<dyn Backend>>
 where
     B: registry_api::Batch + registry_api::Watch + registry_api::Heartbeat,
 {
     let caps = registry_api::Registry::capabilities(&backend);
     let polling = PollingConfig::default().with_interval(sync_interval);
-    match (caps.native_watch, caps.native_liveness) {
+    Ok(match (caps.native_watch, caps.native_liveness) {
         (true, true) => Arc::new(backend),
         (true, false) => Arc::new(Liveness::new(backend)),
-        (false, true) => Arc::new(Polling::with_config(backend, polling)),
-        (false, false) => Arc::new(Polling::with_config(Liveness::new(backend), polling)),
-    }
+        (false, true) => Arc::new(Polling::with_config(backend, polling)?),
+        (false, false) => Arc::new(Polling::with_config(Liveness::new(backend), polling)?),
+    })
 }
 
 async fn open_backend(args: &ServeArgs) -> registry_api::Result<Arc<dyn Backend>> {
     Ok(match args.registry_backend {
-        BackendKind::Memory => assemble(MemoryRegistry::new(), args.sync_interval),
+        BackendKind::Memory => assemble(MemoryRegistry::new(), args.sync_interval)?,
         #[cfg(feature = "sqlite")]
         BackendKind::Sqlite => assemble(
             registry_sqlite::SqliteRegistry::open_path(&args.sqlite_path).await?,
             args.sync_interval,
-        ),
+        )?,
         #[cfg(feature = "etcd")]
         BackendKind::Etcd => {
             let cfg = registry_etcd::EtcdConfig::new(args.etcd_endpoints.clone())
@@ -285,7 +285,7 @@ async fn open_backend(args: &ServeArgs) -> registry_api::Result<Arc<dyn Backend>
             assemble(
                 registry_etcd::EtcdRegistry::connect(cfg).await?,
                 args.sync_interval,
-            )
+            )?
         }
         #[cfg(feature = "dynamodb")]
         BackendKind::Dynamodb => {
@@ -318,7 +318,7 @@ async fn open_backend(args: &ServeArgs) -> registry_api::Result<Arc<dyn Backend>
             Arc::new(Polling::with_config(
                 Liveness::new(raw),
                 PollingConfig::default().with_interval(args.sync_interval),
-            ))
+            )?)
         }
     })
 }
@@ -406,7 +406,7 @@ async fn run_serve(args: ServeArgs, tls: &TlsArgs) -> Result<(), String> {
     let health_addr = health.local_addr().map_err(|e| e.to_string())?;
     let cfg = RegistrarConfig::new(args.cluster_name.clone())
         .with_write_batch_interval(args.write_batch_interval);
-    let registrar = Registrar::new(backend, cfg);
+    let registrar = Registrar::new(backend, cfg).map_err(|e| e.to_string())?;
     tracing::info!(
         backend = %registrar.backend(),
         cluster = %args.cluster_name,

@@ -186,7 +186,7 @@ fn bench_coalescing(_c: &mut Criterion) {
     let inner = Faulty::new(MemoryRegistry::new());
     inner.set_latency(Duration::from_millis(1));
     let t_coalesced = rt.block_on(async {
-        let reg = Coalescing::with_config(inner, CoalescingConfig::default());
+        let reg = Coalescing::with_config(inner, CoalescingConfig::default()).unwrap();
         let start = Instant::now();
         for e in &ops {
             reg.register(e.clone()).await.unwrap();

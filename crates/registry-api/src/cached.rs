@@ -14,6 +14,7 @@ use crate::error::Result;
 use crate::hub::{Hub, DEFAULT_SUBSCRIBER_BUFFER};
 use crate::model::{Capabilities, Endpoint, EndpointKey, Event, Op, Version};
 use crate::polling::{diff, start_version, with_version};
+use crate::settings::{check_count, check_duration};
 use crate::snapshot::Snapshot;
 use crate::traits::{Batch, EventStream, Heartbeat, Registry, Watch};
 
@@ -64,7 +65,7 @@ impl CachedConfig {
     /// Set the reconnect delays.
     pub fn with_reconnect(mut self, min: Duration, max: Duration) -> Self {
         self.reconnect_min = min;
-        self.reconnect_max = max.max(min);
+        self.reconnect_max = max;
         self
     }
     /// Set `history`.
@@ -86,6 +87,25 @@ impl CachedConfig {
     pub fn with_write_wait(mut self, wait: Duration) -> Self {
         self.write_wait = wait;
         self
+    }
+
+    /// Check every setting: reconnect delays 1 ms to 1 h (`reconnect_max`
+    /// at least `reconnect_min`), `history` and `buffer` 1 to 10 000 000,
+    /// `write_wait` and `local_hold` at most 1 h.
+    pub fn validate(&self) -> Result<()> {
+        let ms = Duration::from_millis;
+        let hour = Duration::from_secs(3600);
+        check_duration("reconnect_min", self.reconnect_min, ms(1), hour)?;
+        check_duration(
+            "reconnect_max",
+            self.reconnect_max,
+            self.reconnect_min,
+            hour,
+        )?;
+        check_count("history", self.history, 1, 10_000_000)?;
+        check_count("buffer", self.buffer, 1, 10_000_000)?;
+        check_duration("write_wait", self.write_wait, Duration::ZERO, hour)?;
+        check_duration("local_hold", self.local_hold, Duration::ZERO, hour)
     }
 }
 
@@ -138,6 +158,10 @@ struct Shared {
     write_wait: Duration,
     /// `None` while connected; when the stream was lost otherwise.
     lost_at: Mutex<Option<Instant>>,
+    /// Generation of the last resync asked for ([`CachedRegistry::resync`]).
+    resync: tokio::sync::watch::Sender<u64>,
+    /// Generation of the last resync done (its snapshot applied).
+    resynced: tokio::sync::watch::Sender<u64>,
 }
 
 impl Shared {
@@ -162,11 +186,17 @@ impl Shared {
 impl<R: Registry + Watch> CachedRegistry<R> {
     /// Cache `inner` with the default settings.
     pub fn new(inner: R) -> Self {
-        Self::with_config(inner, CachedConfig::default())
+        Self::start(inner, CachedConfig::default())
     }
 
-    /// Cache `inner` with `config`.
-    pub fn with_config(inner: R, config: CachedConfig) -> Self {
+    /// Cache `inner` with `config`, checked first
+    /// ([`CachedConfig::validate`]).
+    pub fn with_config(inner: R, config: CachedConfig) -> Result<Self> {
+        config.validate()?;
+        Ok(Self::start(inner, config))
+    }
+
+    fn start(inner: R, config: CachedConfig) -> Self {
         let inner = Arc::new(inner);
         let shared = Arc::new(Shared {
             hub: Arc::new(Hub::pending(config.buffer, config.history)),
@@ -175,6 +205,8 @@ impl<R: Registry + Watch> CachedRegistry<R> {
             hold: config.local_hold,
             write_wait: config.write_wait,
             lost_at: Mutex::new(None),
+            resync: tokio::sync::watch::channel(0).0,
+            resynced: tokio::sync::watch::channel(0).0,
         });
         let task = tokio::spawn(sync_loop(
             Arc::clone(&inner),
@@ -202,6 +234,34 @@ impl<R: Registry + Watch> CachedRegistry<R> {
             metrics::gauge!("agent_registrar_cache_age_seconds").set(a.as_secs_f64());
         }
         age
+    }
+
+    /// Throw away what the cache believes and read the inner registry's
+    /// whole state again: the watch restarts without a resume point, local
+    /// holds ([`CachedRegistry::apply_local`]) are dropped, and the fresh
+    /// snapshot replaces the cached one (local watchers get the
+    /// difference). Returns once the fresh snapshot is applied, which may
+    /// take as long as the inner registry is unreachable; wrap it in a
+    /// timeout to bound it.
+    pub async fn resync(&self) {
+        self.shared
+            .held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        let mut want = 0;
+        self.shared.resync.send_modify(|g| {
+            *g += 1;
+            want = *g;
+        });
+        let mut done = self.shared.resynced.subscribe();
+        let _ = done.wait_for(|g| *g >= want).await;
+    }
+
+    /// Whether the task that keeps the cache is running (false once it
+    /// ended, which only a panic makes happen while the cache lives).
+    pub fn is_running(&self) -> bool {
+        !self.task.is_finished()
     }
 
     /// Whether the first snapshot has arrived (reads are local from then on).
@@ -304,10 +364,32 @@ async fn sync_loop<R: Registry + Watch>(inner: Arc<R>, shared: Weak<Shared>, cfg
         .without_max_times();
     let mut delays = builder.build();
     let mut last: Option<Version> = None;
+    let mut resync = match shared.upgrade() {
+        Some(s) => s.resync.subscribe(),
+        None => return,
+    };
     loop {
-        let mut stream = inner.watch(last);
+        // A resync asked for (and not yet done) starts from a snapshot.
+        let wanted = *resync.borrow_and_update();
+        let from = if wanted > done_generation(&shared) {
+            None
+        } else {
+            last
+        };
+        let mut stream = inner.watch(from);
         let mut reason = String::from("stream ended");
-        while let Some(item) = stream.next().await {
+        loop {
+            let item = tokio::select! {
+                item = stream.next() => item,
+                changed = resync.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    reason = String::from("a resync was asked for");
+                    break;
+                }
+            };
+            let Some(item) = item else { break };
             let Some(shared) = shared.upgrade() else {
                 return;
             };
@@ -316,24 +398,47 @@ async fn sync_loop<R: Registry + Watch>(inner: Arc<R>, shared: Weak<Shared>, cfg
                     shared.set_lost(false);
                     delays = builder.build();
                     last = Some(ev.version());
+                    let fresh = matches!(ev, Event::Snapshot(_));
                     shared.apply(ev, true);
+                    if fresh {
+                        shared.resynced.send_if_modified(|g| {
+                            let modified = *g < wanted;
+                            *g = (*g).max(wanted);
+                            modified
+                        });
+                    }
                 }
                 Err(e) => {
+                    // The source reports a failure; it may go on retrying by
+                    // itself (its next item is then a fresh snapshot) or end.
+                    shared.set_lost(true);
+                    metrics::counter!("agent_registrar_stream_reconnects_total").increment(1);
+                    tracing::warn!(registry = %inner, error = %e, "the watch reports a failure; serving last-known-good data");
                     reason = e.to_string();
-                    break;
                 }
             }
         }
-        let Some(shared) = shared.upgrade() else {
-            return;
-        };
-        shared.set_lost(true);
-        drop(shared);
+        {
+            let Some(strong) = shared.upgrade() else {
+                return;
+            };
+            if *resync.borrow() > *strong.resynced.borrow() {
+                continue;
+            }
+            strong.set_lost(true);
+        }
         metrics::counter!("agent_registrar_stream_reconnects_total").increment(1);
         let delay = delays.next().unwrap_or(cfg.reconnect_max);
         tracing::warn!(registry = %inner, %reason, ?delay, resume_from = ?last, "cache lost its watch; serving last-known-good data");
-        tokio::time::sleep(delay).await;
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            changed = resync.changed() => if changed.is_err() { return },
+        }
     }
+}
+
+fn done_generation(shared: &Weak<Shared>) -> u64 {
+    shared.upgrade().map_or(0, |s| *s.resynced.borrow())
 }
 
 /// The events that bring `current` to what `ev` says, dropping what is
@@ -490,6 +595,9 @@ impl<R: Registry + Watch> Registry for CachedRegistry<R> {
         // The backend applies a batch atomically, but the cache receives it
         // event by event: a read may see part of it.
         self.inner.capabilities().with_atomic_batch(false)
+    }
+    async fn probe(&self) -> Result<()> {
+        self.inner.probe().await
     }
 }
 

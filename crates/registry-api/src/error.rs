@@ -149,7 +149,13 @@ impl Error {
     }
 
     /// Whether trying the same request again later may succeed: true for
-    /// `Unavailable`, `Throttled`, `Conflict` and `Overloaded`.
+    /// `Unavailable`, `Throttled`, `Conflict` and `Overloaded` (transient).
+    /// The others are permanent: the same request fails the same way until
+    /// something outside changes.
+    ///
+    /// `Conflict` is transient but not unboundedly so: a retry loop should
+    /// give it a few attempts, then treat it as a permanent refusal of the
+    /// request ([`Error::is_request_fault`]).
     pub fn is_retryable(&self) -> bool {
         matches!(
             self.kind(),
@@ -158,6 +164,22 @@ impl Error {
                 | ErrorKind::Conflict
                 | ErrorKind::Overloaded
         )
+    }
+
+    /// Whether the request itself is at fault (`InvalidInput`, `Conflict`):
+    /// other requests to the same backend may well succeed. The other
+    /// permanent kinds (`NotFound`, `Unauthorized`, `Internal`) met on a
+    /// write mean the backend refuses writes as such (a read-only or
+    /// corrupt file, a missing table, revoked permissions) until someone
+    /// fixes it.
+    ///
+    /// ```
+    /// use registry_api::Error;
+    /// assert!(Error::invalid("port", "0 is not a port").is_request_fault());
+    /// assert!(!Error::internal("database disk image is malformed").is_request_fault());
+    /// ```
+    pub fn is_request_fault(&self) -> bool {
+        matches!(self.kind(), ErrorKind::InvalidInput | ErrorKind::Conflict)
     }
 
     /// An [`Error::InvalidInput`] for `field`.

@@ -9,7 +9,7 @@ use arc_swap::ArcSwap;
 use futures::stream::{self, StreamExt};
 use tokio::sync::{mpsc, watch};
 
-use crate::error::Error;
+use crate::error::{Error, Result};
 use crate::history::History;
 use crate::model::{Event, Version};
 use crate::snapshot::Snapshot;
@@ -61,7 +61,7 @@ struct HubState {
 }
 
 struct Subscriber {
-    tx: mpsc::Sender<Event>,
+    tx: mpsc::Sender<Result<Event>>,
     cut_off: Arc<AtomicBool>,
 }
 
@@ -125,22 +125,38 @@ impl Hub {
                 }
                 _ => st.history.push(ev.clone()),
             }
-            let buffer = self.buffer;
-            st.subscribers
-                .retain(|sub| match sub.tx.try_send(ev.clone()) {
-                    Ok(()) => true,
-                    Err(mpsc::error::TrySendError::Full(_)) => {
-                        sub.cut_off.store(true, Ordering::SeqCst);
-                        tracing::warn!(buffer, "watch subscriber fell behind and was cut off");
-                        false
-                    }
-                    Err(mpsc::error::TrySendError::Closed(_)) => false,
-                });
+            self.send_all(&mut st, Ok(ev));
         }
         // Swapped while the lock is held, so a subscriber's initial events
         // and the live ones meet exactly.
         self.current.store(Arc::new(snap));
         self.changed.send_replace(());
+    }
+
+    /// Tell every subscriber that the source is failing: each gets
+    /// `Err(error)` and stays subscribed (see [`crate::Watch::watch`]). The
+    /// source publishes a fresh [`Event::Snapshot`] once it is healthy
+    /// again, which subscribers take as the end of the failure. The state
+    /// and the history are unchanged.
+    pub fn report_error(&self, error: Error) {
+        let mut st = self.lock();
+        self.send_all(&mut st, Err(error));
+    }
+
+    /// Send `item` to every subscriber, cutting off those that are full
+    /// and dropping those that are gone.
+    fn send_all(&self, st: &mut HubState, item: Result<Event>) {
+        let buffer = self.buffer;
+        st.subscribers
+            .retain(|sub| match sub.tx.try_send(item.clone()) {
+                Ok(()) => true,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    sub.cut_off.store(true, Ordering::SeqCst);
+                    tracing::warn!(buffer, "watch subscriber fell behind and was cut off");
+                    false
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => false,
+            });
     }
 
     /// Wait until `cond` holds for the current state, at most `limit`.
@@ -200,7 +216,7 @@ impl Hub {
         let live = stream::unfold(Some((rx, cut_off)), move |state| async move {
             let (mut rx, cut_off) = state?;
             match rx.recv().await {
-                Some(ev) => Some((Ok(ev), Some((rx, cut_off)))),
+                Some(item) => Some((item, Some((rx, cut_off)))),
                 None if cut_off.load(Ordering::SeqCst) => Some((
                     Err(Error::overloaded(format!(
                         "watch subscriber fell more than {buffer} events behind and was cut \

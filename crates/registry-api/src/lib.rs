@@ -10,6 +10,7 @@ mod liveness;
 mod memory;
 mod model;
 mod polling;
+mod settings;
 mod snapshot;
 mod traits;
 mod validate;
@@ -23,7 +24,7 @@ mod discover;
 pub mod mock;
 
 pub use cached::{CachedConfig, CachedRegistry};
-pub use coalescing::{Coalescing, CoalescingConfig, WriteTicket};
+pub use coalescing::{Coalescing, CoalescingConfig, DrainReport, WriteTicket, WriterStatus};
 #[cfg(feature = "tower")]
 pub use discover::{discover, Discovery};
 pub use error::{Cause, Error, ErrorKind, Result};
@@ -34,6 +35,7 @@ pub use model::{
     Capabilities, Endpoint, EndpointKey, Event, Health, Op, Protocol, Version, DEFAULT_CLUSTER,
 };
 pub use polling::{diff, Polling, PollingConfig};
+pub use settings::{check_count, check_duration};
 pub use snapshot::Snapshot;
-pub use traits::{validate_ops, Batch, EventStream, Heartbeat, Registry, Watch};
+pub use traits::{validate_ops, Batch, EventStream, Heartbeat, Registry, Watch, PROBE_SERVICE};
 pub use validate::{check_name, encoded_len, limits, validate_endpoint};

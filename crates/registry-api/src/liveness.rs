@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use crate::error::Result;
 use crate::model::{Capabilities, Endpoint, EndpointKey, Health, Op, Version};
+use crate::settings::check_duration;
 use crate::snapshot::Snapshot;
 use crate::traits::{Batch, EventStream, Heartbeat, Registry, Watch};
 
@@ -60,6 +61,29 @@ impl LivenessConfig {
     pub fn with_max_sweep_share(mut self, share: f64) -> Self {
         self.max_sweep_share = share.clamp(0.0, 1.0);
         self
+    }
+
+    /// Check every setting: `suspect_after` 1 ms to 30 days,
+    /// `remove_after` from `suspect_after` to 30 days, `sweep_interval`
+    /// 1 ms to 1 h, `max_sweep_share` 0 to 1.
+    pub fn validate(&self) -> Result<()> {
+        let ms = Duration::from_millis;
+        let month = Duration::from_secs(30 * 24 * 3600);
+        check_duration("suspect_after", self.suspect_after, ms(1), month)?;
+        check_duration("remove_after", self.remove_after, self.suspect_after, month)?;
+        check_duration(
+            "sweep_interval",
+            self.sweep_interval,
+            ms(1),
+            Duration::from_secs(3600),
+        )?;
+        if !(0.0..=1.0).contains(&self.max_sweep_share) {
+            return Err(crate::Error::invalid(
+                "max_sweep_share",
+                format!("{} is out of range: allowed 0 to 1", self.max_sweep_share),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -123,11 +147,17 @@ impl Shared {
 impl<R: Registry> Liveness<R> {
     /// Track liveness over `inner` with the default settings.
     pub fn new(inner: R) -> Self {
-        Self::with_config(inner, LivenessConfig::default())
+        Self::start(inner, LivenessConfig::default())
     }
 
-    /// Track liveness over `inner` with `cfg`.
-    pub fn with_config(inner: R, cfg: LivenessConfig) -> Self {
+    /// Track liveness over `inner` with `cfg`, checked first
+    /// ([`LivenessConfig::validate`]).
+    pub fn with_config(inner: R, cfg: LivenessConfig) -> Result<Self> {
+        cfg.validate()?;
+        Ok(Self::start(inner, cfg))
+    }
+
+    fn start(inner: R, cfg: LivenessConfig) -> Self {
         let inner = Arc::new(inner);
         let shared = Arc::new(Shared {
             cfg,
@@ -144,6 +174,12 @@ impl<R: Registry> Liveness<R> {
     /// The inner registry.
     pub fn get_ref(&self) -> &R {
         &self.inner
+    }
+
+    /// Whether the sweeper task is running (false once it ended, which
+    /// only a panic makes happen while the `Liveness` lives).
+    pub fn is_running(&self) -> bool {
+        !self.task.is_finished()
     }
 
     /// Run one sweep now.
@@ -304,6 +340,9 @@ impl<R: Registry> Registry for Liveness<R> {
     }
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities().with_native_liveness(true)
+    }
+    async fn probe(&self) -> Result<()> {
+        self.inner.probe().await
     }
 }
 

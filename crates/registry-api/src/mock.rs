@@ -77,6 +77,7 @@ mockall::mock! {
         async fn list(&self, service: &str) -> Result<Vec<Endpoint>>;
         async fn snapshot(&self) -> Result<Snapshot>;
         fn capabilities(&self) -> Capabilities;
+        async fn probe(&self) -> Result<()>;
     }
 }
 
@@ -100,6 +101,7 @@ mockall::mock! {
         async fn list(&self, service: &str) -> Result<Vec<Endpoint>>;
         async fn snapshot(&self) -> Result<Snapshot>;
         fn capabilities(&self) -> Capabilities;
+        async fn probe(&self) -> Result<()>;
     }
 
     #[async_trait]
@@ -131,6 +133,7 @@ mockall::mock! {
         async fn list(&self, service: &str) -> Result<Vec<Endpoint>>;
         async fn snapshot(&self) -> Result<Snapshot>;
         fn capabilities(&self) -> Capabilities;
+        async fn probe(&self) -> Result<()>;
     }
 
     impl Watch for Backend {
@@ -191,7 +194,8 @@ mod tests {
         let cached = CachedRegistry::with_config(
             backend,
             CachedConfig::default().with_write_wait(Duration::ZERO),
-        );
+        )
+        .unwrap();
         cached.wait_until_ready().await;
         assert_eq!(cached.list("api").await.unwrap().len(), 1);
         assert_eq!(cached.to_string(), "Cached(Mock)");
@@ -212,7 +216,8 @@ mod tests {
         let reg = Coalescing::with_config(
             backend,
             CoalescingConfig::default().with_flush_interval(Duration::from_secs(60)),
-        );
+        )
+        .unwrap();
         for id in ["a", "b", "c"] {
             reg.register(Endpoint::new("api", id, "127.0.0.1", 80))
                 .await

@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use crate::error::Result;
 use crate::hub::{Hub, DEFAULT_SUBSCRIBER_BUFFER};
 use crate::model::{Capabilities, Endpoint, EndpointKey, Event, Op, Version};
+use crate::settings::{check_count, check_duration};
 use crate::snapshot::Snapshot;
 use crate::traits::{Batch, EventStream, Heartbeat, Registry, Watch};
 
@@ -88,6 +89,19 @@ impl PollingConfig {
         self.buffer = buffer;
         self
     }
+
+    /// Check every setting: `interval` 1 ms to 1 h, `history` and
+    /// `buffer` 1 to 10 000 000.
+    pub fn validate(&self) -> Result<()> {
+        check_duration(
+            "interval",
+            self.interval,
+            Duration::from_millis(1),
+            Duration::from_secs(3600),
+        )?;
+        check_count("history", self.history, 1, 10_000_000)?;
+        check_count("buffer", self.buffer, 1, 10_000_000)
+    }
 }
 
 /// Turns any [`Registry`] into a [`Watch`] by polling `snapshot()` every
@@ -108,22 +122,28 @@ pub struct Polling<R> {
     inner: Arc<R>,
     hub: Arc<Hub>,
     config: PollingConfig,
-    started: std::sync::Once,
+    task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl<R: Registry> Polling<R> {
     /// Poll `inner` with the default settings.
     pub fn new(inner: R) -> Self {
-        Self::with_config(inner, PollingConfig::default())
+        Self::build(inner, PollingConfig::default())
     }
 
-    /// Poll `inner` with `config`.
-    pub fn with_config(inner: R, config: PollingConfig) -> Self {
+    /// Poll `inner` with `config`, checked first
+    /// ([`PollingConfig::validate`]).
+    pub fn with_config(inner: R, config: PollingConfig) -> Result<Self> {
+        config.validate()?;
+        Ok(Self::build(inner, config))
+    }
+
+    fn build(inner: R, config: PollingConfig) -> Self {
         Self {
             inner: Arc::new(inner),
             hub: Arc::new(Hub::pending(config.buffer, config.history)),
             config,
-            started: std::sync::Once::new(),
+            task: std::sync::Mutex::new(None),
         }
     }
 
@@ -133,11 +153,23 @@ impl<R: Registry> Polling<R> {
     }
 
     fn start(&self) {
-        self.started.call_once(|| {
+        let mut task = self.task.lock().unwrap_or_else(|p| p.into_inner());
+        if task.is_none() {
             let inner = Arc::clone(&self.inner);
             let hub = Arc::downgrade(&self.hub);
-            tokio::spawn(poll_loop(inner, hub, self.config.interval));
-        });
+            *task = Some(tokio::spawn(poll_loop(inner, hub, self.config.interval)));
+        }
+    }
+
+    /// Whether the polling task runs, or has not been started yet (false
+    /// once it ended, which only a panic makes happen while the `Polling`
+    /// lives).
+    pub fn is_running(&self) -> bool {
+        self.task
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_none_or(|t| !t.is_finished())
     }
 }
 
@@ -154,6 +186,9 @@ async fn poll_loop<R: Registry>(inner: Arc<R>, hub: Weak<Hub>, interval: Duratio
     let mut next = start_version();
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // A failure was reported to the watchers: the next good poll is sent
+    // whole, as the watch contract says.
+    let mut failed = false;
     loop {
         ticker.tick().await;
         let Some(hub) = hub.upgrade() else { return };
@@ -162,8 +197,10 @@ async fn poll_loop<R: Registry>(inner: Arc<R>, hub: Weak<Hub>, interval: Duratio
             Ok(fresh) => {
                 metrics::histogram!("registrar_sync_duration_seconds")
                     .record(started.elapsed().as_secs_f64());
-                if !hub.is_ready() {
+                if !hub.is_ready() || failed {
+                    next += 1;
                     hub.publish([Event::Snapshot(fresh.at_version(Version(next)))]);
+                    failed = false;
                     continue;
                 }
                 let events: Vec<Event> = diff(&hub.current(), &fresh)
@@ -181,6 +218,10 @@ async fn poll_loop<R: Registry>(inner: Arc<R>, hub: Weak<Hub>, interval: Duratio
             Err(e) => {
                 metrics::counter!("registrar_sync_errors_total").increment(1);
                 tracing::warn!(registry = %inner, error = %e, "poll failed; keeping the last state");
+                if hub.is_ready() {
+                    hub.report_error(e);
+                    failed = true;
+                }
             }
         }
     }
@@ -231,6 +272,9 @@ impl<R: Registry> Registry for Polling<R> {
             .capabilities()
             .with_native_watch(false)
             .with_resumable_watch(true)
+    }
+    async fn probe(&self) -> Result<()> {
+        self.inner.probe().await
     }
 }
 

@@ -807,6 +807,9 @@ pub struct Faulty<R> {
 struct FaultState {
     fail_writes: usize,
     down: bool,
+    refuse: Option<Error>,
+    poison: Vec<(EndpointKey, Error)>,
+    max_ok_batch: Option<usize>,
     watch_froms: Vec<Option<Version>>,
     batches: Vec<usize>,
     write_calls: usize,
@@ -830,6 +833,23 @@ impl<R> Faulty<R> {
     /// The next `n` write calls fail with `Unavailable`.
     pub fn fail_writes(&self, n: usize) {
         self.st().fail_writes = n;
+    }
+
+    /// While set, every write (and `probe`) fails with `error`: a backend
+    /// that refuses writes for good (read-only, corrupt, table gone).
+    pub fn refuse_writes(&self, error: Option<Error>) {
+        self.st().refuse = error;
+    }
+
+    /// Every write that touches `key` fails with `error` (a poison op).
+    pub fn poison(&self, key: EndpointKey, error: Error) {
+        self.st().poison.push((key, error));
+    }
+
+    /// Batches of more than `n` ops fail with `Unavailable` (a chunk too
+    /// large to commit before the backend's timeout); `None` lifts it.
+    pub fn fail_batches_over(&self, n: Option<usize>) {
+        self.st().max_ok_batch = n;
     }
 
     /// While down, every call fails with `Unavailable`, open watch streams
@@ -872,6 +892,11 @@ impl<R> Faulty<R> {
     }
 
     async fn gate(&self, write: bool) -> Result<()> {
+        self.gate_ops(write, &[]).await
+    }
+
+    /// The faults a call meets; `ops` are the writes it carries.
+    async fn gate_ops(&self, write: bool, ops: &[Op]) -> Result<()> {
         let latency = *self.latency.lock().unwrap_or_else(|p| p.into_inner());
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
@@ -883,9 +908,28 @@ impl<R> Faulty<R> {
         if st.down {
             return Err(Error::unavailable("injected: backend down"));
         }
-        if write && st.fail_writes > 0 {
+        if !write {
+            return Ok(());
+        }
+        if let Some(e) = &st.refuse {
+            return Err(e.clone());
+        }
+        if st.fail_writes > 0 {
             st.fail_writes -= 1;
             return Err(Error::unavailable("injected: write failed"));
+        }
+        if let Some((_, e)) = st
+            .poison
+            .iter()
+            .find(|(k, _)| ops.iter().any(|op| op.key() == *k))
+        {
+            return Err(e.clone());
+        }
+        if st.max_ok_batch.is_some_and(|n| ops.len() > n) {
+            return Err(Error::unavailable(format!(
+                "injected: a batch of {} ops timed out",
+                ops.len()
+            )));
         }
         Ok(())
     }
@@ -908,11 +952,12 @@ impl<R: Registry> std::fmt::Debug for Faulty<R> {
 #[async_trait::async_trait]
 impl<R: Registry> Registry for Faulty<R> {
     async fn register(&self, endpoint: Endpoint) -> Result<()> {
-        self.gate(true).await?;
+        self.gate_ops(true, &[Op::Register(endpoint.clone())])
+            .await?;
         self.inner.register(endpoint).await
     }
     async fn deregister(&self, key: &EndpointKey) -> Result<()> {
-        self.gate(true).await?;
+        self.gate_ops(true, &[Op::Deregister(key.clone())]).await?;
         self.inner.deregister(key).await
     }
     async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
@@ -926,12 +971,19 @@ impl<R: Registry> Registry for Faulty<R> {
     fn capabilities(&self) -> crate::Capabilities {
         self.inner.capabilities()
     }
+    async fn probe(&self) -> Result<()> {
+        if let Some(e) = &self.st().refuse {
+            return Err(e.clone());
+        }
+        self.gate(false).await?;
+        self.inner.probe().await
+    }
 }
 
 #[async_trait::async_trait]
 impl<R: Batch> Batch for Faulty<R> {
     async fn apply(&self, ops: Vec<Op>) -> Result<()> {
-        self.gate(true).await?;
+        self.gate_ops(true, &ops).await?;
         let n = ops.len();
         self.inner.apply(ops).await?;
         self.st().batches.push(n);
@@ -1036,6 +1088,9 @@ impl<R: Registry> Registry for Guarded<R> {
     }
     fn capabilities(&self) -> crate::Capabilities {
         self.inner.capabilities()
+    }
+    async fn probe(&self) -> Result<()> {
+        self.inner.probe().await
     }
 }
 

@@ -37,16 +37,39 @@ pub trait Registry: Display + Debug + Send + Sync + 'static {
     async fn snapshot(&self) -> Result<Snapshot>;
     /// What this backend does natively.
     fn capabilities(&self) -> Capabilities;
+    /// Check, without changing anything anyone can see, that the backend
+    /// answers and would accept writes: `Ok` when it does; otherwise the
+    /// error a write would meet, with its usual kind (`Unavailable` when it
+    /// cannot be reached, `Unauthorized` when writes are not allowed,
+    /// `Internal` for a corrupt store, `NotFound` for a missing table or
+    /// namespace). Servers call it before they report ready and while they
+    /// wait for a backend to come back.
+    ///
+    /// The default only reads (`list` of a service no one registers);
+    /// backends override it with a cheap write check where their API has
+    /// one, and document what they probe.
+    async fn probe(&self) -> Result<()> {
+        self.list(PROBE_SERVICE).await.map(drop)
+    }
 }
+
+/// The service name the default [`Registry::probe`] lists.
+pub const PROBE_SERVICE: &str = "registry-probe";
 
 /// Follow every change.
 pub trait Watch: Send + Sync + 'static {
     /// A stream that starts with [`Event::Snapshot`], unless it can resume
     /// from `from` (then only the changes with a version after it). When the
     /// source lost history (compaction, a gap, a slow consumer), it sends a
-    /// fresh `Snapshot` and goes on. An `Err` item reports a failure; the
-    /// stream may end after it, and the consumer resumes with
-    /// `watch(Some(last_version))`.
+    /// fresh `Snapshot` and goes on.
+    ///
+    /// An `Err` item reports a failure (the backend is unreachable, the
+    /// change feed was lost). After it the stream either ends, and the
+    /// consumer resumes with `watch(Some(last_version))`, or goes on
+    /// retrying by itself, possibly reporting more `Err` items; then its
+    /// next `Ok` item is a fresh `Snapshot` of the whole state, so the
+    /// consumer learns both that the source is healthy again and what it
+    /// holds now. Sources never hide a failure by retrying silently.
     fn watch(&self, from: Option<Version>) -> EventStream;
 }
 
@@ -99,6 +122,9 @@ macro_rules! forward {
             }
             fn capabilities(&self) -> Capabilities {
                 (**self).capabilities()
+            }
+            async fn probe(&self) -> Result<()> {
+                (**self).probe().await
             }
         }
 

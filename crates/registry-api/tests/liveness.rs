@@ -34,7 +34,7 @@ async fn advance(secs: f64) {
 
 #[tokio::test(start_paused = true)]
 async fn unhealthy_at_30s_removed_at_5min_readmitted_by_heartbeat() {
-    let reg = Liveness::with_config(MemoryRegistry::new(), manual());
+    let reg = Liveness::with_config(MemoryRegistry::new(), manual()).unwrap();
     reg.register(owned("a1", "node-a")).await.unwrap();
     reg.register(owned("b1", "node-b")).await.unwrap();
     reg.register(owned("b2", "node-b")).await.unwrap();
@@ -81,7 +81,7 @@ async fn unhealthy_at_30s_removed_at_5min_readmitted_by_heartbeat() {
 
 #[tokio::test(start_paused = true)]
 async fn a_heartbeat_revives_unhealthy_endpoints() {
-    let reg = Liveness::with_config(MemoryRegistry::new(), manual());
+    let reg = Liveness::with_config(MemoryRegistry::new(), manual()).unwrap();
     reg.register(owned("a1", "node-a")).await.unwrap();
     reg.register(owned("b1", "node-b")).await.unwrap();
     advance(31.0).await;
@@ -95,7 +95,7 @@ async fn a_heartbeat_revives_unhealthy_endpoints() {
 
 #[tokio::test(start_paused = true)]
 async fn self_preservation_holds_when_half_the_nodes_go_silent() {
-    let reg = Liveness::with_config(MemoryRegistry::new(), manual());
+    let reg = Liveness::with_config(MemoryRegistry::new(), manual()).unwrap();
     let nodes: Vec<String> = (0..10).map(|i| format!("node-{i}")).collect();
     for n in &nodes {
         reg.register(owned(&format!("{n}-ep"), n)).await.unwrap();

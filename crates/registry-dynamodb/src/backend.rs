@@ -351,7 +351,7 @@ impl DynamoDbRegistry {
                     PollingConfig::default()
                         .with_interval(cfg.poll_interval)
                         .with_history(cfg.watch_history),
-                ))
+                )?)
             }
         };
         Ok(Self { core, watcher })

@@ -295,7 +295,7 @@ async fn liveness_marks_and_removes_silent_nodes() {
         .with_thresholds(Duration::from_millis(200), Duration::from_millis(1500));
     cfg.sweep_interval = Duration::from_secs(3600);
     cfg.hold_min_nodes = 100;
-    let reg = Liveness::with_config(h.reg, cfg);
+    let reg = Liveness::with_config(h.reg, cfg).unwrap();
     let a = ep(&svc, "a", 1).with_node("node-a");
     let b = ep(&svc, "b", 2).with_node("node-b");
     reg.register(a.clone()).await.unwrap();
@@ -373,7 +373,8 @@ async fn thousand_ops_through_coalescing_are_transactions_of_at_most_100() {
         CoalescingConfig::default()
             .with_flush_interval(Duration::from_millis(20))
             .with_flush_ops(1000),
-    );
+    )
+    .unwrap();
     let svc = unique("coalesced");
     let eps: Vec<Endpoint> = (0..1000u16)
         .map(|i| ep(&svc, &format!("e{i:04}"), 1 + i))
@@ -441,7 +442,8 @@ async fn throttling_is_mapped_and_retried() {
         CoalescingConfig::default()
             .with_flush_interval(Duration::from_millis(10))
             .with_retry(Duration::from_millis(10), Duration::from_millis(50)),
-    );
+    )
+    .unwrap();
     let ticket = reg.submit(vec![Op::Register(ep(&svc, "c", 3))]).unwrap();
     reg.flush().await;
     ticket.durable().await.unwrap();

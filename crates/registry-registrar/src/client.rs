@@ -470,7 +470,7 @@ impl RegistrarClient {
                 .with_write_wait(Duration::ZERO)
                 .with_history(cfg.history)
                 .with_reconnect(cfg.reconnect.0, cfg.reconnect.1),
-        ));
+        )?);
         let writes = Arc::new(Writes {
             owned: Mutex::new(BTreeMap::new()),
             pending: Mutex::new(BTreeSet::new()),

@@ -78,7 +78,7 @@ async fn start(backend: Arc<dyn Backend>, cfg: RegistrarConfig) -> std::io::Resu
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let health = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", grpc.local_addr()?);
-    let registrar = Registrar::new(backend, cfg);
+    let registrar = Registrar::new(backend, cfg).map_err(std::io::Error::other)?;
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(serve(
         Arc::clone(&registrar),
@@ -319,7 +319,8 @@ async fn backend_load(args: &Args) -> std::result::Result<(), Box<dyn std::error
         let p = Polling::with_config(
             Arc::clone(&direct),
             PollingConfig::default().with_interval(args.sync_interval),
-        );
+        )
+        .map_err(std::io::Error::other)?;
         let w = p.watch(None);
         watches.push((p, w));
     }
@@ -330,10 +331,13 @@ async fn backend_load(args: &Args) -> std::result::Result<(), Box<dyn std::error
 
     // Through the registrar: one backend client, agents on gRPC streams.
     let shared = Arc::new(Counting::default());
-    let backend: Arc<dyn Backend> = Arc::new(Polling::with_config(
-        Arc::clone(&shared),
-        PollingConfig::default().with_interval(args.sync_interval),
-    ));
+    let backend: Arc<dyn Backend> = Arc::new(
+        Polling::with_config(
+            Arc::clone(&shared),
+            PollingConfig::default().with_interval(args.sync_interval),
+        )
+        .map_err(std::io::Error::other)?,
+    );
     let server = start(backend, RegistrarConfig::new("load")).await?;
     let mut streams = Vec::new();
     for i in 0..agents {

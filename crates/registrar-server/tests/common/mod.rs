@@ -26,7 +26,7 @@ pub async fn start_on(backend: Arc<dyn Backend>, cfg: RegistrarConfig, addr: Soc
     let grpc = bind_retrying(addr).await;
     let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = grpc.local_addr().unwrap();
-    let registrar = Registrar::new(backend, cfg);
+    let registrar = Registrar::new(backend, cfg).unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(serve(
         Arc::clone(&registrar),
@@ -54,7 +54,7 @@ pub async fn start_with(
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = grpc.local_addr().unwrap();
-    let registrar = Registrar::new(backend, cfg);
+    let registrar = Registrar::new(backend, cfg).unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(serve_with(
         Arc::clone(&registrar),

@@ -65,7 +65,8 @@ impl Harness {
             PollingConfig::default()
                 .with_interval(INTERVAL)
                 .with_history(HISTORY),
-        );
+        )
+        .unwrap();
         Harness { reg, moto }
     }
 

@@ -1,72 +1,24 @@
 //! [`Coalescing`]: write batching in front of any [`Batch`] backend.
 
-use std::collections::{HashMap, VecDeque};
+mod config;
+mod flush;
+
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use backon::BackoffBuilder;
 use futures::future::join_all;
 use tokio::sync::{oneshot, watch, Notify};
+use tokio::time::Instant;
+
+pub use config::CoalescingConfig;
 
 use crate::error::{Error, Result};
 use crate::model::{Capabilities, Endpoint, EndpointKey, Op, Version};
 use crate::snapshot::Snapshot;
 use crate::traits::{validate_ops, Batch, EventStream, Heartbeat, Registry, Watch};
-
-/// Settings of [`Coalescing`]. The defaults are the registrar document's.
-#[non_exhaustive]
-#[derive(Debug, Clone)]
-pub struct CoalescingConfig {
-    /// Flush at least this often while ops are queued. Default 100 ms.
-    pub flush_interval: Duration,
-    /// Flush as soon as this many ops are queued. Default 50.
-    pub flush_ops: usize,
-    /// Most ops queued or in flight; one more is refused with
-    /// [`Error::Overloaded`]. Default 10 000.
-    pub capacity: usize,
-    /// First retry delay after a retryable backend error. Default 50 ms.
-    pub retry_min: Duration,
-    /// Longest retry delay (exponential, factor 2, with jitter). Default 5 s.
-    pub retry_max: Duration,
-}
-
-impl Default for CoalescingConfig {
-    fn default() -> Self {
-        Self {
-            flush_interval: Duration::from_millis(100),
-            flush_ops: 50,
-            capacity: 10_000,
-            retry_min: Duration::from_millis(50),
-            retry_max: Duration::from_secs(5),
-        }
-    }
-}
-
-impl CoalescingConfig {
-    /// Set `flush_interval`.
-    pub fn with_flush_interval(mut self, d: Duration) -> Self {
-        self.flush_interval = d;
-        self
-    }
-    /// Set `flush_ops` (at least 1).
-    pub fn with_flush_ops(mut self, n: usize) -> Self {
-        self.flush_ops = n.max(1);
-        self
-    }
-    /// Set `capacity` (at least 1).
-    pub fn with_capacity(mut self, n: usize) -> Self {
-        self.capacity = n.max(1);
-        self
-    }
-    /// Set the retry delays.
-    pub fn with_retry(mut self, min: Duration, max: Duration) -> Self {
-        self.retry_min = min;
-        self.retry_max = max.max(min);
-        self
-    }
-}
 
 /// Batches writes: ops are queued, merged to their net effect per key, and
 /// applied with [`Batch::apply`] in chunks of the backend's `max_batch()`
@@ -74,25 +26,35 @@ impl CoalescingConfig {
 ///
 /// - `register`, `deregister` and `apply` return once the ops are queued
 ///   (validated first). [`Coalescing::submit`] returns a [`WriteTicket`] that
-///   resolves when its ops are durable.
+///   resolves when its ops are applied, or with the error that refused them.
 /// - Net effect within a flush: register then deregister is a deregister,
 ///   deregister then register a register, two registers the later one.
 /// - Per-key order holds across flushes: one flusher applies flushes in
 ///   order and a flush is only done when all its chunks are.
-/// - Retryable errors (the backend is down, throttled) are retried with
+/// - Transient errors (the backend is down, throttled) are retried with
 ///   exponential backoff and jitter, without limit: ops stay queued through
-///   an outage. A full queue answers [`Error::Overloaded`] at once and
-///   nothing already queued is lost. A non-retryable error fails the ops of
-///   that chunk: their tickets get the error and it is logged.
+///   an outage, and [`Coalescing::status`] says since when it fails. A
+///   chunk that keeps failing is split in two, so one chunk too large to
+///   commit in time cannot stall the queue. A full queue answers
+///   [`Error::Overloaded`] at once and nothing already queued is lost.
+/// - A refused op fails alone: when the backend refuses a chunk because of
+///   its content (`InvalidInput`, or `Conflict` after `conflict_retries`),
+///   the chunk is split until the op at fault is alone; its tickets get the
+///   error, every other op is applied. A backend that refuses writes as
+///   such (`NotFound`, `Unauthorized`, `Internal`) fails the whole chunk.
 /// - [`flush`](Coalescing::flush) and [`shutdown`](Coalescing::shutdown)
-///   drain everything queued before them. Dropping a `Coalescing` lets its
-///   flusher drain the queue in the background.
+///   drain everything queued before them;
+///   [`shutdown_within`](Coalescing::shutdown_within) gives up at a
+///   deadline and reports what it could not write. Dropping a `Coalescing`
+///   lets its flusher drain the queue in the background.
 ///
 /// Reads, watches and heartbeats go straight to the inner registry. Must be
 /// created inside a Tokio runtime.
 ///
-/// Metrics: `registrar_write_batch_size` (histogram, ops per backend call),
-/// `registrar_write_queue_depth` (gauge).
+/// Metrics (prefix from [`CoalescingConfig::metrics_prefix`], `registry` by
+/// default): `registry_write_batch_size` (histogram, ops per backend call),
+/// `registry_write_queue_depth` (gauge), `registry_write_errors_total{kind}`
+/// (failed backend calls).
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
@@ -116,6 +78,12 @@ struct Shared {
     /// Highest sequence number that is finished (applied or failed).
     done: watch::Sender<u64>,
     cfg: CoalescingConfig,
+    names: config::Names,
+    status: watch::Sender<WriterStatus>,
+    /// Set by `shutdown_within`: nothing is attempted after it.
+    deadline: Mutex<Option<Instant>>,
+    /// Keys given up at the deadline.
+    abandoned: Mutex<Vec<EndpointKey>>,
 }
 
 struct Queue {
@@ -132,6 +100,24 @@ struct Pending {
     ticket: Option<oneshot::Sender<Result<()>>>,
 }
 
+/// How the backend has been answering the writer.
+#[derive(Debug, Clone, Default)]
+pub struct WriterStatus {
+    /// Since when every backend call failed (transient or a refusal of the
+    /// backend); `None` while calls succeed.
+    pub failing_since: Option<Instant>,
+    /// The error of the last failed call while failing.
+    pub last_error: Option<Error>,
+}
+
+/// What [`Coalescing::shutdown_within`] could not write.
+#[derive(Debug, Clone, Default)]
+pub struct DrainReport {
+    /// Keys whose ops were given up at the deadline (their tickets failed
+    /// with `Unavailable`). Empty when everything was written or refused.
+    pub unwritten: Vec<EndpointKey>,
+}
+
 /// Resolves when the ops of one [`Coalescing::submit`] call are applied by
 /// the backend, or failed for good.
 #[must_use = "a ticket does nothing unless awaited"]
@@ -140,10 +126,12 @@ pub struct WriteTicket {
 }
 
 impl WriteTicket {
-    /// Wait until every op is durable; the first error if any failed.
+    /// Wait until every op is applied; the first error if any failed.
     pub async fn durable(self) -> Result<()> {
         for r in join_all(self.receivers).await {
-            r.map_err(|_| Error::internal("coalescing flusher stopped before applying the op"))??;
+            r.map_err(|_| {
+                Error::internal("the write queue's flusher stopped before applying the op")
+            })??;
         }
         Ok(())
     }
@@ -153,16 +141,50 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    fn deadline(&self) -> Option<Instant> {
+        *self.deadline.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn past_deadline(&self) -> bool {
+        self.deadline().is_some_and(|d| Instant::now() >= d)
+    }
+
+    fn abandon(&self, keys: impl IntoIterator<Item = EndpointKey>) {
+        let mut a = self.abandoned.lock().unwrap_or_else(|p| p.into_inner());
+        a.extend(keys);
+    }
+
+    fn record_success(&self) {
+        self.status.send_if_modified(|s| {
+            let changed = s.failing_since.is_some();
+            *s = WriterStatus::default();
+            changed
+        });
+    }
+
+    fn record_failure(&self, e: &Error) {
+        self.status.send_modify(|s| {
+            s.failing_since.get_or_insert_with(Instant::now);
+            s.last_error = Some(e.clone());
+        });
+    }
 }
 
 impl<B: Batch> Coalescing<B> {
     /// Batch writes to `inner` with the default settings.
     pub fn new(inner: B) -> Self {
-        Self::with_config(inner, CoalescingConfig::default())
+        Self::start(inner, CoalescingConfig::default())
     }
 
-    /// Batch writes to `inner` with `cfg`.
-    pub fn with_config(inner: B, cfg: CoalescingConfig) -> Self {
+    /// Batch writes to `inner` with `cfg`, checked first
+    /// ([`CoalescingConfig::validate`]).
+    pub fn with_config(inner: B, cfg: CoalescingConfig) -> Result<Self> {
+        cfg.validate()?;
+        Ok(Self::start(inner, cfg))
+    }
+
+    fn start(inner: B, cfg: CoalescingConfig) -> Self {
         let inner = Arc::new(inner);
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
@@ -174,9 +196,13 @@ impl<B: Batch> Coalescing<B> {
             }),
             wake: Notify::new(),
             done: watch::channel(0).0,
+            names: config::Names::new(&cfg.metrics_prefix),
             cfg,
+            status: watch::channel(WriterStatus::default()).0,
+            deadline: Mutex::new(None),
+            abandoned: Mutex::new(Vec::new()),
         });
-        let flusher = tokio::spawn(flush_loop(Arc::clone(&inner), Arc::clone(&shared)));
+        let flusher = tokio::spawn(flush::flush_loop(Arc::clone(&inner), Arc::clone(&shared)));
         Self {
             inner,
             shared,
@@ -189,10 +215,30 @@ impl<B: Batch> Coalescing<B> {
         &self.inner
     }
 
+    /// The settings.
+    pub fn config(&self) -> &CoalescingConfig {
+        &self.shared.cfg
+    }
+
     /// Ops queued or being applied.
     pub fn queue_depth(&self) -> usize {
         let q = self.shared.lock();
         q.pending.len() + q.in_flight
+    }
+
+    /// How the backend has been answering; changes are signalled.
+    pub fn status(&self) -> watch::Receiver<WriterStatus> {
+        self.shared.status.subscribe()
+    }
+
+    /// Whether the flusher is running (false once it ended, after a
+    /// shutdown or because it panicked).
+    pub fn is_running(&self) -> bool {
+        self.flusher
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_some_and(|h| !h.is_finished())
     }
 
     /// Queue `ops` (validated first) and get a ticket for their durability.
@@ -205,10 +251,15 @@ impl<B: Batch> Coalescing<B> {
 
     /// Queue already validated ops.
     fn enqueue(&self, ops: Vec<Op>) -> Result<WriteTicket> {
+        if !self.is_running() {
+            return Err(Error::unavailable(
+                "the write queue is stopped (shut down, or its flusher task ended)",
+            ));
+        }
         let mut receivers = Vec::with_capacity(ops.len());
         let mut q = self.shared.lock();
         if q.closed {
-            return Err(Error::unavailable("the coalescing writer is shut down"));
+            return Err(Error::unavailable("the write queue is shut down"));
         }
         let depth = q.pending.len() + q.in_flight;
         let cap = self.shared.cfg.capacity;
@@ -230,7 +281,7 @@ impl<B: Batch> Coalescing<B> {
             receivers.push(rx);
         }
         let depth = q.pending.len() + q.in_flight;
-        metrics::gauge!("registrar_write_queue_depth").set(depth as f64);
+        metrics::gauge!(self.shared.names.queue_depth.clone()).set(depth as f64);
         if q.pending.len() >= self.shared.cfg.flush_ops {
             self.shared.wake.notify_one();
         }
@@ -250,20 +301,69 @@ impl<B: Batch> Coalescing<B> {
     }
 
     /// Refuse new writes, drain the queue, and stop the flusher. Waits for
-    /// the backend as long as it takes; wrap in a timeout to bound it.
+    /// the backend as long as it takes; see
+    /// [`shutdown_within`](Coalescing::shutdown_within) for a bound.
     pub async fn shutdown(&self) {
-        self.shared.lock().closed = true;
-        self.shared.wake.notify_one();
-        let handle = self
-            .flusher
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(h) = handle {
+        self.close();
+        if let Some(h) = self.take_flusher() {
             if let Err(e) = h.await {
-                tracing::error!(error = %e, "coalescing flusher failed");
+                tracing::error!(error = %e, "the write queue's flusher failed");
             }
         }
+    }
+
+    /// Refuse new writes and drain the queue for at most `limit`. What is
+    /// not written by then is given up: its tickets fail with
+    /// `Unavailable`, and its keys are in the report (an op the backend was
+    /// applying at the deadline may or may not have been written).
+    pub async fn shutdown_within(&self, limit: Duration) -> DrainReport {
+        let deadline = Instant::now() + limit;
+        *self
+            .shared
+            .deadline
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(deadline);
+        self.close();
+        if let Some(mut h) = self.take_flusher() {
+            let grace = deadline + flush::ABORT_GRACE;
+            match tokio::time::timeout_at(grace, &mut h).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::error!(error = %e, "the write queue's flusher failed"),
+                Err(_) => {
+                    tracing::error!("the write queue's flusher did not stop at the deadline");
+                    h.abort();
+                }
+            }
+        }
+        // Whatever the flusher never took (it died or was stopped).
+        let left: Vec<Pending> = self.shared.lock().pending.drain(..).collect();
+        let err = Error::unavailable("not written: the write queue was stopped before it");
+        self.shared.abandon(left.iter().map(|p| p.op.key()));
+        for p in left {
+            if let Some(t) = p.ticket {
+                let _ = t.send(Err(err.clone()));
+            }
+        }
+        let unwritten = std::mem::take(
+            &mut *self
+                .shared
+                .abandoned
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
+        DrainReport { unwritten }
+    }
+
+    fn close(&self) {
+        self.shared.lock().closed = true;
+        self.shared.wake.notify_one();
+    }
+
+    fn take_flusher(&self) -> Option<tokio::task::JoinHandle<()>> {
+        self.flusher
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
     }
 }
 
@@ -272,108 +372,6 @@ impl<B> Drop for Coalescing<B> {
         // The flusher drains what is queued, then stops.
         self.shared.lock().closed = true;
         self.shared.wake.notify_one();
-    }
-}
-
-/// Merge a flush to its net effect per key, keeping the position of each
-/// key's first op; every ticket follows its key's final op.
-fn net_effect(batch: Vec<Pending>) -> Vec<(Op, Vec<oneshot::Sender<Result<()>>>)> {
-    let mut out: Vec<(Op, Vec<oneshot::Sender<Result<()>>>)> = Vec::with_capacity(batch.len());
-    let mut index: HashMap<EndpointKey, usize> = HashMap::with_capacity(batch.len());
-    for p in batch {
-        let key = p.op.key();
-        match index.get(&key) {
-            Some(&i) => {
-                out[i].0 = p.op;
-                out[i].1.extend(p.ticket);
-            }
-            None => {
-                index.insert(key, out.len());
-                out.push((p.op, p.ticket.into_iter().collect()));
-            }
-        }
-    }
-    out
-}
-
-async fn flush_loop<B: Batch>(inner: Arc<B>, shared: Arc<Shared>) {
-    let cfg = shared.cfg.clone();
-    let retry = backon::ExponentialBuilder::default()
-        .with_min_delay(cfg.retry_min)
-        .with_max_delay(cfg.retry_max)
-        .with_factor(2.0)
-        .with_jitter()
-        .without_max_times();
-    let mut ticker = tokio::time::interval(cfg.flush_interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        let (batch, closed) = {
-            let mut q = shared.lock();
-            // Woken by the interval, the op threshold, flush() or shutdown:
-            // everything queued goes.
-            q.flush_now = false;
-            let batch: Vec<Pending> = q.pending.drain(..).collect();
-            q.in_flight = batch.len();
-            (batch, q.closed)
-        };
-        if batch.is_empty() {
-            if closed {
-                return;
-            }
-            tokio::select! {
-                _ = ticker.tick() => {}
-                _ = shared.wake.notified() => {}
-            }
-            continue;
-        }
-        let last_seq = batch.last().map(|p| p.seq).unwrap_or(0);
-        let merged = net_effect(batch);
-        let max = inner.max_batch().max(1);
-        let mut merged = merged.into_iter().peekable();
-        while merged.peek().is_some() {
-            let chunk: Vec<_> = merged.by_ref().take(max).collect();
-            let (ops, tickets): (Vec<Op>, Vec<_>) = chunk.into_iter().unzip();
-            metrics::histogram!("registrar_write_batch_size").record(ops.len() as f64);
-            let result = apply_with_retry(&*inner, ops, &retry).await;
-            for t in tickets.into_iter().flatten() {
-                let _ = t.send(result.clone());
-            }
-        }
-        let depth = {
-            let mut q = shared.lock();
-            q.in_flight = 0;
-            q.pending.len()
-        };
-        metrics::gauge!("registrar_write_queue_depth").set(depth as f64);
-        shared.done.send_replace(last_seq);
-        if depth < cfg.flush_ops && !closed {
-            tokio::select! {
-                _ = ticker.tick() => {}
-                _ = shared.wake.notified() => {}
-            }
-        }
-    }
-}
-
-async fn apply_with_retry<B: Batch>(
-    inner: &B,
-    ops: Vec<Op>,
-    retry: &backon::ExponentialBuilder,
-) -> Result<()> {
-    let mut delays = retry.build();
-    loop {
-        match inner.apply(ops.clone()).await {
-            Ok(()) => return Ok(()),
-            Err(e) if e.is_retryable() => {
-                let delay = delays.next().unwrap_or(Duration::from_secs(5));
-                tracing::warn!(registry = %inner, error = %e, ?delay, ops = ops.len(), "write batch failed; will retry");
-                tokio::time::sleep(delay).await;
-            }
-            Err(e) => {
-                tracing::error!(registry = %inner, error = %e, ops = ops.len(), "write batch failed for good");
-                return Err(e);
-            }
-        }
     }
 }
 
@@ -415,6 +413,9 @@ impl<B: Batch> Registry for Coalescing<B> {
             .capabilities()
             .with_atomic_batch(false)
             .with_max_batch(self.shared.cfg.capacity)
+    }
+    async fn probe(&self) -> Result<()> {
+        self.inner.probe().await
     }
 }
 
