@@ -1,6 +1,6 @@
 //! The health port: `/healthz`, `/readyz` and `/metrics`.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -8,46 +8,69 @@ use axum::routing::get;
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 
+use crate::status::{Readiness, Status};
 use crate::Registrar;
+
+/// The registrar once it exists (the health port answers before the
+/// backend is open).
+pub(crate) type Slot = Arc<OnceLock<Arc<Registrar>>>;
 
 #[derive(Clone)]
 struct HttpState {
-    registrar: Arc<Registrar>,
+    status: Arc<Status>,
+    registrar: Slot,
     metrics: Option<PrometheusHandle>,
 }
 
-/// Routes of the health port: `/healthz` answers while the process runs,
-/// `/readyz` once the first snapshot of the backend is in, `/metrics` the
-/// Prometheus text format when a handle is given.
+/// Routes of the health port for `registrar`: `/healthz` answers while the
+/// process runs, `/readyz` says whether the registrar is ready and why not
+/// (see [`Status`]), `/metrics` the Prometheus text format when a handle is
+/// given.
 pub fn health_router(registrar: Arc<Registrar>, metrics: Option<PrometheusHandle>) -> Router {
+    let status = Arc::clone(registrar.status());
+    router(status, Arc::new(OnceLock::from(registrar)), metrics)
+}
+
+pub(crate) fn router(
+    status: Arc<Status>,
+    registrar: Slot,
+    metrics: Option<PrometheusHandle>,
+) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(render))
-        .with_state(HttpState { registrar, metrics })
+        .with_state(HttpState {
+            status,
+            registrar,
+            metrics,
+        })
 }
 
 async fn ready(State(st): State<HttpState>) -> (StatusCode, String) {
-    if st.registrar.is_ready() {
-        (
-            StatusCode::OK,
-            format!("ready at {}\n", st.registrar.token()),
-        )
-    } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "waiting for the first snapshot of the backend\n".to_string(),
-        )
+    let at = st
+        .registrar
+        .get()
+        .map(|r| format!(" at {}", r.token()))
+        .unwrap_or_default();
+    match st.status.readiness() {
+        Readiness::Ready(text) => (StatusCode::OK, format!("{text}{at}\n")),
+        Readiness::NotReady(text) => (StatusCode::SERVICE_UNAVAILABLE, format!("{text}\n")),
     }
 }
 
 async fn render(State(st): State<HttpState>) -> (StatusCode, String) {
     match &st.metrics {
         Some(h) => {
-            st.registrar.publish_gauges();
-            // The registrar's own cache of the backend is the same
-            // `CachedRegistry` as an agent's: this sets its age gauge.
-            let _ = st.registrar.state().cache_age();
+            match st.registrar.get() {
+                Some(r) => {
+                    r.publish_gauges();
+                    // The registrar's own cache of the backend is the same
+                    // `CachedRegistry` as an agent's: this sets its age gauge.
+                    let _ = r.state().cache_age();
+                }
+                None => st.status.publish_gauges(),
+            }
             (StatusCode::OK, h.render())
         }
         None => (

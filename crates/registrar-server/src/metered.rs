@@ -11,26 +11,31 @@ use registry_api::{
     Result, Snapshot, Version, Watch,
 };
 
+use crate::status::Status;
 use crate::Backend;
 
-/// A backend with a native watch, recording the registrar's sync metrics
-/// the way [`registry_api::Polling`] does for polled ones:
+/// The registrar's view of its backend's watch:
 ///
-/// - `registrar_sync_duration_seconds`: each (re)subscription to the
-///   backend's watch is a sync; its duration is the time from subscribing
-///   to the first event (the full snapshot, or the first change when
-///   resuming).
-/// - `registrar_sync_errors_total`: each error the backend's watch yields.
+/// - every `Err` the watch yields is reported to the registrar's
+///   [`Status`] (transient: the backend is unreachable; a lost feed or a
+///   refusal of the backend as such: re-read and not ready until done), and
+///   every `Ok` item tells it the backend answers;
+/// - for backends with a native watch it records the sync metrics the way
+///   [`registry_api::Polling`] does for polled ones:
+///   `registrar_sync_duration_seconds` (each (re)subscription, from
+///   subscribing to the first event) and `registrar_sync_errors_total`
+///   (each error of the watch).
 ///
 /// Everything else is passed through.
 pub struct SyncMetered {
     inner: Arc<dyn Backend>,
+    status: Arc<Status>,
 }
 
 impl SyncMetered {
-    /// Meter `inner`.
-    pub fn new(inner: Arc<dyn Backend>) -> Self {
-        Self { inner }
+    /// Meter `inner`, reporting to `status`.
+    pub fn new(inner: Arc<dyn Backend>, status: Arc<Status>) -> Self {
+        Self { inner, status }
     }
 }
 
@@ -65,6 +70,9 @@ impl Registry for SyncMetered {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
+    async fn probe(&self) -> Result<()> {
+        self.inner.probe().await
+    }
 }
 
 #[async_trait]
@@ -86,30 +94,69 @@ impl Heartbeat for SyncMetered {
 
 impl Watch for SyncMetered {
     fn watch(&self, from: Option<Version>) -> EventStream {
+        let native = self.inner.capabilities().native_watch;
+        let status = Arc::clone(&self.status);
         let started = std::time::Instant::now();
         let mut first = true;
+        let mut failing = false;
         self.inner
             .watch(from)
             .inspect(move |item: &Result<Event>| match item {
-                Ok(_) if first => {
+                Ok(_) => {
+                    if first && native {
+                        metrics::histogram!("registrar_sync_duration_seconds")
+                            .record(started.elapsed().as_secs_f64());
+                    }
                     first = false;
-                    metrics::histogram!("registrar_sync_duration_seconds")
-                        .record(started.elapsed().as_secs_f64());
+                    if failing {
+                        failing = false;
+                        status.backend_up();
+                    }
                 }
-                Ok(_) => {}
                 Err(e) => {
-                    metrics::counter!("registrar_sync_errors_total").increment(1);
+                    if native {
+                        metrics::counter!("registrar_sync_errors_total").increment(1);
+                    }
                     tracing::warn!(error = %e, "the backend's watch failed");
+                    failing = true;
+                    if e.is_retryable() {
+                        status.backend_unreachable(e);
+                    } else {
+                        // A lost feed: the state must be read again.
+                        status.backend_failed(e);
+                        status.request_resync();
+                    }
                 }
             })
             .boxed()
     }
 }
 
-/// Describe the nine metrics of the registrar document (help text and
-/// unit) to the installed recorder. Call once after installing it.
+/// Describe the registrar's metrics (help text and unit) to the installed
+/// recorder: the nine of the registrar document and the health ones. Call
+/// once after installing it.
 pub fn describe_metrics() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_gauge!(
+        "registrar_backend_up",
+        Unit::Count,
+        "1 while the backend answers, 0 while it is unreachable"
+    );
+    describe_gauge!(
+        "registrar_backend_down_seconds",
+        Unit::Seconds,
+        "How long the backend has been unreachable (0 while it answers)"
+    );
+    describe_gauge!(
+        "registrar_ready",
+        Unit::Count,
+        "1 while /readyz answers 200"
+    );
+    describe_counter!(
+        "registrar_write_errors_total",
+        Unit::Count,
+        "Failed backend write calls, by error kind"
+    );
     describe_gauge!(
         "registrar_connected_agents",
         Unit::Count,

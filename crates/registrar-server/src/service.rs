@@ -10,9 +10,9 @@ use registry_registrar::proto::registrar::v1::registrar_server::{
     Registrar as GrpcRegistrar, RegistrarServer,
 };
 use registry_registrar::proto::registrar::v1::{
-    EndpointEvent, HeartbeatRequest, HeartbeatResponse, ListAllEndpointsRequest,
+    AckMode, EndpointEvent, HeartbeatRequest, HeartbeatResponse, ListAllEndpointsRequest,
     ListAllEndpointsResponse, RegisterEndpointRequest, RegisterEndpointResponse,
-    UnregisterEndpointRequest, UnregisterEndpointResponse, WatchEndpointsRequest,
+    UnregisterEndpointRequest, UnregisterEndpointResponse, WatchEndpointsRequest, WriteRefusal,
 };
 use registry_registrar::{
     endpoint_from_proto, endpoint_to_proto, key_from_parts, status_from_error, Token,
@@ -20,6 +20,8 @@ use registry_registrar::{
 use tonic::{Request, Response, Status};
 
 use crate::auth::{Caller, Security};
+use crate::config::Ack;
+use crate::refusals::Refusal;
 use crate::Registrar;
 
 /// The gRPC face of a [`Registrar`].
@@ -95,13 +97,22 @@ impl Drop for AgentGuard {
     }
 }
 
-/// One event as protobuf messages (a snapshot in chunks).
-fn encode(ev: Event, epoch: u64, chunk: usize) -> Vec<EndpointEvent> {
+/// One event as protobuf messages (a snapshot in chunks); `refusal` is
+/// the refused write a delta undoes, if any.
+fn encode(ev: Event, epoch: u64, chunk: usize, refusal: Option<Refusal>) -> Vec<EndpointEvent> {
     let version = Token {
         epoch,
         version: ev.version(),
     }
     .to_string();
+    let refusal = refusal.map(|r| WriteRefusal {
+        code: status_from_error(&r.error).code() as i32,
+        message: r.error.to_string(),
+        refused: match &r.op {
+            Op::Register(e) => Some(endpoint_to_proto(e)),
+            Op::Deregister(_) => None,
+        },
+    });
     let delta = |ty: EventType, ep: registry_registrar::proto::registry::v1::ServiceEndpoint| {
         EndpointEvent {
             r#type: ty as i32,
@@ -111,6 +122,7 @@ fn encode(ev: Event, epoch: u64, chunk: usize) -> Vec<EndpointEvent> {
             version: version.clone(),
             snapshot_endpoints: Vec::new(),
             snapshot_last: false,
+            refusal: refusal.clone(),
         }
     };
     match ev {
@@ -133,6 +145,7 @@ fn encode(ev: Event, epoch: u64, chunk: usize) -> Vec<EndpointEvent> {
                     version: version.clone(),
                     snapshot_endpoints: eps,
                     snapshot_last: i + 1 == n,
+                    refusal: None,
                 })
                 .collect()
         }
@@ -157,6 +170,47 @@ fn encode(ev: Event, epoch: u64, chunk: usize) -> Vec<EndpointEvent> {
     }
 }
 
+/// The metadata key that picks the acknowledgement of one write.
+pub const ACK_METADATA: &str = "x-registrar-ack";
+
+/// The acknowledgement a write asks for: the request field, else the
+/// `x-registrar-ack` metadata (`optimistic` or `durable`), else `None`
+/// (the registrar's default).
+fn ack_mode<T>(request: &Request<T>, field: i32) -> Result<Option<Ack>, Status> {
+    match AckMode::try_from(field) {
+        Ok(AckMode::Optimistic) => return Ok(Some(Ack::Optimistic)),
+        Ok(AckMode::Durable) => return Ok(Some(Ack::Durable)),
+        Ok(AckMode::Default) => {}
+        Err(_) => {
+            return Err(status(Error::invalid(
+                "ack",
+                format!("{field} is not an AckMode"),
+            )))
+        }
+    }
+    match request.metadata().get(ACK_METADATA) {
+        None => Ok(None),
+        Some(v) => {
+            let text = v.to_str().map_err(|_| {
+                status(Error::invalid(
+                    ACK_METADATA,
+                    "not ASCII: optimistic or durable",
+                ))
+            })?;
+            text.parse::<Ack>().map(Some).map_err(|_| {
+                let shown: String = text.chars().take(64).collect();
+                status(Error::invalid(
+                    ACK_METADATA,
+                    format!(
+                        "{shown:?} ({} bytes) is not optimistic or durable",
+                        text.len()
+                    ),
+                ))
+            })
+        }
+    }
+}
+
 fn type_label(ty: i32) -> &'static str {
     match EventType::try_from(ty) {
         Ok(EventType::FullSnapshot) => "full_snapshot",
@@ -176,6 +230,7 @@ impl GrpcRegistrar for RegistrarService {
         request: Request<RegisterEndpointRequest>,
     ) -> Result<Response<RegisterEndpointResponse>, Status> {
         let caller = self.security.caller(&request)?;
+        let ack = ack_mode(&request, request.get_ref().ack)?;
         let req = request.into_inner();
         let proto = req
             .endpoint
@@ -185,7 +240,8 @@ impl GrpcRegistrar for RegistrarService {
             .await?;
         let token = self
             .registrar
-            .write(Op::Register(endpoint))
+            .write(Op::Register(endpoint), ack)
+            .await
             .map_err(status)?;
         Ok(Response::new(RegisterEndpointResponse {
             version: token.to_string(),
@@ -197,10 +253,15 @@ impl GrpcRegistrar for RegistrarService {
         request: Request<UnregisterEndpointRequest>,
     ) -> Result<Response<UnregisterEndpointResponse>, Status> {
         let caller = self.security.caller(&request)?;
+        let ack = ack_mode(&request, request.get_ref().ack)?;
         let req = request.into_inner();
         let key = key_from_parts(req.service_name, req.id).map_err(status)?;
         self.authorize_write(&caller, &key, None).await?;
-        let token = self.registrar.write(Op::Deregister(key)).map_err(status)?;
+        let token = self
+            .registrar
+            .write(Op::Deregister(key), ack)
+            .await
+            .map_err(status)?;
         Ok(Response::new(UnregisterEndpointResponse {
             version: token.to_string(),
         }))
@@ -226,6 +287,7 @@ impl GrpcRegistrar for RegistrarService {
         let epoch = self.registrar.epoch();
         let chunk = self.registrar.config().snapshot_chunk;
         let guard = AgentGuard::new();
+        let registrar = Arc::clone(&self.registrar);
         let stream = self
             .registrar
             .state()
@@ -234,14 +296,20 @@ impl GrpcRegistrar for RegistrarService {
             .flat_map(move |item| {
                 let _alive = &guard;
                 let out: Vec<Result<EndpointEvent, Status>> = match item {
-                    Ok(ev) => encode(ev, epoch, chunk)
+                    Ok(ev) => {
+                        let refusal = match &ev {
+                            Event::Snapshot(_) => None,
+                            delta => registrar.refusal_at(delta.version()),
+                        };
+                        encode(ev, epoch, chunk, refusal)
                         .into_iter()
                         .map(|m| {
                             metrics::counter!("registrar_event_broadcast_total", "type" => type_label(m.r#type))
                                 .increment(1);
                             Ok(m)
                         })
-                        .collect(),
+                        .collect()
+                    }
                     Err(e) => vec![Err(status(e))],
                 };
                 futures::stream::iter(out)

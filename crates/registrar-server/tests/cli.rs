@@ -172,8 +172,12 @@ async fn bad_flags_exit_2_and_failures_name_the_address() {
     assert_eq!(out.code, 2);
     assert!(out.stderr.contains("Usage:"), "{}", out.stderr);
     let out = cli(&["register", "svc", "id", "no-port"]).await;
-    assert_eq!(out.code, 1);
+    assert_eq!(out.code, 2, "{}", out.stderr);
     assert!(out.stderr.contains("HOST:PORT"), "{}", out.stderr);
+    let out = cli(&["register", "svc", "id", "10.0.0.5:70000"]).await;
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(out.stderr.contains("<TARGET>"), "{}", out.stderr);
+    assert!(out.stderr.contains("1 to 65535"), "{}", out.stderr);
     let out = cli(&["register", "svc"]).await;
     assert_eq!(out.code, 2, "{}", out.stderr);
 
@@ -457,4 +461,42 @@ async fn metrics_have_the_nine_names_types_and_plausible_values() {
     })
     .await;
     drop(server);
+}
+
+/// Every duration, size and count flag is checked when parsed: zero,
+/// negative or absurd values exit 2 naming the flag and the range, before
+/// anything starts (no listener is bound, no backend opened).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_range_values_exit_2_naming_the_flag() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["serve", "--sync-interval", "0s"], "--sync-interval"),
+        (&["serve", "--sync-interval=-1s"], "--sync-interval"),
+        (&["serve", "--write-batch-interval", "0s"], "--write-batch-interval"),
+        (&["serve", "--write-batch-interval=-5ms"], "--write-batch-interval"),
+        (&["serve", "--write-batch-interval", "2h"], "--write-batch-interval"),
+        (&["serve", "--probe-interval", "0s"], "--probe-interval"),
+        (&["serve", "--drain-timeout=-1s"], "--drain-timeout"),
+        (&["serve", "--write-queue-capacity", "0"], "--write-queue-capacity"),
+        (&["serve", "--write-queue-capacity=-3"], "--write-queue-capacity"),
+        (&["serve", "--write-batch-ops", "0"], "--write-batch-ops"),
+        (&["serve", "--ack", "eventually"], "--ack"),
+        (&["watch", "--timeout", "0s"], "--timeout"),
+        (&["watch", "--count", "0"], "--count"),
+        (&["register", "s", "i", "h:1", "--ack", "sure"], "--ack"),
+    ];
+    for (args, flag) in cases {
+        let out = cli(args).await;
+        assert_eq!(out.code, 2, "{args:?}: {}", out.stderr);
+        assert!(
+            out.stderr.contains(flag),
+            "{args:?}: the message does not name {flag}: {}",
+            out.stderr
+        );
+        assert!(
+            !out.stdout.contains("registrar listening"),
+            "{args:?} started serving"
+        );
+    }
+    let out = cli(&["serve", "--sync-interval", "0s"]).await;
+    assert!(out.stderr.contains("allowed 10ms to 1h"), "{}", out.stderr);
 }

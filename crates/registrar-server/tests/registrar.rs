@@ -187,7 +187,10 @@ async fn bad_requests_are_invalid_argument_naming_the_field() {
     let mut grpc = Grpc::connect(server.url()).await.unwrap();
 
     let err = grpc
-        .register_endpoint(RegisterEndpointRequest { endpoint: None })
+        .register_endpoint(RegisterEndpointRequest {
+            endpoint: None,
+            ..Default::default()
+        })
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
@@ -222,7 +225,10 @@ async fn bad_requests_are_invalid_argument_naming_the_field() {
     ];
     for (field, p) in cases {
         let err = grpc
-            .register_endpoint(RegisterEndpointRequest { endpoint: Some(p) })
+            .register_endpoint(RegisterEndpointRequest {
+                endpoint: Some(p),
+                ..Default::default()
+            })
             .await
             .unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument, "{field}");
@@ -232,6 +238,7 @@ async fn bad_requests_are_invalid_argument_naming_the_field() {
         .unregister_endpoint(UnregisterEndpointRequest {
             service_name: String::new(),
             id: "x".into(),
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -243,6 +250,7 @@ async fn bad_requests_are_invalid_argument_naming_the_field() {
     let err = grpc
         .register_endpoint(RegisterEndpointRequest {
             endpoint: Some(huge),
+            ..Default::default()
         })
         .await
         .unwrap_err();

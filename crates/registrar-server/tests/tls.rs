@@ -81,6 +81,7 @@ fn raw(server: &Server, files: TlsFiles) -> Raw {
 async fn register_code(client: &Raw, node: &str, id: &str) -> Code {
     let req = RegisterEndpointRequest {
         endpoint: Some(endpoint_to_proto(&ep("api", id, 8080).with_node(node))),
+        ..Default::default()
     };
     match client.grpc().register_endpoint(req).await {
         Ok(_) => Code::Ok,
@@ -99,6 +100,7 @@ async fn unregister_code(client: &Raw, id: &str) -> Code {
     let req = UnregisterEndpointRequest {
         service_name: "api".into(),
         id: id.into(),
+        ..Default::default()
     };
     match client.grpc().unregister_endpoint(req).await {
         Ok(_) => Code::Ok,
@@ -258,6 +260,7 @@ async fn missing_or_untrusted_certificates_are_refused() {
         .grpc()
         .register_endpoint(RegisterEndpointRequest {
             endpoint: Some(endpoint_to_proto(&ep("api", "evil", 1).with_node("n1"))),
+            ..Default::default()
         })
         .await
         .unwrap_err();

@@ -282,18 +282,37 @@ impl<R: Registry + Watch> CachedRegistry<R> {
     /// (none before the first snapshot). Use with
     /// [`CachedConfig::local_versions`].
     pub fn apply_local(&self, ops: &[Op]) -> Vec<Event> {
-        let mut out = Vec::new();
         let until = Instant::now() + self.shared.hold;
+        {
+            let mut held = self.shared.held.lock().unwrap_or_else(|p| p.into_inner());
+            for op in ops {
+                let desired = match op {
+                    Op::Register(e) => Some(e.clone()),
+                    Op::Deregister(_) => None,
+                };
+                held.insert(op.key(), (desired, until));
+            }
+        }
+        self.publish_local(ops)
+    }
+
+    /// Take back local changes: the holds of `ops`' keys end and `ops` are
+    /// applied at once without a hold, so the inner registry's later news
+    /// of those keys is taken as it comes. Returns the events published.
+    pub fn undo_local(&self, ops: &[Op]) -> Vec<Event> {
+        {
+            let mut held = self.shared.held.lock().unwrap_or_else(|p| p.into_inner());
+            for op in ops {
+                held.remove(&op.key());
+            }
+        }
+        self.publish_local(ops)
+    }
+
+    /// Apply `ops` to the cache as local changes and publish them.
+    fn publish_local(&self, ops: &[Op]) -> Vec<Event> {
+        let mut out = Vec::new();
         for op in ops {
-            let desired = match op {
-                Op::Register(e) => Some(e.clone()),
-                Op::Deregister(_) => None,
-            };
-            self.shared
-                .held
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(op.key(), (desired, until));
             let version = self.shared.hub.current().version();
             let ev = match op {
                 Op::Register(endpoint) => Event::Added {

@@ -2,8 +2,11 @@
 #![deny(missing_docs)]
 
 mod client;
+mod config;
 mod convert;
+mod raw;
 pub mod tls;
+mod writes;
 
 /// The generated protobuf and gRPC code.
 #[allow(missing_docs, clippy::all, clippy::pedantic, clippy::unwrap_used)]
@@ -24,9 +27,11 @@ pub mod proto {
     }
 }
 
-pub use client::{ClientConfig, Raw, RegistrarClient};
+pub use client::{Refusal, RegistrarClient};
+pub use config::{Ack, ClientConfig, Direct, Fallback};
 pub use convert::{
     endpoint_from_proto, endpoint_to_proto, error_from_status, key_from_parts, status_from_error,
     Token,
 };
+pub use raw::Raw;
 pub use tls::TlsFiles;

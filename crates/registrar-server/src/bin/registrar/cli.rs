@@ -1,0 +1,344 @@
+//! The command line: every flag, with its value checked when it is parsed,
+//! so a bad value exits 2 with a message naming the flag and the allowed
+//! range.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use registrar_server::{Ack, BackendKind, BackendOptions, RegistrarConfig, TlsFiles};
+use registry_api::Protocol;
+
+#[derive(Parser)]
+#[command(
+    name = "registrar",
+    version,
+    about = "The in-cluster registrar: one backend connection shared by every agent",
+    long_about = "The in-cluster registrar: one backend connection shared by every agent.\n\n\
+                  `serve` runs it; `ls`, `watch`, `register` and `deregister` talk to a \
+                  running one at --address."
+)]
+pub struct Cli {
+    /// The registrar to talk to (all commands but `serve`).
+    #[arg(
+        long,
+        global = true,
+        env = "REGISTRAR_ADDRESS",
+        default_value = "http://127.0.0.1:9443"
+    )]
+    pub address: String,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Certificate files (PEM), re-read when they change. Without them the
+/// connection is plaintext.
+#[derive(clap::Args)]
+pub struct TlsArgs {
+    /// CA bundle: for `serve` the CA of the agents' certificates, for the
+    /// other commands the CA of the registrar's certificate.
+    #[arg(long, global = true, env = "REGISTRAR_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// This side's certificate chain (for `serve` the server's).
+    #[arg(long, global = true, env = "REGISTRAR_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// This side's private key.
+    #[arg(long, global = true, env = "REGISTRAR_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    /// For the server: all three files or none.
+    pub fn server_files(&self) -> Result<Option<TlsFiles>, String> {
+        match (&self.tls_ca, &self.tls_cert, &self.tls_key) {
+            (None, None, None) => Ok(None),
+            (Some(ca), Some(cert), Some(key)) => Ok(Some(TlsFiles::new(ca, cert, key))),
+            _ => Err("serve needs all of --tls-ca, --tls-cert and --tls-key, or none".to_string()),
+        }
+    }
+
+    /// For a client: a CA bundle, and a certificate and key when given.
+    pub fn client_files(&self) -> Result<Option<TlsFiles>, String> {
+        match (&self.tls_ca, &self.tls_cert, &self.tls_key) {
+            (None, None, None) => Ok(None),
+            (Some(ca), Some(cert), Some(key)) => Ok(Some(TlsFiles::new(ca, cert, key))),
+            (Some(ca), None, None) => Ok(Some(TlsFiles::ca_only(ca))),
+            _ => Err("--tls-cert and --tls-key need --tls-ca (the registrar's CA)".to_string()),
+        }
+    }
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Run the registrar.
+    Serve(Box<ServeArgs>),
+    /// List the registered endpoints.
+    Ls(LsArgs),
+    /// Follow the changes: a snapshot, then every change as it happens.
+    Watch(WatchArgs),
+    /// Register (or replace) an endpoint.
+    Register(RegisterArgs),
+    /// Remove an endpoint.
+    Deregister(DeregisterArgs),
+}
+
+#[derive(clap::Args)]
+pub struct LsArgs {
+    /// Only this service.
+    #[arg(long)]
+    pub service: Option<String>,
+    /// Only this cluster.
+    #[arg(long)]
+    pub cluster: Option<String>,
+    /// Only this node.
+    #[arg(long)]
+    pub node: Option<String>,
+    /// One JSON object per line instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(clap::Args)]
+pub struct WatchArgs {
+    /// One JSON object per line instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Stop after this many events (the first snapshot is one); at least 1.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub count: Option<u64>,
+    /// Stop after this long (e.g. `30s`; 1ms to 30 days); exits 0.
+    #[arg(long, value_parser = duration_in(MS, DAYS_30))]
+    pub timeout: Option<Duration>,
+}
+
+#[derive(clap::Args)]
+pub struct RegisterArgs {
+    /// Service name.
+    pub service: String,
+    /// Endpoint id, unique within the service.
+    pub id: String,
+    /// Where it listens, `HOST:PORT` (`[v6]:PORT` for IPv6; port 1-65535).
+    #[arg(value_parser = parse_target)]
+    pub target: (String, u16),
+    /// Transport: tcp, udp, http, https, grpc.
+    #[arg(long, default_value = "tcp")]
+    pub protocol: Protocol,
+    /// Owning cluster.
+    #[arg(long, default_value = registry_api::DEFAULT_CLUSTER)]
+    pub cluster: String,
+    /// Owning node.
+    #[arg(long, default_value = "")]
+    pub node: String,
+    /// A label `KEY=VALUE`; repeat for more.
+    #[arg(long = "label", value_parser = parse_label)]
+    pub labels: Vec<(String, String)>,
+    /// Register it as not serving.
+    #[arg(long)]
+    pub unhealthy: bool,
+    /// Return once the backend committed it (`durable`) or once the
+    /// registrar queued it (`optimistic`); default: the registrar's.
+    #[arg(long, value_parser = parse_ack)]
+    pub ack: Option<Ack>,
+}
+
+#[derive(clap::Args)]
+pub struct DeregisterArgs {
+    /// Service name.
+    pub service: String,
+    /// Endpoint id.
+    pub id: String,
+    /// As for `register`.
+    #[arg(long, value_parser = parse_ack)]
+    pub ack: Option<Ack>,
+}
+
+#[derive(clap::Args, Clone)]
+pub struct ServeArgs {
+    /// The backend holding the registry.
+    #[arg(long, value_enum, default_value = "memory")]
+    pub registry_backend: BackendKind,
+    /// This registrar's cluster.
+    #[arg(long, default_value = "default")]
+    pub cluster_name: String,
+    /// How often backends without a native watch are polled (10ms to 1h).
+    #[arg(long, default_value = "5s", value_parser = duration_in(10 * MS, HOUR))]
+    pub sync_interval: Duration,
+    /// How often the write queue is flushed (1ms to 1h).
+    #[arg(long, default_value = "100ms", value_parser = duration_in(MS, HOUR))]
+    pub write_batch_interval: Duration,
+    /// Flush as soon as this many writes are queued (1 to 10000000).
+    #[arg(long, default_value = "50", value_parser = count_in(1, 10_000_000))]
+    pub write_batch_ops: usize,
+    /// Most writes queued for the backend; one more is refused with
+    /// RESOURCE_EXHAUSTED (1 to 10000000).
+    #[arg(long, default_value = "10000", value_parser = count_in(1, 10_000_000))]
+    pub write_queue_capacity: usize,
+    /// When writes are acknowledged unless a request says otherwise:
+    /// `optimistic` (queued and broadcast) or `durable` (committed by the
+    /// backend).
+    #[arg(long, default_value = "optimistic", value_parser = parse_ack)]
+    pub ack: Ack,
+    /// How often the backend is probed (reachable, writable) (10ms to 1h).
+    #[arg(long, default_value = "5s", value_parser = duration_in(10 * MS, HOUR))]
+    pub probe_interval: Duration,
+    /// Longest drain of the write queue at shutdown (0s to 1h); keep it
+    /// below the orchestrator's grace period.
+    #[arg(long, default_value = "20s", value_parser = duration_in(Duration::ZERO, HOUR))]
+    pub drain_timeout: Duration,
+    /// Exit at once when the backend cannot be opened, instead of running
+    /// not ready and retrying.
+    #[arg(long)]
+    pub fail_fast: bool,
+    /// gRPC address.
+    #[arg(long, default_value = "0.0.0.0:9443")]
+    pub grpc_addr: SocketAddr,
+    /// Health and metrics address.
+    #[arg(long, default_value = "0.0.0.0:8081")]
+    pub health_addr: SocketAddr,
+    /// The SQLite file (`--registry-backend=sqlite`).
+    #[arg(long, default_value = "registry.db")]
+    pub sqlite_path: PathBuf,
+    /// etcd endpoints, comma-separated (`--registry-backend=etcd`).
+    #[arg(long, default_value = "http://127.0.0.1:2379", value_delimiter = ',')]
+    pub etcd_endpoints: Vec<String>,
+    /// Key prefix in etcd.
+    #[arg(long, default_value = "/aether")]
+    pub etcd_prefix: String,
+    /// The DynamoDB table (`--registry-backend=dynamodb`).
+    #[arg(long, default_value = "aether-registry")]
+    pub dynamodb_table: String,
+    /// Create the DynamoDB table (on-demand, with a stream) if it is missing.
+    #[arg(long)]
+    pub dynamodb_create_table: bool,
+    /// The Cloud Map namespace (`--registry-backend=cloudmap`); created as an
+    /// HTTP namespace if missing.
+    #[arg(long, default_value = "aether")]
+    pub cloudmap_namespace: String,
+    /// AWS region for DynamoDB and Cloud Map (default: the AWS chain's).
+    #[arg(long, env = "AWS_REGION")]
+    pub aws_region: Option<String>,
+    /// AWS endpoint URL for DynamoDB and Cloud Map (an emulator, a VPC endpoint).
+    #[arg(long, env = "AWS_ENDPOINT_URL")]
+    pub aws_endpoint_url: Option<String>,
+    /// Authorize agents by SPIFFE ID in this trust domain (needs TLS):
+    /// an agent may write only endpoints of its own node.
+    #[arg(long, env = "REGISTRAR_TRUST_DOMAIN")]
+    pub trust_domain: Option<String>,
+    /// The SPIFFE ID of an agent; `{trust_domain}` and `{node}` are
+    /// replaced.
+    #[arg(long, default_value = registrar_server::DEFAULT_ID_PATTERN)]
+    pub spiffe_id_pattern: String,
+    /// A SPIFFE ID that may write endpoints of any node (an operator);
+    /// repeat for more.
+    #[arg(long = "admin-id")]
+    pub admin_ids: Vec<String>,
+    /// Test hook: a background task panics after this long, to check that
+    /// a dead task makes the registrar not ready and exit non-zero.
+    #[arg(long, hide = true, value_parser = duration_in(Duration::ZERO, HOUR))]
+    pub test_panic_after: Option<Duration>,
+}
+
+impl ServeArgs {
+    /// The registrar's settings from the flags.
+    pub fn registrar_config(&self) -> RegistrarConfig {
+        let mut cfg = RegistrarConfig::new(self.cluster_name.clone())
+            .with_write_batch_interval(self.write_batch_interval)
+            .with_write_queue_capacity(self.write_queue_capacity)
+            .with_ack(self.ack)
+            .with_probe_interval(self.probe_interval)
+            .with_drain_timeout(self.drain_timeout);
+        cfg.write_batch_ops = self.write_batch_ops;
+        cfg
+    }
+
+    /// Where the backend is.
+    pub fn backend_options(&self) -> BackendOptions {
+        let mut o = BackendOptions::new(self.registry_backend);
+        o.sync_interval = self.sync_interval;
+        o.sqlite_path = self.sqlite_path.clone();
+        o.etcd_endpoints = self.etcd_endpoints.clone();
+        o.etcd_prefix = self.etcd_prefix.clone();
+        o.dynamodb_table = self.dynamodb_table.clone();
+        o.dynamodb_create_table = self.dynamodb_create_table;
+        o.cloudmap_namespace = self.cloudmap_namespace.clone();
+        o.aws_region = self.aws_region.clone();
+        o.aws_endpoint_url = self.aws_endpoint_url.clone();
+        o
+    }
+}
+
+const MS: Duration = Duration::from_millis(1);
+const HOUR: Duration = Duration::from_secs(3600);
+const DAYS_30: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// A duration flag (`100ms`, `5s`, `1m`) within `min..=max`.
+fn duration_in(
+    min: Duration,
+    max: Duration,
+) -> impl Fn(&str) -> Result<Duration, String> + Clone + Send + Sync + 'static {
+    move |s: &str| {
+        let d = humantime::parse_duration(s)
+            .map_err(|e| format!("{e} (a duration such as 100ms, 5s or 1m)"))?;
+        registry_api::check_duration("value", d, min, max).map_err(|_| {
+            format!(
+                "{s} is out of range: allowed {} to {}",
+                show(min),
+                show(max)
+            )
+        })?;
+        Ok(d)
+    }
+}
+
+fn show(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
+}
+
+/// A count flag within `min..=max`.
+fn count_in(
+    min: usize,
+    max: usize,
+) -> impl Fn(&str) -> Result<usize, String> + Clone + Send + Sync + 'static {
+    move |s: &str| {
+        let n: usize = s
+            .parse()
+            .map_err(|e| format!("{e} (a whole number from {min} to {max})"))?;
+        if n < min || n > max {
+            return Err(format!("{n} is out of range: allowed {min} to {max}"));
+        }
+        Ok(n)
+    }
+}
+
+fn parse_ack(s: &str) -> Result<Ack, String> {
+    s.parse::<Ack>().map_err(|_| {
+        format!(
+            "{:?} is not an acknowledgement mode: optimistic or durable",
+            s.chars().take(64).collect::<String>()
+        )
+    })
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("{s:?} is not KEY=VALUE"))
+}
+
+fn parse_target(s: &str) -> Result<(String, u16), String> {
+    let (host, port) = s
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{s:?} is not HOST:PORT"))?;
+    let port: u16 = match port.parse::<u32>() {
+        Ok(p @ 1..=65535) => p as u16,
+        _ => return Err(format!("{port:?} in {s:?} is not a port (1 to 65535)")),
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() {
+        return Err(format!("no host in {s:?}"));
+    }
+    Ok((host.to_string(), port))
+}

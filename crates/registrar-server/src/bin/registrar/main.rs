@@ -1,0 +1,186 @@
+//! `registrar`: the registrar server and its operator commands.
+
+mod cli;
+mod ops;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use registrar_server::{open_backend, AuthzConfig, OpenPolicy, Opening, ServeOptions, Status};
+
+use crate::cli::{Cli, Command, ServeArgs, TlsArgs};
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => futures::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = futures::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+    tracing::info!("shutdown signal received");
+}
+
+/// Histogram buckets (the exporter renders histograms without buckets as
+/// summaries).
+const SECONDS_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0];
+
+fn install_metrics() -> Result<metrics_exporter_prometheus::PrometheusHandle, String> {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full("registrar_sync_duration_seconds".into()),
+            SECONDS_BUCKETS,
+        )
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                Matcher::Full("registrar_write_batch_size".into()),
+                BATCH_BUCKETS,
+            )
+        })
+        .and_then(|b| b.install_recorder())
+        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+    registrar_server::describe_metrics();
+    // Present from the start, at zero, rather than after the first event.
+    metrics::gauge!("registrar_connected_agents").increment(0.0);
+    metrics::gauge!("registrar_write_queue_depth").set(0.0);
+    metrics::counter!("registrar_sync_errors_total").increment(0);
+    metrics::counter!("agent_registrar_stream_reconnects_total").increment(0);
+    Ok(handle)
+}
+
+async fn run_serve(args: ServeArgs, tls: &TlsArgs) -> Result<(), String> {
+    let tls_files = tls.server_files()?;
+    let authz = args.trust_domain.as_ref().map(|td| {
+        args.admin_ids.iter().fold(
+            AuthzConfig::new(td.clone()).with_id_pattern(args.spiffe_id_pattern.clone()),
+            |a, id| a.with_admin(id.clone()),
+        )
+    });
+    let mut options = ServeOptions::default();
+    if let Some(files) = tls_files {
+        options = options.with_tls(files);
+    }
+    if let Some(authz) = authz {
+        options = options.with_authz(authz);
+    }
+    options.check().map_err(|e| e.to_string())?;
+    let cfg = args.registrar_config();
+    cfg.validate().map_err(|e| e.to_string())?;
+    let metrics = install_metrics()?;
+    let grpc = tokio::net::TcpListener::bind(args.grpc_addr)
+        .await
+        .map_err(|e| format!("cannot listen on {} (gRPC): {e}", args.grpc_addr))?;
+    let health = tokio::net::TcpListener::bind(args.health_addr)
+        .await
+        .map_err(|e| format!("cannot listen on {} (health): {e}", args.health_addr))?;
+    let grpc_addr = grpc.local_addr().map_err(|e| e.to_string())?;
+    let health_addr = health.local_addr().map_err(|e| e.to_string())?;
+    let mut server = Opening::new(cfg);
+    server.policy = if args.fail_fast {
+        OpenPolicy::FailFast
+    } else {
+        OpenPolicy::Retry
+    };
+    server.options = options;
+    server.metrics = Some(metrics);
+    fail_on_panic(Arc::clone(server.status()));
+    if let Some(after) = args.test_panic_after {
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            panic!("injected by --test-panic-after");
+        });
+    }
+    tracing::info!(
+        backend = args.registry_backend.name(),
+        cluster = %args.cluster_name,
+        ack = args.ack.as_str(),
+        tls = server.options.tls.is_some(),
+        "registrar starting"
+    );
+    // One line for scripts and tests to read the bound addresses from.
+    println!("registrar listening grpc={grpc_addr} health={health_addr}");
+    let backend = args.backend_options();
+    let kind = args.registry_backend.name();
+    server
+        .serve(
+            || {
+                let backend = backend.clone();
+                async move {
+                    open_backend(&backend).await.map_err(|e| {
+                        tracing::warn!(error = %e, "cannot open the {kind} backend");
+                        e
+                    })
+                }
+            },
+            grpc,
+            health,
+            shutdown_signal(),
+        )
+        .await
+        .map_err(|e| format!("{kind} backend: {e}"))
+}
+
+/// A panic anywhere (a background task included) makes the registrar not
+/// ready; it then drains what it can and exits non-zero.
+fn fail_on_panic(status: Arc<Status>) {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        previous(info);
+        status.fail(format!("panic: {info}"));
+    }));
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let default_level = match cli.command {
+        Command::Serve(_) => "info",
+        _ => "warn",
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("registrar: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match &cli.command {
+            Command::Serve(args) => run_serve(ServeArgs::clone(args), &cli.tls).await,
+            Command::Ls(args) => ops::run_ls(&cli, args).await,
+            Command::Watch(args) => ops::run_watch(&cli, args).await,
+            Command::Register(args) => ops::run_register(&cli, args).await,
+            Command::Deregister(args) => ops::run_deregister(&cli, args).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("registrar: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! [`RegistrarConfig`]: the registrar's settings, checked before anything
+//! starts.
+
+use std::time::Duration;
+
+use registry_api::{check_count, check_duration, Result};
+pub use registry_registrar::Ack;
+
+/// Settings of the registrar. The defaults are the in-cluster registrar
+/// proposal's (100 ms / 50 ops batches, 5 s sync).
+#[non_exhaustive]
+#[derive(Debug, Clone)]
+pub struct RegistrarConfig {
+    /// This registrar's cluster (logged, and the default of the agents'
+    /// `--cluster-name`; endpoints carry their own `cluster`).
+    pub cluster_name: String,
+    /// Flush the write queue at least this often. Default 100 ms; 1 ms to
+    /// 1 h.
+    pub write_batch_interval: Duration,
+    /// Flush as soon as this many writes are queued. Default 50.
+    pub write_batch_ops: usize,
+    /// Most writes queued; one more gets `RESOURCE_EXHAUSTED`. Default
+    /// 10 000; 1 to 10 000 000.
+    pub write_queue_capacity: usize,
+    /// Events buffered per agent stream before it is cut off. Default 1024.
+    pub agent_buffer: usize,
+    /// Versions kept so a reconnecting agent gets only what it missed.
+    /// Default 8192.
+    pub history: usize,
+    /// Endpoints per `FULL_SNAPSHOT` message. Default 1000.
+    pub snapshot_chunk: usize,
+    /// When writes are acknowledged unless a request says otherwise.
+    /// Default optimistic.
+    pub ack: Ack,
+    /// How often the backend is probed (reachable, writable); also the
+    /// pace of retries while it refuses writes. Default 5 s; 10 ms to 1 h.
+    pub probe_interval: Duration,
+    /// Longest wait for one probe or one full re-read of the backend.
+    /// Default 30 s; 10 ms to 1 h.
+    pub probe_timeout: Duration,
+    /// Longest drain of the write queue at shutdown; what is not written by
+    /// then is logged by key and failed to durable callers. Default 20 s
+    /// (below Kubernetes' 30 s grace period); 0 to 1 h.
+    pub drain_timeout: Duration,
+}
+
+impl RegistrarConfig {
+    /// Defaults for cluster `cluster_name`.
+    pub fn new(cluster_name: impl Into<String>) -> Self {
+        Self {
+            cluster_name: cluster_name.into(),
+            write_batch_interval: Duration::from_millis(100),
+            write_batch_ops: 50,
+            write_queue_capacity: 10_000,
+            agent_buffer: 1024,
+            history: 8192,
+            snapshot_chunk: 1000,
+            ack: Ack::Optimistic,
+            probe_interval: Duration::from_secs(5),
+            probe_timeout: Duration::from_secs(30),
+            drain_timeout: Duration::from_secs(20),
+        }
+    }
+
+    /// Set `write_batch_interval`.
+    pub fn with_write_batch_interval(mut self, d: Duration) -> Self {
+        self.write_batch_interval = d;
+        self
+    }
+
+    /// Set `write_queue_capacity`.
+    pub fn with_write_queue_capacity(mut self, n: usize) -> Self {
+        self.write_queue_capacity = n;
+        self
+    }
+
+    /// Set `history`.
+    pub fn with_history(mut self, n: usize) -> Self {
+        self.history = n;
+        self
+    }
+
+    /// Set `agent_buffer`.
+    pub fn with_agent_buffer(mut self, n: usize) -> Self {
+        self.agent_buffer = n;
+        self
+    }
+
+    /// Set `ack`.
+    pub fn with_ack(mut self, ack: Ack) -> Self {
+        self.ack = ack;
+        self
+    }
+
+    /// Set `probe_interval`.
+    pub fn with_probe_interval(mut self, d: Duration) -> Self {
+        self.probe_interval = d;
+        self
+    }
+
+    /// Set `drain_timeout`.
+    pub fn with_drain_timeout(mut self, d: Duration) -> Self {
+        self.drain_timeout = d;
+        self
+    }
+
+    /// Check every setting against its documented range; the error names
+    /// the setting.
+    pub fn validate(&self) -> Result<()> {
+        let ms = Duration::from_millis;
+        let hour = Duration::from_secs(3600);
+        registry_api::check_name("cluster_name", &self.cluster_name, false)?;
+        check_duration(
+            "write_batch_interval",
+            self.write_batch_interval,
+            ms(1),
+            hour,
+        )?;
+        check_count("write_batch_ops", self.write_batch_ops, 1, 10_000_000)?;
+        check_count(
+            "write_queue_capacity",
+            self.write_queue_capacity,
+            1,
+            10_000_000,
+        )?;
+        check_count("agent_buffer", self.agent_buffer, 1, 10_000_000)?;
+        check_count("history", self.history, 1, 10_000_000)?;
+        check_count("snapshot_chunk", self.snapshot_chunk, 1, 1_000_000)?;
+        check_duration("probe_interval", self.probe_interval, ms(10), hour)?;
+        check_duration("probe_timeout", self.probe_timeout, ms(10), hour)?;
+        check_duration("drain_timeout", self.drain_timeout, Duration::ZERO, hour)
+    }
+}

@@ -1,0 +1,371 @@
+//! [`Registrar`]: the state agents are served from and the write path.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use registry_api::{
+    CachedConfig, CachedRegistry, Coalescing, CoalescingConfig, EndpointKey, Op, Registry, Result,
+    Version,
+};
+use registry_registrar::Token;
+
+use crate::config::{Ack, RegistrarConfig};
+use crate::metered::SyncMetered;
+use crate::refusals::{Refusal, Refusals};
+use crate::status::Status;
+use crate::Backend;
+
+/// The registrar's state: one backend connection for the whole cluster.
+///
+/// - Writes are validated and, unless writes are refused (see [`Status`]),
+///   queued in [`Coalescing`] (100 ms / 50 ops) for the backend. In
+///   optimistic mode ([`Ack::Optimistic`], the default) they are broadcast
+///   to agents at once and acknowledged; a write the backend then refuses
+///   is undone in the broadcast state by an event that carries the refusal
+///   (agents learn it on their stream). In durable mode the call returns
+///   once the backend committed the write, or with its refusal.
+/// - The state is a [`CachedRegistry`] over the backend's watch (native or
+///   polling), numbered with this registrar's own versions; together with
+///   the epoch (the start time in microseconds) they form the tokens agents
+///   resume from.
+/// - A monitor task probes the backend, follows the write queue's status
+///   and the background tasks, and keeps [`Status`] true (see the README's
+///   reliability section).
+/// - Replicas are independent: each keeps its own state from the shared
+///   backend, which is also how endpoints of other clusters arrive.
+pub struct Registrar {
+    pub(crate) cfg: RegistrarConfig,
+    epoch: u64,
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) state: CachedRegistry<Arc<dyn Backend>>,
+    pub(crate) writer: Coalescing<Arc<dyn Backend>>,
+    pub(crate) status: Arc<Status>,
+    pub(crate) closing: tokio::sync::watch::Sender<bool>,
+    refusals: Refusals,
+    /// Clusters seen by `registrar_endpoint_count` (published as 0 when gone).
+    counted: Mutex<BTreeMap<String, usize>>,
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+impl Registrar {
+    /// A registrar over `backend`, with its own [`Status`]. Must be called
+    /// inside a Tokio runtime. Fails when `cfg` is out of range
+    /// ([`RegistrarConfig::validate`]).
+    pub fn new(backend: Arc<dyn Backend>, cfg: RegistrarConfig) -> Result<Arc<Self>> {
+        Self::with_status(backend, cfg, Arc::new(Status::default()))
+    }
+
+    /// A registrar over `backend` reporting to `status` (which a server may
+    /// have been reporting the backend's opening to).
+    ///
+    /// The backend is wrapped in [`SyncMetered`], which reports the watch's
+    /// failures to `status` and records `registrar_sync_duration_seconds`
+    /// and `registrar_sync_errors_total` for native watches
+    /// ([`registry_api::Polling`] records them for the others).
+    pub fn with_status(
+        backend: Arc<dyn Backend>,
+        cfg: RegistrarConfig,
+        status: Arc<Status>,
+    ) -> Result<Arc<Self>> {
+        cfg.validate()?;
+        let backend: Arc<dyn Backend> = Arc::new(SyncMetered::new(backend, Arc::clone(&status)));
+        let epoch = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_micros() as u64)
+            .unwrap_or(1);
+        let state = CachedRegistry::with_config(
+            Arc::clone(&backend),
+            CachedConfig::default()
+                .with_local_versions(true)
+                .with_write_wait(Duration::ZERO)
+                .with_history(cfg.history)
+                .with_buffer(cfg.agent_buffer),
+        )?;
+        let writer = Coalescing::with_config(
+            Arc::clone(&backend),
+            CoalescingConfig::default()
+                .with_flush_interval(cfg.write_batch_interval)
+                .with_flush_ops(cfg.write_batch_ops)
+                .with_capacity(cfg.write_queue_capacity)
+                .with_metrics_prefix("registrar"),
+        )?;
+        let this = Arc::new(Self {
+            cfg,
+            epoch,
+            backend,
+            state,
+            writer,
+            status,
+            closing: tokio::sync::watch::channel(false).0,
+            refusals: Refusals::default(),
+            counted: Mutex::new(BTreeMap::new()),
+            tasks: Mutex::new(Vec::new()),
+        });
+        let tasks = vec![
+            tokio::spawn(count_endpoints(Arc::downgrade(&this))),
+            tokio::spawn(crate::monitor::run(Arc::downgrade(&this))),
+        ];
+        *this.tasks.lock().unwrap_or_else(|p| p.into_inner()) = tasks;
+        Ok(this)
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &RegistrarConfig {
+        &self.cfg
+    }
+
+    /// This run's epoch.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The token of the current state.
+    pub fn token(&self) -> Token {
+        Token {
+            epoch: self.epoch,
+            version: self.state.hub().current().version(),
+        }
+    }
+
+    /// The state agents are served from.
+    pub fn state(&self) -> &CachedRegistry<Arc<dyn Backend>> {
+        &self.state
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    /// The registrar's health.
+    pub fn status(&self) -> &Arc<Status> {
+        &self.status
+    }
+
+    /// Whether it is ready (what `/readyz` says).
+    pub fn is_ready(&self) -> bool {
+        matches!(self.status.readiness(), crate::Readiness::Ready(_))
+    }
+
+    /// Writes queued for the backend.
+    pub fn queue_depth(&self) -> usize {
+        self.writer.queue_depth()
+    }
+
+    /// The version to resume from for an agent's `last_version`: `None`
+    /// (a full snapshot) when it is empty, unparsable or of another epoch.
+    pub fn resume_from(&self, last_version: &str) -> Option<Version> {
+        match last_version.parse::<Token>() {
+            Ok(t) if t.epoch == self.epoch => Some(t.version),
+            _ => None,
+        }
+    }
+
+    /// The refusal the event at `version` carries to agents, if any.
+    pub fn refusal_at(&self, version: Version) -> Option<Refusal> {
+        self.refusals.get(version)
+    }
+
+    /// Accept one write, acknowledged as `ack` says (`None`: the configured
+    /// default). Refused with `Unavailable` while the backend refuses
+    /// writes or the registrar is failing.
+    pub async fn write(self: &Arc<Self>, op: Op, ack: Option<Ack>) -> Result<Token> {
+        op.validate()?;
+        if let Some(e) = self.status.write_refusal() {
+            return Err(e);
+        }
+        match ack.unwrap_or(self.cfg.ack) {
+            Ack::Optimistic => self.write_optimistic(op),
+            Ack::Durable => self.write_durable(op).await,
+        }
+    }
+
+    fn write_optimistic(self: &Arc<Self>, op: Op) -> Result<Token> {
+        let key = op.key();
+        let before = self.state.cached().and_then(|s| s.get(&key).cloned());
+        self.state.apply_local(std::slice::from_ref(&op));
+        let undo = match before {
+            Some(ep) => Op::Register(ep),
+            None => Op::Deregister(key),
+        };
+        match self.writer.submit(vec![op.clone()]) {
+            Ok(ticket) => {
+                let this = Arc::clone(self);
+                tokio::spawn(async move {
+                    if let Err(error) = ticket.durable().await {
+                        this.refused(Refusal { op, error }, undo).await;
+                    }
+                });
+                Ok(self.token())
+            }
+            Err(e) => {
+                // The caller gets the error: nothing to tell agents.
+                self.state.undo_local(&[undo]);
+                Err(e)
+            }
+        }
+    }
+
+    async fn write_durable(&self, op: Op) -> Result<Token> {
+        self.writer.submit(vec![op.clone()])?.durable().await?;
+        // Read your writes: the state shows it before the backend's echo.
+        self.state.apply_local(&[op]);
+        Ok(self.token())
+    }
+
+    /// The backend refused an acknowledged write: undo its broadcast with
+    /// an event that tells agents why, then make sure the state shows the
+    /// backend's truth for the key.
+    async fn refused(&self, refusal: Refusal, undo: Op) {
+        let key = refusal.op.key();
+        tracing::error!(%key, error = %refusal.error, "the backend refused an acknowledged write; undoing its broadcast and telling agents");
+        let events = self.state.undo_local(std::slice::from_ref(&undo));
+        if let Some(ev) = events.last() {
+            self.refusals.record(ev.version(), refusal.clone());
+        } else {
+            tracing::warn!(%key, "the undo changed nothing visible; agents learn the refusal only from the log");
+        }
+        if refusal.error.is_request_fault() {
+            self.resync_key(&key).await;
+        } else {
+            // The backend refuses writes as such (or the queue was stopped):
+            // the monitor heals with a full re-read.
+            self.status.backend_failed(&refusal.error);
+            self.status.request_resync();
+        }
+    }
+
+    /// Put the backend's value of `key` into the state; on failure, ask for
+    /// a full re-read.
+    async fn resync_key(&self, key: &EndpointKey) {
+        let read = tokio::time::timeout(self.cfg.probe_timeout, self.backend.list(&key.service));
+        match read.await {
+            Ok(Ok(eps)) => {
+                let op = match eps.into_iter().find(|e| e.has_key(key)) {
+                    Some(e) => Op::Register(e),
+                    None => Op::Deregister(key.clone()),
+                };
+                self.state.undo_local(&[op]);
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(%key, error = %e, "could not re-read a refused write; re-reading everything");
+                self.status.request_resync();
+            }
+            Err(_) => {
+                tracing::warn!(%key, "re-reading a refused write timed out; re-reading everything");
+                self.status.request_resync();
+            }
+        }
+    }
+
+    /// Resolves once the registrar is shutting down (agent streams end then).
+    pub fn closing(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.closing.subscribe();
+        async move {
+            let _ = rx.wait_for(|c| *c).await;
+        }
+    }
+
+    /// The node owning `key` now (from the state once it is ready, before
+    /// that from the backend); `None` when the endpoint does not exist.
+    pub async fn current_node(&self, key: &EndpointKey) -> Result<Option<String>> {
+        if let Some(snap) = self.state.cached() {
+            return Ok(snap.get(key).map(|e| e.node.clone()));
+        }
+        let eps = self.backend.list(&key.service).await?;
+        Ok(eps.into_iter().find(|e| e.has_key(key)).map(|e| e.node))
+    }
+
+    /// Publish the gauges computed from the state:
+    /// `registrar_endpoint_count{cluster}` (0 for clusters gone since),
+    /// `registrar_write_queue_depth` and the status gauges. Called every
+    /// 5 s and on each scrape.
+    pub fn publish_gauges(&self) {
+        metrics::gauge!("registrar_write_queue_depth").set(self.queue_depth() as f64);
+        self.status.publish_gauges();
+        let Some(snap) = self.state.cached() else {
+            return;
+        };
+        let mut seen = self.counted.lock().unwrap_or_else(|p| p.into_inner());
+        let mut counts: BTreeMap<String, usize> = seen.keys().map(|k| (k.clone(), 0)).collect();
+        counts.entry(self.cfg.cluster_name.clone()).or_default();
+        for e in snap.iter() {
+            *counts.entry(e.cluster.clone()).or_default() += 1;
+        }
+        for (cluster, n) in &counts {
+            metrics::gauge!("registrar_endpoint_count", "cluster" => cluster.clone())
+                .set(*n as f64);
+        }
+        *seen = counts;
+    }
+
+    /// Record a node's heartbeat with the backend.
+    pub async fn heartbeat(&self, node: &str) -> Result<()> {
+        registry_api::check_name("node_name", node, true)?;
+        self.backend.heartbeat(node).await
+    }
+
+    /// Refuse new writes and drain the queue to the backend for at most
+    /// [`RegistrarConfig::drain_timeout`]. What could not be written is
+    /// logged by key (durable callers get the error); returns those keys.
+    pub async fn drain(&self) -> Vec<EndpointKey> {
+        let report = self.writer.shutdown_within(self.cfg.drain_timeout).await;
+        for key in &report.unwritten {
+            tracing::error!(%key, "not written to the backend before the drain deadline");
+        }
+        if !report.unwritten.is_empty() {
+            tracing::error!(
+                count = report.unwritten.len(),
+                timeout = ?self.cfg.drain_timeout,
+                "shutting down with writes the backend has not confirmed"
+            );
+        }
+        report.unwritten
+    }
+
+    /// Whether the write queue and the state's sync task run.
+    pub(crate) fn tasks_running(&self) -> std::result::Result<(), &'static str> {
+        if !self.writer.is_running() && !*self.closing.borrow() {
+            return Err("the write queue's flusher task ended");
+        }
+        if !self.state.is_running() {
+            return Err("the task that keeps the state from the backend ended");
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Registrar {
+    fn drop(&mut self) {
+        for t in self
+            .tasks
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            t.abort();
+        }
+    }
+}
+
+impl std::fmt::Debug for Registrar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registrar")
+            .field("cluster", &self.cfg.cluster_name)
+            .field("epoch", &self.epoch)
+            .field("backend", &self.backend.to_string())
+            .field("queued", &self.queue_depth())
+            .finish()
+    }
+}
+
+/// Publish the state's gauges every few seconds.
+async fn count_endpoints(this: std::sync::Weak<Registrar>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(5));
+    loop {
+        tick.tick().await;
+        let Some(this) = this.upgrade() else { return };
+        this.publish_gauges();
+    }
+}
