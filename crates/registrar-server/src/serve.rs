@@ -406,7 +406,7 @@ async fn run_grpc(
         timeout = ?registrar.config().drain_timeout,
         "shutting down: draining the write queue"
     );
-    registrar.drain().await;
+    let unwritten = registrar.drain().await;
     mirror.abort();
     health.stop().await;
     if let Some(why) = registrar.status().failure() {
@@ -414,7 +414,22 @@ async fn run_grpc(
             "the registrar stopped because a background task died: {why}"
         )));
     }
-    result.map_err(|e| Error::unavailable(format!("gRPC server failed: {e}")).with_source(e))
+    result.map_err(|e| Error::unavailable(format!("gRPC server failed: {e}")).with_source(e))?;
+    if !unwritten.is_empty() {
+        let shown: Vec<String> = unwritten.iter().take(10).map(ToString::to_string).collect();
+        return Err(Error::unavailable(format!(
+            "shut down with {} writes the backend has not confirmed (drain timeout {:?}): {}{}",
+            unwritten.len(),
+            registrar.config().drain_timeout,
+            shown.join(", "),
+            if unwritten.len() > shown.len() {
+                ", …"
+            } else {
+                ""
+            }
+        )));
+    }
+    Ok(())
 }
 
 /// Keep the gRPC health service's answer for the `Registrar` service in

@@ -471,13 +471,28 @@ async fn out_of_range_values_exit_2_naming_the_flag() {
     let cases: &[(&[&str], &str)] = &[
         (&["serve", "--sync-interval", "0s"], "--sync-interval"),
         (&["serve", "--sync-interval=-1s"], "--sync-interval"),
-        (&["serve", "--write-batch-interval", "0s"], "--write-batch-interval"),
-        (&["serve", "--write-batch-interval=-5ms"], "--write-batch-interval"),
-        (&["serve", "--write-batch-interval", "2h"], "--write-batch-interval"),
+        (
+            &["serve", "--write-batch-interval", "0s"],
+            "--write-batch-interval",
+        ),
+        (
+            &["serve", "--write-batch-interval=-5ms"],
+            "--write-batch-interval",
+        ),
+        (
+            &["serve", "--write-batch-interval", "2h"],
+            "--write-batch-interval",
+        ),
         (&["serve", "--probe-interval", "0s"], "--probe-interval"),
         (&["serve", "--drain-timeout=-1s"], "--drain-timeout"),
-        (&["serve", "--write-queue-capacity", "0"], "--write-queue-capacity"),
-        (&["serve", "--write-queue-capacity=-3"], "--write-queue-capacity"),
+        (
+            &["serve", "--write-queue-capacity", "0"],
+            "--write-queue-capacity",
+        ),
+        (
+            &["serve", "--write-queue-capacity=-3"],
+            "--write-queue-capacity",
+        ),
         (&["serve", "--write-batch-ops", "0"], "--write-batch-ops"),
         (&["serve", "--ack", "eventually"], "--ack"),
         (&["watch", "--timeout", "0s"], "--timeout"),

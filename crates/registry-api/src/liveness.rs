@@ -65,18 +65,13 @@ impl LivenessConfig {
 
     /// Check every setting: `suspect_after` 1 ms to 30 days,
     /// `remove_after` from `suspect_after` to 30 days, `sweep_interval`
-    /// 1 ms to 1 h, `max_sweep_share` 0 to 1.
+    /// 1 ms to 30 days, `max_sweep_share` 0 to 1.
     pub fn validate(&self) -> Result<()> {
         let ms = Duration::from_millis;
         let month = Duration::from_secs(30 * 24 * 3600);
         check_duration("suspect_after", self.suspect_after, ms(1), month)?;
         check_duration("remove_after", self.remove_after, self.suspect_after, month)?;
-        check_duration(
-            "sweep_interval",
-            self.sweep_interval,
-            ms(1),
-            Duration::from_secs(3600),
-        )?;
+        check_duration("sweep_interval", self.sweep_interval, ms(1), month)?;
         if !(0.0..=1.0).contains(&self.max_sweep_share) {
             return Err(crate::Error::invalid(
                 "max_sweep_share",

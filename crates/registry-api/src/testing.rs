@@ -808,6 +808,7 @@ struct FaultState {
     fail_writes: usize,
     down: bool,
     refuse: Option<Error>,
+    panic_writes: bool,
     poison: Vec<(EndpointKey, Error)>,
     max_ok_batch: Option<usize>,
     watch_froms: Vec<Option<Version>>,
@@ -839,6 +840,12 @@ impl<R> Faulty<R> {
     /// that refuses writes for good (read-only, corrupt, table gone).
     pub fn refuse_writes(&self, error: Option<Error>) {
         self.st().refuse = error;
+    }
+
+    /// While set, every write panics (a bug in a backend): for testing that
+    /// a task dying of it is noticed.
+    pub fn panic_writes(&self, on: bool) {
+        self.st().panic_writes = on;
     }
 
     /// Every write that touches `key` fails with `error` (a poison op).
@@ -910,6 +917,10 @@ impl<R> Faulty<R> {
         }
         if !write {
             return Ok(());
+        }
+        if st.panic_writes {
+            drop(st);
+            panic!("injected: the backend panicked while writing");
         }
         if let Some(e) = &st.refuse {
             return Err(e.clone());

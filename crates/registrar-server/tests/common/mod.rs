@@ -98,6 +98,19 @@ impl Server {
         let _ = (&mut self.task).await;
     }
 
+    /// Graceful, returning what `serve` returned.
+    pub async fn stop_result(mut self) -> registry_api::Result<()> {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        (&mut self.task).await.unwrap()
+    }
+
+    /// Wait until `serve` returns by itself (a background task died).
+    pub async fn wait(mut self) -> registry_api::Result<()> {
+        (&mut self.task).await.unwrap()
+    }
+
     /// A crash: the server stops at once, nothing is drained first.
     pub async fn crash(self) {
         self.task.abort();
