@@ -1,0 +1,385 @@
+//! The shared state of a registry (pool, settings, notification channel,
+//! background tasks), its transactions, and the endpoint reads and
+//! writes.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use registry_api::{Endpoint, EndpointKey, Error, Op, Result, Snapshot, Version};
+use sqlx::sqlite::{SqliteConnection, SqlitePool};
+use sqlx::{AssertSqlSafe, Sqlite, Transaction};
+use tokio::sync::{watch, Mutex, MutexGuard};
+use tokio::task::JoinHandle;
+
+use crate::config::SqliteConfig;
+use crate::error::{corrupt, map_sqlx};
+use crate::layout::{
+    decode, encode, ep_cols, placeholders, to_i64, to_u64, EpRow, EpRowSuspended, CHUNK,
+};
+
+/// What every clone of a [`crate::SqliteRegistry`] shares.
+pub(crate) struct Inner {
+    pub(crate) pool: SqlitePool,
+    pub(crate) cfg: SqliteConfig,
+    /// Serializes this process's writers, so that only other processes
+    /// ever wait in SQLite's busy handler.
+    pub(crate) write_lock: Mutex<()>,
+    /// The latest revision known to this handle: bumped after each local
+    /// commit and by the log poller for other processes' commits.
+    pub(crate) notify: watch::Sender<u64>,
+    pub(crate) tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let tasks = self.tasks.get_mut().unwrap_or_else(|p| p.into_inner());
+        for t in tasks.drain(..) {
+            t.abort();
+        }
+    }
+}
+
+impl Inner {
+    pub(crate) fn map(&self, e: sqlx::Error, what: &str) -> Error {
+        map_sqlx(e, &self.cfg.path, what)
+    }
+
+    pub(crate) fn bump(&self, revision: u64) {
+        self.notify.send_if_modified(|v| {
+            if revision > *v {
+                *v = revision;
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    pub(crate) async fn write_tx(
+        &self,
+        what: &str,
+    ) -> Result<(MutexGuard<'_, ()>, Transaction<'static, Sqlite>)> {
+        let guard = self.write_lock.lock().await;
+        let tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| self.map(e, what))?;
+        Ok((guard, tx))
+    }
+
+    /// `(revision, log_floor)`.
+    pub(crate) async fn counters(
+        &self,
+        conn: &mut SqliteConnection,
+        what: &str,
+    ) -> Result<(u64, u64)> {
+        let rows: Vec<(String, i64)> =
+            sqlx::query_as("SELECT key, value FROM meta WHERE key IN ('revision', 'log_floor')")
+                .fetch_all(&mut *conn)
+                .await
+                .map_err(|e| self.map(e, what))?;
+        let get = |k: &str| {
+            rows.iter()
+                .find(|(key, _)| key == k)
+                .map(|(_, v)| to_u64(*v))
+                .ok_or_else(|| corrupt(&self.cfg.path, what, format!("meta.{k} is missing")))
+        };
+        Ok((get("revision")?, get("log_floor")?))
+    }
+
+    pub(crate) async fn version(&self) -> Result<Version> {
+        let what = "read the revision";
+        let v: i64 = sqlx::query_scalar("SELECT value FROM meta WHERE key = 'revision'")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.map(e, what))?;
+        Ok(Version(to_u64(v)))
+    }
+
+    /// Record the new revision and trim the log to `log_len`.
+    pub(crate) async fn finish(
+        &self,
+        conn: &mut SqliteConnection,
+        start: u64,
+        floor: u64,
+        rev: u64,
+        what: &str,
+    ) -> Result<()> {
+        if rev == start {
+            return Ok(());
+        }
+        sqlx::query("UPDATE meta SET value = ?1 WHERE key = 'revision'")
+            .bind(to_i64(rev))
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| self.map(e, what))?;
+        self.trim_log(conn, rev, floor, self.cfg.log_len, what)
+            .await
+    }
+
+    pub(crate) async fn trim_log(
+        &self,
+        conn: &mut SqliteConnection,
+        rev: u64,
+        floor: u64,
+        keep: u64,
+        what: &str,
+    ) -> Result<()> {
+        if rev.saturating_sub(floor) <= keep {
+            return Ok(());
+        }
+        let new_floor = rev - keep;
+        sqlx::query("DELETE FROM changes WHERE revision <= ?1")
+            .bind(to_i64(new_floor))
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| self.map(e, what))?;
+        sqlx::query("UPDATE meta SET value = ?1 WHERE key = 'log_floor'")
+            .bind(to_i64(new_floor))
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| self.map(e, what))?;
+        Ok(())
+    }
+
+    /// Apply validated ops in one transaction; returns the new version.
+    ///
+    /// Set-based, so that a batch costs a few statements per few hundred
+    /// ops: the touched keys are read at once, every op is applied in
+    /// order in memory (each real change gets the next revision and a log
+    /// entry, as a single write would), then the final rows and the log
+    /// entries are written with multi-row statements.
+    pub(crate) async fn commit_ops(&self, ops: Vec<Op>, what: &str) -> Result<Version> {
+        let (_guard, mut tx) = self.write_tx(what).await?;
+        let (start, floor) = self.counters(&mut tx, what).await?;
+        let keys: BTreeSet<EndpointKey> = ops.iter().map(Op::key).collect();
+        let mut state = self.load(&mut tx, &keys, what).await?;
+        let mut rev = start;
+        let mut log: Vec<(u64, &'static str, EndpointKey, Option<String>)> = Vec::new();
+        let mut dirty: BTreeMap<EndpointKey, u64> = BTreeMap::new();
+        for op in ops {
+            let key = op.key();
+            let slot = state.entry(key.clone()).or_insert(None);
+            match op {
+                Op::Register(ep) => {
+                    let kind = match slot {
+                        Some((old, suspended)) if *old == ep => {
+                            if *suspended {
+                                // The owner now vouches for this value.
+                                *suspended = false;
+                                dirty.entry(key).or_insert(start);
+                            }
+                            continue;
+                        }
+                        Some(_) => "updated",
+                        None => "added",
+                    };
+                    rev += 1;
+                    let json = encode(&ep)?;
+                    log.push((rev, kind, key.clone(), Some(json)));
+                    *slot = Some((ep, false));
+                }
+                Op::Deregister(_) => {
+                    if slot.is_none() {
+                        continue;
+                    }
+                    rev += 1;
+                    log.push((rev, "removed", key.clone(), None));
+                    *slot = None;
+                }
+            }
+            dirty.insert(key, rev);
+        }
+        let mut gone = Vec::new();
+        let mut rows = Vec::new();
+        for (key, at) in dirty {
+            match state.remove(&key).flatten() {
+                None => gone.push(key),
+                Some((ep, suspended)) => rows.push((ep, suspended, at)),
+            }
+        }
+        self.delete_many(&mut tx, &gone, what).await?;
+        self.store_many(&mut tx, &rows, what).await?;
+        self.log_many(&mut tx, &log, what).await?;
+        self.finish(&mut tx, start, floor, rev, what).await?;
+        tx.commit().await.map_err(|e| self.map(e, what))?;
+        self.bump(rev);
+        tracing::debug!(path = %self.cfg.path.display(), revision = rev, changes = rev - start, "{what}");
+        Ok(Version(rev))
+    }
+
+    /// The stored value of each of `keys` (`None` when absent).
+    pub(crate) async fn load(
+        &self,
+        conn: &mut SqliteConnection,
+        keys: &BTreeSet<EndpointKey>,
+        what: &str,
+    ) -> Result<HashMap<EndpointKey, Option<(Endpoint, bool)>>> {
+        let mut out: HashMap<EndpointKey, Option<(Endpoint, bool)>> =
+            keys.iter().map(|k| (k.clone(), None)).collect();
+        let keys: Vec<&EndpointKey> = keys.iter().collect();
+        for chunk in keys.chunks(CHUNK) {
+            let sql = format!(
+                "SELECT endpoint, suspended FROM endpoints WHERE (service, id) IN (VALUES {})",
+                placeholders(chunk.len(), 2)
+            );
+            let mut q = sqlx::query_as::<_, EpRowSuspended>(AssertSqlSafe(sql));
+            for k in chunk {
+                q = q.bind(&k.service).bind(&k.id);
+            }
+            let rows = q
+                .fetch_all(&mut *conn)
+                .await
+                .map_err(|e| self.map(e, what))?;
+            for (json, susp) in rows {
+                let ep = decode(&self.cfg.path, (json,))?;
+                out.insert(ep.key(), Some((ep, susp != 0)));
+            }
+        }
+        Ok(out)
+    }
+
+    pub(crate) async fn delete_many(
+        &self,
+        conn: &mut SqliteConnection,
+        keys: &[EndpointKey],
+        what: &str,
+    ) -> Result<()> {
+        for chunk in keys.chunks(CHUNK) {
+            let sql = format!(
+                "DELETE FROM endpoints WHERE (service, id) IN (VALUES {})",
+                placeholders(chunk.len(), 2)
+            );
+            let mut q = sqlx::query(AssertSqlSafe(sql));
+            for k in chunk {
+                q = q.bind(&k.service).bind(&k.id);
+            }
+            q.execute(&mut *conn).await.map_err(|e| self.map(e, what))?;
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn store_many(
+        &self,
+        conn: &mut SqliteConnection,
+        rows: &[(Endpoint, bool, u64)],
+        what: &str,
+    ) -> Result<()> {
+        for chunk in rows.chunks(CHUNK) {
+            let jsons = chunk
+                .iter()
+                .map(|(ep, _, _)| encode(ep))
+                .collect::<Result<Vec<_>>>()?;
+            let sql = format!(
+                concat!(
+                    "INSERT OR REPLACE INTO endpoints (",
+                    ep_cols!(),
+                    ", suspended, revision) VALUES {}"
+                ),
+                placeholders(chunk.len(), 11)
+            );
+            let mut q = sqlx::query(AssertSqlSafe(sql));
+            for ((ep, suspended, at), json) in chunk.iter().zip(&jsons) {
+                q = q
+                    .bind(&ep.service)
+                    .bind(&ep.id)
+                    .bind(&ep.address)
+                    .bind(i64::from(ep.port))
+                    .bind(ep.protocol.as_str())
+                    .bind(&ep.cluster)
+                    .bind(&ep.node)
+                    .bind(ep.health.as_str())
+                    .bind(json)
+                    .bind(i64::from(*suspended))
+                    .bind(to_i64(*at));
+            }
+            q.execute(&mut *conn).await.map_err(|e| self.map(e, what))?;
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn log_many(
+        &self,
+        conn: &mut SqliteConnection,
+        log: &[(u64, &'static str, EndpointKey, Option<String>)],
+        what: &str,
+    ) -> Result<()> {
+        for chunk in log.chunks(CHUNK) {
+            let sql = format!(
+                "INSERT INTO changes (revision, kind, service, id, endpoint) VALUES {}",
+                placeholders(chunk.len(), 5)
+            );
+            let mut q = sqlx::query(AssertSqlSafe(sql));
+            for (rev, kind, key, json) in chunk {
+                q = q
+                    .bind(to_i64(*rev))
+                    .bind(*kind)
+                    .bind(&key.service)
+                    .bind(&key.id)
+                    .bind(json.as_deref());
+            }
+            q.execute(&mut *conn).await.map_err(|e| self.map(e, what))?;
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
+        let rows: Vec<EpRow> =
+            sqlx::query_as("SELECT endpoint FROM endpoints WHERE service = ?1 ORDER BY id")
+                .bind(service)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| self.map(e, &format!("list {service}")))?;
+        rows.into_iter()
+            .map(|r| decode(&self.cfg.path, r))
+            .collect()
+    }
+
+    pub(crate) async fn snapshot(&self) -> Result<Snapshot> {
+        let what = "read a snapshot";
+        let mut tx = self.pool.begin().await.map_err(|e| self.map(e, what))?;
+        // Both reads see the same state: one read transaction.
+        let (rev, _) = self.counters(&mut tx, what).await?;
+        let rows: Vec<EpRow> = sqlx::query_as("SELECT endpoint FROM endpoints")
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(|e| self.map(e, what))?;
+        tx.commit().await.map_err(|e| self.map(e, what))?;
+        let eps = rows
+            .into_iter()
+            .map(|r| decode(&self.cfg.path, r))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Snapshot::from_endpoints(Version(rev), eps))
+    }
+
+    /// Trim the change log to its last `keep` changes.
+    pub(crate) async fn compact(&self, keep: u64) -> Result<()> {
+        let what = "compact the change log";
+        let (_guard, mut tx) = self.write_tx(what).await?;
+        let (rev, floor) = self.counters(&mut tx, what).await?;
+        self.trim_log(&mut tx, rev, floor, keep, what).await?;
+        tx.commit().await.map_err(|e| self.map(e, what))
+    }
+
+    /// `PRAGMA integrity_check`.
+    pub(crate) async fn integrity_check(&self) -> Result<Vec<String>> {
+        sqlx::query_scalar::<_, String>("PRAGMA integrity_check")
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.map(e, "integrity check"))
+    }
+
+    /// Stop the background tasks, close every connection, and wake the
+    /// watchers (their next read fails and ends their streams).
+    pub(crate) async fn close(&self) {
+        let tasks: Vec<_> = {
+            let mut t = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
+            t.drain(..).collect()
+        };
+        for t in tasks {
+            t.abort();
+        }
+        self.pool.close().await;
+        self.notify.send_modify(|_| {});
+    }
+}
