@@ -3,15 +3,17 @@
 //! writes.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::Path;
 
 use registry_api::{Endpoint, EndpointKey, Error, Op, Result, Snapshot, Version};
+use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{SqliteConnection, SqlitePool};
-use sqlx::{AssertSqlSafe, Sqlite, Transaction};
+use sqlx::{AssertSqlSafe, Sqlite};
 use tokio::sync::{watch, Mutex, MutexGuard};
 use tokio::task::JoinHandle;
 
 use crate::config::SqliteConfig;
-use crate::error::{corrupt, map_sqlx};
+use crate::error::{corrupt, map_sqlx, refine_write};
 use crate::layout::{
     decode, encode, ep_cols, placeholders, to_i64, to_u64, EpRow, EpRowSuspended, CHUNK,
 };
@@ -27,6 +29,158 @@ pub(crate) struct Inner {
     /// commit and by the log poller for other processes' commits.
     pub(crate) notify: watch::Sender<u64>,
     pub(crate) tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// One transaction on one pooled connection, ended explicitly by
+/// [`Tx::end`]: committed when the work inside succeeded, rolled back when
+/// it failed.
+///
+/// `BEGIN`, `COMMIT` and `ROLLBACK` are plain statements here rather than
+/// sqlx's `Transaction`, because sqlx 0.9 keeps its own transaction depth
+/// beside SQLite's: when a `COMMIT` fails with `FULL` or `IOERR`, SQLite
+/// has already rolled the transaction back, `Transaction::commit` returns
+/// the error with the transaction still marked open, the `ROLLBACK` its
+/// drop queues then fails ("no transaction is active"), the depth stays
+/// at 1, and the connection goes back to the pool refusing every later
+/// `begin_with` ("attempted to call begin_with at non-zero transaction
+/// depth") until a restart.
+///
+/// The rules, so that no connection returns to the pool inside a
+/// transaction:
+/// - a failed `BEGIN` starts no transaction: the connection is clean;
+/// - after a failed statement or `COMMIT`, `ROLLBACK` is run; when it
+///   fails too (SQLite may have rolled back by itself, or not), the state
+///   is unknown and the connection is closed instead of being returned,
+///   so the next transaction gets a fresh one;
+/// - a `Tx` dropped before it ended (its future was cancelled) closes its
+///   connection, which rolls back whatever was open.
+pub(crate) struct Tx<'a> {
+    conn: PoolConnection<Sqlite>,
+    path: &'a Path,
+    /// Between a successful `BEGIN` and a successful `COMMIT`/`ROLLBACK`.
+    open: bool,
+    write: bool,
+    /// The in-process write lock, held by write transactions; released
+    /// after the connection is dealt with (fields drop in order).
+    _guard: Option<MutexGuard<'a, ()>>,
+}
+
+impl<'a> Tx<'a> {
+    async fn begin(
+        pool: &SqlitePool,
+        path: &'a Path,
+        guard: Option<MutexGuard<'a, ()>>,
+        what: &str,
+    ) -> Result<Tx<'a>> {
+        let write = guard.is_some();
+        let refine = |e: Error| if write { refine_write(e, path) } else { e };
+        let mut conn = pool
+            .acquire()
+            .await
+            .map_err(|e| refine(map_sqlx(e, path, what)))?;
+        let begin = if write { "BEGIN IMMEDIATE" } else { "BEGIN" };
+        if let Err(e) = sqlx::raw_sql(begin).execute(&mut *conn).await {
+            // SQLite starts no transaction when BEGIN fails: `conn` goes
+            // back to the pool clean.
+            return Err(refine(map_sqlx(e, path, what)));
+        }
+        Ok(Tx {
+            conn,
+            path,
+            open: true,
+            write,
+            _guard: guard,
+        })
+    }
+
+    /// The connection, inside the transaction.
+    pub(crate) fn conn(&mut self) -> &mut SqliteConnection {
+        &mut self.conn
+    }
+
+    /// Commit if `res` is `Ok`, roll back if it is an error; `res`, or the
+    /// error `COMMIT` met (after which the transaction is rolled back).
+    pub(crate) async fn end<T>(mut self, res: Result<T>, what: &str) -> Result<T> {
+        let value = match res {
+            Ok(v) => v,
+            Err(e) => {
+                let e = self.refine(e);
+                self.roll_back(&e).await;
+                return Err(e);
+            }
+        };
+        match sqlx::raw_sql("COMMIT").execute(&mut *self.conn).await {
+            Ok(_) => {
+                self.open = false;
+                Ok(value)
+            }
+            Err(e) => {
+                let e = self.refine(map_sqlx(e, self.path, what));
+                self.roll_back(&e).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Roll back whatever `res` says (a probe changes nothing); `res`, or
+    /// the error `ROLLBACK` met.
+    pub(crate) async fn discard<T>(mut self, res: Result<T>, what: &str) -> Result<T> {
+        let res = res.map_err(|e| self.refine(e));
+        match sqlx::raw_sql("ROLLBACK").execute(&mut *self.conn).await {
+            Ok(_) => {
+                self.open = false;
+                res
+            }
+            Err(e) => {
+                let e = self.refine(map_sqlx(e, self.path, what));
+                self.close_connection(&e);
+                res.and(Err(e))
+            }
+        }
+    }
+
+    fn refine(&self, e: Error) -> Error {
+        if self.write {
+            refine_write(e, self.path)
+        } else {
+            e
+        }
+    }
+
+    /// After a failure: `ROLLBACK`, or if that fails too, close the
+    /// connection.
+    async fn roll_back(&mut self, cause: &Error) {
+        match sqlx::raw_sql("ROLLBACK").execute(&mut *self.conn).await {
+            Ok(_) => self.open = false,
+            Err(e) => {
+                tracing::debug!(path = %self.path.display(), error = %e, "ROLLBACK after a failure failed");
+                self.close_connection(cause);
+            }
+        }
+    }
+
+    /// Take the connection out of the pool: it is closed when this `Tx`
+    /// drops, and the pool opens a fresh one when needed.
+    fn close_connection(&mut self, cause: &Error) {
+        tracing::warn!(
+            path = %self.path.display(),
+            error = %cause,
+            "the transaction state of a connection is unknown after a failure; closing it"
+        );
+        self.conn.close_on_drop();
+        self.open = false;
+    }
+}
+
+impl Drop for Tx<'_> {
+    fn drop(&mut self) {
+        if self.open {
+            // Cancelled between BEGIN and the end: closing the connection
+            // rolls back whatever is open.
+            tracing::debug!(path = %self.path.display(), "transaction abandoned; closing its connection");
+            self.conn.close_on_drop();
+        }
+    }
 }
 
 impl Drop for Inner {
@@ -54,17 +208,16 @@ impl Inner {
         });
     }
 
-    pub(crate) async fn write_tx(
-        &self,
-        what: &str,
-    ) -> Result<(MutexGuard<'_, ()>, Transaction<'static, Sqlite>)> {
+    /// A write transaction (`BEGIN IMMEDIATE`), holding the in-process
+    /// write lock until it ends.
+    pub(crate) async fn write_tx(&self, what: &str) -> Result<Tx<'_>> {
         let guard = self.write_lock.lock().await;
-        let tx = self
-            .pool
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(|e| self.map(e, what))?;
-        Ok((guard, tx))
+        Tx::begin(&self.pool, &self.cfg.path, Some(guard), what).await
+    }
+
+    /// A read transaction (`BEGIN`): its reads see one state.
+    pub(crate) async fn read_tx(&self, what: &str) -> Result<Tx<'_>> {
+        Tx::begin(&self.pool, &self.cfg.path, None, what).await
     }
 
     /// `(revision, log_floor)`.
@@ -150,10 +303,25 @@ impl Inner {
     /// entry, as a single write would), then the final rows and the log
     /// entries are written with multi-row statements.
     pub(crate) async fn commit_ops(&self, ops: Vec<Op>, what: &str) -> Result<Version> {
-        let (_guard, mut tx) = self.write_tx(what).await?;
-        let (start, floor) = self.counters(&mut tx, what).await?;
+        let mut tx = self.write_tx(what).await?;
+        let res = self.apply_ops(tx.conn(), ops, what).await;
+        let (start, rev) = tx.end(res, what).await?;
+        self.bump(rev);
+        tracing::debug!(path = %self.cfg.path.display(), revision = rev, changes = rev - start, "{what}");
+        Ok(Version(rev))
+    }
+
+    /// The work of [`Inner::commit_ops`] inside its transaction: the
+    /// revisions before and after.
+    async fn apply_ops(
+        &self,
+        conn: &mut SqliteConnection,
+        ops: Vec<Op>,
+        what: &str,
+    ) -> Result<(u64, u64)> {
+        let (start, floor) = self.counters(conn, what).await?;
         let keys: BTreeSet<EndpointKey> = ops.iter().map(Op::key).collect();
-        let mut state = self.load(&mut tx, &keys, what).await?;
+        let mut state = self.load(conn, &keys, what).await?;
         let mut rev = start;
         let mut log: Vec<(u64, &'static str, EndpointKey, Option<String>)> = Vec::new();
         let mut dirty: BTreeMap<EndpointKey, u64> = BTreeMap::new();
@@ -198,14 +366,11 @@ impl Inner {
                 Some((ep, suspended)) => rows.push((ep, suspended, at)),
             }
         }
-        self.delete_many(&mut tx, &gone, what).await?;
-        self.store_many(&mut tx, &rows, what).await?;
-        self.log_many(&mut tx, &log, what).await?;
-        self.finish(&mut tx, start, floor, rev, what).await?;
-        tx.commit().await.map_err(|e| self.map(e, what))?;
-        self.bump(rev);
-        tracing::debug!(path = %self.cfg.path.display(), revision = rev, changes = rev - start, "{what}");
-        Ok(Version(rev))
+        self.delete_many(conn, &gone, what).await?;
+        self.store_many(conn, &rows, what).await?;
+        self.log_many(conn, &log, what).await?;
+        self.finish(conn, start, floor, rev, what).await?;
+        Ok((start, rev))
     }
 
     /// The stored value of each of `keys` (`None` when absent).
@@ -337,14 +502,18 @@ impl Inner {
 
     pub(crate) async fn snapshot(&self) -> Result<Snapshot> {
         let what = "read a snapshot";
-        let mut tx = self.pool.begin().await.map_err(|e| self.map(e, what))?;
         // Both reads see the same state: one read transaction.
-        let (rev, _) = self.counters(&mut tx, what).await?;
-        let rows: Vec<EpRow> = sqlx::query_as("SELECT endpoint FROM endpoints")
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(|e| self.map(e, what))?;
-        tx.commit().await.map_err(|e| self.map(e, what))?;
+        let mut tx = self.read_tx(what).await?;
+        let res = async {
+            let (rev, _) = self.counters(tx.conn(), what).await?;
+            let rows: Vec<EpRow> = sqlx::query_as("SELECT endpoint FROM endpoints")
+                .fetch_all(tx.conn())
+                .await
+                .map_err(|e| self.map(e, what))?;
+            Ok((rev, rows))
+        }
+        .await;
+        let (rev, rows) = tx.end(res, what).await?;
         let eps = rows
             .into_iter()
             .map(|r| decode(&self.cfg.path, r))
@@ -355,10 +524,13 @@ impl Inner {
     /// Trim the change log to its last `keep` changes.
     pub(crate) async fn compact(&self, keep: u64) -> Result<()> {
         let what = "compact the change log";
-        let (_guard, mut tx) = self.write_tx(what).await?;
-        let (rev, floor) = self.counters(&mut tx, what).await?;
-        self.trim_log(&mut tx, rev, floor, keep, what).await?;
-        tx.commit().await.map_err(|e| self.map(e, what))
+        let mut tx = self.write_tx(what).await?;
+        let res = async {
+            let (rev, floor) = self.counters(tx.conn(), what).await?;
+            self.trim_log(tx.conn(), rev, floor, keep, what).await
+        }
+        .await;
+        tx.end(res, what).await
     }
 
     /// `PRAGMA integrity_check`.

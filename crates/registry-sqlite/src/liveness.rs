@@ -239,13 +239,57 @@ impl Inner {
     pub(crate) async fn beat(&self, node: &str, info: Option<(&str, &str)>) -> Result<()> {
         let what = format!("heartbeat of node {node}");
         let now = millis(self.cfg.clock.now());
-        let (_guard, mut tx) = self.write_tx(&what).await?;
-        let (start, floor) = self.counters(&mut tx, &what).await?;
+        let mut tx = self.write_tx(&what).await?;
+        let res = self.beat_in(tx.conn(), node, info, now, &what).await;
+        let (known, revived, rev) = tx.end(res, &what).await?;
+        self.bump(rev);
+        match known.as_deref() {
+            None => tracing::info!(node, "node admitted"),
+            Some("unhealthy") => tracing::info!(node, revived, "node is back"),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn sweep_at(&self, now: SystemTime) -> Result<SweepReport> {
+        let what = "liveness sweep";
+        let now = millis(now);
+        let suspect_at = now.saturating_sub(duration_ms(self.cfg.suspect_after));
+        let remove_at = now.saturating_sub(duration_ms(self.cfg.remove_after));
+        let mut tx = self.write_tx(what).await?;
+        let res = self.sweep_in(tx.conn(), suspect_at, remove_at, what).await;
+        let (report, rev) = tx.end(res, what).await?;
+        self.bump(rev);
+        if !report.is_empty() {
+            tracing::info!(
+                path = %self.cfg.path.display(),
+                suspected = ?report.suspected,
+                removed = ?report.removed,
+                recovered = ?report.recovered,
+                endpoints_changed = report.endpoints_changed,
+                endpoints_removed = report.endpoints_removed,
+                "liveness sweep"
+            );
+        }
+        Ok(report)
+    }
+
+    /// The work of [`Inner::beat`] inside its transaction: the node's
+    /// previous status, the endpoints revived, the new revision.
+    async fn beat_in(
+        &self,
+        conn: &mut SqliteConnection,
+        node: &str,
+        info: Option<(&str, &str)>,
+        now: i64,
+        what: &str,
+    ) -> Result<(Option<String>, usize, u64)> {
+        let (start, floor) = self.counters(conn, what).await?;
         let known: Option<String> = sqlx::query_scalar("SELECT status FROM nodes WHERE id = ?1")
             .bind(node)
-            .fetch_optional(&mut *tx)
+            .fetch_optional(&mut *conn)
             .await
-            .map_err(|e| self.map(e, &what))?;
+            .map_err(|e| self.map(e, what))?;
         let q = match info {
             None => sqlx::query(
                 "INSERT INTO nodes (id, status, last_seen) VALUES (?1, 'healthy', ?2) \
@@ -264,28 +308,24 @@ impl Inner {
             .bind(address)
             .bind(role),
         };
-        q.execute(&mut *tx).await.map_err(|e| self.map(e, &what))?;
+        q.execute(&mut *conn).await.map_err(|e| self.map(e, what))?;
         let mut rev = start;
-        let revived = self.revive(&mut tx, &mut rev, node, &what).await?;
-        self.finish(&mut tx, start, floor, rev, &what).await?;
-        tx.commit().await.map_err(|e| self.map(e, &what))?;
-        self.bump(rev);
-        match known.as_deref() {
-            None => tracing::info!(node, "node admitted"),
-            Some("unhealthy") => tracing::info!(node, revived, "node is back"),
-            _ => {}
-        }
-        Ok(())
+        let revived = self.revive(conn, &mut rev, node, what).await?;
+        self.finish(conn, start, floor, rev, what).await?;
+        Ok((known, revived, rev))
     }
 
-    pub(crate) async fn sweep_at(&self, now: SystemTime) -> Result<SweepReport> {
-        let what = "liveness sweep";
-        let now = millis(now);
-        let suspect_at = now.saturating_sub(duration_ms(self.cfg.suspect_after));
-        let remove_at = now.saturating_sub(duration_ms(self.cfg.remove_after));
+    /// The work of [`Inner::sweep_at`] inside its transaction: the report
+    /// and the new revision.
+    async fn sweep_in(
+        &self,
+        conn: &mut SqliteConnection,
+        suspect_at: i64,
+        remove_at: i64,
+        what: &str,
+    ) -> Result<(SweepReport, u64)> {
         let mut report = SweepReport::default();
-        let (_guard, mut tx) = self.write_tx(what).await?;
-        let (start, floor) = self.counters(&mut tx, what).await?;
+        let (start, floor) = self.counters(conn, what).await?;
         let mut rev = start;
         let ids = |sql: &'static str, at: i64| sqlx::query_scalar::<_, String>(sql).bind(at);
 
@@ -293,7 +333,7 @@ impl Inner {
             "SELECT id FROM nodes WHERE last_seen <= ?1 ORDER BY id",
             remove_at,
         )
-        .fetch_all(&mut *tx)
+        .fetch_all(&mut *conn)
         .await
         .map_err(|e| self.map(e, what))?;
         for node in &report.removed {
@@ -301,17 +341,16 @@ impl Inner {
             let keys: Vec<(String, String)> =
                 sqlx::query_as("SELECT service, id FROM endpoints WHERE node = ?1")
                     .bind(node)
-                    .fetch_all(&mut *tx)
+                    .fetch_all(&mut *conn)
                     .await
                     .map_err(|e| self.map(e, &what))?;
             for (service, id) in keys {
                 let key = EndpointKey::new(service, id);
-                report.endpoints_removed +=
-                    usize::from(self.remove(&mut tx, &mut rev, &key).await?);
+                report.endpoints_removed += usize::from(self.remove(conn, &mut rev, &key).await?);
             }
             sqlx::query("DELETE FROM nodes WHERE id = ?1")
                 .bind(node)
-                .execute(&mut *tx)
+                .execute(&mut *conn)
                 .await
                 .map_err(|e| self.map(e, &what))?;
         }
@@ -320,19 +359,19 @@ impl Inner {
             "SELECT id FROM nodes WHERE status = 'healthy' AND last_seen <= ?1 ORDER BY id",
             suspect_at,
         )
-        .fetch_all(&mut *tx)
+        .fetch_all(&mut *conn)
         .await
         .map_err(|e| self.map(e, what))?;
         for node in &report.suspected {
             let what = format!("mark silent node {node} unhealthy");
             sqlx::query("UPDATE nodes SET status = 'unhealthy' WHERE id = ?1")
                 .bind(node)
-                .execute(&mut *tx)
+                .execute(&mut *conn)
                 .await
                 .map_err(|e| self.map(e, &what))?;
             let eps = self
                 .node_endpoints(
-                    &mut tx,
+                    conn,
                     node,
                     "SELECT endpoint FROM endpoints WHERE node = ?1 AND health = 'healthy'",
                     &what,
@@ -341,7 +380,7 @@ impl Inner {
             for ep in eps {
                 let ep = ep.with_health(Health::Unhealthy);
                 report.endpoints_changed +=
-                    usize::from(self.upsert(&mut tx, &mut rev, ep, true).await?);
+                    usize::from(self.upsert(conn, &mut rev, ep, true).await?);
             }
         }
 
@@ -349,33 +388,20 @@ impl Inner {
             "SELECT id FROM nodes WHERE status = 'unhealthy' AND last_seen > ?1 ORDER BY id",
             suspect_at,
         )
-        .fetch_all(&mut *tx)
+        .fetch_all(&mut *conn)
         .await
         .map_err(|e| self.map(e, what))?;
         for node in &report.recovered {
             sqlx::query("UPDATE nodes SET status = 'healthy' WHERE id = ?1")
                 .bind(node)
-                .execute(&mut *tx)
+                .execute(&mut *conn)
                 .await
                 .map_err(|e| self.map(e, what))?;
-            report.endpoints_changed += self.revive(&mut tx, &mut rev, node, what).await?;
+            report.endpoints_changed += self.revive(conn, &mut rev, node, what).await?;
         }
 
-        self.finish(&mut tx, start, floor, rev, what).await?;
-        tx.commit().await.map_err(|e| self.map(e, what))?;
-        self.bump(rev);
-        if !report.is_empty() {
-            tracing::info!(
-                path = %self.cfg.path.display(),
-                suspected = ?report.suspected,
-                removed = ?report.removed,
-                recovered = ?report.recovered,
-                endpoints_changed = report.endpoints_changed,
-                endpoints_removed = report.endpoints_removed,
-                "liveness sweep"
-            );
-        }
-        Ok(report)
+        self.finish(conn, start, floor, rev, what).await?;
+        Ok((report, rev))
     }
 
     pub(crate) async fn nodes(&self, only: Option<&str>) -> Result<Vec<NodeRecord>> {

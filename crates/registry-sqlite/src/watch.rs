@@ -44,25 +44,31 @@ impl Inner {
             return Ok(Catchup::Snapshot(self.snapshot().await?));
         };
         let what = "read the change log";
-        let mut tx = self.pool.begin().await.map_err(|e| self.map(e, what))?;
-        let (rev, floor) = self.counters(&mut tx, what).await?;
-        if from < floor || from > rev {
-            drop(tx);
+        let mut tx = self.read_tx(what).await?;
+        let res = async {
+            let (rev, floor) = self.counters(tx.conn(), what).await?;
+            if from < floor || from > rev {
+                return Ok(None);
+            }
+            if from == rev {
+                return Ok(Some(Vec::new()));
+            }
+            let rows: Vec<ChangeRow> = sqlx::query_as(
+                "SELECT revision, kind, service, id, endpoint FROM changes \
+                 WHERE revision > ?1 ORDER BY revision LIMIT ?2",
+            )
+            .bind(to_i64(from))
+            .bind(PAGE)
+            .fetch_all(tx.conn())
+            .await
+            .map_err(|e| self.map(e, what))?;
+            Ok(Some(rows))
+        }
+        .await;
+        let Some(rows) = tx.end(res, what).await? else {
+            // Outside the log: start over from a snapshot.
             return Ok(Catchup::Snapshot(self.snapshot().await?));
-        }
-        if from == rev {
-            return Ok(Catchup::Changes(Vec::new()));
-        }
-        let rows: Vec<ChangeRow> = sqlx::query_as(
-            "SELECT revision, kind, service, id, endpoint FROM changes \
-             WHERE revision > ?1 ORDER BY revision LIMIT ?2",
-        )
-        .bind(to_i64(from))
-        .bind(PAGE)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(|e| self.map(e, what))?;
-        tx.commit().await.map_err(|e| self.map(e, what))?;
+        };
         let events = rows
             .into_iter()
             .map(|r| decode_change(&self.cfg.path, r))
