@@ -174,6 +174,16 @@ impl Registry for SqliteRegistry {
             .with_native_liveness(true)
             .with_persistent(true)
     }
+
+    /// Checks, changing nothing anyone can see, that a write would be
+    /// accepted: the file and its `-wal` and `-shm` open for writing (not
+    /// a read-only mount, an immutable file, or missing permissions), and
+    /// SQLite takes the write lock and would write `meta` (`BEGIN
+    /// IMMEDIATE`, a no-op `UPDATE`, `ROLLBACK`). A full disk is not
+    /// detected: only a real write finds it (as a transient `Unavailable`).
+    async fn probe(&self) -> Result<()> {
+        self.inner.probe().await
+    }
 }
 
 #[async_trait]

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 
-use registry_api::{Endpoint, EndpointKey, Error, Op, Result, Snapshot, Version};
+use registry_api::{Endpoint, EndpointKey, Error, ErrorKind, Op, Result, Snapshot, Version};
 use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{SqliteConnection, SqlitePool};
 use sqlx::{AssertSqlSafe, Sqlite};
@@ -13,14 +13,20 @@ use tokio::sync::{watch, Mutex, MutexGuard};
 use tokio::task::JoinHandle;
 
 use crate::config::SqliteConfig;
-use crate::error::{corrupt, map_sqlx, refine_write};
+use crate::error::{check_writable, corrupt, map_sqlx, refine_write};
 use crate::layout::{
-    decode, encode, ep_cols, placeholders, to_i64, to_u64, EpRow, EpRowSuspended, CHUNK,
+    decode, encode, ep_cols, placeholders, to_i64, to_u64, EpRow, EpRowSuspended, CHUNK, TOUCH_META,
 };
 
 /// What every clone of a [`crate::SqliteRegistry`] shares.
 pub(crate) struct Inner {
-    pub(crate) pool: SqlitePool,
+    /// Connections for reads (`cfg.max_connections` of them).
+    pub(crate) readers: SqlitePool,
+    /// The one connection writes use. Its own pool, so that a write never
+    /// runs on a connection opened for reads while the file was read-only
+    /// (SQLite then opens it read-only for good), and so that a writer
+    /// closed after a failure is replaced by a fresh one at the next write.
+    pub(crate) writer: SqlitePool,
     pub(crate) cfg: SqliteConfig,
     /// Serializes this process's writers, so that only other processes
     /// ever wait in SQLite's busy handler.
@@ -32,8 +38,8 @@ pub(crate) struct Inner {
 }
 
 /// One transaction on one pooled connection, ended explicitly by
-/// [`Tx::end`]: committed when the work inside succeeded, rolled back when
-/// it failed.
+/// [`Tx::end`] (commit when the work inside succeeded, roll back when it
+/// failed) or [`Tx::discard`] (roll back).
 ///
 /// `BEGIN`, `COMMIT` and `ROLLBACK` are plain statements here rather than
 /// sqlx's `Transaction`, because sqlx 0.9 keeps its own transaction depth
@@ -45,13 +51,17 @@ pub(crate) struct Inner {
 /// `begin_with` ("attempted to call begin_with at non-zero transaction
 /// depth") until a restart.
 ///
-/// The rules, so that no connection returns to the pool inside a
-/// transaction:
-/// - a failed `BEGIN` starts no transaction: the connection is clean;
-/// - after a failed statement or `COMMIT`, `ROLLBACK` is run; when it
-///   fails too (SQLite may have rolled back by itself, or not), the state
-///   is unknown and the connection is closed instead of being returned,
-///   so the next transaction gets a fresh one;
+/// The rules, so that no connection returns to its pool inside a
+/// transaction or in a state that outlives the failure's cause:
+/// - a failed `BEGIN` starts no transaction: the connection goes back,
+///   unless the failure was permanent (below);
+/// - after a failed statement or `COMMIT`, `ROLLBACK` is run. The
+///   connection is closed instead of going back when that fails too
+///   (SQLite may have rolled back by itself, or not: the state is
+///   unknown), and when the failure was permanent (`Unauthorized`: the
+///   connection may be one SQLite opened read-only; `Internal`: it may
+///   cache a corrupt page). The pool opens a fresh one when needed, which
+///   sees the file as it is by then;
 /// - a `Tx` dropped before it ended (its future was cancelled) closes its
 ///   connection, which rolls back whatever was open.
 pub(crate) struct Tx<'a> {
@@ -60,8 +70,7 @@ pub(crate) struct Tx<'a> {
     /// Between a successful `BEGIN` and a successful `COMMIT`/`ROLLBACK`.
     open: bool,
     write: bool,
-    /// The in-process write lock, held by write transactions; released
-    /// after the connection is dealt with (fields drop in order).
+    /// The in-process write lock, held by write transactions.
     _guard: Option<MutexGuard<'a, ()>>,
 }
 
@@ -80,9 +89,16 @@ impl<'a> Tx<'a> {
             .map_err(|e| refine(map_sqlx(e, path, what)))?;
         let begin = if write { "BEGIN IMMEDIATE" } else { "BEGIN" };
         if let Err(e) = sqlx::raw_sql(begin).execute(&mut *conn).await {
-            // SQLite starts no transaction when BEGIN fails: `conn` goes
-            // back to the pool clean.
-            return Err(refine(map_sqlx(e, path, what)));
+            // SQLite starts no transaction when BEGIN fails, so `conn` may
+            // go back to the pool; not after a permanent failure, though:
+            // `BEGIN IMMEDIATE` answers READONLY on a connection whose WAL
+            // SQLite could only open read-only, and it would stay so.
+            let e = refine(map_sqlx(e, path, what));
+            if is_permanent(&e) {
+                tracing::info!(path = %path.display(), error = %e, "closing a database connection after a failure; the next transaction gets a fresh one");
+                conn.close_on_drop();
+            }
+            return Err(e);
         }
         Ok(Tx {
             conn,
@@ -122,21 +138,22 @@ impl<'a> Tx<'a> {
         }
     }
 
-    /// Roll back whatever `res` says (a probe changes nothing); `res`, or
+    /// Roll back, whatever `res` says (a probe changes nothing); `res`, or
     /// the error `ROLLBACK` met.
     pub(crate) async fn discard<T>(mut self, res: Result<T>, what: &str) -> Result<T> {
         let res = res.map_err(|e| self.refine(e));
-        match sqlx::raw_sql("ROLLBACK").execute(&mut *self.conn).await {
+        match &res {
+            Err(e) => self.roll_back(e).await,
             Ok(_) => {
+                if let Err(e) = sqlx::raw_sql("ROLLBACK").execute(&mut *self.conn).await {
+                    let e = self.refine(map_sqlx(e, self.path, what));
+                    self.close_connection(&e);
+                    return Err(e);
+                }
                 self.open = false;
-                res
-            }
-            Err(e) => {
-                let e = self.refine(map_sqlx(e, self.path, what));
-                self.close_connection(&e);
-                res.and(Err(e))
             }
         }
+        res
     }
 
     fn refine(&self, e: Error) -> Error {
@@ -147,11 +164,16 @@ impl<'a> Tx<'a> {
         }
     }
 
-    /// After a failure: `ROLLBACK`, or if that fails too, close the
-    /// connection.
+    /// After `cause`: `ROLLBACK`, and close the connection when that fails
+    /// or `cause` is permanent (see the rules above).
     async fn roll_back(&mut self, cause: &Error) {
         match sqlx::raw_sql("ROLLBACK").execute(&mut *self.conn).await {
-            Ok(_) => self.open = false,
+            Ok(_) => {
+                self.open = false;
+                if is_permanent(cause) {
+                    self.close_connection(cause);
+                }
+            }
             Err(e) => {
                 tracing::debug!(path = %self.path.display(), error = %e, "ROLLBACK after a failure failed");
                 self.close_connection(cause);
@@ -159,27 +181,46 @@ impl<'a> Tx<'a> {
         }
     }
 
-    /// Take the connection out of the pool: it is closed when this `Tx`
+    /// Take the connection out of its pool: it is closed when this `Tx`
     /// drops, and the pool opens a fresh one when needed.
     fn close_connection(&mut self, cause: &Error) {
-        tracing::warn!(
+        tracing::info!(
             path = %self.path.display(),
             error = %cause,
-            "the transaction state of a connection is unknown after a failure; closing it"
+            "closing a database connection after a failure; the next transaction gets a fresh one"
         );
         self.conn.close_on_drop();
         self.open = false;
     }
 }
 
+/// A failure after which a connection must not be reused: it may be one
+/// SQLite opened read-only (`Unauthorized`), or cache a corrupt page
+/// (`Internal`).
+fn is_permanent(e: &Error) -> bool {
+    matches!(e.kind(), ErrorKind::Unauthorized | ErrorKind::Internal)
+}
+
 impl Drop for Tx<'_> {
     fn drop(&mut self) {
         if self.open {
-            // Cancelled between BEGIN and the end: closing the connection
+            // Cancelled between BEGIN and its end: closing the connection
             // rolls back whatever is open.
             tracing::debug!(path = %self.path.display(), "transaction abandoned; closing its connection");
             self.conn.close_on_drop();
         }
+    }
+}
+
+/// Run [`TOUCH_META`]: the write check of `probe` and of the open.
+pub(crate) async fn touch_meta(conn: &mut SqliteConnection, path: &Path, what: &str) -> Result<()> {
+    let done = sqlx::query(TOUCH_META)
+        .execute(conn)
+        .await
+        .map_err(|e| map_sqlx(e, path, what))?;
+    match done.rows_affected() {
+        1 => Ok(()),
+        _ => Err(corrupt(path, what, "meta.revision is missing")),
     }
 }
 
@@ -193,6 +234,20 @@ impl Drop for Inner {
 }
 
 impl Inner {
+    /// The shared state around a freshly connected pool.
+    pub(crate) fn new(readers: SqlitePool, writer: SqlitePool, cfg: SqliteConfig) -> Self {
+        let (notify, _) = watch::channel(0);
+        Self {
+            readers,
+            writer,
+            cfg,
+            write_lock: Mutex::new(()),
+            notify,
+            tasks: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Map an sqlx error met while doing `what` on this registry's file.
     pub(crate) fn map(&self, e: sqlx::Error, what: &str) -> Error {
         map_sqlx(e, &self.cfg.path, what)
     }
@@ -212,12 +267,12 @@ impl Inner {
     /// write lock until it ends.
     pub(crate) async fn write_tx(&self, what: &str) -> Result<Tx<'_>> {
         let guard = self.write_lock.lock().await;
-        Tx::begin(&self.pool, &self.cfg.path, Some(guard), what).await
+        Tx::begin(&self.writer, &self.cfg.path, Some(guard), what).await
     }
 
     /// A read transaction (`BEGIN`): its reads see one state.
     pub(crate) async fn read_tx(&self, what: &str) -> Result<Tx<'_>> {
-        Tx::begin(&self.pool, &self.cfg.path, None, what).await
+        Tx::begin(&self.readers, &self.cfg.path, None, what).await
     }
 
     /// `(revision, log_floor)`.
@@ -243,7 +298,7 @@ impl Inner {
     pub(crate) async fn version(&self) -> Result<Version> {
         let what = "read the revision";
         let v: i64 = sqlx::query_scalar("SELECT value FROM meta WHERE key = 'revision'")
-            .fetch_one(&self.pool)
+            .fetch_one(&self.readers)
             .await
             .map_err(|e| self.map(e, what))?;
         Ok(Version(to_u64(v)))
@@ -492,7 +547,7 @@ impl Inner {
         let rows: Vec<EpRow> =
             sqlx::query_as("SELECT endpoint FROM endpoints WHERE service = ?1 ORDER BY id")
                 .bind(service)
-                .fetch_all(&self.pool)
+                .fetch_all(&self.readers)
                 .await
                 .map_err(|e| self.map(e, &format!("list {service}")))?;
         rows.into_iter()
@@ -533,10 +588,26 @@ impl Inner {
         tx.end(res, what).await
     }
 
+    /// Whether a write would be accepted, changing nothing anyone can see:
+    /// the database file and its `-wal` and `-shm` open for writing (the
+    /// operating system's answer: a read-only mount, an immutable file,
+    /// permissions), then `BEGIN IMMEDIATE` takes the write lock, a no-op
+    /// `UPDATE` of `meta.revision` checks that SQLite will write this file
+    /// and that its schema is there, and `ROLLBACK` undoes it. Nothing
+    /// reaches the file. A full disk is not detected (only a real write
+    /// finds it).
+    pub(crate) async fn probe(&self) -> Result<()> {
+        let what = "probe that the database accepts writes";
+        check_writable(&self.cfg.path, what)?;
+        let mut tx = self.write_tx(what).await?;
+        let res = touch_meta(tx.conn(), &self.cfg.path, what).await;
+        tx.discard(res, what).await
+    }
+
     /// `PRAGMA integrity_check`.
     pub(crate) async fn integrity_check(&self) -> Result<Vec<String>> {
         sqlx::query_scalar::<_, String>("PRAGMA integrity_check")
-            .fetch_all(&self.pool)
+            .fetch_all(&self.readers)
             .await
             .map_err(|e| self.map(e, "integrity check"))
     }
@@ -551,7 +622,8 @@ impl Inner {
         for t in tasks {
             t.abort();
         }
-        self.pool.close().await;
+        self.writer.close().await;
+        self.readers.close().await;
         self.notify.send_modify(|_| {});
     }
 }

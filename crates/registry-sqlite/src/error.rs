@@ -152,17 +152,19 @@ pub(crate) fn refine_write(err: Error, path: &Path) -> Error {
     if err.kind() != ErrorKind::Unavailable {
         return err;
     }
-    let code = std::error::Error::source(&err)
-        .and_then(|s| s.downcast_ref::<sqlx::Error>())
-        .and_then(sqlite_code);
+    let code = sqlx_source(&err).and_then(sqlite_code);
     if !code.is_some_and(|c| matches!(c & 0xff, code::IOERR | code::CANTOPEN)) {
         return err;
     }
+    let said = match &err {
+        Error::Unavailable { message, .. } => message.clone(),
+        other => other.to_string(),
+    };
     match writable(path) {
         Err((file, e)) if refuses_writes(&e) => Error::Unauthorized {
             message: format!(
-                "{err}; the store became read-only: {} no longer opens for writing ({e}), \
-                 so writes are refused until it is writable again",
+                "{said}; the store is read-only: {} does not open for writing ({e}), so \
+                 writes are refused until it is writable again",
                 file.display()
             ),
             source: None,
@@ -170,6 +172,16 @@ pub(crate) fn refine_write(err: Error, path: &Path) -> Error {
         .with_source(e),
         _ => err,
     }
+}
+
+/// The sqlx error an [`Error`] was mapped from, if any ([`Error::with_source`]
+/// keeps it behind an `Arc`).
+fn sqlx_source(err: &Error) -> Option<&sqlx::Error> {
+    let src = std::error::Error::source(err)?;
+    src.downcast_ref::<sqlx::Error>().or_else(|| {
+        src.downcast_ref::<registry_api::Cause>()
+            .and_then(|shared| shared.downcast_ref::<sqlx::Error>())
+    })
 }
 
 /// Whether an I/O error says the file may not be written (as opposed to

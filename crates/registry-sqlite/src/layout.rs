@@ -12,6 +12,23 @@ use registry_api::{Endpoint, EndpointKey, Error, Event, Result, Version};
 
 use crate::error::corrupt;
 
+/// `PRAGMA application_id` of every registry-sqlite file: `0x72677374`,
+/// "rgst" in ASCII. Set on open in a file that has none (a new file, or
+/// one written by a release from before it was set); a file with another
+/// id is another application's and is refused.
+pub(crate) const APPLICATION_ID: i32 = 0x7267_7374;
+
+/// Tables every registry-sqlite file has had since the first release: a
+/// file with these and `application_id` 0 is ours, written by a release
+/// that did not set the id.
+pub(crate) const OUR_TABLES: &[&str] = &["meta", "schema_version"];
+
+/// A write that changes nothing: run inside a write transaction, it fails
+/// with `READONLY` when SQLite will not write the file (a connection
+/// SQLite had to open read-only), and with an error when `meta` is
+/// missing or unreadable. It affects exactly one row.
+pub(crate) const TOUCH_META: &str = "UPDATE meta SET value = value WHERE key = 'revision'";
+
 /// Migration `i + 1` is `MIGRATIONS[i]`.
 pub(crate) const MIGRATIONS: &[&str] = &[
     // 1: endpoints, nodes, the change log and its counters.

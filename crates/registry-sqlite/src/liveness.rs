@@ -409,13 +409,13 @@ impl Inner {
         let rows: Vec<(String, String, String, String, i64)> = match only {
             None => {
                 sqlx::query_as("SELECT id, address, role, status, last_seen FROM nodes ORDER BY id")
-                    .fetch_all(&self.pool)
+                    .fetch_all(&self.readers)
             }
             Some(id) => sqlx::query_as(
                 "SELECT id, address, role, status, last_seen FROM nodes WHERE id = ?1",
             )
             .bind(id)
-            .fetch_all(&self.pool),
+            .fetch_all(&self.readers),
         }
         .await
         .map_err(|e| self.map(e, what))?;

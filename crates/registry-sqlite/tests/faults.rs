@@ -6,12 +6,15 @@ mod support;
 
 use std::collections::BTreeSet;
 use std::path::Path;
+use std::time::Duration;
 
-use registry_api::testing::ep;
-use registry_api::{Batch, Endpoint, EndpointKey, ErrorKind, Heartbeat, Op, Registry};
+use registry_api::testing::{ep, wait_limit};
+use registry_api::{
+    Batch, Coalescing, CoalescingConfig, Endpoint, EndpointKey, ErrorKind, Heartbeat, Op, Registry,
+};
 use registry_sqlite::SqliteRegistry;
 
-use support::{cfg, fill, Tmpfs};
+use support::{cfg, fill, immutable_blocks_open_writers, sha256, with_suffix, Immutable, Tmpfs};
 
 /// An endpoint of about 8 KiB, so that a few writes fill a small disk.
 fn padded(i: usize) -> Endpoint {
@@ -128,5 +131,155 @@ async fn a_full_disk_fails_writes_transiently_and_they_succeed_once_space_is_fre
         .map(Endpoint::key)
         .collect();
     assert!(stored.len() >= acked.len());
+    reg.close().await;
+}
+
+/// A registry with a few endpoints at `path`, closed again.
+async fn seed(path: &Path, n: usize) -> Vec<Endpoint> {
+    let reg = SqliteRegistry::open(cfg(path)).await.expect("open to seed");
+    let eps: Vec<Endpoint> = (0..n)
+        .map(|i| ep("seed", &format!("s{i}"), 1 + i as u16))
+        .collect();
+    for e in &eps {
+        reg.register(e.clone()).await.expect("seed");
+    }
+    reg.close().await;
+    eps
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_immutable_file_is_refused_at_open_naming_the_path() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("registry.db");
+    let eps = seed(&path, 3).await;
+    let guard = match Immutable::set(std::slice::from_ref(&path)) {
+        Ok(g) => g,
+        Err(why) => {
+            println!("SKIPPED an_immutable_file_is_refused…: {why}");
+            return;
+        }
+    };
+    let before = sha256(&path);
+    let err = SqliteRegistry::open(cfg(&path))
+        .await
+        .expect_err("an immutable file must not open");
+    println!("open of an immutable file: {err}");
+    names_path(&err, &path);
+    assert_eq!(err.kind(), ErrorKind::Unauthorized, "{err}");
+    assert!(err.to_string().contains("read-only"), "{err}");
+    assert_eq!(sha256(&path), before, "the refused file was changed");
+    guard.clear();
+    let reg = SqliteRegistry::open(cfg(&path))
+        .await
+        .expect("open once writable");
+    all_there(&reg, &eps).await;
+    reg.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_mount_is_refused_at_open_naming_the_path() {
+    let mnt = match Tmpfs::mount("4m") {
+        Ok(m) => m,
+        Err(why) => {
+            println!("SKIPPED a_read_only_mount_is_refused…: cannot mount a tmpfs ({why})");
+            return;
+        }
+    };
+    let path = mnt.path().join("registry.db");
+    let eps = seed(&path, 3).await;
+    mnt.remount(true)
+        .expect("remount read-only with the registry closed");
+    let err = SqliteRegistry::open(cfg(&path))
+        .await
+        .expect_err("a read-only mount must not open");
+    println!("open on a read-only mount: {err}");
+    names_path(&err, &path);
+    assert_eq!(err.kind(), ErrorKind::Unauthorized, "{err}");
+    assert!(!err.is_retryable());
+    mnt.remount(false).expect("remount read-write");
+    let reg = SqliteRegistry::open(cfg(&path))
+        .await
+        .expect("open once writable");
+    all_there(&reg, &eps).await;
+    reg.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_made_read_only_while_open_refuses_writes_for_good_and_loses_nothing() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    if let Err(why) = immutable_blocks_open_writers(dir.path()) {
+        println!("SKIPPED a_store_made_read_only_while_open…: {why}");
+        return;
+    }
+    let path = dir.path().join("registry.db");
+    let reg = SqliteRegistry::open(cfg(&path)).await.expect("open");
+    let mut acked: Vec<Endpoint> = (0..5).map(|i| ep("ro", &format!("a{i}"), 1 + i)).collect();
+    for e in &acked {
+        reg.register(e.clone())
+            .await
+            .expect("register while writable");
+    }
+    reg.probe().await.expect("probe while writable");
+
+    // The file and its WAL become immutable (not the -shm: SQLite writes
+    // it through a memory map, and an immutable mapped file faults).
+    let guard = Immutable::set(&[path.clone(), with_suffix(&path, "-wal")])
+        .expect("chattr +i (checked above)");
+    for attempt in 0..3 {
+        let err = reg
+            .register(ep("ro", &format!("late{attempt}"), 9))
+            .await
+            .expect_err("a write to an immutable store");
+        println!("write {attempt} to an immutable store: {err}");
+        assert_eq!(
+            err.kind(),
+            ErrorKind::Unauthorized,
+            "attempt {attempt}: {err}"
+        );
+        assert!(!err.is_retryable() && !err.is_request_fault(), "{err}");
+        names_path(&err, &path);
+        assert!(err.to_string().contains("read-only"), "{err}");
+    }
+    let err = reg
+        .apply(vec![Op::Register(ep("ro", "batch", 9))])
+        .await
+        .expect_err("a batch");
+    assert_eq!(err.kind(), ErrorKind::Unauthorized, "{err}");
+    let err = reg.heartbeat("n1").await.expect_err("a heartbeat");
+    assert_eq!(err.kind(), ErrorKind::Unauthorized, "{err}");
+    let err = reg.probe().await.expect_err("probe while read-only");
+    println!("probe of an immutable store: {err}");
+    assert_eq!(err.kind(), ErrorKind::Unauthorized, "{err}");
+    names_path(&err, &path);
+
+    // Through the write queue the failure is final, not retried forever.
+    let queue = Coalescing::with_config(
+        reg.clone(),
+        CoalescingConfig::default().with_retry(Duration::from_millis(5), Duration::from_millis(20)),
+    )
+    .expect("queue");
+    let ticket = queue
+        .submit(vec![Op::Register(ep("ro", "queued", 9))])
+        .expect("submit");
+    let res = tokio::time::timeout(wait_limit(), ticket.durable())
+        .await
+        .expect("the queued write was retried instead of failing");
+    let err = res.expect_err("queued write on a read-only store");
+    assert_eq!(err.kind(), ErrorKind::Unauthorized, "{err}");
+    queue.shutdown().await;
+
+    // Reads go on, and nothing answered Ok was lost.
+    all_there(&reg, &acked).await;
+
+    guard.clear();
+    reg.probe().await.expect("probe once writable again");
+    let e = ep("ro", "after", 10);
+    reg.register(e.clone())
+        .await
+        .expect("a write once writable again");
+    acked.push(e);
+    all_there(&reg, &acked).await;
+    assert_eq!(reg.integrity_check().await.expect("integrity"), vec!["ok"]);
+    assert_eq!(reg.list("ro").await.expect("list").len(), acked.len());
     reg.close().await;
 }
