@@ -248,17 +248,18 @@ async fn inspect(path: &Path, busy_timeout: Duration) -> Result<()> {
 
 /// Step 4, inside the open's write transaction.
 async fn prepare(conn: &mut SqliteConnection, path: &Path, what: &str) -> Result<()> {
+    let checking = format!("{what}: PRAGMA quick_check({QUICK_CHECK_LIMIT})");
     let problems: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
         "PRAGMA quick_check({QUICK_CHECK_LIMIT})"
     )))
     .fetch_all(&mut *conn)
     .await
-    .map_err(|e| map_sqlx(e, path, what))?;
+    .map_err(|e| map_sqlx(e, path, &checking))?;
     if problems != ["ok"] {
         let shown: Vec<&str> = problems.iter().take(3).map(String::as_str).collect();
         return Err(Error::internal(format!(
-            "{what} on {}: the file is corrupt: PRAGMA quick_check found {} problem(s): {}; \
-             restore it from a backup (nothing was written)",
+            "{checking} on {}: the file is corrupt: {} problem(s) found: {}; restore it from \
+             a backup (nothing was written)",
             path.display(),
             problems.len(),
             shown.join("; ")

@@ -231,3 +231,48 @@ pub fn swap_page(path: &Path, page_size: u64, page: u64, bytes: Option<&[u8]>) -
     f.sync_all().expect("sync");
     old
 }
+
+/// `PRAGMA application_id` and `journal_mode` of a closed database file,
+/// read with a plain read-only connection.
+pub async fn header_of(path: &Path) -> (i32, String) {
+    use sqlx::Connection;
+    let url = format!("sqlite://{}?mode=ro", path.display());
+    let mut conn = sqlx::SqliteConnection::connect(&url)
+        .await
+        .expect("connect to read the header");
+    let id: i32 = sqlx::query_scalar("PRAGMA application_id")
+        .fetch_one(&mut conn)
+        .await
+        .expect("application_id");
+    let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+        .fetch_one(&mut conn)
+        .await
+        .expect("journal_mode");
+    conn.close().await.expect("close");
+    (id, mode)
+}
+
+/// Run `sql` on the file at `path` with a plain read-write connection
+/// that sets no pragma of its own (creating the file if needed).
+pub async fn raw_exec(path: &Path, sql: &str) {
+    use sqlx::Connection;
+    let url = format!("sqlite://{}?mode=rwc", path.display());
+    let mut conn = sqlx::SqliteConnection::connect(&url)
+        .await
+        .expect("connect to write");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+        .execute(&mut conn)
+        .await
+        .expect("run the SQL");
+    conn.close().await.expect("close");
+}
+
+/// The names in a directory, sorted.
+pub fn names_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("list the directory")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
