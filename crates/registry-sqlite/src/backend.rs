@@ -219,7 +219,15 @@ impl Watch for SqliteRegistry {
     /// is still in the log), then every change in order, each once. Local
     /// writes wake the watch at once; other processes' writes within
     /// `poll_interval`. A watcher that falls behind the log's `log_len`
-    /// gets a fresh snapshot. An `Err` item ends the stream.
+    /// gets a fresh snapshot.
+    ///
+    /// A failed read (of the log, or of a snapshot) is reported as an `Err`
+    /// item, and the stream goes on retrying by itself: after 100 ms, then
+    /// doubling up to 5 s, with jitter, each failed attempt reported; the
+    /// first `Ok` item after a failure is a fresh `Snapshot`. A watcher
+    /// waiting for changes learns of a failure through the log poller (the
+    /// file could not be read within `poll_interval`). Closing the registry
+    /// ends its streams after one `Err` item.
     fn watch(&self, from: Option<Version>) -> EventStream {
         crate::watch::watch(&self.inner, from)
     }

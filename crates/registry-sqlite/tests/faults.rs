@@ -8,13 +8,18 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
-use registry_api::testing::{ep, wait_limit};
+use futures::StreamExt;
+use registry_api::testing::{ep, next_event, wait_limit};
 use registry_api::{
-    Batch, Coalescing, CoalescingConfig, Endpoint, EndpointKey, ErrorKind, Heartbeat, Op, Registry,
+    Batch, Coalescing, CoalescingConfig, Endpoint, EndpointKey, ErrorKind, Event, Heartbeat, Op,
+    Registry, Watch,
 };
 use registry_sqlite::SqliteRegistry;
 
-use support::{cfg, fill, immutable_blocks_open_writers, sha256, with_suffix, Immutable, Tmpfs};
+use support::{
+    cfg, fill, immutable_blocks_open_writers, raw_exec, raw_query, root_page, sha256, swap_page,
+    with_suffix, Immutable, Tmpfs,
+};
 
 /// An endpoint of about 8 KiB, so that a few writes fill a small disk.
 fn padded(i: usize) -> Endpoint {
@@ -282,4 +287,109 @@ async fn a_store_made_read_only_while_open_refuses_writes_for_good_and_loses_not
     assert_eq!(reg.integrity_check().await.expect("integrity"), vec!["ok"]);
     assert_eq!(reg.list("ro").await.expect("list").len(), acked.len());
     reg.close().await;
+}
+
+/// The next item of a watch within the wait limit (`None`: it ended).
+async fn next_item(
+    w: &mut registry_api::EventStream,
+    what: &str,
+) -> Option<registry_api::Result<Event>> {
+    tokio::time::timeout(wait_limit(), w.next())
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_reports_a_failed_read_and_recovers_with_a_fresh_snapshot() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("registry.db");
+    let reg = SqliteRegistry::open(cfg(&path)).await.expect("open");
+    for i in 0..5u16 {
+        reg.register(ep("w", &format!("e{i}"), 1 + i))
+            .await
+            .expect("register");
+    }
+    let mut w = reg.watch(None);
+    let Event::Snapshot(first) = next_event(&mut w, "the first snapshot").await else {
+        panic!("a watch starts with a snapshot")
+    };
+    assert_eq!(first.len(), 5);
+
+    // The fault: the root page of the change log turns to garbage. Only
+    // in the main file: the WAL is checkpointed into it first.
+    let busy: (i64, i64, i64) = raw_query(&path, "PRAGMA wal_checkpoint(TRUNCATE)").await;
+    assert_eq!(busy.0, 0, "the checkpoint was blocked: {busy:?}");
+    let (page_size, root) = root_page(&path, "changes").await;
+    let saved = swap_page(&path, page_size, root, None);
+    // Another process moves the revision on (a write to `meta` only): the
+    // watch must read the log to follow, and meets the corrupt page.
+    raw_exec(
+        &path,
+        "UPDATE meta SET value = value + 1 WHERE key = 'revision'",
+    )
+    .await;
+    let err = match next_item(&mut w, "the failure").await {
+        Some(Err(e)) => e,
+        other => panic!("expected the failure to be reported, got {other:?}"),
+    };
+    println!("the watch reported: {err}");
+    assert_eq!(err.kind(), ErrorKind::Internal, "{err}");
+    names_path(&err, &path);
+
+    // Repaired (the page put back, and a write so that every connection
+    // drops what it cached): the stream goes on by itself, and its next
+    // good item is a fresh snapshot of everything.
+    swap_page(&path, page_size, root, Some(&saved));
+    raw_exec(
+        &path,
+        "UPDATE meta SET value = value WHERE key = 'log_floor'",
+    )
+    .await;
+    let mut errors_after = 0;
+    let snap = loop {
+        match next_item(&mut w, "recovery").await {
+            Some(Err(_)) => errors_after += 1,
+            Some(Ok(Event::Snapshot(s))) => break s,
+            Some(Ok(other)) => panic!("the first good item after a failure is {other:?}"),
+            None => panic!("the watch ended instead of retrying"),
+        }
+    };
+    println!("{errors_after} more failed attempt(s) reported before the recovery");
+    let now = reg.snapshot().await.expect("snapshot");
+    assert_eq!(snap.version(), now.version());
+    assert_eq!(
+        snap.version(),
+        first.version().next(),
+        "the bumped revision"
+    );
+    assert!(snap.same_endpoints(&now));
+    assert_eq!(snap.len(), 5);
+
+    // And it follows changes again.
+    reg.register(ep("w", "after", 9)).await.expect("register");
+    match next_event(&mut w, "a change after recovery").await {
+        Event::Added { endpoint, version } => {
+            assert_eq!(endpoint.id, "after");
+            assert_eq!(version, snap.version().next());
+        }
+        other => panic!("expected Added, got {other:?}"),
+    }
+    assert_eq!(reg.integrity_check().await.expect("integrity"), vec!["ok"]);
+    reg.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_the_registry_ends_its_watches_after_one_error() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let reg = SqliteRegistry::open(cfg(&dir.path().join("registry.db")))
+        .await
+        .expect("open");
+    let mut w = reg.watch(None);
+    next_event(&mut w, "the snapshot").await;
+    reg.close().await;
+    match next_item(&mut w, "the close").await {
+        Some(Err(e)) => assert!(e.to_string().contains("closed"), "{e}"),
+        other => panic!("expected an error item, got {other:?}"),
+    }
+    assert!(next_item(&mut w, "the end").await.is_none());
 }

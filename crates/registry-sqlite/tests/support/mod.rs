@@ -276,3 +276,21 @@ pub fn names_in(dir: &Path) -> Vec<String> {
     names.sort();
     names
 }
+
+/// One row of `sql`, run on the file at `path` with a plain connection.
+pub async fn raw_query<T>(path: &Path, sql: &str) -> T
+where
+    T: for<'r> sqlx::FromRow<'r, sqlx::sqlite::SqliteRow> + Send + Unpin,
+{
+    use sqlx::Connection;
+    let url = format!("sqlite://{}", path.display());
+    let mut conn = sqlx::SqliteConnection::connect(&url)
+        .await
+        .expect("connect to query");
+    let row: T = sqlx::query_as(sqlx::AssertSqlSafe(sql.to_owned()))
+        .fetch_one(&mut conn)
+        .await
+        .expect("run the query");
+    conn.close().await.expect("close");
+    row
+}
