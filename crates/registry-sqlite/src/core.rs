@@ -2,20 +2,20 @@
 //! background tasks), its transactions, and the endpoint reads and
 //! writes.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use registry_api::{Endpoint, EndpointKey, Error, ErrorKind, Op, Result, Snapshot, Version};
 use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{SqliteConnection, SqlitePool};
-use sqlx::{AssertSqlSafe, Sqlite};
+use sqlx::Sqlite;
 use tokio::sync::{watch, Mutex, MutexGuard};
 use tokio::task::JoinHandle;
 
 use crate::config::SqliteConfig;
 use crate::error::{check_writable, corrupt, map_sqlx, refine_write};
 use crate::layout::{
-    decode, encode, ep_cols, placeholders, to_i64, to_u64, EpRow, EpRowSuspended, CHUNK, TOUCH_META,
+    decode, delete_rows, encode, load_rows, log_rows, store_rows, to_i64, to_u64, EpRow, TOUCH_META,
 };
 
 /// What every clone of a [`crate::SqliteRegistry`] shares.
@@ -376,7 +376,7 @@ impl Inner {
     ) -> Result<(u64, u64)> {
         let (start, floor) = self.counters(conn, what).await?;
         let keys: BTreeSet<EndpointKey> = ops.iter().map(Op::key).collect();
-        let mut state = self.load(conn, &keys, what).await?;
+        let mut state = load_rows(conn, &self.cfg.path, &keys, what).await?;
         let mut rev = start;
         let mut log: Vec<(u64, &'static str, EndpointKey, Option<String>)> = Vec::new();
         let mut dirty: BTreeMap<EndpointKey, u64> = BTreeMap::new();
@@ -421,126 +421,11 @@ impl Inner {
                 Some((ep, suspended)) => rows.push((ep, suspended, at)),
             }
         }
-        self.delete_many(conn, &gone, what).await?;
-        self.store_many(conn, &rows, what).await?;
-        self.log_many(conn, &log, what).await?;
+        delete_rows(conn, &self.cfg.path, &gone, what).await?;
+        store_rows(conn, &self.cfg.path, &rows, what).await?;
+        log_rows(conn, &self.cfg.path, &log, what).await?;
         self.finish(conn, start, floor, rev, what).await?;
         Ok((start, rev))
-    }
-
-    /// The stored value of each of `keys` (`None` when absent).
-    pub(crate) async fn load(
-        &self,
-        conn: &mut SqliteConnection,
-        keys: &BTreeSet<EndpointKey>,
-        what: &str,
-    ) -> Result<HashMap<EndpointKey, Option<(Endpoint, bool)>>> {
-        let mut out: HashMap<EndpointKey, Option<(Endpoint, bool)>> =
-            keys.iter().map(|k| (k.clone(), None)).collect();
-        let keys: Vec<&EndpointKey> = keys.iter().collect();
-        for chunk in keys.chunks(CHUNK) {
-            let sql = format!(
-                "SELECT endpoint, suspended FROM endpoints WHERE (service, id) IN (VALUES {})",
-                placeholders(chunk.len(), 2)
-            );
-            let mut q = sqlx::query_as::<_, EpRowSuspended>(AssertSqlSafe(sql));
-            for k in chunk {
-                q = q.bind(&k.service).bind(&k.id);
-            }
-            let rows = q
-                .fetch_all(&mut *conn)
-                .await
-                .map_err(|e| self.map(e, what))?;
-            for (json, susp) in rows {
-                let ep = decode(&self.cfg.path, (json,))?;
-                out.insert(ep.key(), Some((ep, susp != 0)));
-            }
-        }
-        Ok(out)
-    }
-
-    pub(crate) async fn delete_many(
-        &self,
-        conn: &mut SqliteConnection,
-        keys: &[EndpointKey],
-        what: &str,
-    ) -> Result<()> {
-        for chunk in keys.chunks(CHUNK) {
-            let sql = format!(
-                "DELETE FROM endpoints WHERE (service, id) IN (VALUES {})",
-                placeholders(chunk.len(), 2)
-            );
-            let mut q = sqlx::query(AssertSqlSafe(sql));
-            for k in chunk {
-                q = q.bind(&k.service).bind(&k.id);
-            }
-            q.execute(&mut *conn).await.map_err(|e| self.map(e, what))?;
-        }
-        Ok(())
-    }
-
-    pub(crate) async fn store_many(
-        &self,
-        conn: &mut SqliteConnection,
-        rows: &[(Endpoint, bool, u64)],
-        what: &str,
-    ) -> Result<()> {
-        for chunk in rows.chunks(CHUNK) {
-            let jsons = chunk
-                .iter()
-                .map(|(ep, _, _)| encode(ep))
-                .collect::<Result<Vec<_>>>()?;
-            let sql = format!(
-                concat!(
-                    "INSERT OR REPLACE INTO endpoints (",
-                    ep_cols!(),
-                    ", suspended, revision) VALUES {}"
-                ),
-                placeholders(chunk.len(), 11)
-            );
-            let mut q = sqlx::query(AssertSqlSafe(sql));
-            for ((ep, suspended, at), json) in chunk.iter().zip(&jsons) {
-                q = q
-                    .bind(&ep.service)
-                    .bind(&ep.id)
-                    .bind(&ep.address)
-                    .bind(i64::from(ep.port))
-                    .bind(ep.protocol.as_str())
-                    .bind(&ep.cluster)
-                    .bind(&ep.node)
-                    .bind(ep.health.as_str())
-                    .bind(json)
-                    .bind(i64::from(*suspended))
-                    .bind(to_i64(*at));
-            }
-            q.execute(&mut *conn).await.map_err(|e| self.map(e, what))?;
-        }
-        Ok(())
-    }
-
-    pub(crate) async fn log_many(
-        &self,
-        conn: &mut SqliteConnection,
-        log: &[(u64, &'static str, EndpointKey, Option<String>)],
-        what: &str,
-    ) -> Result<()> {
-        for chunk in log.chunks(CHUNK) {
-            let sql = format!(
-                "INSERT INTO changes (revision, kind, service, id, endpoint) VALUES {}",
-                placeholders(chunk.len(), 5)
-            );
-            let mut q = sqlx::query(AssertSqlSafe(sql));
-            for (rev, kind, key, json) in chunk {
-                q = q
-                    .bind(to_i64(*rev))
-                    .bind(*kind)
-                    .bind(&key.service)
-                    .bind(&key.id)
-                    .bind(json.as_deref());
-            }
-            q.execute(&mut *conn).await.map_err(|e| self.map(e, what))?;
-        }
-        Ok(())
     }
 
     pub(crate) async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {

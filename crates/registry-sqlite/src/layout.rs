@@ -5,12 +5,15 @@
 //! migration is never edited once released; a change is a new entry.
 //! The crate README describes the tables for people reading the file.
 
+use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use registry_api::{Endpoint, EndpointKey, Error, Event, Result, Version};
+use sqlx::sqlite::SqliteConnection;
+use sqlx::AssertSqlSafe;
 
-use crate::error::corrupt;
+use crate::error::{corrupt, map_sqlx};
 
 /// `PRAGMA application_id` of every registry-sqlite file: `0x72677374`,
 /// "rgst" in ASCII. Set on open in a file that has none (a new file, or
@@ -141,6 +144,130 @@ pub(crate) fn decode_change(path: &Path, row: ChangeRow) -> Result<Event> {
         },
         other => return Err(corrupt(path, &what, format!("unknown kind {other:?}"))),
     })
+}
+
+/// The stored value of each of `keys` (`None` when absent).
+pub(crate) async fn load_rows(
+    conn: &mut SqliteConnection,
+    path: &Path,
+    keys: &BTreeSet<EndpointKey>,
+    what: &str,
+) -> Result<HashMap<EndpointKey, Option<(Endpoint, bool)>>> {
+    let mut out: HashMap<EndpointKey, Option<(Endpoint, bool)>> =
+        keys.iter().map(|k| (k.clone(), None)).collect();
+    let keys: Vec<&EndpointKey> = keys.iter().collect();
+    for chunk in keys.chunks(CHUNK) {
+        let sql = format!(
+            "SELECT endpoint, suspended FROM endpoints WHERE (service, id) IN (VALUES {})",
+            placeholders(chunk.len(), 2)
+        );
+        let mut q = sqlx::query_as::<_, EpRowSuspended>(AssertSqlSafe(sql));
+        for k in chunk {
+            q = q.bind(&k.service).bind(&k.id);
+        }
+        let rows = q
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| map_sqlx(e, path, what))?;
+        for (json, susp) in rows {
+            let ep = decode(path, (json,))?;
+            out.insert(ep.key(), Some((ep, susp != 0)));
+        }
+    }
+    Ok(out)
+}
+
+/// Delete the endpoints with `keys` (multi-row statements).
+pub(crate) async fn delete_rows(
+    conn: &mut SqliteConnection,
+    path: &Path,
+    keys: &[EndpointKey],
+    what: &str,
+) -> Result<()> {
+    for chunk in keys.chunks(CHUNK) {
+        let sql = format!(
+            "DELETE FROM endpoints WHERE (service, id) IN (VALUES {})",
+            placeholders(chunk.len(), 2)
+        );
+        let mut q = sqlx::query(AssertSqlSafe(sql));
+        for k in chunk {
+            q = q.bind(&k.service).bind(&k.id);
+        }
+        q.execute(&mut *conn)
+            .await
+            .map_err(|e| map_sqlx(e, path, what))?;
+    }
+    Ok(())
+}
+
+/// Store endpoints with their `suspended` flag and revision.
+pub(crate) async fn store_rows(
+    conn: &mut SqliteConnection,
+    path: &Path,
+    rows: &[(Endpoint, bool, u64)],
+    what: &str,
+) -> Result<()> {
+    for chunk in rows.chunks(CHUNK) {
+        let jsons = chunk
+            .iter()
+            .map(|(ep, _, _)| encode(ep))
+            .collect::<Result<Vec<_>>>()?;
+        let sql = format!(
+            concat!(
+                "INSERT OR REPLACE INTO endpoints (",
+                ep_cols!(),
+                ", suspended, revision) VALUES {}"
+            ),
+            placeholders(chunk.len(), 11)
+        );
+        let mut q = sqlx::query(AssertSqlSafe(sql));
+        for ((ep, suspended, at), json) in chunk.iter().zip(&jsons) {
+            q = q
+                .bind(&ep.service)
+                .bind(&ep.id)
+                .bind(&ep.address)
+                .bind(i64::from(ep.port))
+                .bind(ep.protocol.as_str())
+                .bind(&ep.cluster)
+                .bind(&ep.node)
+                .bind(ep.health.as_str())
+                .bind(json)
+                .bind(i64::from(*suspended))
+                .bind(to_i64(*at));
+        }
+        q.execute(&mut *conn)
+            .await
+            .map_err(|e| map_sqlx(e, path, what))?;
+    }
+    Ok(())
+}
+
+/// Append entries to the change log: `(revision, kind, key, JSON)`.
+pub(crate) async fn log_rows(
+    conn: &mut SqliteConnection,
+    path: &Path,
+    log: &[(u64, &'static str, EndpointKey, Option<String>)],
+    what: &str,
+) -> Result<()> {
+    for chunk in log.chunks(CHUNK) {
+        let sql = format!(
+            "INSERT INTO changes (revision, kind, service, id, endpoint) VALUES {}",
+            placeholders(chunk.len(), 5)
+        );
+        let mut q = sqlx::query(AssertSqlSafe(sql));
+        for (rev, kind, key, json) in chunk {
+            q = q
+                .bind(to_i64(*rev))
+                .bind(*kind)
+                .bind(&key.service)
+                .bind(&key.id)
+                .bind(json.as_deref());
+        }
+        q.execute(&mut *conn)
+            .await
+            .map_err(|e| map_sqlx(e, path, what))?;
+    }
+    Ok(())
 }
 
 /// `nodes.last_seen`: milliseconds since the Unix epoch.
