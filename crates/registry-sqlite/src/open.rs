@@ -48,6 +48,15 @@ pub(crate) const QUICK_CHECK_LIMIT: u32 = 100;
 /// Open (creating if needed) the database at `cfg.path`, check it, migrate
 /// it, recompute liveness, and start the background tasks.
 pub(crate) async fn open(cfg: SqliteConfig) -> Result<Arc<Inner>> {
+    open_with(cfg, |opts| opts).await
+}
+
+/// [`open`], with the connection options adjusted by `tweak` (tests cap
+/// the file's size with `max_page_count`).
+async fn open_with(
+    cfg: SqliteConfig,
+    tweak: impl FnOnce(SqliteConnectOptions) -> SqliteConnectOptions,
+) -> Result<Arc<Inner>> {
     cfg.check()?;
     let path = cfg.path.clone();
     // Every step is there to write: an I/O error at open is checked
@@ -65,6 +74,7 @@ pub(crate) async fn open(cfg: SqliteConfig) -> Result<Arc<Inner>> {
         // but never corrupts the file.
         .synchronous(SqliteSynchronous::Normal)
         .busy_timeout(cfg.busy_timeout);
+    let opts = tweak(opts);
     let acquire_timeout = cfg.busy_timeout.max(Duration::from_secs(5)) * 2;
     let readers = SqlitePoolOptions::new()
         .max_connections(cfg.max_connections)
@@ -317,6 +327,7 @@ async fn migrate(conn: &mut SqliteConnection, path: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use registry_api::{Endpoint, ErrorKind, Op};
 
     fn found(id: i32, tables: &[&str]) -> Found {
         Found {
@@ -342,5 +353,68 @@ mod tests {
             .check_ours(p)
             .expect_err("marked by another");
         assert!(err.to_string().contains("0x00001234"), "{err}");
+    }
+
+    /// The disk-full path where no tmpfs can be mounted: the writer's
+    /// connections cap the file with `max_page_count`, which SQLite
+    /// reports as `FULL` on the statement that needs a new page (the
+    /// tmpfs test in tests/faults.rs meets it on `COMMIT`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_full_file_fails_writes_transiently_and_they_succeed_once_it_may_grow() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("registry.db");
+        let cfg = SqliteConfig::new(&path).with_sweep_interval(None);
+        let inner = open_with(cfg, |o| o.pragma("max_page_count", "40"))
+            .await
+            .expect("open");
+        let padded = |i: usize| {
+            let mut e = Endpoint::new("fill", format!("e{i:04}"), "127.0.0.1", 80);
+            for l in 0..8 {
+                e = e.with_label(format!("pad{l}"), "x".repeat(1000));
+            }
+            e
+        };
+        let mut acked = Vec::new();
+        let mut failures = 0;
+        for i in 0..1_000 {
+            match inner
+                .commit_ops(vec![Op::Register(padded(i))], "fill")
+                .await
+            {
+                Ok(_) => acked.push(padded(i)),
+                Err(e) => {
+                    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+                    assert!(e.to_string().contains("full"), "{e}");
+                    assert!(e.to_string().contains(&path.display().to_string()), "{e}");
+                    failures += 1;
+                    if failures == 5 {
+                        break;
+                    }
+                }
+            }
+        }
+        assert_eq!(failures, 5, "40 pages never filled");
+        // "Space is freed": the writer's connection (the pool holds one)
+        // may grow the file again.
+        {
+            let mut conn = inner.writer.acquire().await.expect("the writer");
+            sqlx::raw_sql("PRAGMA max_page_count = 1000000")
+                .execute(&mut *conn)
+                .await
+                .expect("raise the cap");
+        }
+        for i in 1_000..1_005 {
+            inner
+                .commit_ops(vec![Op::Register(padded(i))], "after")
+                .await
+                .expect("a write once the file may grow");
+            acked.push(padded(i));
+        }
+        let snap = inner.snapshot().await.expect("snapshot");
+        for e in &acked {
+            assert!(snap.list("fill").contains(e), "{} is gone", e.key());
+        }
+        assert_eq!(inner.integrity_check().await.expect("check"), vec!["ok"]);
+        inner.close().await;
     }
 }

@@ -58,7 +58,7 @@ async fn a_full_disk_fails_writes_transiently_and_they_succeed_once_space_is_fre
         Err(why) => {
             println!(
                 "SKIPPED a_full_disk_fails_writes…: cannot mount a tmpfs ({why}); the \
-                 max_page_count variant (unit test core::tests::a_full_file_…) covers the \
+                 max_page_count variant (unit test open::tests::a_full_file_…) covers the \
                  transaction handling"
             );
             return;
