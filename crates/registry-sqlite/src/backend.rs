@@ -35,6 +35,16 @@ impl SqliteRegistry {
     /// A path that is a directory, a file that is not an SQLite database,
     /// or a location that cannot be created gives an error naming the
     /// path; a file that is not a database is left untouched.
+    ///
+    /// Before anything is written the file must be sound and ours: an
+    /// existing file is first looked at through a read-only connection,
+    /// and another application's SQLite database is refused
+    /// (`InvalidInput`) without being touched; then, in one `BEGIN
+    /// IMMEDIATE` transaction, `PRAGMA quick_check(100)` must find no
+    /// problem (else `Internal`, "corrupt"), the schema is migrated, a
+    /// no-op write to `meta` must succeed (else `Unauthorized`: the file
+    /// or its mount is read-only), and a file without our
+    /// `application_id` (new, or from a previous release) is marked.
     pub async fn open(cfg: SqliteConfig) -> Result<Self> {
         Ok(Self {
             inner: open::open(cfg).await?,

@@ -7,11 +7,11 @@
 //! | --- | --- | --- | --- |
 //! | `BUSY` 5 (`BUSY_RECOVERY` 261, `BUSY_SNAPSHOT` 517) | another connection or process held the lock past `busy_timeout` | `Unavailable` | yes |
 //! | `LOCKED` 6 | a lock held by another connection of this process | `Unavailable` | yes |
-//! | `FULL` 13 | the disk (or tmpfs) is full (`ENOSPC`), or `max_page_count` was reached; seen on `COMMIT`, which SQLite then rolls back | `Unavailable` | yes: writes succeed again once space is freed |
+//! | `FULL` 13 | the disk (or tmpfs) is full (`ENOSPC`): seen on `COMMIT`, which SQLite then rolls back; or `max_page_count` was reached: seen on the statement | `Unavailable` | yes: writes succeed again once space is freed |
 //! | `IOERR` 10 (`IOERR_WRITE` 778, `IOERR_FSYNC` 1034, `IOERR_TRUNCATE` 1546, …) on a read | an I/O error | `Unavailable` | yes |
 //! | `IOERR` 10 / `CANTOPEN` 14 on a write, the files still writable | an I/O error | `Unavailable` | yes |
-//! | `IOERR` 10 / `CANTOPEN` 14 on a write, the file or its `-wal` no longer opens for writing (`EROFS`, `EPERM`, `EACCES`) | the store became read-only while open: an immutable file (`chattr +i`) gives `IOERR_WRITE` 778 on `COMMIT` | `Unauthorized` | no |
-//! | `READONLY` 8 (`READONLY_DBMOVED` 1032, …), `PERM` 3, `AUTH` 23 | a read-only file, mount or connection (`BEGIN IMMEDIATE` on a file SQLite opened read-only) | `Unauthorized` | no |
+//! | `IOERR` 10 / `CANTOPEN` 14 on a write or at open, the file or its `-wal` or `-shm` not opening for writing (`EROFS`, `EPERM`, `EACCES`) | the store is read-only: a file and `-wal` made immutable (`chattr +i`) while open give `IOERR_WRITE` 778 on `COMMIT`; a read-only mount gives `CANTOPEN` 14 at open (no `-shm` can be created) | `Unauthorized` | no |
+//! | `READONLY` 8 (`READONLY_DBMOVED` 1032, …), `PERM` 3, `AUTH` 23 | a connection SQLite had to open read-only: after `chattr +i`, a new connection gets `READONLY` 8 from `BEGIN IMMEDIATE` (its `-wal` opened read-only) or from the first write (its main file opened read-only, as at open) | `Unauthorized` | no |
 //! | `CORRUPT` 11, `NOTADB` 26 | a corrupt page, a file that is not a database | `Internal` | no |
 //! | `CONSTRAINT` 19 | a violated constraint (a bug, or another writer's schema) | `Conflict` | bounded |
 //! | `CANTOPEN` 14 on a read or at open | the file cannot be opened | `Unavailable` | yes |
@@ -31,8 +31,11 @@
 //!
 //! A tmpfs cannot be remounted read-only while SQLite holds the file open
 //! for writing (the kernel answers `EBUSY`), so "the mount became
-//! read-only" while running is not a state SQLite meets; at open, a
-//! read-only mount gives `READONLY` 8 on `BEGIN IMMEDIATE`.
+//! read-only" while running is not a state SQLite meets here; a file made
+//! immutable is. On tmpfs, `chattr +i` does not stop writes through
+//! descriptors already open (ext4 does), so there SQLite goes on writing.
+//! `chattr +i` on the `-shm` is not survivable: SQLite writes it through
+//! a memory map, and the process gets `SIGBUS`.
 
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};

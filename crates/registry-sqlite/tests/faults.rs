@@ -192,6 +192,26 @@ async fn a_read_only_mount_is_refused_at_open_naming_the_path() {
     };
     let path = mnt.path().join("registry.db");
     let eps = seed(&path, 3).await;
+
+    // While the registry is open the kernel refuses to remount read-only
+    // (a file is open for writing). Should a kernel allow it, writes must
+    // then fail for good.
+    let reg = SqliteRegistry::open(cfg(&path)).await.expect("open");
+    match mnt.remount(true) {
+        Err(why) => println!("remount read-only while open: refused ({why})"),
+        Ok(()) => {
+            let err = reg
+                .register(ep("seed", "late", 9))
+                .await
+                .expect_err("a write on a read-only mount");
+            println!("a write after a read-only remount: {err}");
+            assert_eq!(err.kind(), ErrorKind::Unauthorized, "{err}");
+            mnt.remount(false).expect("remount read-write");
+        }
+    }
+    reg.close().await;
+    drop(reg);
+
     mnt.remount(true)
         .expect("remount read-only with the registry closed");
     let err = SqliteRegistry::open(cfg(&path))
