@@ -18,7 +18,7 @@ use crate::layout::{
 pub struct NodeRecord {
     /// The node's name, as its endpoints carry it in `Endpoint::node`.
     pub id: String,
-    /// Its routable address, if it registered one ([`SqliteRegistry::register_node`]).
+    /// Its routable address, if it registered one ([`crate::SqliteRegistry::register_node`]).
     pub address: String,
     /// Its role (`compute` unless registered otherwise).
     pub role: String,
