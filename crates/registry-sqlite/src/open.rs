@@ -81,7 +81,7 @@ async fn open_with(
         .acquire_timeout(acquire_timeout)
         .connect_with(opts.clone())
         .await
-        .map_err(|e| refine(map_sqlx(e, &path, "open the registry database")))?;
+        .map_err(|e| refine(map_sqlx(e, &path, "connect to the registry database")))?;
     // Opened by the first write (the open's own, just below).
     let writer = SqlitePoolOptions::new()
         .max_connections(1)
@@ -275,11 +275,12 @@ async fn prepare(conn: &mut SqliteConnection, path: &Path, what: &str) -> Result
             shown.join("; ")
         )));
     }
-    let unmarked = Found::read(conn, path, what).await?.check_ours(path)?;
+    let owner = format!("{what}: check who owns the file");
+    let unmarked = Found::read(conn, path, &owner).await?.check_ours(path)?;
     migrate(conn, path).await?;
     // BEGIN IMMEDIATE alone succeeds on a file SQLite had to open
     // read-only (an immutable file, a read-only mount); a write does not.
-    touch_meta(conn, path, what).await?;
+    touch_meta(conn, path, &format!("{what}: a no-op write to meta")).await?;
     if unmarked {
         sqlx::raw_sql(AssertSqlSafe(format!(
             "PRAGMA application_id = {APPLICATION_ID}"

@@ -250,6 +250,13 @@ async fn a_store_made_read_only_while_open_refuses_writes_for_good_and_loses_not
     // it through a memory map, and an immutable mapped file faults).
     let guard = Immutable::set(&[path.clone(), with_suffix(&path, "-wal")])
         .expect("chattr +i (checked above)");
+    // Before any write fails: the writer's connection is still the one
+    // opened read-write, and BEGIN IMMEDIATE, a no-op UPDATE and ROLLBACK
+    // all succeed on it; the probe must still see the store is read-only.
+    let err = reg.probe().await.expect_err("probe while read-only");
+    println!("probe of an immutable store: {err}");
+    assert_eq!(err.kind(), ErrorKind::Unauthorized, "{err}");
+    names_path(&err, &path);
     for attempt in 0..3 {
         let err = reg
             .register(ep("ro", &format!("late{attempt}"), 9))
@@ -273,9 +280,7 @@ async fn a_store_made_read_only_while_open_refuses_writes_for_good_and_loses_not
     let err = reg.heartbeat("n1").await.expect_err("a heartbeat");
     assert_eq!(err.kind(), ErrorKind::Unauthorized, "{err}");
     let err = reg.probe().await.expect_err("probe while read-only");
-    println!("probe of an immutable store: {err}");
     assert_eq!(err.kind(), ErrorKind::Unauthorized, "{err}");
-    names_path(&err, &path);
 
     // Through the write queue the failure is final, not retried forever.
     let queue = Coalescing::with_config(
@@ -412,4 +417,55 @@ async fn closing_the_registry_ends_its_watches_after_one_error() {
         other => panic!("expected an error item, got {other:?}"),
     }
     assert!(next_item(&mut w, "the end").await.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_refused_inside_a_write_rolls_back_the_whole_batch() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("registry.db");
+    let reg = SqliteRegistry::open(cfg(&path)).await.expect("open");
+    reg.register(ep("t", "before", 1)).await.expect("register");
+    // Someone's trigger refuses one key when its change is logged: the
+    // batch's endpoint rows are written by then, in the same transaction.
+    raw_exec(
+        &path,
+        "CREATE TRIGGER refuse_forbidden BEFORE INSERT ON changes \
+         WHEN NEW.id = 'forbidden' BEGIN SELECT RAISE(ABORT, 'forbidden by a trigger'); END;",
+    )
+    .await;
+    let before = reg.snapshot().await.expect("snapshot");
+    for attempt in 0..3 {
+        let err = reg
+            .apply(vec![
+                Op::Register(ep("t", &format!("ok{attempt}"), 2)),
+                Op::Register(ep("t", "forbidden", 3)),
+            ])
+            .await
+            .expect_err("the trigger refuses the batch");
+        println!("a batch refused by a trigger: {err}");
+        assert_eq!(err.kind(), ErrorKind::Conflict, "attempt {attempt}: {err}");
+        assert!(err.to_string().contains("forbidden by a trigger"), "{err}");
+    }
+    let after = reg.snapshot().await.expect("snapshot");
+    assert_eq!(
+        after.version(),
+        before.version(),
+        "a refused batch moved the version"
+    );
+    assert!(
+        after.same_endpoints(&before),
+        "a refused batch left rows behind"
+    );
+    // The connection went back clean: the next writes succeed.
+    reg.register(ep("t", "after", 4))
+        .await
+        .expect("a write after the refusal");
+    reg.apply(vec![Op::Deregister(ep("t", "before", 1).key())])
+        .await
+        .expect("a batch after the refusal");
+    assert_eq!(
+        reg.list("t").await.expect("list"),
+        vec![ep("t", "after", 4)]
+    );
+    reg.close().await;
 }

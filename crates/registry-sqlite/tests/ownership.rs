@@ -162,3 +162,36 @@ async fn a_corrupt_page_in_the_change_log_is_found_at_open() {
 async fn a_corrupt_page_in_the_endpoints_table_is_found_at_open() {
     corrupt_root_is_refused("endpoints").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_leaf_page_of_the_change_log_is_found_at_open() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("registry.db");
+    let reg = SqliteRegistry::open(cfg(&path)).await.expect("open");
+    for i in 0..200u16 {
+        let e = ep("svc", &format!("e{i}"), 1 + i).with_label("pad", "p".repeat(200));
+        reg.register(e).await.expect("register");
+    }
+    reg.close().await;
+    drop(reg);
+    let (page_size, root) = root_page(&path, "changes").await;
+    // The root of a log this long is an interior page (type 5); its
+    // right-most child, a leaf, is at bytes 8..12.
+    let page = swap_page_read(&path, page_size, root);
+    assert_eq!(page[0], 5, "the change log's root is not an interior page");
+    let leaf = u64::from(u32::from_be_bytes([page[8], page[9], page[10], page[11]]));
+    swap_page(&path, page_size, leaf, None);
+    let sha_before = sha256(&path);
+    let err = refused(&path).await;
+    println!("changes leaf page {leaf} corrupt: {err}");
+    assert_eq!(err.kind(), ErrorKind::Internal, "{err}");
+    assert!(err.to_string().contains("corrupt"), "{err}");
+    assert_eq!(sha256(&path), sha_before, "the corrupt file was written to");
+}
+
+/// The bytes of page `page` (1-based).
+fn swap_page_read(path: &Path, page_size: u64, page: u64) -> Vec<u8> {
+    let bytes = std::fs::read(path).expect("read the file");
+    let at = ((page - 1) * page_size) as usize;
+    bytes[at..at + page_size as usize].to_vec()
+}
