@@ -11,7 +11,7 @@
 //! | `IOERR` 10 (`IOERR_WRITE` 778, `IOERR_FSYNC` 1034, `IOERR_TRUNCATE` 1546, …) on a read | an I/O error | `Unavailable` | yes |
 //! | `IOERR` 10 / `CANTOPEN` 14 on a write, the files still writable | an I/O error | `Unavailable` | yes |
 //! | `IOERR` 10 / `CANTOPEN` 14 on a write or at open, the file or its `-wal` or `-shm` not opening for writing (`EROFS`, `EPERM`, `EACCES`) | the store is read-only: a file and `-wal` made immutable (`chattr +i`) while open give `IOERR_WRITE` 778 on `COMMIT`; a read-only mount gives `CANTOPEN` 14 at open (no `-shm` can be created) | `Unauthorized` | no |
-//! | `READONLY` 8 (`READONLY_DBMOVED` 1032, …), `PERM` 3, `AUTH` 23 | a connection SQLite had to open read-only: after `chattr +i`, a new connection gets `READONLY` 8 from `BEGIN IMMEDIATE` (its `-wal` opened read-only) or from the first write (its main file opened read-only, as at open) | `Unauthorized` | no |
+//! | `READONLY` 8 (`READONLY_DBMOVED` 1032, …), `PERM` 3, `AUTH` 23 | a connection SQLite had to open read-only: after `chattr +i`, a new connection gets `READONLY` 8 from `BEGIN IMMEDIATE` (its `-wal` opened read-only) or from the first write (its main file opened read-only, as at open; also a file of mode 0444 for a user other than root); the message names the file that does not open for writing | `Unauthorized` | no |
 //! | `CORRUPT` 11, `NOTADB` 26 | a corrupt page, a file that is not a database | `Internal` | no |
 //! | `CONSTRAINT` 19 | a violated constraint (a bug, or another writer's schema) | `Conflict` | bounded |
 //! | `CANTOPEN` 14 on a read or at open | the file cannot be opened | `Unavailable` | yes |
@@ -40,7 +40,7 @@
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 
-use registry_api::{Error, ErrorKind};
+use registry_api::Error;
 
 /// SQLite primary result codes we tell apart (the low byte of an extended
 /// code).
@@ -148,20 +148,18 @@ pub(crate) fn map_sqlx(err: sqlx::Error, path: &Path, what: &str) -> Error {
 }
 
 /// Decide an error met inside a write transaction (a statement, `BEGIN
-/// IMMEDIATE` or `COMMIT`): an `IOERR` or `CANTOPEN` becomes a permanent
-/// `Unauthorized` when the store no longer opens for writing ([`writable`]);
-/// everything else is returned unchanged.
+/// IMMEDIATE` or `COMMIT`) or at open: an `IOERR` or `CANTOPEN` becomes a
+/// permanent `Unauthorized` when the store no longer opens for writing
+/// ([`writable`]); a `READONLY` says which file refuses writes (a `-wal`
+/// that SQLite created read-only, copying the mode of a read-only main
+/// file, outlives a `chmod` of that file). Everything else is returned
+/// unchanged.
 pub(crate) fn refine_write(err: Error, path: &Path) -> Error {
-    if err.kind() != ErrorKind::Unavailable {
-        return err;
-    }
-    let code = sqlx_source(&err).and_then(sqlite_code);
-    if !code.is_some_and(|c| matches!(c & 0xff, code::IOERR | code::CANTOPEN)) {
-        return err;
-    }
-    let said = match &err {
-        Error::Unavailable { message, .. } => message.clone(),
-        other => other.to_string(),
+    let code = sqlx_source(&err).and_then(sqlite_code).map(|c| c & 0xff);
+    let said = match (&err, code) {
+        (Error::Unavailable { message, .. }, Some(code::IOERR | code::CANTOPEN)) => message,
+        (Error::Unauthorized { message, .. }, Some(code::READONLY)) => message,
+        _ => return err,
     };
     match writable(path) {
         Err((file, e)) if refuses_writes(&e) => Error::Unauthorized {

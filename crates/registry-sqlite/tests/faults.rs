@@ -18,7 +18,7 @@ use registry_sqlite::SqliteRegistry;
 
 use support::{
     cfg, fill, immutable_blocks_open_writers, raw_exec, raw_query, root_page, sha256, swap_page,
-    with_suffix, Immutable, Tmpfs,
+    with_suffix, Immutable, ReadOnlyFile, Tmpfs,
 };
 
 /// An endpoint of about 8 KiB, so that a few writes fill a small disk.
@@ -153,22 +153,22 @@ async fn seed(path: &Path, n: usize) -> Vec<Endpoint> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_immutable_file_is_refused_at_open_naming_the_path() {
+async fn a_read_only_file_is_refused_at_open_naming_the_path() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("registry.db");
     let eps = seed(&path, 3).await;
-    let guard = match Immutable::set(std::slice::from_ref(&path)) {
+    let guard = match ReadOnlyFile::set(&path) {
         Ok(g) => g,
         Err(why) => {
-            println!("SKIPPED an_immutable_file_is_refused…: {why}");
+            println!("SKIPPED a_read_only_file_is_refused…: {why}");
             return;
         }
     };
     let before = sha256(&path);
     let err = SqliteRegistry::open(cfg(&path))
         .await
-        .expect_err("an immutable file must not open");
-    println!("open of an immutable file: {err}");
+        .expect_err("a read-only file must not open");
+    println!("open of a read-only file: {err}");
     names_path(&err, &path);
     assert_eq!(err.kind(), ErrorKind::Unauthorized, "{err}");
     assert!(err.to_string().contains("read-only"), "{err}");

@@ -294,3 +294,56 @@ where
     conn.close().await.expect("close");
     row
 }
+
+/// A file made read-only for this process, undone when dropped: immutable
+/// (`chattr +i`) where that is possible, else mode 0444 where that stops
+/// this process from opening it for writing (not root).
+pub enum ReadOnlyFile {
+    /// `chattr +i`.
+    Immutable(Immutable),
+    /// `chmod 0444`; the mode to put back.
+    Mode(PathBuf, std::fs::Permissions),
+}
+
+impl ReadOnlyFile {
+    /// Make `path` read-only; `Err` with the reasons where neither way
+    /// works.
+    pub fn set(path: &Path) -> Result<Self, String> {
+        use std::os::unix::fs::PermissionsExt;
+        let why_not_immutable = match Immutable::set(&[path.to_path_buf()]) {
+            Ok(g) => return Ok(Self::Immutable(g)),
+            Err(why) => why,
+        };
+        let old = std::fs::metadata(path)
+            .map_err(|e| format!("stat {}: {e}", path.display()))?
+            .permissions();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o444))
+            .map_err(|e| format!("chmod {}: {e}", path.display()))?;
+        let guard = Self::Mode(path.to_path_buf(), old);
+        match std::fs::OpenOptions::new().write(true).open(path) {
+            Err(_) => Ok(guard),
+            Ok(_) => Err(format!(
+                "{why_not_immutable}; and mode 0444 does not stop this process (root) from \
+                 writing"
+            )),
+        }
+    }
+
+    /// Undo it now.
+    pub fn clear(self) {}
+}
+
+impl Drop for ReadOnlyFile {
+    fn drop(&mut self) {
+        if let Self::Mode(path, old) = self {
+            // SQLite gives the `-wal` and `-shm` it creates the mode of
+            // the main file: those are made writable again too.
+            for suffix in ["", "-wal", "-shm"] {
+                let f = with_suffix(path, suffix);
+                if f.exists() {
+                    let _ = std::fs::set_permissions(&f, old.clone());
+                }
+            }
+        }
+    }
+}
