@@ -62,12 +62,14 @@ pub(crate) struct Inner {
 ///   connection may be one SQLite opened read-only; `Internal`: it may
 ///   cache a corrupt page). The pool opens a fresh one when needed, which
 ///   sees the file as it is by then;
-/// - a `Tx` dropped before it ended (its future was cancelled) closes its
-///   connection, which rolls back whatever was open.
+/// - a `Tx` dropped before it ended (its future was cancelled, also while
+///   `BEGIN` was on its way) closes its connection, which rolls back
+///   whatever was open.
 pub(crate) struct Tx<'a> {
     conn: PoolConnection<Sqlite>,
     path: &'a Path,
-    /// Between a successful `BEGIN` and a successful `COMMIT`/`ROLLBACK`.
+    /// From just before `BEGIN` until it fails or a `COMMIT`/`ROLLBACK`
+    /// succeeds: while set, dropping the `Tx` closes the connection.
     open: bool,
     write: bool,
     /// The in-process write lock, held by write transactions.
@@ -83,30 +85,34 @@ impl<'a> Tx<'a> {
     ) -> Result<Tx<'a>> {
         let write = guard.is_some();
         let refine = |e: Error| if write { refine_write(e, path) } else { e };
-        let mut conn = pool
+        let conn = pool
             .acquire()
             .await
             .map_err(|e| refine(map_sqlx(e, path, what)))?;
         let begin = if write { "BEGIN IMMEDIATE" } else { "BEGIN" };
-        if let Err(e) = sqlx::raw_sql(begin).execute(&mut *conn).await {
-            // SQLite starts no transaction when BEGIN fails, so `conn` may
-            // go back to the pool; not after a permanent failure, though:
-            // `BEGIN IMMEDIATE` answers READONLY on a connection whose WAL
-            // SQLite could only open read-only, and it would stay so.
-            let e = refine(map_sqlx(e, path, what));
-            if is_permanent(&e) {
-                tracing::info!(path = %path.display(), error = %e, "closing a database connection after a failure; the next transaction gets a fresh one");
-                conn.close_on_drop();
-            }
-            return Err(e);
-        }
-        Ok(Tx {
+        // Open from before BEGIN is sent: dropped while waiting for it
+        // (cancelled), the connection may be inside the transaction.
+        let mut tx = Tx {
             conn,
             path,
             open: true,
             write,
             _guard: guard,
-        })
+        };
+        if let Err(e) = sqlx::raw_sql(begin).execute(&mut *tx.conn).await {
+            // SQLite starts no transaction when BEGIN fails, so the
+            // connection may go back to the pool; not after a permanent
+            // failure, though: `BEGIN IMMEDIATE` answers READONLY on a
+            // connection whose WAL SQLite could only open read-only, and
+            // it would stay so.
+            tx.open = false;
+            let e = refine(map_sqlx(e, path, what));
+            if is_permanent(&e) {
+                tx.close_connection(&e);
+            }
+            return Err(e);
+        }
+        Ok(tx)
     }
 
     /// The connection, inside the transaction.

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use futures::StreamExt;
-use registry_api::testing::{ep, next_event, wait_limit};
+use registry_api::testing::{ep, eventually, next_event, wait_limit};
 use registry_api::{
     Batch, Coalescing, CoalescingConfig, Endpoint, EndpointKey, ErrorKind, Event, Heartbeat, Op,
     Registry, Watch,
@@ -468,4 +468,65 @@ async fn a_statement_refused_inside_a_write_rolls_back_the_whole_batch() {
         vec![ep("t", "after", 4)]
     );
     reg.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_cancelled_mid_transaction_leaves_nothing_and_the_next_succeeds() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("registry.db");
+    let reg = SqliteRegistry::open(cfg(&path)).await.expect("open");
+    reg.register(ep("cancel", "before", 1))
+        .await
+        .expect("register");
+    let wal_before = wal_len(&path);
+    // A batch large enough to spill to the WAL long before it commits.
+    let big: Vec<Op> = (0..60_000u32)
+        .map(|i| {
+            Op::Register(
+                ep("cancel", &format!("e{i:06}"), 1 + (i % 60_000) as u16)
+                    .with_label("pad", "p".repeat(600)),
+            )
+        })
+        .collect();
+    let task = tokio::spawn({
+        let reg = reg.clone();
+        async move { reg.apply(big).await }
+    });
+    // Inside its transaction (the WAL grows), the write is dropped.
+    eventually("the batch to spill to the WAL", || async {
+        (wal_len(&path) > wal_before + 1_000_000).then_some(())
+    })
+    .await;
+    task.abort();
+    match task.await {
+        Err(e) if e.is_cancelled() => {}
+        other => panic!("the batch was not cancelled mid-transaction: {other:?}"),
+    }
+    // The next writes succeed (on a fresh connection: the cancelled one
+    // is closed, which rolls its transaction back).
+    tokio::time::timeout(wait_limit(), reg.register(ep("cancel", "after", 2)))
+        .await
+        .expect("the write after a cancelled one hung")
+        .expect("a write after a cancelled one");
+    reg.apply(vec![Op::Register(ep("cancel", "after2", 3))])
+        .await
+        .expect("another write");
+    // All or nothing: nothing of the cancelled batch.
+    assert_eq!(
+        reg.list("cancel").await.expect("list"),
+        vec![
+            ep("cancel", "after", 2),
+            ep("cancel", "after2", 3),
+            ep("cancel", "before", 1)
+        ]
+    );
+    assert_eq!(reg.integrity_check().await.expect("integrity"), vec!["ok"]);
+    reg.close().await;
+}
+
+/// The size of the file's WAL (0 when there is none).
+fn wal_len(path: &Path) -> u64 {
+    std::fs::metadata(with_suffix(path, "-wal"))
+        .map(|m| m.len())
+        .unwrap_or(0)
 }
