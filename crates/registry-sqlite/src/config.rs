@@ -112,8 +112,9 @@ pub struct SqliteConfig {
     /// How long a write waits for another process holding the write lock
     /// before failing with a retryable `Unavailable`. Default: 5 s.
     pub busy_timeout: Duration,
-    /// Connections in the pool (reads run in parallel; writes are
-    /// serialized). At least 1. Default: 4.
+    /// Connections for reads, which run in parallel. Writes are
+    /// serialized and use one more connection of their own. At least 1.
+    /// Default: 4.
     pub max_connections: u32,
     /// Largest batch [`registry_api::Batch::apply`] promises to apply
     /// atomically (every batch is one transaction, whatever its size).

@@ -3,8 +3,13 @@
 
 mod backend;
 mod config;
+mod core;
 mod error;
-mod schema;
+mod layout;
+mod liveness;
+mod open;
+mod watch;
 
-pub use backend::{NodeRecord, SqliteRegistry, SweepReport};
+pub use backend::SqliteRegistry;
 pub use config::{Clock, ManualClock, SqliteConfig, SystemClock, DEFAULT_PATH};
+pub use liveness::{NodeRecord, SweepReport};

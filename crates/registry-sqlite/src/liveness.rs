@@ -1,0 +1,436 @@
+//! Liveness: the node table, heartbeats and sweeps.
+
+use std::sync::Weak;
+use std::time::{Duration, SystemTime};
+
+use registry_api::{Endpoint, EndpointKey, Health, Result};
+use sqlx::sqlite::SqliteConnection;
+
+use crate::core::Inner;
+use crate::error::corrupt;
+use crate::layout::{
+    decode, duration_ms, encode, ep_cols, from_millis, millis, to_i64, EpRow, EpRowSuspended,
+};
+
+/// A node as the liveness tables hold it (the seed's `Node`).
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeRecord {
+    /// The node's name, as its endpoints carry it in `Endpoint::node`.
+    pub id: String,
+    /// Its routable address, if it registered one ([`crate::SqliteRegistry::register_node`]).
+    pub address: String,
+    /// Its role (`compute` unless registered otherwise).
+    pub role: String,
+    /// `Healthy`, or `Unhealthy` once silent for `suspect_after`.
+    pub status: Health,
+    /// When its last heartbeat arrived (millisecond precision).
+    pub last_seen: SystemTime,
+}
+
+/// What one liveness sweep changed.
+#[non_exhaustive]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    /// Nodes newly marked unhealthy.
+    pub suspected: Vec<String>,
+    /// Nodes removed, with all their endpoints.
+    pub removed: Vec<String>,
+    /// Nodes found unhealthy although their last heartbeat is recent (the
+    /// clock moved back); marked healthy again.
+    pub recovered: Vec<String>,
+    /// Endpoints whose health changed.
+    pub endpoints_changed: usize,
+    /// Endpoints removed with their node.
+    pub endpoints_removed: usize,
+}
+
+impl SweepReport {
+    /// Whether the sweep changed nothing.
+    pub fn is_empty(&self) -> bool {
+        self.suspected.is_empty()
+            && self.removed.is_empty()
+            && self.recovered.is_empty()
+            && self.endpoints_changed == 0
+            && self.endpoints_removed == 0
+    }
+}
+
+pub(crate) async fn sweep_loop(inner: Weak<Inner>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await; // the first tick is immediate; open already swept
+    loop {
+        tick.tick().await;
+        let Some(inner) = inner.upgrade() else { return };
+        if let Err(e) = inner.sweep_at(inner.cfg.clock.now()).await {
+            tracing::warn!(error = %e, "liveness sweep failed");
+        }
+    }
+}
+
+impl Inner {
+    /// The stored endpoint with `key` and its `suspended` flag.
+    pub(crate) async fn get(
+        &self,
+        conn: &mut SqliteConnection,
+        key: &EndpointKey,
+        what: &str,
+    ) -> Result<Option<(Endpoint, bool)>> {
+        let row: Option<EpRowSuspended> = sqlx::query_as(
+            "SELECT endpoint, suspended FROM endpoints WHERE service = ?1 AND id = ?2",
+        )
+        .bind(&key.service)
+        .bind(&key.id)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(|e| self.map(e, what))?;
+        row.map(|(json, susp)| Ok((decode(&self.cfg.path, (json,))?, susp != 0)))
+            .transpose()
+    }
+
+    /// Store `ep` (with the `suspended` flag) and log the change; `false`
+    /// when nothing changed.
+    pub(crate) async fn upsert(
+        &self,
+        conn: &mut SqliteConnection,
+        rev: &mut u64,
+        ep: Endpoint,
+        suspended: bool,
+    ) -> Result<bool> {
+        let key = ep.key();
+        let what = || format!("register {key}");
+        let old = self.get(conn, &key, &what()).await?;
+        let kind = match &old {
+            Some((o, s)) if *o == ep => {
+                if *s != suspended {
+                    sqlx::query(
+                        "UPDATE endpoints SET suspended = ?3 WHERE service = ?1 AND id = ?2",
+                    )
+                    .bind(&key.service)
+                    .bind(&key.id)
+                    .bind(i64::from(suspended))
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(|e| self.map(e, &what()))?;
+                }
+                return Ok(false);
+            }
+            Some(_) => "updated",
+            None => "added",
+        };
+        *rev += 1;
+        let whole = encode(&ep)?;
+        sqlx::query(concat!(
+            "INSERT OR REPLACE INTO endpoints (",
+            ep_cols!(),
+            ", suspended, revision) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
+        ))
+        .bind(&ep.service)
+        .bind(&ep.id)
+        .bind(&ep.address)
+        .bind(i64::from(ep.port))
+        .bind(ep.protocol.as_str())
+        .bind(&ep.cluster)
+        .bind(&ep.node)
+        .bind(ep.health.as_str())
+        .bind(&whole)
+        .bind(i64::from(suspended))
+        .bind(to_i64(*rev))
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| self.map(e, &what()))?;
+        self.log(conn, *rev, kind, &key, Some(whole), &what())
+            .await?;
+        Ok(true)
+    }
+
+    /// Remove `key` and log it; `false` when it did not exist.
+    pub(crate) async fn remove(
+        &self,
+        conn: &mut SqliteConnection,
+        rev: &mut u64,
+        key: &EndpointKey,
+    ) -> Result<bool> {
+        let what = || format!("deregister {key}");
+        let res = sqlx::query("DELETE FROM endpoints WHERE service = ?1 AND id = ?2")
+            .bind(&key.service)
+            .bind(&key.id)
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| self.map(e, &what()))?;
+        if res.rows_affected() == 0 {
+            return Ok(false);
+        }
+        *rev += 1;
+        self.log(conn, *rev, "removed", key, None, &what()).await?;
+        Ok(true)
+    }
+
+    pub(crate) async fn log(
+        &self,
+        conn: &mut SqliteConnection,
+        rev: u64,
+        kind: &str,
+        key: &EndpointKey,
+        endpoint: Option<String>,
+        what: &str,
+    ) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO changes (revision, kind, service, id, endpoint) VALUES (?1, ?2, ?3, ?4, ?5)",
+        )
+        .bind(to_i64(rev))
+        .bind(kind)
+        .bind(&key.service)
+        .bind(&key.id)
+        .bind(endpoint)
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| self.map(e, what))?;
+        Ok(())
+    }
+
+    /// Endpoints of `node` matching `filter` (an SQL condition chosen among
+    /// fixed strings).
+    pub(crate) async fn node_endpoints(
+        &self,
+        conn: &mut SqliteConnection,
+        node: &str,
+        sql: &'static str,
+        what: &str,
+    ) -> Result<Vec<Endpoint>> {
+        let rows: Vec<EpRow> = sqlx::query_as(sql)
+            .bind(node)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| self.map(e, what))?;
+        rows.into_iter()
+            .map(|r| decode(&self.cfg.path, r))
+            .collect()
+    }
+
+    /// Bring back the endpoints liveness marked unhealthy.
+    pub(crate) async fn revive(
+        &self,
+        conn: &mut SqliteConnection,
+        rev: &mut u64,
+        node: &str,
+        what: &str,
+    ) -> Result<usize> {
+        let eps = self
+            .node_endpoints(
+                conn,
+                node,
+                "SELECT endpoint FROM endpoints WHERE node = ?1 AND suspended = 1",
+                what,
+            )
+            .await?;
+        let mut n = 0;
+        for ep in eps {
+            n += usize::from(
+                self.upsert(conn, rev, ep.with_health(Health::Healthy), false)
+                    .await?,
+            );
+        }
+        Ok(n)
+    }
+
+    /// A heartbeat (`info: None`) or a node registration.
+    pub(crate) async fn beat(&self, node: &str, info: Option<(&str, &str)>) -> Result<()> {
+        let what = format!("heartbeat of node {node}");
+        let now = millis(self.cfg.clock.now());
+        let mut tx = self.write_tx(&what).await?;
+        let res = self.beat_in(tx.conn(), node, info, now, &what).await;
+        let (known, revived, rev) = tx.end(res, &what).await?;
+        self.bump(rev);
+        match known.as_deref() {
+            None => tracing::info!(node, "node admitted"),
+            Some("unhealthy") => tracing::info!(node, revived, "node is back"),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn sweep_at(&self, now: SystemTime) -> Result<SweepReport> {
+        let what = "liveness sweep";
+        let now = millis(now);
+        let suspect_at = now.saturating_sub(duration_ms(self.cfg.suspect_after));
+        let remove_at = now.saturating_sub(duration_ms(self.cfg.remove_after));
+        let mut tx = self.write_tx(what).await?;
+        let res = self.sweep_in(tx.conn(), suspect_at, remove_at, what).await;
+        let (report, rev) = tx.end(res, what).await?;
+        self.bump(rev);
+        if !report.is_empty() {
+            tracing::info!(
+                path = %self.cfg.path.display(),
+                suspected = ?report.suspected,
+                removed = ?report.removed,
+                recovered = ?report.recovered,
+                endpoints_changed = report.endpoints_changed,
+                endpoints_removed = report.endpoints_removed,
+                "liveness sweep"
+            );
+        }
+        Ok(report)
+    }
+
+    /// The work of [`Inner::beat`] inside its transaction: the node's
+    /// previous status, the endpoints revived, the new revision.
+    async fn beat_in(
+        &self,
+        conn: &mut SqliteConnection,
+        node: &str,
+        info: Option<(&str, &str)>,
+        now: i64,
+        what: &str,
+    ) -> Result<(Option<String>, usize, u64)> {
+        let (start, floor) = self.counters(conn, what).await?;
+        let known: Option<String> = sqlx::query_scalar("SELECT status FROM nodes WHERE id = ?1")
+            .bind(node)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(|e| self.map(e, what))?;
+        let q = match info {
+            None => sqlx::query(
+                "INSERT INTO nodes (id, status, last_seen) VALUES (?1, 'healthy', ?2) \
+                 ON CONFLICT (id) DO UPDATE SET status = 'healthy', last_seen = excluded.last_seen",
+            )
+            .bind(node)
+            .bind(now),
+            Some((address, role)) => sqlx::query(
+                "INSERT INTO nodes (id, status, last_seen, address, role) \
+                 VALUES (?1, 'healthy', ?2, ?3, ?4) \
+                 ON CONFLICT (id) DO UPDATE SET status = 'healthy', \
+                 last_seen = excluded.last_seen, address = excluded.address, role = excluded.role",
+            )
+            .bind(node)
+            .bind(now)
+            .bind(address)
+            .bind(role),
+        };
+        q.execute(&mut *conn).await.map_err(|e| self.map(e, what))?;
+        let mut rev = start;
+        let revived = self.revive(conn, &mut rev, node, what).await?;
+        self.finish(conn, start, floor, rev, what).await?;
+        Ok((known, revived, rev))
+    }
+
+    /// The work of [`Inner::sweep_at`] inside its transaction: the report
+    /// and the new revision.
+    async fn sweep_in(
+        &self,
+        conn: &mut SqliteConnection,
+        suspect_at: i64,
+        remove_at: i64,
+        what: &str,
+    ) -> Result<(SweepReport, u64)> {
+        let mut report = SweepReport::default();
+        let (start, floor) = self.counters(conn, what).await?;
+        let mut rev = start;
+        let ids = |sql: &'static str, at: i64| sqlx::query_scalar::<_, String>(sql).bind(at);
+
+        report.removed = ids(
+            "SELECT id FROM nodes WHERE last_seen <= ?1 ORDER BY id",
+            remove_at,
+        )
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(|e| self.map(e, what))?;
+        for node in &report.removed {
+            let what = format!("remove silent node {node}");
+            let keys: Vec<(String, String)> =
+                sqlx::query_as("SELECT service, id FROM endpoints WHERE node = ?1")
+                    .bind(node)
+                    .fetch_all(&mut *conn)
+                    .await
+                    .map_err(|e| self.map(e, &what))?;
+            for (service, id) in keys {
+                let key = EndpointKey::new(service, id);
+                report.endpoints_removed += usize::from(self.remove(conn, &mut rev, &key).await?);
+            }
+            sqlx::query("DELETE FROM nodes WHERE id = ?1")
+                .bind(node)
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| self.map(e, &what))?;
+        }
+
+        report.suspected = ids(
+            "SELECT id FROM nodes WHERE status = 'healthy' AND last_seen <= ?1 ORDER BY id",
+            suspect_at,
+        )
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(|e| self.map(e, what))?;
+        for node in &report.suspected {
+            let what = format!("mark silent node {node} unhealthy");
+            sqlx::query("UPDATE nodes SET status = 'unhealthy' WHERE id = ?1")
+                .bind(node)
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| self.map(e, &what))?;
+            let eps = self
+                .node_endpoints(
+                    conn,
+                    node,
+                    "SELECT endpoint FROM endpoints WHERE node = ?1 AND health = 'healthy'",
+                    &what,
+                )
+                .await?;
+            for ep in eps {
+                let ep = ep.with_health(Health::Unhealthy);
+                report.endpoints_changed +=
+                    usize::from(self.upsert(conn, &mut rev, ep, true).await?);
+            }
+        }
+
+        report.recovered = ids(
+            "SELECT id FROM nodes WHERE status = 'unhealthy' AND last_seen > ?1 ORDER BY id",
+            suspect_at,
+        )
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(|e| self.map(e, what))?;
+        for node in &report.recovered {
+            sqlx::query("UPDATE nodes SET status = 'healthy' WHERE id = ?1")
+                .bind(node)
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| self.map(e, what))?;
+            report.endpoints_changed += self.revive(conn, &mut rev, node, what).await?;
+        }
+
+        self.finish(conn, start, floor, rev, what).await?;
+        Ok((report, rev))
+    }
+
+    pub(crate) async fn nodes(&self, only: Option<&str>) -> Result<Vec<NodeRecord>> {
+        let what = "list nodes";
+        let rows: Vec<(String, String, String, String, i64)> = match only {
+            None => {
+                sqlx::query_as("SELECT id, address, role, status, last_seen FROM nodes ORDER BY id")
+                    .fetch_all(&self.readers)
+            }
+            Some(id) => sqlx::query_as(
+                "SELECT id, address, role, status, last_seen FROM nodes WHERE id = ?1",
+            )
+            .bind(id)
+            .fetch_all(&self.readers),
+        }
+        .await
+        .map_err(|e| self.map(e, what))?;
+        rows.into_iter()
+            .map(|(id, address, role, status, last_seen)| {
+                Ok(NodeRecord {
+                    status: status
+                        .parse()
+                        .map_err(|e| corrupt(&self.cfg.path, &format!("read node {id}"), e))?,
+                    id,
+                    address,
+                    role,
+                    last_seen: from_millis(last_seen),
+                })
+            })
+            .collect()
+    }
+}
