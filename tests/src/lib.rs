@@ -184,6 +184,7 @@ impl Drop for ServerProcess {
 
 pub mod containers;
 mod etcd;
+pub mod fs;
 mod moto;
 #[cfg(any(feature = "etcd", feature = "dynamodb", feature = "cloudmap"))]
 pub mod registries;

@@ -6,16 +6,15 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::time::Duration;
 
 use common::pki::{write_bundle, Ca};
-use common::{serve_binary, Served};
+use common::{http_get, parse, serve_binary, Scrape, Served};
 use registry_api::testing::{ep, eventually};
 use registry_api::Registry;
 use registry_registrar::{ClientConfig, RegistrarClient};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{ChildStdout, Command};
 
 const BIN: &str = env!("CARGO_BIN_EXE_registrar");
@@ -296,62 +295,6 @@ async fn cli_over_mtls_with_an_admin_and_an_agent_identity() {
     );
     let out = cli(&["--address", &server.url(), "ls"]).await;
     assert_eq!(out.code, 1, "{}", out.stdout);
-}
-
-/// GET `path` from `addr` over HTTP/1.1.
-async fn http_get(addr: &str, path: &str) -> (u16, String) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut buf = String::new();
-    tokio::time::timeout(LIMIT, s.read_to_string(&mut buf))
-        .await
-        .unwrap()
-        .unwrap();
-    let code = buf
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = buf
-        .split_once("\r\n\r\n")
-        .map(|x| x.1)
-        .unwrap_or("")
-        .to_string();
-    (code, body)
-}
-
-/// A parsed Prometheus text page: `# TYPE` per family, value per series.
-struct Scrape {
-    types: BTreeMap<String, String>,
-    values: BTreeMap<String, f64>,
-}
-
-fn parse(text: &str) -> Scrape {
-    let mut types = BTreeMap::new();
-    let mut values = BTreeMap::new();
-    for line in text.lines() {
-        if let Some(rest) = line.strip_prefix("# TYPE ") {
-            let mut it = rest.split_whitespace();
-            types.insert(
-                it.next().unwrap().to_string(),
-                it.next().unwrap().to_string(),
-            );
-        } else if !line.starts_with('#') && !line.trim().is_empty() {
-            let (series, value) = line.rsplit_once(' ').unwrap();
-            values.insert(series.to_string(), value.parse::<f64>().unwrap());
-        }
-    }
-    Scrape { types, values }
-}
-
-impl Scrape {
-    fn get(&self, series: &str) -> f64 {
-        *self
-            .values
-            .get(series)
-            .unwrap_or_else(|| panic!("no series {series}"))
-    }
 }
 
 async fn scrape(server: &Served) -> Scrape {

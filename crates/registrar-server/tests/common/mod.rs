@@ -127,7 +127,9 @@ pub fn fast_client(url: &str, cluster: &str, node: &str) -> RegistrarClient {
 
 use std::process::Stdio;
 
-use tokio::io::{AsyncBufReadExt, BufReader};
+use std::collections::BTreeMap;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 
 /// A `registrar serve` child on free loopback ports, killed on drop.
@@ -182,5 +184,164 @@ pub async fn serve_binary_with_env(extra: &[&str], env: &[(&str, &str)]) -> Serv
 impl Served {
     pub fn url(&self) -> String {
         format!("http://{}", self.grpc)
+    }
+}
+
+/// GET `path` from `addr` over HTTP/1.1.
+pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = String::new();
+    tokio::time::timeout(Duration::from_secs(30), s.read_to_string(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    let code = buf
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = buf
+        .split_once("\r\n\r\n")
+        .map(|x| x.1)
+        .unwrap_or("")
+        .to_string();
+    (code, body)
+}
+
+/// A parsed Prometheus text page: `# TYPE` per family, value per series.
+pub struct Scrape {
+    pub types: BTreeMap<String, String>,
+    pub values: BTreeMap<String, f64>,
+}
+
+pub fn parse(text: &str) -> Scrape {
+    let mut types = BTreeMap::new();
+    let mut values = BTreeMap::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut it = rest.split_whitespace();
+            types.insert(
+                it.next().unwrap().to_string(),
+                it.next().unwrap().to_string(),
+            );
+        } else if !line.starts_with('#') && !line.trim().is_empty() {
+            let (series, value) = line.rsplit_once(' ').unwrap();
+            values.insert(series.to_string(), value.parse::<f64>().unwrap());
+        }
+    }
+    Scrape { types, values }
+}
+
+impl Scrape {
+    pub fn get(&self, series: &str) -> f64 {
+        *self
+            .values
+            .get(series)
+            .unwrap_or_else(|| panic!("no series {series}"))
+    }
+}
+
+impl Scrape {
+    /// The value of `series`, if present.
+    pub fn value(&self, series: &str) -> Option<f64> {
+        self.values.get(series).copied()
+    }
+}
+
+/// A `registrar serve` child whose exit status and stderr the test reads.
+pub struct Spawned {
+    pub child: Child,
+    pub grpc: String,
+    pub health: String,
+    stderr: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// Start `registrar serve` with `extra` flags on free loopback ports and
+/// wait for its address line.
+pub async fn spawn_serve(extra: &[&str]) -> Spawned {
+    let dir = tempfile::tempdir().unwrap();
+    let stderr = dir.path().join("stderr.log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_registrar"))
+        .args([
+            "serve",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--health-addr",
+            "127.0.0.1:0",
+        ])
+        .args(extra)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("the server did not print its addresses")
+        .unwrap()
+        .unwrap_or_else(|| {
+            panic!(
+                "the server exited before listening: {}",
+                std::fs::read_to_string(&stderr).unwrap_or_default()
+            )
+        });
+    let field = |name: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(name))
+            .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+            .to_string()
+    };
+    Spawned {
+        grpc: field("grpc="),
+        health: field("health="),
+        child,
+        stderr,
+        _dir: dir,
+    }
+}
+
+impl Spawned {
+    pub fn url(&self) -> String {
+        format!("http://{}", self.grpc)
+    }
+
+    /// What the child wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// Send `signal` (`TERM`, `KILL`) to the child.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.id().expect("the child already exited");
+        let ok = std::process::Command::new("kill")
+            .args([format!("-{signal}"), pid.to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{signal} {pid} failed");
+    }
+
+    /// Wait (bounded by `limit`) for the child to exit; its exit code.
+    pub async fn exit_code(&mut self, limit: Duration) -> Option<i32> {
+        let status = tokio::time::timeout(limit, self.child.wait())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "the registrar did not exit within {limit:?}: {}",
+                    self.stderr()
+                )
+            })
+            .unwrap();
+        status.code()
+    }
+
+    /// `/readyz`: the status code and body.
+    pub async fn readyz(&self) -> (u16, String) {
+        http_get(&self.health, "/readyz").await
     }
 }
