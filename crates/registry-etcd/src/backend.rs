@@ -8,7 +8,10 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use etcd_client::{Client, ConnectOptions, Error as EtcdError, GetOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, Error as EtcdError, GetOptions, PutOptions, Txn,
+    TxnOp,
+};
 use registry_api::{
     check_name, validate_ops, Batch, Capabilities, Endpoint, EndpointKey, Error, EventStream,
     Heartbeat, Op, Registry, Result, Snapshot, Version, Watch,
@@ -324,6 +327,54 @@ impl Inner {
         timed(self.cfg.request_timeout, fut).await
     }
 
+    /// [`Registry::probe`]: one read and one write check, changing nothing.
+    ///
+    /// 1. `Range` of `<prefix>/services/` with `limit 1`, keys only: etcd
+    ///    answers and the user may read the registry's keys.
+    /// 2. A `Txn` whose compare can never hold (`create_revision` of
+    ///    `<prefix>/services/` below 0) with a `put` of that key in its
+    ///    success branch and nothing in its failure branch. etcd checks the
+    ///    permissions of the compare keys and of both branches before it
+    ///    evaluates the compare (`CheckTxnAuth` in etcd's server), so a user
+    ///    without write permission is refused with `PermissionDenied`; the
+    ///    compare fails, so nothing is written: no key, no new revision, no
+    ///    watch event. The key is not an endpoint key either (reads and
+    ///    watches skip it), should it ever exist.
+    ///
+    /// Costs one read of at most one key and one write request through
+    /// etcd's raft log (a leader round trip and a WAL sync, like a write).
+    pub(crate) async fn probe(&self) -> Result<()> {
+        let root = self.layout.root().to_string();
+        let mut kv = self.client.kv_client();
+        self.timed(
+            kv.get(
+                root.clone(),
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_keys_only()
+                        .with_limit(1),
+                ),
+            ),
+        )
+        .await
+        .map_err(|e| error::map(e, format!("probe: read {root}")))?;
+        let txn = Txn::new()
+            .when([Compare::create_revision(root.clone(), CompareOp::Less, 0)])
+            .and_then([TxnOp::put(root.clone(), Vec::new(), None)]);
+        let resp = self
+            .timed(kv.txn(txn))
+            .await
+            .map_err(|e| error::map(e, format!("probe: write check on {root}")))?;
+        if resp.succeeded() {
+            // Cannot happen: no key has a negative create revision.
+            return Err(Error::internal(format!(
+                "probe: the impossible compare on {root} held; etcd wrote the probe key"
+            )));
+        }
+        Ok(())
+    }
+
     /// Every endpoint under `prefix`, read in pages at one revision.
     pub(crate) async fn read_range(&self, prefix: &str) -> Result<(i64, Vec<Endpoint>)> {
         let end = layout::range_end(prefix.as_bytes());
@@ -537,10 +588,14 @@ async fn timed<T>(
 fn describe(chunk: &[Prepared]) -> String {
     match chunk {
         [one] => match &one.op {
-            Op::Register(_) => format!("register {}", one.key),
-            Op::Deregister(_) => format!("deregister {}", one.key),
+            Op::Register(_) => format!("register {}", error::short(&one.key)),
+            Op::Deregister(_) => format!("deregister {}", error::short(&one.key)),
         },
-        [first, ..] => format!("batch of {} ops starting at {}", chunk.len(), first.key),
+        [first, ..] => format!(
+            "batch of {} ops starting at {}",
+            chunk.len(),
+            error::short(&first.key)
+        ),
         [] => "empty batch".to_string(),
     }
 }
@@ -636,6 +691,14 @@ impl Registry for EtcdRegistry {
             .with_max_batch(self.inner.cfg.max_batch)
             .with_native_liveness(true)
             .with_persistent(true)
+    }
+
+    /// A one-key read of the prefix and a write
+    /// permission check (a `Txn` that can never succeed) that writes
+    /// nothing. `Unavailable` when etcd does not answer, `Unauthorized`
+    /// when the user may not read or write the prefix.
+    async fn probe(&self) -> Result<()> {
+        self.inner.probe().await
     }
 }
 
