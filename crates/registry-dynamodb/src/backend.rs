@@ -88,6 +88,15 @@ impl Core {
             op,
             table: &self.cfg.table,
             endpoint: &self.endpoint,
+            key: None,
+        }
+    }
+
+    /// [`Core::ctx`] for a request about one item.
+    pub(crate) fn ctx_key<'a>(&'a self, op: &'static str, key: &'a EndpointKey) -> Ctx<'a> {
+        Ctx {
+            key: Some(key),
+            ..self.ctx(op)
         }
     }
 
@@ -138,6 +147,7 @@ impl Core {
 
     async fn transact(&self, ops: Vec<Op>, token: &str) -> Result<()> {
         let ttl = self.ttl_write();
+        let keys: Vec<EndpointKey> = ops.iter().map(Op::key).collect();
         let items = ops
             .iter()
             .map(|op| {
@@ -166,8 +176,80 @@ impl Core {
             .client_request_token(token)
             .send()
             .await
-            .map_err(|e| map_transact(e, self.ctx("TransactWriteItems")))?;
+            .map_err(|e| map_transact(e, self.ctx("TransactWriteItems"), &keys))?;
         Ok(())
+    }
+}
+
+/// The id of the item [`Core::probe`] tries to write under
+/// [`registry_api::PROBE_SERVICE`]; no item is ever created.
+pub(crate) const PROBE_ID: &str = "write-check";
+
+/// The condition of the probe's write: never true, for any item or none.
+const NEVER: &str = "attribute_exists(#s) AND attribute_not_exists(#s)";
+
+impl Core {
+    /// [`Registry::probe`]: the table is there and active, and writes to it
+    /// are allowed. Changes nothing:
+    ///
+    /// 1. `DescribeTable`: missing, being deleted or archived gives
+    ///    `NotFound`; still being created `Unavailable`; encryption key
+    ///    out of reach `Unauthorized`.
+    /// 2. A `PutItem` of the key (`registry-probe`, `write-check`) with a
+    ///    condition that can never hold. DynamoDB checks the caller's
+    ///    permission (`dynamodb:PutItem`) before it evaluates the
+    ///    condition, so `ConditionalCheckFailedException` means writes are
+    ///    allowed, and no item is created (no stream record either).
+    ///
+    /// Costs one control-plane read and one write request (on AWS, a failed
+    /// condition consumes write capacity like a write of a key-only item:
+    /// 1 WCU).
+    pub(crate) async fn probe(&self) -> Result<()> {
+        let table = describe(self).await?.ok_or_else(|| missing(self))?;
+        let name = &self.cfg.table;
+        let at = &self.endpoint;
+        match table.table_status() {
+            Some(TableStatus::Active | TableStatus::Updating) | None => {}
+            Some(TableStatus::Creating) => {
+                return Err(Error::unavailable(format!(
+                    "DynamoDB table {name} at {at} is still being created"
+                )))
+            }
+            Some(TableStatus::InaccessibleEncryptionCredentials) => {
+                return Err(Error::Unauthorized {
+                    message: format!("DynamoDB table {name} at {at}: its KMS key cannot be used"),
+                    source: None,
+                })
+            }
+            Some(status) => {
+                return Err(Error::NotFound {
+                    what: format!("DynamoDB table {name} at {at} (status {})", status.as_str()),
+                })
+            }
+        }
+        let key = EndpointKey::new(registry_api::PROBE_SERVICE, PROBE_ID);
+        let res = self
+            .client
+            .put_item()
+            .table_name(name)
+            .set_item(Some(item::key_item(&key)))
+            .condition_expression(NEVER)
+            .expression_attribute_names("#s", item::SERVICE)
+            .send()
+            .await;
+        match res {
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|s| s.is_conditional_check_failed_exception()) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(map_sdk(e, self.ctx_key("PutItem (probe)", &key))),
+            Ok(_) => Err(Error::internal(format!(
+                "probe of DynamoDB table {name} at {at}: a PutItem with an impossible \
+                 condition succeeded"
+            ))),
+        }
     }
 }
 
@@ -257,7 +339,7 @@ async fn clients(cfg: &DynamoDbConfig) -> Core {
     }
 }
 
-async fn describe(core: &Core) -> Result<Option<TableDescription>> {
+pub(crate) async fn describe(core: &Core) -> Result<Option<TableDescription>> {
     match core
         .client
         .describe_table()
@@ -278,7 +360,7 @@ async fn describe(core: &Core) -> Result<Option<TableDescription>> {
     }
 }
 
-fn missing(core: &Core) -> Error {
+pub(crate) fn missing(core: &Core) -> Error {
     Error::NotFound {
         what: format!(
             "DynamoDB table {} at {} (create it with DynamoDbRegistry::create_table_if_missing)",
@@ -314,7 +396,7 @@ fn check_schema(core: &Core, table: &TableDescription) -> Result<()> {
 }
 
 /// The ARN of the table's stream when it carries new images.
-fn usable_stream(table: &TableDescription) -> Option<String> {
+pub(crate) fn usable_stream(table: &TableDescription) -> Option<String> {
     let spec = table.stream_specification()?;
     let images = matches!(
         spec.stream_view_type(),
@@ -528,13 +610,14 @@ impl fmt::Debug for Core {
 impl Registry for Core {
     async fn register(&self, endpoint: Endpoint) -> Result<()> {
         endpoint.validate()?;
+        let key = endpoint.key();
         self.client
             .put_item()
             .table_name(&self.cfg.table)
             .set_item(Some(item::encode(&endpoint, self.ttl_write())))
             .send()
             .await
-            .map_err(|e| map_sdk(e, self.ctx("PutItem")))?;
+            .map_err(|e| map_sdk(e, self.ctx_key("PutItem", &key)))?;
         Ok(())
     }
 
@@ -545,7 +628,7 @@ impl Registry for Core {
             .set_key(Some(item::key_item(key)))
             .send()
             .await
-            .map_err(|e| map_sdk(e, self.ctx("DeleteItem")))?;
+            .map_err(|e| map_sdk(e, self.ctx_key("DeleteItem", key)))?;
         Ok(())
     }
 
@@ -598,6 +681,10 @@ impl Registry for Core {
             .with_persistent(true)
             .with_resumable_watch(true)
     }
+
+    async fn probe(&self) -> Result<()> {
+        Core::probe(self).await
+    }
 }
 
 #[async_trait]
@@ -632,6 +719,12 @@ impl Registry for DynamoDbRegistry {
         self.core
             .capabilities()
             .with_native_watch(self.watches_stream())
+    }
+    /// `DescribeTable` (present and active) and a `PutItem` with a
+    /// condition that never holds (writes allowed, nothing written); see
+    /// the crate docs.
+    async fn probe(&self) -> Result<()> {
+        self.core.probe().await
     }
 }
 

@@ -15,10 +15,31 @@
 //!    are read from `TRIM_HORIZON` once their parent is done;
 //! 5. when an iterator expired or its position was trimmed, resumes the shard
 //!    `AFTER_SEQUENCE_NUMBER` of the last record it read; when that is gone
-//!    too, starts over at 1 (a fresh snapshot, delivered as its diff).
+//!    too, starts over at 1 (a fresh snapshot, delivered as its diff: no
+//!    change is lost and nothing failed);
+//! 6. every `poll_interval` (at least 1 s, at most 60 s) describes the
+//!    table: when it is gone, or has another stream than the one being read
+//!    (it was deleted and created again, or its stream was turned off and on),
+//!    the feed is lost (see below). This check is needed because a deleted
+//!    table's stream stays readable for 24 h on AWS, and on moto an old
+//!    iterator keeps answering with nothing.
 //!
-//! Transient errors are logged and retried with backoff (100 ms to 10 s);
-//! watchers keep the last state meanwhile.
+//! Failures are reported, never hidden: each one reaches every watcher as an
+//! `Err` item ([`Hub::report_error`]) while they keep the last state.
+//! - A failed `GetRecords` or shard listing is retried with backoff
+//!   (100 ms to 10 s), keeping every shard's position; once a round
+//!   succeeds, watchers get a fresh [`Event::Snapshot`] (the state they
+//!   hold plus what was read meanwhile) and then the changes.
+//! - When failures go on for longer than the table check interval, or the
+//!   feed is lost (`ResourceNotFoundException`, the table gone or
+//!   recreated), the task re-describes the table to find its current
+//!   stream, opens that stream at `LATEST` and scans the table again: the
+//!   scan is published whole as an [`Event::Snapshot`], which drops
+//!   endpoints that exist nowhere any more. While the table is missing, every
+//!   attempt (with backoff) reports `NotFound`.
+//! - When the table comes back without a usable stream, the task polls it
+//!   instead (a scan every `poll_interval`, published as the difference)
+//!   and goes back to following a stream as soon as the table has one.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, Weak};
@@ -35,7 +56,7 @@ use registry_api::{
     DEFAULT_SUBSCRIBER_BUFFER,
 };
 
-use crate::backend::{Clock, Core};
+use crate::backend::{describe, missing, usable_stream, Clock, Core};
 use crate::error::{is_position_lost, map_sdk};
 use crate::item::{self, Item};
 
@@ -98,69 +119,169 @@ impl Drop for StreamWatch {
 enum Stop {
     /// A shard's position is gone: start over from a fresh snapshot.
     Lost(String),
-    /// A transient (or unexpected) error.
+    /// A failure (reported by [`run`], which then looks for the table's
+    /// current stream and starts over from a fresh snapshot).
     Failed(Error),
+    /// Polling found that the table has a usable stream again.
+    StreamBack(String),
 }
 
-async fn run(core: Arc<Core>, arn: String, hub: Weak<Hub>) {
-    let mut pause = Duration::from_millis(100);
-    loop {
-        match follow(&core, &arn, &hub).await {
-            Ok(()) => return,
-            Err(Stop::Lost(why)) => {
-                tracing::info!(table = %core.cfg.table, why, "stream position lost; resyncing from a fresh snapshot");
+/// How often the table is described to see that it, and its stream, are
+/// still the ones being read.
+fn table_check_interval(core: &Core) -> Duration {
+    core.cfg
+        .poll_interval
+        .clamp(Duration::from_secs(1), Duration::from_secs(60))
+}
+
+/// What the task tells watchers about failures.
+struct Health {
+    /// A failure was reported and no snapshot has followed yet: the next
+    /// thing published is a whole [`Event::Snapshot`].
+    failed: bool,
+}
+
+impl Health {
+    /// Report `e` to every watcher (when there is a state to keep) and log it.
+    fn report(&mut self, core: &Core, hub: &Weak<Hub>, e: Error, what: &str) {
+        tracing::warn!(table = %core.cfg.table, error = %e, "{what}; reporting it to watchers");
+        if let Some(hub) = hub.upgrade() {
+            if hub.is_ready() {
+                hub.report_error(e);
+                self.failed = true;
             }
-            Err(Stop::Failed(e)) => {
-                tracing::warn!(table = %core.cfg.table, error = %e, retry_in = ?pause, "following the stream failed; retrying");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(10));
-            }
-        }
-        if hub.strong_count() == 0 {
-            return;
         }
     }
 }
 
+async fn run(core: Arc<Core>, arn: String, hub: Weak<Hub>) {
+    let mut health = Health { failed: false };
+    // `None`: the table has no usable stream; poll it.
+    let mut arn = Some(arn);
+    let mut locate = false;
+    let mut pause = Duration::from_millis(100);
+    loop {
+        if hub.strong_count() == 0 {
+            return;
+        }
+        if locate {
+            match locate_stream(&core).await {
+                Ok(found) => {
+                    if found != arn {
+                        tracing::info!(table = %core.cfg.table, old = ?arn, new = ?found, "the table's stream changed; following the current one");
+                    }
+                    arn = found;
+                    locate = false;
+                }
+                Err(e) => {
+                    health.report(&core, &hub, e, "looking for the table's stream failed");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(10));
+                    continue;
+                }
+            }
+        }
+        let stop = match &arn {
+            Some(a) => follow(&core, a, &hub, &mut health).await,
+            None => poll(&core, &hub, &mut health).await,
+        };
+        match stop {
+            Ok(()) => return,
+            Err(Stop::Lost(why)) => {
+                tracing::info!(table = %core.cfg.table, why, "stream position lost; resyncing from a fresh snapshot");
+            }
+            Err(Stop::StreamBack(found)) => {
+                tracing::info!(table = %core.cfg.table, stream = %found, "the table has a stream again; following it");
+                arn = Some(found);
+            }
+            Err(Stop::Failed(e)) => {
+                if !health.failed {
+                    pause = Duration::from_millis(100);
+                }
+                health.report(&core, &hub, e, "following the table's changes failed");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(10));
+                locate = true;
+            }
+        }
+    }
+}
+
+/// The table's current usable stream (`None`: it has none), or `NotFound`
+/// when the table is gone.
+async fn locate_stream(core: &Core) -> Result<Option<String>, Error> {
+    let table = describe(core).await?.ok_or_else(|| missing(core))?;
+    Ok(usable_stream(&table))
+}
+
 /// One life of the reader: open, snapshot, then rounds until the hub is
-/// gone (`Ok`) or the position is lost.
-async fn follow(core: &Core, arn: &str, hub: &Weak<Hub>) -> Result<(), Stop> {
+/// gone (`Ok`), the position is lost or the feed fails.
+async fn follow(core: &Core, arn: &str, hub: &Weak<Hub>, health: &mut Health) -> Result<(), Stop> {
     let mut reader = Reader::open(core, arn).await?;
     let fresh = core.snapshot().await.map_err(Stop::Failed)?;
     {
         let Some(hub) = hub.upgrade() else {
             return Ok(());
         };
-        publish_fresh(&hub, &core.clock, fresh);
+        publish_fresh(&hub, &core.clock, fresh, health.failed);
+        health.failed = false;
     }
+    let check_every = table_check_interval(core);
+    let mut last_check = Instant::now();
     let mut pause = Duration::from_millis(100);
+    // Since when reading fails, and what was read meanwhile (published
+    // with the snapshot that ends the failure).
+    let mut failing: Option<Instant> = None;
+    let mut held: Vec<Change> = Vec::new();
     loop {
-        let (changes, failure) = reader.round(core).await;
+        let (changes, mut failure) = reader.round(core).await;
         let found = !changes.is_empty();
-        {
-            let Some(hub) = hub.upgrade() else {
-                return Ok(());
-            };
-            publish_changes(&hub, &core.clock, changes);
+        if failure.is_none() && reader.needs_discovery() {
+            failure = reader.discover(core, false).await.err();
         }
+        if failure.is_none() && last_check.elapsed() >= check_every {
+            last_check = Instant::now();
+            failure = check_table(core, arn).await;
+        }
+        let Some(strong) = hub.upgrade() else {
+            return Ok(());
+        };
         match failure {
-            None => pause = Duration::from_millis(100),
-            Some(Stop::Failed(e)) => {
-                tracing::warn!(table = %core.cfg.table, error = %e, retry_in = ?pause, "reading the stream failed; retrying");
+            None if failing.is_some() => {
+                held.extend(changes);
+                tracing::info!(table = %core.cfg.table, "reading the stream works again; sending a fresh snapshot");
+                publish_snapshot_with(&strong, &core.clock, std::mem::take(&mut held));
+                health.failed = false;
+                failing = None;
+                pause = Duration::from_millis(100);
+            }
+            None => {
+                publish_changes(&strong, &core.clock, changes);
+                pause = Duration::from_millis(100);
+            }
+            Some(Stop::Failed(e)) if e.is_retryable() => {
+                if failing.is_some() {
+                    held.extend(changes);
+                } else {
+                    publish_changes(&strong, &core.clock, changes);
+                }
+                drop(strong);
+                let since = *failing.get_or_insert_with(Instant::now);
+                if since.elapsed() >= check_every {
+                    // Failing for long: look for the table's stream again
+                    // and start over (reported by `run`).
+                    return Err(Stop::Failed(e));
+                }
+                health.report(core, hub, e, "reading the stream failed; retrying");
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(10));
                 continue;
             }
-            Some(lost) => return Err(lost),
-        }
-        if reader.needs_discovery() {
-            if let Err(e) = reader.discover(core, false).await {
-                match e {
-                    Stop::Failed(e) => {
-                        tracing::warn!(table = %core.cfg.table, error = %e, "listing the stream's shards failed; retrying");
-                    }
-                    lost => return Err(lost),
+            Some(stop) => {
+                if failing.is_none() {
+                    publish_changes(&strong, &core.clock, changes);
                 }
+                return Err(stop);
             }
         }
         if !found {
@@ -168,11 +289,63 @@ async fn follow(core: &Core, arn: &str, hub: &Weak<Hub>) -> Result<(), Stop> {
         }
     }
 }
+/// Poll the table (it has no usable stream): a scan every `poll_interval`,
+/// published as the difference (whole after a reported failure), until
+/// the table has a usable stream again (`StreamBack`), the hub is gone
+/// (`Ok`) or a read fails.
+async fn poll(core: &Core, hub: &Weak<Hub>, health: &mut Health) -> Result<(), Stop> {
+    let check_every = table_check_interval(core);
+    let mut last_check = Instant::now();
+    tracing::info!(table = %core.cfg.table, interval = ?core.cfg.poll_interval, "the table has no usable stream; polling it");
+    loop {
+        let fresh = core.snapshot().await.map_err(Stop::Failed)?;
+        {
+            let Some(hub) = hub.upgrade() else {
+                return Ok(());
+            };
+            publish_fresh(&hub, &core.clock, fresh, health.failed);
+            health.failed = false;
+        }
+        tokio::time::sleep(core.cfg.poll_interval).await;
+        if last_check.elapsed() >= check_every {
+            last_check = Instant::now();
+            if let Some(arn) = locate_stream(core).await.map_err(Stop::Failed)? {
+                return Err(Stop::StreamBack(arn));
+            }
+        }
+    }
+}
 
-/// The first snapshot as such; later ones as the diff to what watchers
-/// hold, so they need not start over.
-fn publish_fresh(hub: &Hub, clock: &Clock, fresh: Snapshot) {
-    if !hub.is_ready() {
+/// Whether the table is still there with the stream `arn`: `None` when it
+/// is; a lost feed (`NotFound`) when the table is gone or has another
+/// stream. A transient failure of the check itself is only logged (reading
+/// the stream reports those).
+async fn check_table(core: &Core, arn: &str) -> Option<Stop> {
+    match locate_stream(core).await {
+        Ok(Some(current)) if current == arn => None,
+        Ok(current) => Some(Stop::Failed(Error::NotFound {
+            what: format!(
+                "the stream {arn} of DynamoDB table {}: the table now has {}",
+                core.cfg.table,
+                current.map_or_else(
+                    || "no usable stream".to_string(),
+                    |c| format!("the stream {c}")
+                )
+            ),
+        })),
+        Err(e) if e.is_retryable() => {
+            tracing::debug!(table = %core.cfg.table, error = %e, "could not check the table");
+            None
+        }
+        Err(e) => Some(Stop::Failed(e)),
+    }
+}
+
+/// A fresh scan: as an [`Event::Snapshot`] the first time or when `whole`
+/// (after a reported failure), otherwise as the difference to what
+/// watchers hold, so they need not start over.
+fn publish_fresh(hub: &Hub, clock: &Clock, fresh: Snapshot, whole: bool) {
+    if !hub.is_ready() || whole {
         hub.publish([Event::Snapshot(fresh)]);
         return;
     }
@@ -187,6 +360,24 @@ fn publish_fresh(hub: &Hub, clock: &Clock, fresh: Snapshot) {
         );
         hub.publish(events);
     }
+}
+
+/// The state watchers hold with `changes` applied, published whole: the
+/// end of a failure after which no position was lost.
+fn publish_snapshot_with(hub: &Hub, clock: &Clock, changes: Vec<Change>) {
+    let mut state = Snapshot::clone(&hub.current());
+    for change in changes {
+        match change {
+            Change::Put(endpoint) => state = state.with_endpoint(endpoint),
+            Change::Remove(key) => {
+                state.apply(&Event::Removed {
+                    version: state.version(),
+                    key,
+                });
+            }
+        }
+    }
+    hub.publish([Event::Snapshot(state.at_version(clock.next()))]);
 }
 
 fn restamp(ev: Event, version: Version) -> Event {
@@ -534,6 +725,7 @@ mod tests {
             &hub,
             &clock,
             Snapshot::from_endpoints(clock.next(), [a.clone()]),
+            false,
         );
         let mut w = hub.subscribe(None);
         let Some(Ok(Event::Snapshot(s))) = w.next().await else {
@@ -568,7 +760,7 @@ mod tests {
 
         // A resync is delivered as the difference, not a new snapshot.
         let fresh = Snapshot::from_endpoints(clock.next(), [ep("s", "c", 4)]);
-        publish_fresh(&hub, &clock, fresh);
+        publish_fresh(&hub, &clock, fresh, false);
         let mut got = Vec::new();
         for _ in 0..2 {
             got.push(w.next().await.expect("event").expect("ok"));
@@ -577,6 +769,48 @@ mod tests {
             kinds(&got),
             vec![("removed", "b".to_string()), ("added", "c".to_string())]
         );
+    }
+
+    #[tokio::test]
+    async fn after_a_reported_failure_the_state_is_sent_whole() {
+        use futures::StreamExt;
+        let hub = Arc::new(Hub::pending(64, 64));
+        let clock = Clock::default();
+        let (a, b) = (ep("s", "a", 1), ep("s", "b", 2));
+        publish_fresh(
+            &hub,
+            &clock,
+            Snapshot::from_endpoints(clock.next(), [a.clone(), b.clone()]),
+            false,
+        );
+        let mut w = hub.subscribe(None);
+        assert!(matches!(w.next().await, Some(Ok(Event::Snapshot(_)))));
+        hub.report_error(Error::unavailable("GetRecords failed"));
+        assert!(matches!(w.next().await, Some(Err(_))));
+        // Positions kept: what was read meanwhile goes into the snapshot.
+        publish_snapshot_with(
+            &hub,
+            &clock,
+            vec![Change::Remove(a.key()), Change::Put(ep("s", "c", 3))],
+        );
+        let Some(Ok(Event::Snapshot(s))) = w.next().await else {
+            panic!("no snapshot after the failure");
+        };
+        let ids: Vec<_> = s.list("s").into_iter().map(|e| e.id).collect();
+        assert_eq!(ids, vec!["b", "c"]);
+        // A rescan after a lost feed (the table recreated): whole, so the
+        // endpoints that exist nowhere any more are dropped.
+        hub.report_error(Error::NotFound {
+            what: "table".into(),
+        });
+        assert!(matches!(w.next().await, Some(Err(_))));
+        let fresh = Snapshot::from_endpoints(clock.next(), [ep("s", "d", 4)]);
+        publish_fresh(&hub, &clock, fresh, true);
+        let Some(Ok(Event::Snapshot(s))) = w.next().await else {
+            panic!("no snapshot after the table came back");
+        };
+        assert_eq!(s.len(), 1);
+        assert!(s.version() > Version(0));
     }
 
     #[test]
