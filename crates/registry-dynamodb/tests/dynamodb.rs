@@ -345,6 +345,49 @@ async fn a_deleted_table_is_reported_and_its_successor_followed_from_a_fresh_sna
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_recreated_between_two_checks_is_not_mistaken_for_the_old_one() {
+    // Deleted and created again at once: the reader may never see the
+    // table missing, and on moto the old stream ARN even resolves to the
+    // new table's stream. The stream ARN tells them apart.
+    let h = Harness::new(true).await;
+    let svc = unique("swapped");
+    let a = ep(&svc, "a", 1);
+    h.reg.register(a.clone()).await.unwrap();
+    let mut w = h.reg.watch(None);
+    let Event::Snapshot(mut state) = next_event(&mut w, "snapshot").await else {
+        panic!("no snapshot first");
+    };
+    follow_until(&mut w, &mut state, &svc, std::slice::from_ref(&a)).await;
+    h.reg
+        .client()
+        .delete_table()
+        .table_name(&h.cfg.table)
+        .send()
+        .await
+        .unwrap();
+    assert!(DynamoDbRegistry::create_table_if_missing(&h.cfg, true)
+        .await
+        .unwrap());
+    let b = ep(&svc, "b", 2);
+    put_directly(&h, &b).await;
+    let mut errors = 0;
+    let snap = loop {
+        match next_item(&mut w, "a fresh snapshot of the new table").await {
+            Err(_) => errors += 1,
+            Ok(Event::Snapshot(s)) => break s,
+            Ok(ev) => panic!("the table was replaced, but the watch sent {ev:?} first"),
+        }
+    };
+    assert!(errors >= 1, "the replaced table was not reported");
+    assert!(
+        !snap.contains(&a.key()),
+        "a phantom endpoint of the old table survived"
+    );
+    state = snap;
+    follow_until(&mut w, &mut state, &svc, std::slice::from_ref(&b)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probe_checks_the_table_and_writes_nothing() {
     let h = Harness::new(true).await;
     let mut w = h.reg.watch(None);
