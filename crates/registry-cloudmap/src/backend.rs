@@ -1049,6 +1049,29 @@ impl Inner {
         }
     }
 
+    /// [`Registry::probe`]: one `GetNamespace` of the namespace this
+    /// registry resolved at connect. Cloud Map has no write that leaves
+    /// nothing behind (every write is an operation with a history, and
+    /// may create a service), so the probe only reads: it proves that Cloud
+    /// Map answers, that the credentials are accepted and may read the
+    /// namespace, and that the namespace still exists (`NotFound` when it
+    /// was deleted). Costs one API request under the client's rate limit.
+    async fn probe(&self) -> Result<()> {
+        let target = format!("namespace {} ({})", self.cfg.namespace, self.namespace_id);
+        self.throttle().await;
+        let out = self
+            .client
+            .get_namespace()
+            .id(&self.namespace_id)
+            .send()
+            .await
+            .map_err(|e| error::from_sdk(e, self.call("GetNamespace", &target)))?;
+        match out.namespace() {
+            Some(_) => Ok(()),
+            None => Err(error::missing("GetNamespace", "Namespace", &target)),
+        }
+    }
+
     async fn apply_one(&self, p: Prepared) -> Result<()> {
         match p {
             Prepared::Put { ep, attrs } => self.put(&ep, &attrs).await,
@@ -1103,6 +1126,14 @@ impl Registry for CloudMapRegistry {
             .with_max_batch(MAX_BATCH)
             .with_persistent(true)
             .with_max_labels(mapping::MAX_LABELS)
+    }
+
+    /// A read only (`GetNamespace`): Cloud Map has no write without a
+    /// visible effect. `NotFound` when the namespace was deleted,
+    /// `Unauthorized` when the credentials are refused, `Unavailable` when
+    /// Cloud Map does not answer.
+    async fn probe(&self) -> Result<()> {
+        self.inner.probe().await
     }
 }
 
