@@ -20,7 +20,7 @@ use registry_api::{Error, Event, EventStream, Result, Snapshot, Version};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use crate::backend::Inner;
+use crate::core::Inner;
 use crate::error;
 use crate::layout;
 
