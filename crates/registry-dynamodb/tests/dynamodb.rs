@@ -388,6 +388,44 @@ async fn a_table_recreated_between_two_checks_is_not_mistaken_for_the_old_one() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_polled_table_reports_failed_polls() {
+    // Without a stream the registry polls (registry_api::Polling inside).
+    let h = Harness::new(false).await;
+    let svc = unique("polled");
+    h.reg.register(ep(&svc, "a", 1)).await.unwrap();
+    let mut w = h.reg.watch(None);
+    let Event::Snapshot(mut state) = next_event(&mut w, "snapshot").await else {
+        panic!("no snapshot first");
+    };
+    follow_until(&mut w, &mut state, &svc, &[ep(&svc, "a", 1)]).await;
+    h.reg
+        .client()
+        .delete_table()
+        .table_name(&h.cfg.table)
+        .send()
+        .await
+        .unwrap();
+    let err = match next_item(&mut w, "the failed poll to be reported").await {
+        Err(e) => e,
+        Ok(ev) => panic!("the table is gone, but the watch sent {ev:?}"),
+    };
+    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+    assert!(err.to_string().contains(&h.cfg.table), "{err}");
+    // Back (empty): a whole snapshot, without the old endpoint.
+    assert!(DynamoDbRegistry::create_table_if_missing(&h.cfg, false)
+        .await
+        .unwrap());
+    let snap = loop {
+        match next_item(&mut w, "a fresh snapshot").await {
+            Err(_) => {}
+            Ok(Event::Snapshot(s)) => break s,
+            Ok(ev) => panic!("after a reported failure the watch sent {ev:?} first"),
+        }
+    };
+    assert!(snap.list(&svc).is_empty(), "{:?}", snap.list(&svc));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probe_checks_the_table_and_writes_nothing() {
     let h = Harness::new(true).await;
     let mut w = h.reg.watch(None);
