@@ -1,8 +1,9 @@
 //! The fault suite, bounded in time and count:
 //! - etcd killed with SIGKILL in the middle of a 10k-op churn through
-//!   `Cached(Coalescing(etcd))`, then restarted: every acknowledged write is
-//!   in etcd, nothing deregistered came back, the cache equals etcd, and
-//!   reads never failed during the outage;
+//!   `Cached(Coalescing(etcd))`, then restarted: the watch reports the
+//!   outage (the cache's age grows), every acknowledged write is in etcd,
+//!   nothing deregistered came back, the cache equals etcd and is current
+//!   again, and reads never failed during the outage;
 //! - a watch dropped 100 times at random points, on every backend with a
 //!   resumable watch: no change missed, none delivered twice.
 //!
@@ -61,6 +62,11 @@ async fn etcd_killed_during_a_10k_churn_loses_nothing() {
         if i == 3_000 {
             etcd.kill();
             down = true;
+            // The watch reports the outage: the cache says it is stale.
+            eventually("the cache to report etcd's outage", || async {
+                cached.cache_age().filter(|a| !a.is_zero())
+            })
+            .await;
         }
         if i == 6_000 {
             etcd.restart().unwrap();
@@ -113,6 +119,11 @@ async fn etcd_killed_during_a_10k_churn_loses_nothing() {
     );
     eventually("the cache to equal etcd", || async {
         (cached.list(svc).await.ok()? == want).then_some(())
+    })
+    .await;
+    // ...and, once a fresh snapshot came after the restart, that it is not.
+    eventually("the cache to be current again", || async {
+        (cached.cache_age() == Some(Duration::ZERO)).then_some(())
     })
     .await;
     println!(

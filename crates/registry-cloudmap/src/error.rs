@@ -7,12 +7,16 @@
 //! | `RequestLimitExceeded`, `ThrottlingException`, `TooManyRequests*`, HTTP 429, failed operation `THROTTLED_REQUEST` | `Throttled` |
 //! | `NamespaceNotFound`, `ServiceNotFound`, `InstanceNotFound`, `OperationNotFound`, `CustomHealthNotFound` | `NotFound` |
 //! | `DuplicateRequest`, `ResourceInUse`, `*AlreadyExists`, `ConflictingDomainExists` | `Conflict` |
-//! | `InvalidInput`, `ValidationException` | `InvalidInput` (field `endpoint`) |
+//! | `InvalidInput`, `ValidationException`, failed operation `INVALID_CHANGE_BATCH` | `InvalidInput` (field `endpoint`) |
+//! | `ResourceLimitExceeded` (a quota such as 1,000 instances per service: this request cannot be accepted until instances go, others can) | `InvalidInput` (field `service`) |
 //! | `AccessDenied*`, `UnrecognizedClient`, `InvalidSignature*`, `*Token*` expired or invalid, failed operation `ACCESS_DENIED` / `EXPIRED_TOKEN` | `Unauthorized` |
-//! | `ResourceLimitExceeded` (a quota such as 1,000 instances per service), anything else | `Internal` |
+//! | failed operation `HOSTED_ZONE_NOT_FOUND` | `NotFound` |
+//! | anything else (a request that could not be built, an answer without a field Cloud Map always sends) | `Internal` |
 //!
 //! Every message names the call, what it was about (namespace, service or
-//! instance) and, for connection failures, the endpoint that did not answer.
+//! instance) and, for connection failures, the endpoint that did not answer;
+//! Cloud Map's own message is quoted at most [`QUOTE_MAX`] characters long
+//! (a validation message can echo a whole attribute value).
 
 use aws_sdk_servicediscovery::config::http::HttpResponse;
 use aws_sdk_servicediscovery::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
@@ -59,12 +63,23 @@ where
         _ => {}
     }
     let code = err.code().unwrap_or("").to_string();
-    let msg = err.message().unwrap_or("").to_string();
+    let msg = short(err.message().unwrap_or(""));
     let status = http_status(&err);
     let what = format!("{op} for {target} failed with {code} {msg}")
         .trim_end()
         .to_string();
     by_code(&code, status, what, endpoint).with_source(err)
+}
+
+/// Longest stretch of a server message or value an error quotes.
+pub(crate) const QUOTE_MAX: usize = 160;
+
+/// `s` cut to at most [`QUOTE_MAX`] characters (`…` marks a cut).
+pub(crate) fn short(s: &str) -> String {
+    match s.char_indices().nth(QUOTE_MAX) {
+        Some((at, _)) => format!("{}…", &s[..at]),
+        None => s.to_string(),
+    }
 }
 
 fn http_status<E>(err: &SdkError<E, HttpResponse>) -> Option<u16> {
@@ -118,7 +133,7 @@ fn by_code(code: &str, status: Option<u16>, what: String, endpoint: &str) -> Err
             source: None,
         },
         "ResourceLimitExceeded" => {
-            Error::internal(format!("a Cloud Map quota was reached: {what}"))
+            Error::invalid("service", format!("a Cloud Map quota was reached: {what}"))
         }
         _ => match status {
             Some(429) => Error::Throttled {
@@ -148,7 +163,7 @@ pub(crate) fn from_failed_operation(
     let code = code.unwrap_or("UNKNOWN");
     let what = format!(
         "Cloud Map operation {operation_id} for {target} failed with {code}: {}",
-        message.unwrap_or("no message")
+        short(message.unwrap_or("no message"))
     );
     match code {
         "ACCESS_DENIED" | "EXPIRED_TOKEN" => Error::Unauthorized {
@@ -160,6 +175,8 @@ pub(crate) fn from_failed_operation(
             source: None,
         },
         "INTERNAL_FAILURE" => Error::unavailable(what),
+        "HOSTED_ZONE_NOT_FOUND" => Error::NotFound { what },
+        "INVALID_CHANGE_BATCH" => Error::invalid("endpoint", what),
         _ => Error::internal(what),
     }
 }
@@ -199,7 +216,28 @@ mod tests {
         assert_eq!(k("ExpiredTokenException", None), ErrorKind::Unauthorized);
         assert_eq!(k("Whatever", Some(503)), ErrorKind::Unavailable);
         assert_eq!(k("Whatever", Some(429)), ErrorKind::Throttled);
-        assert_eq!(k("ResourceLimitExceeded", None), ErrorKind::Internal);
+        assert_eq!(k("ResourceLimitExceeded", None), ErrorKind::InvalidInput);
+        assert_eq!(k("NamespaceNotFound", None), ErrorKind::NotFound);
+        assert_eq!(k("AccessDeniedException", None), ErrorKind::Unauthorized);
+        assert_eq!(k("Whatever", Some(403)), ErrorKind::Unauthorized);
+        assert_eq!(k("InternalFailure", None), ErrorKind::Unavailable);
+        assert_eq!(k("Whatever", Some(400)), ErrorKind::Internal);
+        for code in ["ServiceNotFound", "InvalidInput", "ResourceLimitExceeded"] {
+            assert!(
+                !by_code(code, None, "x".into(), "h").is_retryable(),
+                "{code}"
+            );
+        }
+        for code in [
+            "DuplicateRequest",
+            "RequestLimitExceeded",
+            "ServiceUnavailable",
+        ] {
+            assert!(
+                by_code(code, None, "x".into(), "h").is_retryable(),
+                "{code}"
+            );
+        }
     }
 
     #[test]
@@ -211,10 +249,22 @@ mod tests {
             "instance s/a",
         );
         assert_eq!(e.kind(), ErrorKind::Throttled);
-        let e = from_failed_operation("op-2", Some("INVALID_CHANGE_BATCH"), None, "instance s/a");
+        let e = from_failed_operation(
+            "op-2",
+            Some("CANNOT_CREATE_HOSTED_ZONE"),
+            None,
+            "instance s/a",
+        );
         assert_eq!(e.kind(), ErrorKind::Internal);
         assert!(e.to_string().contains("op-2") && e.to_string().contains("instance s/a"));
         let e = from_failed_operation("op-3", Some("ACCESS_DENIED"), None, "instance s/a");
         assert_eq!(e.kind(), ErrorKind::Unauthorized);
+        let e = from_failed_operation("op-4", Some("INVALID_CHANGE_BATCH"), None, "instance s/a");
+        assert_eq!(e.kind(), ErrorKind::InvalidInput);
+        let e = from_failed_operation("op-5", Some("HOSTED_ZONE_NOT_FOUND"), None, "ns");
+        assert_eq!(e.kind(), ErrorKind::NotFound);
+        let long = "v".repeat(5000);
+        let e = from_failed_operation("op-6", Some("X"), Some(&long), "instance s/a");
+        assert!(e.to_string().len() < QUOTE_MAX + 200, "{e}");
     }
 }

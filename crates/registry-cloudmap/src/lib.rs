@@ -3,9 +3,14 @@
 
 mod backend;
 mod config;
+mod core;
 mod error;
+mod interceptor;
 pub mod mapping;
+mod reads;
+mod writes;
 
+pub use crate::core::{CloudMapStats, MAX_BATCH};
 pub use aws_sdk_servicediscovery;
-pub use backend::{CloudMapRegistry, CloudMapStats, MAX_BATCH};
+pub use backend::CloudMapRegistry;
 pub use config::{CloudMapConfig, NamespaceKind, ReadMode, WriteMode};

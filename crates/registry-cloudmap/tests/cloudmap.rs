@@ -496,3 +496,35 @@ async fn existing_dns_namespace_is_used() {
         Some("HTTP".to_string())
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_reads_the_namespace_and_reports_it_missing() {
+    let moto = start_moto();
+    let reg = connect(config(&moto)).await;
+    let before = reg.stats().requests;
+    reg.probe().await.unwrap();
+    assert_eq!(reg.stats().requests, before + 1, "one request per probe");
+    // Through Polling, as servers use it.
+    let polled = registry_api::Polling::new(reg.clone());
+    polled.probe().await.unwrap();
+    assert!(reg.snapshot().await.unwrap().is_empty(), "the probe wrote");
+
+    // The namespace is deleted behind the registry's back.
+    reg.client()
+        .delete_namespace()
+        .id(reg.namespace_id())
+        .send()
+        .await
+        .unwrap();
+    let err = reg.probe().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+    assert!(err.to_string().contains(reg.namespace()), "{err}");
+    let err = polled.probe().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+
+    // And a dead server is Unavailable.
+    let mut moto = moto;
+    moto.kill();
+    let err = reg.probe().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+}

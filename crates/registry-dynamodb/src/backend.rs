@@ -1,36 +1,21 @@
-//! [`DynamoDbRegistry`]: connecting, reads, writes and batches.
+//! [`DynamoDbRegistry`]: the registry's public face and the trait
+//! implementations (of the registry, and of the `Core` it polls when the
+//! table has no stream).
 
-use std::collections::HashMap;
 use std::fmt;
-use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use aws_config::retry::RetryConfig;
-use aws_config::timeout::TimeoutConfig;
-use aws_config::BehaviorVersion;
-use aws_sdk_dynamodb::config::{Credentials, Region};
-use aws_sdk_dynamodb::operation::describe_table::DescribeTableError;
-use aws_sdk_dynamodb::types::{
-    AttributeDefinition, BillingMode, Delete, KeySchemaElement, KeyType, Put, ScalarAttributeType,
-    StreamSpecification, StreamViewType, TableDescription, TableStatus, TimeToLiveSpecification,
-    TransactWriteItem,
-};
-use futures::future::try_join_all;
 use registry_api::{
     validate_ops, Batch, Capabilities, Endpoint, EndpointKey, Error, EventStream, Op, Polling,
     PollingConfig, Registry, Result, Snapshot, Version, Watch,
 };
 
 use crate::config::{DynamoDbConfig, WatchMode};
-use crate::error::{map_sdk, map_transact, Ctx};
-use crate::item::{self, Item};
-use crate::stream::StreamWatch;
-
-/// Most actions DynamoDB takes in one `TransactWriteItems`.
-pub const MAX_TRANSACTION_ITEMS: usize = 100;
+use crate::core::{clients, net_ops, Core, MAX_TRANSACTION_ITEMS};
+use crate::core::{describe, missing};
+use crate::table::{self, check_schema, usable_stream};
+use crate::watch::StreamWatch;
 
 /// A service registry in one DynamoDB table.
 ///
@@ -48,281 +33,6 @@ pub struct DynamoDbRegistry {
 enum Watcher {
     Stream(StreamWatch),
     Polling(Polling<Arc<Core>>),
-}
-
-/// The clients and settings shared by the registry and its watch task.
-pub(crate) struct Core {
-    pub(crate) cfg: DynamoDbConfig,
-    pub(crate) client: aws_sdk_dynamodb::Client,
-    pub(crate) streams: aws_sdk_dynamodbstreams::Client,
-    pub(crate) endpoint: String,
-    pub(crate) clock: Clock,
-}
-
-/// Versions: microseconds since the Unix epoch, strictly increasing within
-/// the process.
-#[derive(Debug, Default)]
-pub(crate) struct Clock(AtomicU64);
-
-impl Clock {
-    /// The next version: the current time in µs, or one more than the last
-    /// version when the clock has not moved (or went back).
-    pub(crate) fn next(&self) -> Version {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_micros() as u64)
-            .unwrap_or(0);
-        let prev = self
-            .0
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |prev| {
-                Some(now.max(prev.saturating_add(1)))
-            })
-            .unwrap_or_else(|p| p);
-        Version(now.max(prev.saturating_add(1)))
-    }
-}
-
-impl Core {
-    pub(crate) fn ctx(&self, op: &'static str) -> Ctx<'_> {
-        Ctx {
-            op,
-            table: &self.cfg.table,
-            endpoint: &self.endpoint,
-        }
-    }
-
-    fn ttl_write(&self) -> Option<(&str, Duration)> {
-        match (&self.cfg.ttl_attribute, self.cfg.item_ttl) {
-            (Some(attr), Some(ttl)) => Some((attr.as_str(), ttl)),
-            _ => None,
-        }
-    }
-
-    /// The endpoint an item holds, or `None` when it expired or is corrupt
-    /// (logged: one bad hand-written item must not blind every reader).
-    pub(crate) fn endpoint_of(&self, item: &Item, now: u64) -> Option<Endpoint> {
-        if item::expired(item, self.cfg.ttl_attribute.as_deref(), now) {
-            return None;
-        }
-        match item::decode(item) {
-            Ok(e) => Some(e),
-            Err(e) => {
-                tracing::warn!(table = %self.cfg.table, error = %e, "skipping an item that is not an endpoint");
-                None
-            }
-        }
-    }
-
-    async fn scan_segment(&self, segment: u32, total: u32) -> Result<Vec<Endpoint>> {
-        let mut out = Vec::new();
-        let mut start: Option<Item> = None;
-        let now = item::now_secs();
-        loop {
-            let mut req = self
-                .client
-                .scan()
-                .table_name(&self.cfg.table)
-                .consistent_read(self.cfg.consistent_reads)
-                .set_exclusive_start_key(start.take());
-            if total > 1 {
-                req = req.segment(segment as i32).total_segments(total as i32);
-            }
-            let page = req.send().await.map_err(|e| map_sdk(e, self.ctx("Scan")))?;
-            out.extend(page.items().iter().filter_map(|i| self.endpoint_of(i, now)));
-            match page.last_evaluated_key {
-                Some(k) if !k.is_empty() => start = Some(k),
-                _ => return Ok(out),
-            }
-        }
-    }
-
-    async fn transact(&self, ops: Vec<Op>, token: &str) -> Result<()> {
-        let ttl = self.ttl_write();
-        let items = ops
-            .iter()
-            .map(|op| {
-                let b = TransactWriteItem::builder();
-                let built = match op {
-                    Op::Register(e) => Put::builder()
-                        .table_name(&self.cfg.table)
-                        .set_item(Some(item::encode(e, ttl)))
-                        .build()
-                        .map(|p| b.put(p).build()),
-                    Op::Deregister(k) => Delete::builder()
-                        .table_name(&self.cfg.table)
-                        .set_key(Some(item::key_item(k)))
-                        .build()
-                        .map(|d| b.delete(d).build()),
-                };
-                built.map_err(|e| {
-                    Error::internal(format!("building a transaction item: {e}")).with_source(e)
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        tracing::debug!(table = %self.cfg.table, actions = items.len(), token, "TransactWriteItems");
-        self.client
-            .transact_write_items()
-            .set_transact_items(Some(items))
-            .client_request_token(token)
-            .send()
-            .await
-            .map_err(|e| map_transact(e, self.ctx("TransactWriteItems")))?;
-        Ok(())
-    }
-}
-
-/// The net effect of `ops` per key (a later op on a key replaces an earlier
-/// one), in the order each key first appears.
-pub(crate) fn net_ops(ops: Vec<Op>) -> Vec<Op> {
-    let mut index: HashMap<EndpointKey, usize> = HashMap::new();
-    let mut out: Vec<Op> = Vec::new();
-    for op in ops {
-        let key = match &op {
-            Op::Register(e) => e.key(),
-            Op::Deregister(k) => k.clone(),
-        };
-        match index.get(&key) {
-            Some(&i) => out[i] = op,
-            None => {
-                index.insert(key, out.len());
-                out.push(op);
-            }
-        }
-    }
-    out
-}
-
-/// A `ClientRequestToken` unique to this call: 32 hex digits from the time,
-/// the process, a counter and the process's random hash seed.
-fn new_token() -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    static SEED: std::sync::OnceLock<std::collections::hash_map::RandomState> =
-        std::sync::OnceLock::new();
-    let seed = SEED.get_or_init(std::collections::hash_map::RandomState::new);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    let part = |salt: u8| seed.hash_one((salt, n, nanos, std::process::id()));
-    format!("{:016x}{:016x}", part(1), part(2))
-}
-
-async fn sdk_config(cfg: &DynamoDbConfig) -> (aws_config::SdkConfig, String) {
-    let mut loader = aws_config::defaults(BehaviorVersion::latest())
-        .timeout_config(
-            TimeoutConfig::builder()
-                .operation_timeout(cfg.operation_timeout)
-                .connect_timeout(Duration::from_secs(3).min(cfg.operation_timeout))
-                .build(),
-        )
-        .retry_config(RetryConfig::standard().with_max_attempts(cfg.max_attempts));
-    if let Some(r) = &cfg.region {
-        loader = loader.region(Region::new(r.clone()));
-    }
-    if let Some(url) = &cfg.endpoint_url {
-        loader = loader.endpoint_url(url.clone());
-    }
-    if let Some(c) = &cfg.credentials {
-        loader = loader.credentials_provider(Credentials::new(
-            c.access_key_id.clone(),
-            c.secret_access_key.clone(),
-            c.session_token.clone(),
-            None,
-            "registry-dynamodb",
-        ));
-    }
-    let sdk = loader.load().await;
-    let region = sdk
-        .region()
-        .map(|r| r.to_string())
-        .unwrap_or_else(|| "us-east-1".to_string());
-    (sdk, region)
-}
-
-async fn clients(cfg: &DynamoDbConfig) -> Core {
-    let (sdk, region) = sdk_config(cfg).await;
-    let ddb = aws_sdk_dynamodb::config::Builder::from(&sdk)
-        .region(Region::new(region.clone()))
-        .build();
-    let streams = aws_sdk_dynamodbstreams::config::Builder::from(&sdk)
-        .region(aws_sdk_dynamodbstreams::config::Region::new(region.clone()))
-        .build();
-    Core {
-        endpoint: cfg.endpoint_name(&region),
-        cfg: cfg.clone(),
-        client: aws_sdk_dynamodb::Client::from_conf(ddb),
-        streams: aws_sdk_dynamodbstreams::Client::from_conf(streams),
-        clock: Clock::default(),
-    }
-}
-
-async fn describe(core: &Core) -> Result<Option<TableDescription>> {
-    match core
-        .client
-        .describe_table()
-        .table_name(&core.cfg.table)
-        .send()
-        .await
-    {
-        Ok(out) => Ok(out.table),
-        Err(e)
-            if matches!(
-                e.as_service_error(),
-                Some(DescribeTableError::ResourceNotFoundException(_))
-            ) =>
-        {
-            Ok(None)
-        }
-        Err(e) => Err(map_sdk(e, core.ctx("DescribeTable"))),
-    }
-}
-
-fn missing(core: &Core) -> Error {
-    Error::NotFound {
-        what: format!(
-            "DynamoDB table {} at {} (create it with DynamoDbRegistry::create_table_if_missing)",
-            core.cfg.table, core.endpoint
-        ),
-    }
-}
-
-/// The key schema must be `service` (HASH, S) and `id` (RANGE, S).
-fn check_schema(core: &Core, table: &TableDescription) -> Result<()> {
-    let want = [(item::SERVICE, KeyType::Hash), (item::ID, KeyType::Range)];
-    let got: Vec<(&str, &KeyType)> = table
-        .key_schema()
-        .iter()
-        .map(|k| (k.attribute_name(), k.key_type()))
-        .collect();
-    let ok = got.len() == 2
-        && want
-            .iter()
-            .all(|(n, t)| got.iter().any(|(gn, gt)| gn == n && *gt == t));
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::invalid(
-            "table",
-            format!(
-                "table {} has the key schema {got:?}; this registry needs `service` (HASH, S) \
-                 and `id` (RANGE, S)",
-                core.cfg.table
-            ),
-        ))
-    }
-}
-
-/// The ARN of the table's stream when it carries new images.
-fn usable_stream(table: &TableDescription) -> Option<String> {
-    let spec = table.stream_specification()?;
-    let images = matches!(
-        spec.stream_view_type(),
-        Some(StreamViewType::NewImage) | Some(StreamViewType::NewAndOldImages)
-    );
-    (spec.stream_enabled() && images)
-        .then(|| table.latest_stream_arn().map(str::to_string))
-        .flatten()
 }
 
 impl DynamoDbRegistry {
@@ -362,89 +72,7 @@ impl DynamoDbRegistry {
     /// when `with_stream`, and TTL on `cfg.ttl_attribute` when that is set.
     /// Waits until the table is active. Returns whether it created it.
     pub async fn create_table_if_missing(cfg: &DynamoDbConfig, with_stream: bool) -> Result<bool> {
-        let core = clients(cfg).await;
-        if describe(&core).await?.is_some() {
-            return Ok(false);
-        }
-        let attr = |name: &str| {
-            AttributeDefinition::builder()
-                .attribute_name(name)
-                .attribute_type(ScalarAttributeType::S)
-                .build()
-        };
-        let key = |name: &str, t: KeyType| {
-            KeySchemaElement::builder()
-                .attribute_name(name)
-                .key_type(t)
-                .build()
-        };
-        let build = |e: aws_sdk_dynamodb::error::BuildError| {
-            Error::internal(format!("building CreateTable: {e}")).with_source(e)
-        };
-        let mut req = core
-            .client
-            .create_table()
-            .table_name(&cfg.table)
-            .billing_mode(BillingMode::PayPerRequest)
-            .attribute_definitions(attr(item::SERVICE).map_err(build)?)
-            .attribute_definitions(attr(item::ID).map_err(build)?)
-            .key_schema(key(item::SERVICE, KeyType::Hash).map_err(build)?)
-            .key_schema(key(item::ID, KeyType::Range).map_err(build)?);
-        if with_stream {
-            req = req.stream_specification(
-                StreamSpecification::builder()
-                    .stream_enabled(true)
-                    .stream_view_type(StreamViewType::NewAndOldImages)
-                    .build()
-                    .map_err(build)?,
-            );
-        }
-        let created = match req.send().await {
-            Ok(_) => true,
-            // Someone else created it meanwhile.
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|s| s.is_resource_in_use_exception()) =>
-            {
-                false
-            }
-            Err(e) => return Err(map_sdk(e, core.ctx("CreateTable"))),
-        };
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-        loop {
-            let table = describe(&core).await?.ok_or_else(|| missing(&core))?;
-            if table.table_status() == Some(&TableStatus::Active) {
-                break;
-            }
-            if tokio::time::Instant::now() > deadline {
-                return Err(Error::unavailable(format!(
-                    "table {} at {} did not become active within 120 s",
-                    cfg.table, core.endpoint
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        if let (true, Some(attr)) = (created, &cfg.ttl_attribute) {
-            let spec = TimeToLiveSpecification::builder()
-                .enabled(true)
-                .attribute_name(attr)
-                .build()
-                .map_err(build)?;
-            let res = core
-                .client
-                .update_time_to_live()
-                .table_name(&cfg.table)
-                .time_to_live_specification(spec)
-                .send()
-                .await;
-            if let Err(e) = res {
-                // Reads filter expired items anyway; only the clean-up is lost.
-                let e = map_sdk(e, core.ctx("UpdateTimeToLive"));
-                tracing::warn!(table = %cfg.table, error = %e, "could not enable TTL");
-            }
-        }
-        tracing::info!(table = %cfg.table, created, with_stream, "table ready");
-        Ok(created)
+        table::create_table(cfg, with_stream).await
     }
 
     /// The DynamoDB client, for what this API does not cover.
@@ -509,108 +137,36 @@ impl fmt::Debug for DynamoDbRegistry {
     }
 }
 
-impl fmt::Display for Core {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "DynamoDb({})", self.cfg.table)
-    }
-}
-
-impl fmt::Debug for Core {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DynamoDb")
-            .field("table", &self.cfg.table)
-            .field("endpoint", &self.endpoint)
-            .finish()
-    }
-}
-
 #[async_trait]
 impl Registry for Core {
     async fn register(&self, endpoint: Endpoint) -> Result<()> {
-        endpoint.validate()?;
-        self.client
-            .put_item()
-            .table_name(&self.cfg.table)
-            .set_item(Some(item::encode(&endpoint, self.ttl_write())))
-            .send()
-            .await
-            .map_err(|e| map_sdk(e, self.ctx("PutItem")))?;
-        Ok(())
+        self.put_endpoint(endpoint).await
     }
-
     async fn deregister(&self, key: &EndpointKey) -> Result<()> {
-        self.client
-            .delete_item()
-            .table_name(&self.cfg.table)
-            .set_key(Some(item::key_item(key)))
-            .send()
-            .await
-            .map_err(|e| map_sdk(e, self.ctx("DeleteItem")))?;
-        Ok(())
+        self.delete_endpoint(key).await
     }
 
     async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
-        let mut out = Vec::new();
-        let mut start: Option<Item> = None;
-        let now = item::now_secs();
-        loop {
-            let page = self
-                .client
-                .query()
-                .table_name(&self.cfg.table)
-                .key_condition_expression("#s = :s")
-                .expression_attribute_names("#s", item::SERVICE)
-                .expression_attribute_values(
-                    ":s",
-                    aws_sdk_dynamodb::types::AttributeValue::S(service.to_string()),
-                )
-                .consistent_read(self.cfg.consistent_reads)
-                .set_exclusive_start_key(start.take())
-                .send()
-                .await
-                .map_err(|e| map_sdk(e, self.ctx("Query")))?;
-            out.extend(page.items().iter().filter_map(|i| self.endpoint_of(i, now)));
-            match page.last_evaluated_key {
-                Some(k) if !k.is_empty() => start = Some(k),
-                _ => break,
-            }
-        }
-        // DynamoDB sorts by the bytes of the sort key, as `String` does; sort
-        // anyway so the order never depends on that.
-        out.sort_by(|a, b| a.id.cmp(&b.id));
-        Ok(out)
+        self.query_service(service).await
     }
 
     async fn snapshot(&self) -> Result<Snapshot> {
-        let version = self.clock.next();
-        let total = self.cfg.scan_segments.max(1);
-        let parts = try_join_all((0..total).map(|s| self.scan_segment(s, total))).await?;
-        Ok(Snapshot::from_endpoints(
-            version,
-            parts.into_iter().flatten(),
-        ))
+        self.scan_all().await
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::default()
-            .with_atomic_batch(true)
-            .with_max_batch(MAX_TRANSACTION_ITEMS)
-            .with_persistent(true)
-            .with_resumable_watch(true)
+        Core::capabilities(self)
+    }
+
+    async fn probe(&self) -> Result<()> {
+        Core::probe(self).await
     }
 }
 
 #[async_trait]
 impl Batch for Core {
     async fn apply(&self, ops: Vec<Op>) -> Result<()> {
-        validate_ops(&ops)?;
-        let ops = net_ops(ops);
-        let mut ops = ops.into_iter().peekable();
-        while ops.peek().is_some() {
-            let chunk: Vec<Op> = ops.by_ref().take(MAX_TRANSACTION_ITEMS).collect();
-            self.transact(chunk, &new_token()).await?;
-        }
-        Ok(())
+        self.apply_ops(ops).await
     }
 }
 
@@ -632,6 +188,12 @@ impl Registry for DynamoDbRegistry {
         self.core
             .capabilities()
             .with_native_watch(self.watches_stream())
+    }
+    /// `DescribeTable` (present and active) and a `PutItem` with a
+    /// condition that never holds (writes allowed, nothing written); see
+    /// the crate docs.
+    async fn probe(&self) -> Result<()> {
+        self.core.probe().await
     }
 }
 
@@ -656,48 +218,6 @@ impl Watch for DynamoDbRegistry {
         match &self.watcher {
             Watcher::Stream(s) => s.watch(from),
             Watcher::Polling(p) => p.watch(from),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use registry_api::testing::ep;
-
-    #[test]
-    fn net_ops_keep_the_last_op_per_key_in_first_seen_order() {
-        let ops = vec![
-            Op::Register(ep("s", "a", 1)),
-            Op::Register(ep("s", "b", 1)),
-            Op::Deregister(EndpointKey::new("s", "a")),
-            Op::Register(ep("s", "b", 2)),
-        ];
-        assert_eq!(
-            net_ops(ops),
-            vec![
-                Op::Deregister(EndpointKey::new("s", "a")),
-                Op::Register(ep("s", "b", 2))
-            ]
-        );
-    }
-
-    #[test]
-    fn tokens_are_unique_and_short() {
-        let a = new_token();
-        let b = new_token();
-        assert_ne!(a, b);
-        assert!(a.len() <= 36);
-    }
-
-    #[test]
-    fn clock_is_strictly_increasing() {
-        let c = Clock::default();
-        let mut last = c.next();
-        for _ in 0..1000 {
-            let v = c.next();
-            assert!(v > last);
-            last = v;
         }
     }
 }

@@ -90,7 +90,9 @@ pub struct DynamoDbConfig {
     /// How changes are followed. Default [`WatchMode::Auto`].
     pub watch: WatchMode,
     /// Interval of [`registry_api::Polling`] when the table has no usable
-    /// stream. Default 5 s.
+    /// stream. Also how often the stream watch checks that the table and
+    /// its stream are still the ones it reads (at least 1 s, at most
+    /// 60 s). Default 5 s.
     pub poll_interval: Duration,
     /// Pause between two `GetRecords` rounds over the stream's shards when
     /// the last round found nothing. Default 250 ms (DynamoDB Streams allows

@@ -3,23 +3,25 @@
 //!
 //! | SDK error | kind |
 //! | --- | --- |
-//! | `ProvisionedThroughputExceededException`, `ThrottlingException`, `RequestLimitExceeded`, `LimitExceededException` | `Throttled` |
-//! | `ConditionalCheckFailedException`, `TransactionConflictException`, `TransactionInProgressException`, `TransactionCanceledException` with a conflict or a failed condition | `Conflict` |
+//! | a dispatch failure (connection refused, DNS, TLS), a timeout (connect, attempt or operation), an unreadable response, `InternalServerError`, `ServiceUnavailable`, `RequestTimeout`, any other HTTP 5xx | `Unavailable` (transient), naming the endpoint |
+//! | `ProvisionedThroughputExceededException`, `ThrottlingException`, `RequestLimitExceeded`, `LimitExceededException`, HTTP 429 | `Throttled` (transient) |
+//! | `ConditionalCheckFailedException`, `TransactionConflictException`, `TransactionInProgressException`, `TransactionCanceledException` with a conflict or a failed condition | `Conflict` (transient) |
 //! | `TransactionCanceledException` with throttling reasons | `Throttled` |
+//! | `TransactionCanceledException` with a `ValidationError` or `ItemCollectionSizeLimitExceeded` reason | `InvalidInput` naming the key of the item DynamoDB refused |
+//! | `ValidationException` (e.g. an item over 400 KB) | `InvalidInput`: field `endpoint` naming the key for a one-item write, `service` for a `Query`, else `request` |
 //! | `ResourceNotFoundException` | `NotFound`, naming the table (or its stream) |
-//! | a dispatch failure (connection refused, DNS, TLS), a timeout, an unreadable response, `InternalServerError`, `ServiceUnavailable` | `Unavailable`, naming the endpoint |
-//! | `UnrecognizedClientException`, `AccessDeniedException`, `InvalidSignatureException`, `MissingAuthenticationToken`, `ExpiredTokenException` | `Unauthorized` |
+//! | `UnrecognizedClientException`, `AccessDeniedException`, `InvalidSignatureException`, `MissingAuthenticationToken`, `ExpiredTokenException`, `InvalidClientTokenId`, `SignatureDoesNotMatch`, HTTP 401/403 | `Unauthorized` |
 //! | `IdempotentParameterMismatchException` | `InvalidInput` naming `token` |
-//! | `ValidationException` and anything else | `Internal`, with DynamoDB's message |
+//! | a request that could not be built, anything else | `Internal`, with DynamoDB's message |
 //!
-//! Every write is validated before it is sent, so a `ValidationException`
-//! means a request this crate built was wrong: a bug, not the caller's input.
+//! Messages quote DynamoDB's text and keys at most [`QUOTE_MAX`] characters
+//! long, so an error never carries a whole item.
 
 use std::fmt::Debug;
 
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-use registry_api::Error;
+use registry_api::{EndpointKey, Error};
 
 /// What was being done, for error messages.
 #[derive(Debug, Clone, Copy)]
@@ -30,6 +32,24 @@ pub(crate) struct Ctx<'a> {
     pub table: &'a str,
     /// The endpoint requests go to.
     pub endpoint: &'a str,
+    /// The item a one-item request was about.
+    pub key: Option<&'a EndpointKey>,
+}
+
+/// Longest stretch of a key, a value or a server message an error quotes.
+pub(crate) const QUOTE_MAX: usize = 96;
+
+/// `s` cut to at most [`QUOTE_MAX`] characters (`…` marks a cut).
+pub(crate) fn short(s: &str) -> String {
+    match s.char_indices().nth(QUOTE_MAX) {
+        Some((at, _)) => format!("{}…", &s[..at]),
+        None => s.to_string(),
+    }
+}
+
+/// An endpoint key for a message: `service "s" id "i"`, each quoted short.
+pub(crate) fn describe_key(key: &EndpointKey) -> String {
+    format!("service {:?} id {:?}", short(&key.service), short(&key.id))
 }
 
 /// Error codes that mean "slow down".
@@ -61,6 +81,8 @@ const AUTH: &[&str] = &[
     "MissingAuthenticationTokenException",
     "ExpiredTokenException",
     "IncompleteSignatureException",
+    "InvalidClientTokenId",
+    "SignatureDoesNotMatch",
 ];
 
 /// Error codes of a server that is there but not well.
@@ -69,7 +91,13 @@ const SERVER: &[&str] = &[
     "InternalFailure",
     "ServiceUnavailable",
     "ServiceUnavailableException",
+    "RequestTimeout",
+    "RequestTimeoutException",
 ];
+
+/// Cancellation reasons of a transaction that name an item DynamoDB will
+/// never accept as it is.
+const REFUSED_ITEM: &[&str] = &["ValidationError", "ItemCollectionSizeLimitExceeded"];
 
 /// Map any SDK error of either client.
 pub(crate) fn map_sdk<E>(err: SdkError<E>, ctx: Ctx<'_>) -> Error
@@ -80,6 +108,7 @@ where
         op,
         table,
         endpoint,
+        ..
     } = ctx;
     match &err {
         SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) | SdkError::ResponseError(_) => {
@@ -103,16 +132,19 @@ where
         }
         _ => {
             let code = err.code().unwrap_or("").to_string();
-            let message = err.message().unwrap_or("").to_string();
-            from_code(&code, &message, ctx, err)
+            let message = short(err.message().unwrap_or(""));
+            let status = err.raw_response().map(|r| r.status().as_u16());
+            from_code(&code, &message, status, ctx, err)
         }
     }
 }
 
-/// Map a service error by its code.
+/// Map a service error by its code (and the HTTP status when the code is
+/// not one DynamoDB documents).
 fn from_code(
     code: &str,
     message: &str,
+    status: Option<u16>,
     ctx: Ctx<'_>,
     source: impl std::error::Error + Send + Sync + 'static,
 ) -> Error {
@@ -120,8 +152,9 @@ fn from_code(
         op,
         table,
         endpoint,
+        key,
     } = ctx;
-    if THROTTLING.contains(&code) {
+    if THROTTLING.contains(&code) || (code.is_empty() && status == Some(429)) {
         Error::Throttled {
             message: format!("{op} on table {table} was throttled ({code}): {message}"),
             source: None,
@@ -136,6 +169,16 @@ fn from_code(
             "token",
             format!("{op} on table {table}: the ClientRequestToken was used for other writes: {message}"),
         )
+    } else if code == "ValidationException" {
+        let (field, about) = match (key, op) {
+            (Some(k), _) => ("endpoint", format!(" the item of {}", describe_key(k))),
+            (None, "Query") => ("service", String::new()),
+            (None, _) => ("request", String::new()),
+        };
+        Error::invalid(
+            field,
+            format!("DynamoDB refused{about} ({op} on table {table}): {message}"),
+        )
     } else if code == "ResourceNotFoundException" {
         let what = if op.starts_with("Streams.") {
             format!("the stream of DynamoDB table {table} ({op}: {message})")
@@ -143,15 +186,21 @@ fn from_code(
             format!("DynamoDB table {table} ({op}: {message})")
         };
         Error::NotFound { what }
-    } else if AUTH.contains(&code) {
+    } else if AUTH.contains(&code) || matches!(status, Some(401 | 403)) && !SERVER.contains(&code) {
         Error::Unauthorized {
             message: format!("{op} on table {table} was refused ({code}): {message}"),
             source: None,
         }
         .with_source(source)
-    } else if SERVER.contains(&code) {
+    } else if SERVER.contains(&code) || status.is_some_and(|s| s >= 500) {
+        let code = if code.is_empty() {
+            "no error code"
+        } else {
+            code
+        };
+        let status = status.map_or(String::new(), |s| format!("HTTP {s}, "));
         Error::unavailable(format!(
-            "DynamoDB at {endpoint} failed ({op} on table {table}, {code}): {message}"
+            "DynamoDB at {endpoint} failed ({op} on table {table}, {status}{code}): {message}"
         ))
         .with_source(source)
     } else {
@@ -165,34 +214,60 @@ fn from_code(
     }
 }
 
-/// Map a failed `TransactWriteItems`, reading the cancellation reasons of a
-/// cancelled transaction: a conflict or failed condition gives `Conflict`,
-/// throttling gives `Throttled`, anything else `Internal` listing them.
-pub(crate) fn map_transact(err: SdkError<TransactWriteItemsError>, ctx: Ctx<'_>) -> Error {
-    let reasons: Vec<(String, String)> = match err.as_service_error() {
+/// Map a failed `TransactWriteItems` whose actions are about `keys` (in
+/// order), reading the cancellation reasons of a cancelled transaction: an
+/// item DynamoDB refuses gives `InvalidInput` naming its key (so a caller
+/// that splits the batch finds it), a conflict or failed condition
+/// `Conflict`, throttling `Throttled`, anything else `Internal` listing
+/// them.
+pub(crate) fn map_transact(
+    err: SdkError<TransactWriteItemsError>,
+    ctx: Ctx<'_>,
+    keys: &[EndpointKey],
+) -> Error {
+    let reasons: Vec<(usize, String, String)> = match err.as_service_error() {
         Some(TransactWriteItemsError::TransactionCanceledException(e)) => e
             .cancellation_reasons()
             .iter()
-            .filter_map(|r| {
+            .enumerate()
+            .filter_map(|(i, r)| {
                 let code = r.code()?;
-                (code != "None").then(|| (code.to_string(), r.message().unwrap_or("").to_string()))
+                (code != "None").then(|| (i, code.to_string(), short(r.message().unwrap_or(""))))
             })
             .collect(),
         _ => return map_sdk(err, ctx),
     };
     let listed = reasons
         .iter()
-        .map(|(c, m)| {
+        .map(|(i, c, m)| {
+            let item = keys
+                .get(*i)
+                .map_or_else(|| format!("action {i}"), describe_key);
             if m.is_empty() {
-                c.clone()
+                format!("{item}: {c}")
             } else {
-                format!("{c}: {m}")
+                format!("{item}: {c}: {m}")
             }
         })
         .collect::<Vec<_>>()
         .join("; ");
     let message = format!("transaction cancelled: {listed}");
-    let has = |set: &[&str]| reasons.iter().any(|(c, _)| set.contains(&c.as_str()));
+    if let Some((i, code, m)) = reasons
+        .iter()
+        .find(|(_, c, _)| REFUSED_ITEM.contains(&c.as_str()))
+    {
+        let item = keys
+            .get(*i)
+            .map_or_else(|| format!("action {i}"), describe_key);
+        return Error::invalid(
+            "endpoint",
+            format!(
+                "DynamoDB refused the item of {item} ({} on table {}, {code}): {m}",
+                ctx.op, ctx.table
+            ),
+        );
+    }
+    let has = |set: &[&str]| reasons.iter().any(|(_, c, _)| set.contains(&c.as_str()));
     let code = if has(CONFLICT) {
         "TransactionConflict"
     } else if has(THROTTLING) {
@@ -200,7 +275,7 @@ pub(crate) fn map_transact(err: SdkError<TransactWriteItemsError>, ctx: Ctx<'_>)
     } else {
         "TransactionCanceledException"
     };
-    from_code(code, &message, ctx, err)
+    from_code(code, &message, None, ctx, err)
 }
 
 /// Whether a Streams error means the position is gone (trimmed after 24 h,
@@ -228,6 +303,7 @@ mod tests {
         op: "Query",
         table: "tbl-x",
         endpoint: "http://127.0.0.1:1",
+        key: None,
     };
 
     fn meta(code: &str) -> aws_sdk_dynamodb::error::ErrorMetadata {
@@ -281,9 +357,9 @@ mod tests {
             op: "TransactWriteItems",
             ..CTX
         };
-        let got = map_transact(cancelled(&["None", "TransactionConflict"]), ctx);
+        let got = map_transact(cancelled(&["None", "TransactionConflict"]), ctx, &[]);
         assert_eq!(got.kind(), ErrorKind::Conflict, "{got}");
-        let got = map_transact(cancelled(&["ThrottlingError", "None"]), ctx);
+        let got = map_transact(cancelled(&["ThrottlingError", "None"]), ctx, &[]);
         assert_eq!(got.kind(), ErrorKind::Throttled, "{got}");
         let mismatch = TransactWriteItemsError::IdempotentParameterMismatchException(
             aws_sdk_dynamodb::types::error::IdempotentParameterMismatchException::builder()
@@ -291,12 +367,108 @@ mod tests {
                 .meta(meta("IdempotentParameterMismatchException"))
                 .build(),
         );
-        match map_transact(service_error(mismatch), ctx) {
+        match map_transact(service_error(mismatch), ctx, &[]) {
             Error::InvalidInput { field, .. } => assert_eq!(field, "token"),
             other => panic!("expected InvalidInput naming token, got {other:?}"),
         }
-        let got = map_transact(cancelled(&["ValidationError"]), ctx);
+        // An item DynamoDB refuses is named by its key.
+        let keys = [EndpointKey::new("s", "a"), EndpointKey::new("s", "b")];
+        let got = map_transact(cancelled(&["None", "ValidationError"]), ctx, &keys);
+        match &got {
+            Error::InvalidInput { field, reason } => {
+                assert_eq!(field, "endpoint");
+                assert!(reason.contains("id \"b\""), "{got}");
+                assert!(reason.contains("ValidationError"), "{got}");
+            }
+            other => panic!("expected InvalidInput naming the item, got {other:?}"),
+        }
+        let got = map_transact(cancelled(&["SomethingNew"]), ctx, &keys);
         assert_eq!(got.kind(), ErrorKind::Internal, "{got}");
-        assert!(got.to_string().contains("ValidationError"), "{got}");
+        assert!(got.to_string().contains("SomethingNew"), "{got}");
+    }
+
+    fn raw(status: u16) -> aws_sdk_dynamodb::config::http::HttpResponse {
+        aws_sdk_dynamodb::config::http::HttpResponse::new(
+            status.try_into().expect("status"),
+            String::new().into(),
+        )
+    }
+
+    #[test]
+    fn timeouts_and_server_failures_are_transient() {
+        let timeout: SdkError<QueryError> =
+            SdkError::timeout_error("operation timed out after 10s");
+        let got = map_sdk(timeout, CTX);
+        assert_eq!(got.kind(), ErrorKind::Unavailable, "{got}");
+        assert!(got.is_retryable());
+        assert!(got.to_string().contains("timed out"), "{got}");
+        let ctx = Ctx {
+            op: "TransactWriteItems",
+            ..CTX
+        };
+        let timeout: SdkError<TransactWriteItemsError> =
+            SdkError::timeout_error("operation timed out after 10s");
+        assert_eq!(
+            map_transact(timeout, ctx, &[]).kind(),
+            ErrorKind::Unavailable
+        );
+        // A 500 without a code DynamoDB documents (an emulator's crash page).
+        let e = QueryError::generic(aws_sdk_dynamodb::error::ErrorMetadata::builder().build());
+        let got = map_sdk(SdkError::service_error(e, raw(500)), CTX);
+        assert_eq!(got.kind(), ErrorKind::Unavailable, "{got}");
+        let e = QueryError::generic(meta("RequestTimeout"));
+        let got = map_sdk(SdkError::service_error(e, raw(400)), CTX);
+        assert_eq!(got.kind(), ErrorKind::Unavailable, "{got}");
+        let e = QueryError::generic(aws_sdk_dynamodb::error::ErrorMetadata::builder().build());
+        let got = map_sdk(SdkError::service_error(e, raw(429)), CTX);
+        assert_eq!(got.kind(), ErrorKind::Throttled, "{got}");
+    }
+
+    #[test]
+    fn refusals_are_permanent_and_say_why() {
+        for code in [
+            "AccessDeniedException",
+            "UnrecognizedClientException",
+            "InvalidClientTokenId",
+        ] {
+            let e = QueryError::generic(meta(code));
+            let got = map_sdk(service_error(e), CTX);
+            assert_eq!(got.kind(), ErrorKind::Unauthorized, "{code}: {got}");
+            assert!(!got.is_retryable());
+        }
+        let e = QueryError::generic(aws_sdk_dynamodb::error::ErrorMetadata::builder().build());
+        let got = map_sdk(SdkError::service_error(e, raw(403)), CTX);
+        assert_eq!(got.kind(), ErrorKind::Unauthorized, "{got}");
+        // A validation failure of a one-item write names the item, and
+        // quotes DynamoDB's message only in part.
+        let key = EndpointKey::new("payments", "pod-a");
+        let long = "v".repeat(5000);
+        let e = aws_sdk_dynamodb::operation::put_item::PutItemError::generic(
+            aws_sdk_dynamodb::error::ErrorMetadata::builder()
+                .code("ValidationException")
+                .message(format!(
+                    "Item size has exceeded the maximum allowed size: {long}"
+                ))
+                .build(),
+        );
+        let ctx = Ctx {
+            op: "PutItem",
+            key: Some(&key),
+            ..CTX
+        };
+        let got = map_sdk(service_error(e), ctx);
+        match &got {
+            Error::InvalidInput { field, reason } => {
+                assert_eq!(field, "endpoint");
+                assert!(reason.contains("\"pod-a\""), "{got}");
+                assert!(reason.len() < 400, "{} bytes: {got}", reason.len());
+            }
+            other => panic!("expected InvalidInput, got {other:?}"),
+        }
+        // A condition that failed: a concurrent change won.
+        let e = aws_sdk_dynamodb::operation::put_item::PutItemError::generic(meta(
+            "ConditionalCheckFailedException",
+        ));
+        assert_eq!(map_sdk(service_error(e), ctx).kind(), ErrorKind::Conflict);
     }
 }

@@ -3,11 +3,15 @@
 
 mod backend;
 mod config;
+mod core;
 mod error;
 mod item;
-mod stream;
+mod shards;
+mod table;
+mod watch;
 
-pub use backend::{DynamoDbRegistry, MAX_TRANSACTION_ITEMS};
+pub use crate::core::MAX_TRANSACTION_ITEMS;
+pub use backend::DynamoDbRegistry;
 pub use config::{DynamoDbConfig, StaticCredentials, WatchMode};
 
 /// The AWS SDK for DynamoDB this crate is built on, for

@@ -10,10 +10,13 @@ use std::time::Duration;
 
 use common::{config, Harness, RecordingProxy, TRANSACT_TARGET};
 use futures::StreamExt;
-use registry_api::testing::{assert_kind, ep, eventually, follow_until, next_event, unique};
+use registry_api::testing::{
+    assert_kind, ep, eventually, follow_until, next_event, unique, wait_limit,
+};
 use registry_api::{
-    Batch, Coalescing, CoalescingConfig, Endpoint, EndpointKey, ErrorKind, Event, Health,
-    Heartbeat, Liveness, LivenessConfig, Op, Registry, Watch,
+    Batch, CachedConfig, CachedRegistry, Coalescing, CoalescingConfig, Endpoint, EndpointKey,
+    ErrorKind, Event, EventStream, Health, Heartbeat, Liveness, LivenessConfig, Op, Registry,
+    Watch,
 };
 use registry_dynamodb::aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
 use registry_dynamodb::{DynamoDbConfig, DynamoDbRegistry};
@@ -218,13 +221,251 @@ async fn a_dead_server_is_unavailable_naming_the_endpoint() {
         reg.apply(vec![Op::Register(ep(&svc, "c", 3))]).await,
         "apply",
     );
-    // The watch keeps its last state and does not end.
+    // The watch reports the outage and does not end.
+    let err = match next_item(&mut w, "the outage to be reported").await {
+        Err(e) => e,
+        Ok(ev) => panic!("the server is down, but the watch sent {ev:?}"),
+    };
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.to_string().contains(&url), "watch: {err}");
+}
+
+/// The next item of `w` within [`wait_limit`]: an event or a reported
+/// failure. Panics on timeout or on the end of the stream.
+async fn next_item(w: &mut EventStream, what: &str) -> registry_api::Result<Event> {
+    match tokio::time::timeout(wait_limit(), w.next()).await {
+        Ok(Some(item)) => item,
+        Ok(None) => panic!("watch ended while waiting for {what}"),
+        Err(_) => panic!("timed out after {:?} waiting for {what}", wait_limit()),
+    }
+}
+
+/// Write `e` with the SDK, behind the registry's back (another program).
+async fn put_directly(h: &Harness, e: &Endpoint) {
+    let s = |v: &str| AttributeValue::S(v.to_string());
+    h.reg
+        .client()
+        .put_item()
+        .table_name(&h.cfg.table)
+        .item("service", s(&e.service))
+        .item("id", s(&e.id))
+        .item("address", s(&e.address))
+        .item("port", AttributeValue::N(e.port.to_string()))
+        .send()
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_table_is_reported_and_its_successor_followed_from_a_fresh_snapshot() {
+    let h = Harness::new(true).await;
+    let svc = unique("recreated");
+    let (a, b) = (ep(&svc, "a", 1), ep(&svc, "b", 2));
+    h.reg.register(a.clone()).await.unwrap();
+    h.reg.register(b.clone()).await.unwrap();
+    let mut w = h.reg.watch(None);
+    let Event::Snapshot(mut state) = next_event(&mut w, "snapshot").await else {
+        panic!("no snapshot first");
+    };
+    follow_until(&mut w, &mut state, &svc, &[a.clone(), b.clone()]).await;
+    // A cache over another registry on the table (another process).
+    let cached = CachedRegistry::with_config(
+        DynamoDbRegistry::connect(h.cfg.clone()).await.unwrap(),
+        CachedConfig::default()
+            .with_write_wait(Duration::ZERO)
+            .with_reconnect(Duration::from_millis(20), Duration::from_millis(500)),
+    )
+    .unwrap();
+    cached.wait_until_ready().await;
+    eventually("the cache to hold a and b", || async {
+        (cached.list(&svc).await.ok()? == vec![a.clone(), b.clone()]).then_some(())
+    })
+    .await;
+
+    // The table disappears: the watch says so.
+    h.reg
+        .client()
+        .delete_table()
+        .table_name(&h.cfg.table)
+        .send()
+        .await
+        .unwrap();
+    let err = match next_item(&mut w, "the lost table to be reported").await {
+        Err(e) => e,
+        Ok(ev) => panic!("the table is gone, but the watch sent {ev:?}"),
+    };
+    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+    assert!(err.to_string().contains(&h.cfg.table), "{err}");
+    let err = assert_kind(h.reg.probe().await, ErrorKind::NotFound);
+    assert!(err.to_string().contains(&h.cfg.table), "{err}");
+    eventually("the cache to know it is stale", || async {
+        cached.cache_age().filter(|a| !a.is_zero())
+    })
+    .await;
+
+    // It comes back (with a stream) and another program writes to it.
+    assert!(DynamoDbRegistry::create_table_if_missing(&h.cfg, true)
+        .await
+        .unwrap());
+    let (c, d, e) = (ep(&svc, "c", 3), ep(&svc, "d", 4), ep(&svc, "e", 5));
+    put_directly(&h, &c).await;
+    put_directly(&h, &d).await;
+    // After the failures, a fresh snapshot of the new table: no phantoms.
+    let mut errors = 1;
+    let snap = loop {
+        match next_item(&mut w, "a fresh snapshot of the new table").await {
+            Err(_) => errors += 1,
+            Ok(Event::Snapshot(s)) => break s,
+            Ok(ev) => panic!("after a reported failure the watch sent {ev:?} before a snapshot"),
+        }
+    };
+    let ids: Vec<String> = snap.list(&svc).into_iter().map(|e| e.id).collect();
     assert!(
-        tokio::time::timeout(Duration::from_millis(300), w.next())
-            .await
-            .is_err(),
-        "the watch sent something while the server was down"
+        ids.iter().all(|id| id == "c" || id == "d"),
+        "the snapshot of the new table holds {ids:?}"
     );
+    state = snap;
+    follow_until(&mut w, &mut state, &svc, &[c.clone(), d.clone()]).await;
+    put_directly(&h, &e).await;
+    let seen = follow_until(&mut w, &mut state, &svc, &[c.clone(), d.clone(), e.clone()]).await;
+    assert!(
+        matches!(seen.as_slice(), [Event::Added { endpoint, .. }] if *endpoint == e),
+        "after the snapshot: {seen:?}"
+    );
+    let truth = h.reg.snapshot().await.unwrap();
+    assert_eq!(state.list(&svc), truth.list(&svc));
+    h.reg.probe().await.unwrap();
+    eventually("the cache to equal the new table", || async {
+        (cached.list(&svc).await.ok()? == vec![c.clone(), d.clone(), e.clone()]
+            && cached.cache_age() == Some(Duration::ZERO))
+        .then_some(())
+    })
+    .await;
+    println!("table deleted and recreated: {errors} failures reported, then a fresh snapshot");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_recreated_between_two_checks_is_not_mistaken_for_the_old_one() {
+    // Deleted and created again at once: the reader may never see the
+    // table missing, and on moto the old stream ARN even resolves to the
+    // new table's stream. The stream ARN tells them apart.
+    let h = Harness::new(true).await;
+    let svc = unique("swapped");
+    let a = ep(&svc, "a", 1);
+    h.reg.register(a.clone()).await.unwrap();
+    let mut w = h.reg.watch(None);
+    let Event::Snapshot(mut state) = next_event(&mut w, "snapshot").await else {
+        panic!("no snapshot first");
+    };
+    follow_until(&mut w, &mut state, &svc, std::slice::from_ref(&a)).await;
+    h.reg
+        .client()
+        .delete_table()
+        .table_name(&h.cfg.table)
+        .send()
+        .await
+        .unwrap();
+    assert!(DynamoDbRegistry::create_table_if_missing(&h.cfg, true)
+        .await
+        .unwrap());
+    let b = ep(&svc, "b", 2);
+    put_directly(&h, &b).await;
+    let mut errors = 0;
+    let snap = loop {
+        match next_item(&mut w, "a fresh snapshot of the new table").await {
+            Err(_) => errors += 1,
+            Ok(Event::Snapshot(s)) => break s,
+            Ok(ev) => panic!("the table was replaced, but the watch sent {ev:?} first"),
+        }
+    };
+    assert!(errors >= 1, "the replaced table was not reported");
+    assert!(
+        !snap.contains(&a.key()),
+        "a phantom endpoint of the old table survived"
+    );
+    state = snap;
+    follow_until(&mut w, &mut state, &svc, std::slice::from_ref(&b)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_polled_table_reports_failed_polls() {
+    // Without a stream the registry polls (registry_api::Polling inside).
+    let h = Harness::new(false).await;
+    let svc = unique("polled");
+    h.reg.register(ep(&svc, "a", 1)).await.unwrap();
+    let mut w = h.reg.watch(None);
+    let Event::Snapshot(mut state) = next_event(&mut w, "snapshot").await else {
+        panic!("no snapshot first");
+    };
+    follow_until(&mut w, &mut state, &svc, &[ep(&svc, "a", 1)]).await;
+    h.reg
+        .client()
+        .delete_table()
+        .table_name(&h.cfg.table)
+        .send()
+        .await
+        .unwrap();
+    let err = match next_item(&mut w, "the failed poll to be reported").await {
+        Err(e) => e,
+        Ok(ev) => panic!("the table is gone, but the watch sent {ev:?}"),
+    };
+    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+    assert!(err.to_string().contains(&h.cfg.table), "{err}");
+    // Back (empty): a whole snapshot, without the old endpoint.
+    assert!(DynamoDbRegistry::create_table_if_missing(&h.cfg, false)
+        .await
+        .unwrap());
+    let snap = loop {
+        match next_item(&mut w, "a fresh snapshot").await {
+            Err(_) => {}
+            Ok(Event::Snapshot(s)) => break s,
+            Ok(ev) => panic!("after a reported failure the watch sent {ev:?} first"),
+        }
+    };
+    assert!(snap.list(&svc).is_empty(), "{:?}", snap.list(&svc));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_checks_the_table_and_writes_nothing() {
+    let h = Harness::new(true).await;
+    let mut w = h.reg.watch(None);
+    let Event::Snapshot(_) = next_event(&mut w, "snapshot").await else {
+        panic!("no snapshot first");
+    };
+    for _ in 0..3 {
+        h.reg.probe().await.unwrap();
+    }
+    let scan = h
+        .reg
+        .client()
+        .scan()
+        .table_name(&h.cfg.table)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(scan.count(), 0, "the probe left items: {:?}", scan.items());
+    // Nothing reached the stream either: the next change is the first.
+    let svc = unique("after-probe");
+    h.reg.register(ep(&svc, "a", 1)).await.unwrap();
+    match next_event(&mut w, "the first change").await {
+        Event::Added { endpoint, .. } => assert_eq!(endpoint, ep(&svc, "a", 1)),
+        other => panic!("the probe made a change: {other:?}"),
+    }
+    // The same on a table without a stream.
+    let plain = Harness::new(false).await;
+    plain.reg.probe().await.unwrap();
+    assert!(plain.reg.snapshot().await.unwrap().is_empty());
+
+    plain
+        .reg
+        .client()
+        .delete_table()
+        .table_name(&plain.cfg.table)
+        .send()
+        .await
+        .unwrap();
+    let err = assert_kind(plain.reg.probe().await, ErrorKind::NotFound);
+    assert!(err.to_string().contains(&plain.cfg.table), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

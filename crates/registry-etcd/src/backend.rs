@@ -1,24 +1,18 @@
 //! [`EtcdRegistry`]: the `Registry`, `Watch`, `Batch` and `Heartbeat`
 //! implementation over etcd v3.
 
-use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::future::Future;
-use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
 use async_trait::async_trait;
-use etcd_client::{Client, ConnectOptions, Error as EtcdError, GetOptions, PutOptions, Txn, TxnOp};
+use etcd_client::Client;
 use registry_api::{
-    check_name, validate_ops, Batch, Capabilities, Endpoint, EndpointKey, Error, EventStream,
-    Heartbeat, Op, Registry, Result, Snapshot, Version, Watch,
+    check_name, validate_ops, Batch, Capabilities, Endpoint, EndpointKey, EventStream, Heartbeat,
+    Op, Registry, Result, Snapshot, Version, Watch,
 };
-use tokio::sync::{Mutex, MutexGuard};
-use tracing::{debug, info, warn};
 
 use crate::config::EtcdConfig;
-use crate::error;
-use crate::layout::{self, Layout};
+use crate::core::Inner;
 
 /// A registry stored in etcd.
 ///
@@ -29,11 +23,13 @@ use crate::layout::{self, Layout};
 ///   [`EtcdConfig::page_size`] keys.
 /// - `watch()` is etcd's watch from the revision after `from`; when etcd
 ///   has compacted that revision, or cancels the watch, the stream sends a
-///   fresh [`registry_api::Event::Snapshot`] and goes on. It reconnects by
-///   itself with exponential backoff when the connection drops, resuming
-///   from the last revision it knows (progress notifications keep that
-///   current on an idle watch), and ends only when the consumer drops it
-///   or etcd refuses it for good (an `Err` item says why).
+///   fresh [`registry_api::Event::Snapshot`] and goes on. When the
+///   connection drops it reports each failed attempt as an `Err` item and
+///   reconnects by itself with exponential backoff; the first session after
+///   that starts with a fresh `Snapshot` read at one revision (so the
+///   consumer learns the source is healthy again and misses nothing). It
+///   ends only when the consumer drops it or etcd refuses it for good (a
+///   last `Err` item says why).
 /// - `apply()` writes the net effect of the batch per key (a later op on a
 ///   key wins) in one `Txn` per [`EtcdConfig::max_batch`] operations (and
 ///   [`EtcdConfig::max_txn_bytes`] bytes); each `Txn` is atomic.
@@ -51,42 +47,6 @@ pub struct EtcdRegistry {
     inner: Arc<Inner>,
 }
 
-pub(crate) struct Inner {
-    pub(crate) client: Client,
-    pub(crate) cfg: EtcdConfig,
-    pub(crate) layout: Layout,
-    nodes: Mutex<Nodes>,
-}
-
-/// What this registry wrote for each node, so that it can write it again
-/// under a new lease.
-#[derive(Default)]
-struct Nodes {
-    by_node: HashMap<String, NodeState>,
-    owner: HashMap<EndpointKey, String>,
-}
-
-struct NodeState {
-    lease: Option<i64>,
-    endpoints: BTreeMap<EndpointKey, Endpoint>,
-    /// Last register or heartbeat for this node.
-    last_seen: Instant,
-    monitored: bool,
-}
-
-/// One op ready to go into a `Txn`.
-struct Prepared {
-    op: Op,
-    key: String,
-    value: Option<Vec<u8>>,
-}
-
-impl Prepared {
-    fn size(&self) -> usize {
-        self.key.len() + self.value.as_ref().map_or(0, Vec::len) + 16
-    }
-}
-
 impl EtcdRegistry {
     /// Connect to etcd and check that it answers.
     ///
@@ -94,52 +54,9 @@ impl EtcdRegistry {
     /// connect and request timeouts, `Unauthorized` when the user or
     /// password is refused, `InvalidInput` for a malformed configuration.
     pub async fn connect(cfg: EtcdConfig) -> Result<Self> {
-        if cfg.endpoints.is_empty() {
-            return Err(Error::invalid("endpoints", "no etcd endpoint given"));
-        }
-        let mut opts = ConnectOptions::new()
-            .with_connect_timeout(cfg.connect_timeout)
-            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(5));
-        match (&cfg.user, &cfg.password) {
-            (Some(user), Some(password)) => opts = opts.with_user(user, password),
-            (Some(_), None) => {
-                return Err(Error::invalid(
-                    "password",
-                    "a user is set without a password",
-                ))
-            }
-            (None, Some(_)) => {
-                return Err(Error::invalid("user", "a password is set without a user"))
-            }
-            (None, None) => {}
-        }
-        if let Some(tls) = &cfg.tls {
-            opts = tls_options(opts, tls)?;
-        }
-        let what = format!("connect to etcd at {}", cfg.endpoints.join(","));
-        let limit = cfg.connect_timeout + cfg.request_timeout;
-        let client = timed(limit, Client::connect(&cfg.endpoints, Some(opts)))
-            .await
-            .map_err(|e| error::map(e, &what))?;
-        let layout = Layout::new(cfg.normalized_prefix());
-        let inner = Arc::new(Inner {
-            client,
-            cfg,
-            layout,
-            nodes: Mutex::new(Nodes::default()),
-        });
-        // One cheap read: a wrong address or password fails here, not later.
-        let root = inner.layout.root().to_string();
-        let mut kv = inner.client.kv_client();
-        inner
-            .timed(kv.get(
-                root.clone(),
-                Some(GetOptions::new().with_prefix().with_count_only()),
-            ))
-            .await
-            .map_err(|e| error::map(e, format!("{what}: read {root}")))?;
-        info!(endpoints = ?inner.cfg.endpoints, prefix = %inner.cfg.normalized_prefix(), "connected to etcd");
-        Ok(Self { inner })
+        Ok(Self {
+            inner: Inner::connect(cfg).await?,
+        })
     }
 
     /// The configuration this registry was opened with.
@@ -160,428 +77,8 @@ impl EtcdRegistry {
 
     /// The lease currently attached to `node`'s endpoints, if any.
     pub async fn lease_of(&self, node: &str) -> Option<i64> {
-        self.inner
-            .nodes
-            .lock()
-            .await
-            .by_node
-            .get(node)
-            .and_then(|s| s.lease)
+        self.inner.lease_of(node).await
     }
-
-    fn prepare(&self, op: Op) -> Result<Prepared> {
-        let key = self.inner.layout.key(&op.key());
-        let value = match &op {
-            Op::Register(ep) => Some(layout::encode(ep)?),
-            Op::Deregister(_) => None,
-        };
-        Ok(Prepared { op, key, value })
-    }
-
-    /// Write already validated ops: net effect per key, in `Txn` chunks.
-    async fn commit(&self, ops: Vec<Op>) -> Result<()> {
-        let mut index: HashMap<EndpointKey, usize> = HashMap::new();
-        let mut net: Vec<Op> = Vec::with_capacity(ops.len());
-        for op in ops {
-            match index.get(&op.key()) {
-                Some(&i) => net[i] = op,
-                None => {
-                    index.insert(op.key(), net.len());
-                    net.push(op);
-                }
-            }
-        }
-        let prepared = net
-            .into_iter()
-            .map(|op| self.prepare(op))
-            .collect::<Result<Vec<_>>>()?;
-        let max_ops = self.inner.cfg.max_batch.max(1);
-        let max_bytes = self.inner.cfg.max_txn_bytes;
-        let mut chunk: Vec<Prepared> = Vec::new();
-        let mut bytes = 0;
-        for p in prepared {
-            if !chunk.is_empty() && (chunk.len() >= max_ops || bytes + p.size() > max_bytes) {
-                self.commit_chunk(std::mem::take(&mut chunk)).await?;
-                bytes = 0;
-            }
-            bytes += p.size();
-            chunk.push(p);
-        }
-        if !chunk.is_empty() {
-            self.commit_chunk(chunk).await?;
-        }
-        Ok(())
-    }
-
-    /// One `Txn`. Retries once when a lease turned out to be gone.
-    async fn commit_chunk(&self, chunk: Vec<Prepared>) -> Result<()> {
-        let what = describe(&chunk);
-        // Forget deregistered keys first, so that a lease recovery running
-        // at the same time does not write them again.
-        {
-            let mut nodes = self.inner.nodes.lock().await;
-            for p in &chunk {
-                if let Op::Deregister(k) = &p.op {
-                    nodes.forget(k);
-                }
-            }
-        }
-        let mut retried = false;
-        loop {
-            let mut leases: HashMap<String, i64> = HashMap::new();
-            for p in &chunk {
-                if let Op::Register(ep) = &p.op {
-                    if !ep.node.is_empty() && !leases.contains_key(&ep.node) {
-                        let id = self.inner.ensure_lease(&ep.node).await?;
-                        leases.insert(ep.node.clone(), id);
-                    }
-                }
-            }
-            let ops: Vec<TxnOp> = chunk
-                .iter()
-                .map(|p| match (&p.op, &p.value) {
-                    (Op::Register(ep), Some(v)) => {
-                        let lease = leases.get(&ep.node).copied().unwrap_or(0);
-                        TxnOp::put(
-                            p.key.clone(),
-                            v.clone(),
-                            Some(PutOptions::new().with_lease(lease)),
-                        )
-                    }
-                    _ => TxnOp::delete(p.key.clone(), None),
-                })
-                .collect();
-            let mut kv = self.inner.client.kv_client();
-            match self.inner.timed(kv.txn(Txn::new().and_then(ops))).await {
-                Ok(_) => break,
-                Err(e) if error::is_lease_not_found(&e) && !retried => {
-                    warn!(%what, "a node's lease is gone; granting a new one and retrying");
-                    let mut nodes = self.inner.nodes.lock().await;
-                    for (node, id) in &leases {
-                        if let Some(st) = nodes.by_node.get_mut(node) {
-                            if st.lease == Some(*id) {
-                                st.lease = None;
-                            }
-                        }
-                    }
-                    retried = true;
-                }
-                Err(e) => return Err(error::map(e, what)),
-            }
-        }
-        let mut nodes = self.inner.nodes.lock().await;
-        for p in chunk {
-            if let Op::Register(ep) = p.op {
-                nodes.remember(ep);
-            }
-        }
-        Ok(())
-    }
-}
-
-impl Nodes {
-    fn forget(&mut self, key: &EndpointKey) {
-        if let Some(node) = self.owner.remove(key) {
-            if let Some(st) = self.by_node.get_mut(&node) {
-                st.endpoints.remove(key);
-            }
-        }
-    }
-
-    fn remember(&mut self, ep: Endpoint) {
-        let key = ep.key();
-        if self.owner.get(&key).is_some_and(|n| *n != ep.node) {
-            self.forget(&key);
-        }
-        if ep.node.is_empty() {
-            return;
-        }
-        self.owner.insert(key.clone(), ep.node.clone());
-        let st = self.state(&ep.node);
-        st.last_seen = Instant::now();
-        st.endpoints.insert(key, ep);
-    }
-
-    fn state(&mut self, node: &str) -> &mut NodeState {
-        self.by_node
-            .entry(node.to_string())
-            .or_insert_with(|| NodeState {
-                lease: None,
-                endpoints: BTreeMap::new(),
-                last_seen: Instant::now(),
-                monitored: false,
-            })
-    }
-}
-
-impl Inner {
-    /// Run one etcd request with the request timeout; a timeout is
-    /// reported as etcd's `DeadlineExceeded`.
-    pub(crate) async fn timed<T>(
-        &self,
-        fut: impl Future<Output = std::result::Result<T, EtcdError>>,
-    ) -> std::result::Result<T, EtcdError> {
-        timed(self.cfg.request_timeout, fut).await
-    }
-
-    /// Every endpoint under `prefix`, read in pages at one revision.
-    pub(crate) async fn read_range(&self, prefix: &str) -> Result<(i64, Vec<Endpoint>)> {
-        let end = layout::range_end(prefix.as_bytes());
-        let page = i64::try_from(self.cfg.page_size.max(1)).unwrap_or(i64::MAX);
-        let mut attempt = 0;
-        'read: loop {
-            attempt += 1;
-            let mut revision = 0;
-            let mut from = prefix.as_bytes().to_vec();
-            let mut out = Vec::new();
-            loop {
-                let mut opts = GetOptions::new().with_range(end.clone()).with_limit(page);
-                if revision > 0 {
-                    opts = opts.with_revision(revision);
-                }
-                let mut kv = self.client.kv_client();
-                let mut resp = match self.timed(kv.get(from.clone(), Some(opts))).await {
-                    Ok(r) => r,
-                    Err(e) if error::is_compacted(&e) && attempt < 3 => {
-                        debug!(
-                            prefix,
-                            revision, "revision compacted while paging; reading again"
-                        );
-                        continue 'read;
-                    }
-                    Err(e) => return Err(error::map(e, format!("read {prefix}"))),
-                };
-                if revision == 0 {
-                    revision = resp.header().map_or(0, |h| h.revision());
-                }
-                let more = resp.more();
-                let kvs = resp.take_kvs();
-                let Some(last) = kvs.last() else { break };
-                from = last.key().to_vec();
-                from.push(0);
-                for kv in &kvs {
-                    match layout::decode(&self.layout, kv.key(), kv.value()) {
-                        Ok(ep) => out.push(ep),
-                        Err(e) => warn!(error = %e, "skipping a record that is not an endpoint"),
-                    }
-                }
-                if !more {
-                    break;
-                }
-            }
-            return Ok((revision, out));
-        }
-    }
-
-    /// The lease of `node`, granted (and the node's endpoints written again
-    /// under it) when it has none.
-    async fn ensure_lease(self: &Arc<Self>, node: &str) -> Result<i64> {
-        let mut nodes = self.nodes.lock().await;
-        if let Some(id) = nodes.by_node.get(node).and_then(|s| s.lease) {
-            return Ok(id);
-        }
-        self.regrant(&mut nodes, node).await
-    }
-
-    /// Grant a new lease for `node` and write every endpoint we hold for it
-    /// under that lease.
-    async fn regrant(
-        self: &Arc<Self>,
-        nodes: &mut MutexGuard<'_, Nodes>,
-        node: &str,
-    ) -> Result<i64> {
-        let ttl = self.cfg.lease_ttl_secs();
-        let mut lease = self.client.lease_client();
-        let grant = self
-            .timed(lease.grant(ttl, None))
-            .await
-            .map_err(|e| error::map(e, format!("grant a lease for node {node}")))?;
-        let id = grant.id();
-        let st = nodes.state(node);
-        st.lease = Some(id);
-        let endpoints: Vec<Endpoint> = st.endpoints.values().cloned().collect();
-        let spawn_monitor = !st.monitored;
-        st.monitored = true;
-        if spawn_monitor {
-            tokio::spawn(monitor(Arc::downgrade(self), node.to_string()));
-        }
-        info!(
-            node,
-            lease = format!("{id:x}"),
-            ttl,
-            endpoints = endpoints.len(),
-            "granted lease"
-        );
-        for chunk in endpoints.chunks(self.cfg.max_batch.max(1)) {
-            let mut ops = Vec::with_capacity(chunk.len());
-            for ep in chunk {
-                let value = layout::encode(ep)?;
-                ops.push(TxnOp::put(
-                    self.layout.key(&ep.key()),
-                    value,
-                    Some(PutOptions::new().with_lease(id)),
-                ));
-            }
-            let mut kv = self.client.kv_client();
-            self.timed(kv.txn(Txn::new().and_then(ops)))
-                .await
-                .map_err(|e| {
-                    error::map(
-                        e,
-                        format!("write the endpoints of node {node} under lease {id:x}"),
-                    )
-                })?;
-        }
-        Ok(id)
-    }
-
-    /// One keep-alive for `node`'s lease, granting a new lease when it is
-    /// gone.
-    async fn keep_alive(self: &Arc<Self>, node: &str) -> Result<()> {
-        let mut nodes = self.nodes.lock().await;
-        let Some(st) = nodes.by_node.get_mut(node) else {
-            debug!(node, "heartbeat from a node without endpoints here");
-            return Ok(());
-        };
-        st.last_seen = Instant::now();
-        match st.lease {
-            Some(id) => {
-                let mut lease = self.client.lease_client();
-                match self.timed(lease.keep_alive(id)).await {
-                    Ok(_) => Ok(()),
-                    Err(e) if error::is_lease_not_found(&e) => {
-                        warn!(
-                            node,
-                            lease = format!("{id:x}"),
-                            "lease lost; granting a new one"
-                        );
-                        self.regrant(&mut nodes, node).await.map(drop)
-                    }
-                    Err(e) => Err(error::map(
-                        e,
-                        format!("keep-alive of lease {id:x} of node {node}"),
-                    )),
-                }
-            }
-            None if !st.endpoints.is_empty() => self.regrant(&mut nodes, node).await.map(drop),
-            None => Ok(()),
-        }
-    }
-}
-
-/// Watch over one node's lease while the node is alive: when the lease
-/// disappears (revoked, or expired while etcd was unreachable) although the
-/// node heartbeats, grant a new one and write its endpoints again. Ends
-/// when the registry is dropped.
-fn monitor(inner: Weak<Inner>, node: String) -> futures::future::BoxFuture<'static, ()> {
-    // Boxed with an explicit type: `regrant` spawns this, and this calls
-    // `regrant`, a cycle the compiler cannot prove `Send` through otherwise.
-    Box::pin(async move {
-        loop {
-            let (every, alive_for) = match inner.upgrade() {
-                Some(i) => {
-                    let ttl = i.cfg.lease_ttl.max(Duration::from_secs(1));
-                    ((ttl / 3).max(Duration::from_millis(200)), ttl * 3 / 4)
-                }
-                None => return,
-            };
-            tokio::time::sleep(every).await;
-            let Some(inner) = inner.upgrade() else { return };
-            let mut nodes = inner.nodes.lock().await;
-            let Some(st) = nodes.by_node.get(&node) else {
-                continue;
-            };
-            if st.endpoints.is_empty() || st.last_seen.elapsed() > alive_for {
-                // Nothing to protect, or the node went silent: let it expire.
-                continue;
-            }
-            let lost = match st.lease {
-                None => true,
-                Some(id) => {
-                    let mut lease = inner.client.lease_client();
-                    match inner.timed(lease.time_to_live(id, None)).await {
-                        Ok(r) => r.ttl() <= 0,
-                        Err(e) => {
-                            debug!(node, error = %e, "cannot check the lease");
-                            false
-                        }
-                    }
-                }
-            };
-            if lost {
-                warn!(node, "lease of a live node is gone; granting a new one");
-                if let Err(e) = inner.regrant(&mut nodes, &node).await {
-                    warn!(node, error = %e, "could not restore the node's endpoints; will retry");
-                    if let Some(st) = nodes.by_node.get_mut(&node) {
-                        st.lease = None;
-                    }
-                }
-            }
-        }
-    })
-}
-
-/// Run `fut` with a time limit; a timeout becomes etcd's `DeadlineExceeded`.
-async fn timed<T>(
-    limit: Duration,
-    fut: impl Future<Output = std::result::Result<T, EtcdError>>,
-) -> std::result::Result<T, EtcdError> {
-    match tokio::time::timeout(limit, fut).await {
-        Ok(r) => r,
-        Err(_) => Err(EtcdError::GRpcStatus(tonic::Status::deadline_exceeded(
-            format!("etcd did not answer within {limit:?}"),
-        ))),
-    }
-}
-
-fn describe(chunk: &[Prepared]) -> String {
-    match chunk {
-        [one] => match &one.op {
-            Op::Register(_) => format!("register {}", one.key),
-            Op::Deregister(_) => format!("deregister {}", one.key),
-        },
-        [first, ..] => format!("batch of {} ops starting at {}", chunk.len(), first.key),
-        [] => "empty batch".to_string(),
-    }
-}
-
-#[cfg(feature = "tls")]
-fn tls_options(opts: ConnectOptions, tls: &crate::config::TlsConfig) -> Result<ConnectOptions> {
-    use etcd_client::{Certificate, Identity, TlsOptions};
-    let read = |field: &str, path: &std::path::Path| {
-        std::fs::read(path).map_err(|e| error::tls_file(field, path, e))
-    };
-    let mut t = TlsOptions::new();
-    if let Some(ca) = &tls.ca_cert {
-        t = t.ca_certificate(Certificate::from_pem(read("ca_cert", ca)?));
-    }
-    match (&tls.client_cert, &tls.client_key) {
-        (Some(cert), Some(key)) => {
-            t = t.identity(Identity::from_pem(
-                read("client_cert", cert)?,
-                read("client_key", key)?,
-            ));
-        }
-        (None, None) => {}
-        _ => {
-            return Err(Error::invalid(
-                "tls",
-                "client_cert and client_key go together",
-            ))
-        }
-    }
-    if let Some(domain) = &tls.domain {
-        t = t.domain_name(domain.clone());
-    }
-    Ok(opts.with_tls(t))
-}
-
-#[cfg(not(feature = "tls"))]
-fn tls_options(_opts: ConnectOptions, _tls: &crate::config::TlsConfig) -> Result<ConnectOptions> {
-    Err(Error::invalid(
-        "tls",
-        "this build of registry-etcd has no TLS support (enable the crate feature `tls`)",
-    ))
 }
 
 impl fmt::Display for EtcdRegistry {
@@ -602,11 +99,11 @@ impl fmt::Debug for EtcdRegistry {
 impl Registry for EtcdRegistry {
     async fn register(&self, endpoint: Endpoint) -> Result<()> {
         endpoint.validate()?;
-        self.commit(vec![Op::Register(endpoint)]).await
+        self.inner.commit(vec![Op::Register(endpoint)]).await
     }
 
     async fn deregister(&self, key: &EndpointKey) -> Result<()> {
-        self.commit(vec![Op::Deregister(key.clone())]).await
+        self.inner.commit(vec![Op::Deregister(key.clone())]).await
     }
 
     async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
@@ -637,6 +134,14 @@ impl Registry for EtcdRegistry {
             .with_native_liveness(true)
             .with_persistent(true)
     }
+
+    /// A one-key read of the prefix and a write
+    /// permission check (a `Txn` that can never succeed) that writes
+    /// nothing. `Unavailable` when etcd does not answer, `Unauthorized`
+    /// when the user may not read or write the prefix.
+    async fn probe(&self) -> Result<()> {
+        self.inner.probe().await
+    }
 }
 
 impl Watch for EtcdRegistry {
@@ -652,7 +157,7 @@ impl Batch for EtcdRegistry {
         if ops.is_empty() {
             return Ok(());
         }
-        self.commit(ops).await
+        self.inner.commit(ops).await
     }
 }
 

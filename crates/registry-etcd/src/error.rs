@@ -1,12 +1,19 @@
 //! The one place where etcd's errors become [`registry_api::Error`]s.
 //!
 //! Every message names what was being done and on which key, endpoint or
-//! node (`what`), so that a log line alone says what failed. The kind is the
-//! most precise one: unreachable or leaderless etcd is `Unavailable`, a
-//! refused login or permission is `Unauthorized`, "too many requests" is
-//! `Throttled`, a missing lease is `NotFound`, a compacted revision is
-//! `Conflict` (retrying at a newer revision works), a request etcd refuses
-//! as malformed is `InvalidInput`.
+//! node (`what`), so that a log line alone says what failed; keys and
+//! values are quoted at most [`QUOTE_MAX`] characters long.
+//!
+//! | etcd / client | kind |
+//! | --- | --- |
+//! | no connection, a reset stream, `Unavailable` (no leader, leader changed, request timed out, stopping), `DeadlineExceeded`, `Cancelled`, `not leader` / `not capable` | `Unavailable` (transient) |
+//! | `ResourceExhausted` "too many requests" | `Throttled` (transient) |
+//! | a revision compacted or from the future (`OutOfRange`), `Aborted`, `AlreadyExists`, an auth store revision that changed under the request | `Conflict` (transient: retrying works) |
+//! | `Unauthenticated`, `PermissionDenied`, a refused user or password, an invalid token, auth not enabled | `Unauthorized` |
+//! | a lease that does not exist (`NotFound`) | `NotFound` |
+//! | a request etcd can never accept (`InvalidArgument`: too many ops, request too large, duplicate key; a message over the gRPC size limit; a lease TTL over etcd's maximum) | `InvalidInput` naming what was sent |
+//! | the NOSPACE alarm (`database space exceeded`): etcd refuses every write until an operator compacts, defragments and disarms | `Internal` |
+//! | `DataLoss` (corrupt cluster), `Unimplemented`, `Internal`, `Unknown` from etcd, anything else | `Internal` |
 
 use std::fmt::Display;
 
@@ -26,9 +33,32 @@ pub(crate) fn map(err: EtcdError, what: impl Display) -> Error {
                 status.code()
             };
             let source = status;
+            let text = source.message();
             match kind {
                 Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => {
                     Error::unavailable(msg).with_source(source)
+                }
+                Code::FailedPrecondition
+                    if text.contains("not leader") || text.contains("not capable") =>
+                {
+                    Error::unavailable(msg).with_source(source)
+                }
+                Code::ResourceExhausted if text.contains("database space exceeded") => {
+                    Error::internal(format!(
+                        "{msg}: etcd's NOSPACE alarm refuses every write until an operator \
+                         compacts, defragments and disarms it"
+                    ))
+                    .with_source(source)
+                }
+                Code::ResourceExhausted if text.contains("larger than max") => {
+                    Error::invalid(what, format!("too large for etcd: {}", short(text)))
+                }
+                Code::OutOfRange if text.contains("lease TTL") => Error::invalid(
+                    "lease_ttl",
+                    format!("{what}: etcd refused the lease TTL: {}", short(text)),
+                ),
+                Code::InvalidArgument if text.contains("revision of auth store is old") => {
+                    Error::Conflict { what: msg }
                 }
                 Code::ResourceExhausted => Error::Throttled {
                     message: msg,
@@ -53,7 +83,7 @@ pub(crate) fn map(err: EtcdError, what: impl Display) -> Error {
                 Code::OutOfRange | Code::Aborted | Code::AlreadyExists => {
                     Error::Conflict { what: msg }
                 }
-                Code::InvalidArgument => Error::invalid(what, source.message().to_string()),
+                Code::InvalidArgument => Error::invalid(what, short(text)),
                 Code::Ok
                 | Code::Unknown
                 | Code::FailedPrecondition
@@ -84,6 +114,18 @@ pub(crate) fn map(err: EtcdError, what: impl Display) -> Error {
         @ (EtcdError::ElectError(_) | EtcdError::EndpointsNotManaged | EtcdError::Internal(_)) => {
             Error::internal(format!("{what}: {e}")).with_source(e)
         }
+    }
+}
+
+/// Longest stretch of a key or value an error message quotes.
+pub(crate) const QUOTE_MAX: usize = 96;
+
+/// `s` cut to at most [`QUOTE_MAX`] characters (`…` marks a cut), so an
+/// error never carries a whole value.
+pub(crate) fn short(s: &str) -> String {
+    match s.char_indices().nth(QUOTE_MAX) {
+        Some((at, _)) => format!("{}…", &s[..at]),
+        None => s.to_string(),
     }
 }
 
@@ -134,7 +176,11 @@ pub(crate) fn is_compacted(err: &EtcdError) -> bool {
 
 /// A stored value that cannot be decoded.
 pub(crate) fn corrupt(key: &str, reason: impl Display) -> Error {
-    Error::internal(format!("corrupt record at etcd key {key:?}: {reason}"))
+    Error::internal(format!(
+        "corrupt record at etcd key {:?}: {}",
+        short(key),
+        short(&reason.to_string())
+    ))
 }
 
 /// A TLS file that cannot be read.
@@ -218,6 +264,95 @@ mod tests {
             assert_eq!(e.kind(), kind, "{e}");
             assert!(e.to_string().contains("/aether/services/api/a"), "{e}");
         }
+    }
+
+    #[test]
+    fn transient_and_permanent_refusals_are_told_apart() {
+        let cases = [
+            // A follower that lost its leader answers this: retry elsewhere.
+            (
+                status(Code::FailedPrecondition, "etcdserver: not leader"),
+                ErrorKind::Unavailable,
+            ),
+            (
+                status(Code::Unavailable, "etcdserver: request timed out"),
+                ErrorKind::Unavailable,
+            ),
+            (
+                status(Code::DeadlineExceeded, "etcd did not answer within 2s"),
+                ErrorKind::Unavailable,
+            ),
+            // The NOSPACE alarm stays until an operator acts.
+            (
+                status(
+                    Code::ResourceExhausted,
+                    "etcdserver: mvcc: database space exceeded",
+                ),
+                ErrorKind::Internal,
+            ),
+            (
+                status(
+                    Code::ResourceExhausted,
+                    "grpc: received message larger than max (3000000 vs. 2097152)",
+                ),
+                ErrorKind::InvalidInput,
+            ),
+            (
+                status(Code::InvalidArgument, "etcdserver: request is too large"),
+                ErrorKind::InvalidInput,
+            ),
+            (
+                status(Code::OutOfRange, "etcdserver: too large lease TTL"),
+                ErrorKind::InvalidInput,
+            ),
+            (
+                status(
+                    Code::InvalidArgument,
+                    "etcdserver: revision of auth store is old",
+                ),
+                ErrorKind::Conflict,
+            ),
+            (
+                status(
+                    Code::InvalidArgument,
+                    "etcdserver: authentication failed, invalid user ID or password",
+                ),
+                ErrorKind::Unauthorized,
+            ),
+            (
+                status(Code::DataLoss, "etcdserver: corrupt cluster"),
+                ErrorKind::Internal,
+            ),
+        ];
+        for (err, kind) in cases {
+            let e = map(err, "put /aether/services/api/a");
+            assert_eq!(e.kind(), kind, "{e}");
+            assert_eq!(
+                e.is_retryable(),
+                matches!(
+                    kind,
+                    ErrorKind::Unavailable | ErrorKind::Throttled | ErrorKind::Conflict
+                ),
+                "{e}"
+            );
+        }
+        let e = map(
+            status(Code::OutOfRange, "etcdserver: too large lease TTL"),
+            "grant a lease for node n",
+        );
+        assert!(
+            matches!(&e, registry_api::Error::InvalidInput { field, .. } if field == "lease_ttl"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn quotes_are_short() {
+        let long = "x".repeat(10_000);
+        let e = corrupt(&format!("/aether/services/s/{long}"), &long);
+        assert!(e.to_string().len() < 2 * QUOTE_MAX + 100, "{e}");
+        assert_eq!(short("abc"), "abc");
+        assert_eq!(short(&long).chars().count(), QUOTE_MAX + 1);
     }
 
     #[test]

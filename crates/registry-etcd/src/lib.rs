@@ -3,6 +3,7 @@
 
 mod backend;
 mod config;
+mod core;
 mod error;
 mod layout;
 mod watch;

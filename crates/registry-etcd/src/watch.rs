@@ -1,5 +1,14 @@
 //! The watch stream: etcd's native watch on `<prefix>/services/`, with
 //! snapshots when history is gone and reconnection with backoff.
+//!
+//! Failures are never hidden: while etcd cannot be reached, every failed
+//! attempt to (re)establish or keep the watch is sent to the consumer as an
+//! `Err` item and the stream goes on retrying (100 ms to 5 s, jitter). The
+//! first session that succeeds after a reported failure starts with a fresh
+//! [`Event::Snapshot`] read at one revision, and watches from the revision
+//! after it, so the consumer learns that the source is healthy again and
+//! misses nothing. A permanent failure (refused credentials, a malformed
+//! request) is sent as the last item and the stream ends.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +20,7 @@ use registry_api::{Error, Event, EventStream, Result, Snapshot, Version};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use crate::backend::Inner;
+use crate::core::Inner;
 use crate::error;
 use crate::layout;
 
@@ -86,7 +95,14 @@ async fn run(inner: Arc<Inner>, from: Option<Version>, tx: mpsc::Sender<Result<E
                     delays = backoff();
                 }
                 let delay = delays.next().unwrap_or(Duration::from_secs(5));
-                warn!(error = %e, ?delay, last = w.last, "etcd watch interrupted; reconnecting");
+                warn!(error = %e, ?delay, last = w.last, "etcd watch interrupted; reporting it and reconnecting");
+                // The consumer learns of the failure now, and of the
+                // recovery from the fresh snapshot the next session starts
+                // with (the watch contract): no silent retries.
+                w.need_snapshot = true;
+                if w.tx.send(Err(e)).await.is_err() {
+                    return;
+                }
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
                     _ = w.tx.closed() => return,

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{config, Etcd, Proxy};
+use common::{config, next_item, next_ok_for, Etcd, Proxy};
 use registry_api::testing::{
     ep, eventually, follow_until, next_event, next_for, service_state, unique, wait_limit,
 };
@@ -230,7 +230,16 @@ async fn compaction_while_a_watch_is_disconnected_sends_a_fresh_snapshot() {
     etcd.compact().await;
     proxy.restore();
 
-    match next_for(&mut w, &svc, "a fresh snapshot after compaction").await {
+    // The cut is reported (as failures), then a fresh snapshot follows.
+    let mut errors = 0;
+    match next_ok_for(
+        &mut w,
+        &svc,
+        &mut errors,
+        "a fresh snapshot after compaction",
+    )
+    .await
+    {
         Event::Snapshot(s) => state = s,
         other => panic!("history was compacted, but the watch sent {other:?}"),
     }
@@ -251,9 +260,9 @@ async fn compaction_while_a_watch_is_disconnected_sends_a_fresh_snapshot() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_watch_survives_etcd_killed_and_restarted() {
+async fn a_watch_reports_etcd_killed_then_sends_a_fresh_snapshot_and_goes_on() {
     let mut etcd = Etcd::start().await;
-    let reg = connect(config(&etcd.url())).await;
+    let reg = connect(config(&etcd.url()).with_request_timeout(Duration::from_secs(2))).await;
     let svc = unique("restart");
     let mut w = reg.watch(None);
     let Event::Snapshot(mut state) = next_event(&mut w, "the first snapshot").await else {
@@ -262,7 +271,6 @@ async fn a_watch_survives_etcd_killed_and_restarted() {
     let (a, b, c) = (ep(&svc, "a", 1), ep(&svc, "b", 2), ep(&svc, "c", 3));
     reg.register(a.clone()).await.expect("register a");
     follow_until(&mut w, &mut state, &svc, std::slice::from_ref(&a)).await;
-    let before = state.version();
 
     etcd.kill();
     assert_eq!(
@@ -270,7 +278,31 @@ async fn a_watch_survives_etcd_killed_and_restarted() {
         Err(ErrorKind::Unavailable),
         "a write while etcd is down"
     );
+    // The outage is reported on the stream, which goes on.
+    let err = match next_item(&mut w, "the outage to be reported").await {
+        Err(e) => e,
+        Ok(ev) => panic!("etcd is down, but the watch sent {ev:?}"),
+    };
+    assert!(err.is_retryable(), "{err}");
     etcd.restart().await;
+
+    // After the failures: a fresh snapshot (holding what was written
+    // before), then the changes.
+    let mut errors = 1;
+    let snap = loop {
+        match next_item(&mut w, "a fresh snapshot after the restart").await {
+            Err(_) => errors += 1,
+            Ok(Event::Snapshot(s)) => break s,
+            Ok(ev) => panic!("after a reported failure the watch sent {ev:?} before a snapshot"),
+        }
+    };
+    assert!(snap.version() >= state.version());
+    assert_eq!(
+        service_state(&snap, &svc).into_values().collect::<Vec<_>>(),
+        vec![a.clone()],
+        "the snapshot after the restart"
+    );
+    state = snap;
     // The client reconnects by itself; writes may fail until it has.
     eventually("a write after the restart", || async {
         reg.register(b.clone()).await.ok()
@@ -278,24 +310,105 @@ async fn a_watch_survives_etcd_killed_and_restarted() {
     .await;
     reg.deregister(&a.key()).await.expect("deregister a");
     reg.register(c.clone()).await.expect("register c");
-
     let seen = follow_until(&mut w, &mut state, &svc, &[b.clone(), c.clone()]).await;
-    let resumed = !seen.iter().any(|e| matches!(e, Event::Snapshot(_)));
-    if resumed {
-        let kinds: Vec<_> = seen.iter().map(|e| (e.type_name(), e.key())).collect();
-        assert_eq!(
-            kinds,
-            vec![
-                ("added", Some(b.key())),
-                ("removed", Some(a.key())),
-                ("added", Some(c.key()))
-            ],
-            "resumed watch lost or repeated a change"
-        );
-        assert!(seen.iter().all(|e| e.version() > before));
-    }
+    let kinds: Vec<_> = seen.iter().map(|e| (e.type_name(), e.key())).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            ("added", Some(b.key())),
+            ("removed", Some(a.key())),
+            ("added", Some(c.key()))
+        ],
+        "the watch lost or repeated a change after the restart"
+    );
     let truth = reg.snapshot().await.expect("snapshot");
     assert_eq!(service_state(&state, &svc), service_state(&truth, &svc));
+    println!("etcd outage: {errors} failures reported, then a snapshot and every change");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_writes_nothing_and_reports_an_outage() {
+    let mut etcd = Etcd::start().await;
+    let cfg = config(&etcd.url())
+        .with_request_timeout(Duration::from_secs(2))
+        .with_connect_timeout(Duration::from_secs(1));
+    let reg = connect(cfg.clone()).await;
+    let mut raw = etcd.client().await;
+    let before = raw
+        .get("/", Some(GetOptions::new().with_prefix().with_count_only()))
+        .await
+        .expect("count");
+    reg.probe().await.expect("probe of a healthy etcd");
+    let after = raw
+        .get("/", Some(GetOptions::new().with_prefix().with_count_only()))
+        .await
+        .expect("count");
+    let rev = |r: &registry_etcd::etcd_client::GetResponse| r.header().map(|h| h.revision());
+    assert_eq!(rev(&after), rev(&before), "the probe made a revision");
+    assert_eq!(after.count(), before.count(), "the probe created a key");
+    let under = raw
+        .get(
+            cfg.prefix.clone(),
+            Some(GetOptions::new().with_prefix().with_count_only()),
+        )
+        .await
+        .expect("count under the prefix");
+    assert_eq!(under.count(), 0, "the probe left a key under the prefix");
+
+    etcd.kill();
+    let err = reg.probe().await.expect_err("probe while etcd is down");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    etcd.restart().await;
+    eventually("the probe to pass after the restart", || async {
+        reg.probe().await.ok()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_of_a_read_only_user_is_unauthorized() {
+    use registry_etcd::etcd_client::{Permission, PermissionType};
+    let etcd = Etcd::start().await;
+    let cfg = config(&etcd.url());
+    let prefix = cfg.prefix.clone();
+    let mut raw = etcd.client().await;
+    raw.user_add("root", "root-pw", None)
+        .await
+        .expect("add root");
+    raw.user_grant_role("root", "root")
+        .await
+        .expect("grant root");
+    raw.role_add("reader").await.expect("add role");
+    raw.role_grant_permission(
+        "reader",
+        Permission::new(PermissionType::Read, prefix.clone()).with_prefix(),
+    )
+    .await
+    .expect("grant read");
+    raw.role_add("writer").await.expect("add role");
+    raw.role_grant_permission(
+        "writer",
+        Permission::new(PermissionType::Readwrite, prefix.clone()).with_prefix(),
+    )
+    .await
+    .expect("grant readwrite");
+    raw.user_add("ro", "ro-pw", None).await.expect("add ro");
+    raw.user_grant_role("ro", "reader")
+        .await
+        .expect("grant reader");
+    raw.user_add("rw", "rw-pw", None).await.expect("add rw");
+    raw.user_grant_role("rw", "writer")
+        .await
+        .expect("grant writer");
+    raw.auth_enable().await.expect("enable auth");
+
+    let rw = connect(cfg.clone().with_user("rw", "rw-pw")).await;
+    rw.probe().await.expect("probe of a user who may write");
+    let ro = connect(cfg.clone().with_user("ro", "ro-pw")).await;
+    assert!(ro.list("any").await.is_ok(), "the read-only user can read");
+    let err = ro.probe().await.expect_err("probe of a read-only user");
+    assert_eq!(err.kind(), ErrorKind::Unauthorized, "{err}");
+    assert!(err.to_string().contains("write check"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -285,3 +285,37 @@ impl Harness {
         Harness { reg, etcd }
     }
 }
+
+/// The next item of `w` within [`registry_api::testing::wait_limit`]:
+/// `Ok(event)` or the failure the watch reported. Panics on timeout or on
+/// the end of the stream.
+pub async fn next_item(
+    w: &mut registry_api::EventStream,
+    what: &str,
+) -> registry_api::Result<registry_api::Event> {
+    use futures::StreamExt;
+    let limit = registry_api::testing::wait_limit();
+    match tokio::time::timeout(limit, w.next()).await {
+        Ok(Some(item)) => item,
+        Ok(None) => panic!("watch ended while waiting for {what}"),
+        Err(_) => panic!("timed out after {limit:?} waiting for {what}"),
+    }
+}
+
+/// The next event of `w` that concerns `service` (a snapshot always does),
+/// counting the failures reported on the way in `errors`.
+pub async fn next_ok_for(
+    w: &mut registry_api::EventStream,
+    service: &str,
+    errors: &mut usize,
+    what: &str,
+) -> registry_api::Event {
+    loop {
+        match next_item(w, what).await {
+            Err(_) => *errors += 1,
+            Ok(ev @ registry_api::Event::Snapshot(_)) => return ev,
+            Ok(ev) if ev.key().is_some_and(|k| k.service == service) => return ev,
+            Ok(_) => {}
+        }
+    }
+}

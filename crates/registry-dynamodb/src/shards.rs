@@ -1,27 +1,8 @@
-//! The native watch: a task that follows the table's DynamoDB Stream and
-//! feeds a [`Hub`] that every `watch()` subscribes to.
-//!
-//! The task (started by the first `watch()`, stopped when the registry is
-//! dropped):
-//! 1. lists the stream's shards and takes a `LATEST` iterator for every
-//!    open one (closed shards hold only older changes);
-//! 2. scans a fresh snapshot and publishes it (the first time as
-//!    [`Event::Snapshot`], after a resync as the diff to what watchers hold);
-//! 3. reads every open shard with `GetRecords`, turning each record into an
-//!    `Added` / `Updated` / `Removed` relative to the current state (so a
-//!    record that changes nothing, e.g. one replayed over the snapshot, is
-//!    dropped), and pauses `stream_poll_interval` when a round found nothing;
-//! 4. follows shard splits: a shard that ends is finished, and its children
-//!    are read from `TRIM_HORIZON` once their parent is done;
-//! 5. when an iterator expired or its position was trimmed, resumes the shard
-//!    `AFTER_SEQUENCE_NUMBER` of the last record it read; when that is gone
-//!    too, starts over at 1 (a fresh snapshot, delivered as its diff).
-//!
-//! Transient errors are logged and retried with backoff (100 ms to 10 s);
-//! watchers keep the last state meanwhile.
+//! Reading a DynamoDB Stream: its shards, their iterators and positions,
+//! and what each record means for the registry. The watch task
+//! ([`crate::watch`]) drives a [`Reader`] round by round.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::types::AttributeValue;
@@ -30,12 +11,9 @@ use aws_sdk_dynamodbstreams::types::{
     AttributeValue as StreamValue, OperationType, Record, ShardIteratorType,
 };
 use futures::future::join_all;
-use registry_api::{
-    diff, Endpoint, EndpointKey, Error, Event, EventStream, Hub, Registry, Snapshot, Version,
-    DEFAULT_SUBSCRIBER_BUFFER,
-};
+use registry_api::{Endpoint, EndpointKey, Error};
 
-use crate::backend::{Clock, Core};
+use crate::core::Core;
 use crate::error::{is_position_lost, map_sdk};
 use crate::item::{self, Item};
 
@@ -44,204 +22,22 @@ const DISCOVERY_INTERVAL: Duration = Duration::from_secs(10);
 /// Records per `GetRecords` (the API's maximum).
 const RECORDS_PER_CALL: i32 = 1000;
 
-/// The stream watch of one registry.
-pub(crate) struct StreamWatch {
-    core: Arc<Core>,
-    arn: String,
-    hub: Arc<Hub>,
-    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
-}
-
-impl StreamWatch {
-    pub(crate) fn new(core: Arc<Core>, arn: String) -> Self {
-        let hub = Arc::new(Hub::pending(
-            DEFAULT_SUBSCRIBER_BUFFER,
-            core.cfg.watch_history,
-        ));
-        Self {
-            core,
-            arn,
-            hub,
-            task: Mutex::new(None),
-        }
-    }
-
-    pub(crate) fn watch(&self, from: Option<Version>) -> EventStream {
-        {
-            let mut task = self.task.lock().unwrap_or_else(|p| p.into_inner());
-            if task.is_none() {
-                *task = Some(tokio::spawn(run(
-                    Arc::clone(&self.core),
-                    self.arn.clone(),
-                    Arc::downgrade(&self.hub),
-                )));
-            }
-        }
-        self.hub.subscribe(from)
-    }
-}
-
-impl Drop for StreamWatch {
-    fn drop(&mut self) {
-        if let Some(task) = self
-            .task
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
-            task.abort();
-        }
-    }
-}
-
 /// Why following stopped.
-enum Stop {
+pub(crate) enum Stop {
     /// A shard's position is gone: start over from a fresh snapshot.
     Lost(String),
-    /// A transient (or unexpected) error.
+    /// A failure (reported by [`run`], which then looks for the table's
+    /// current stream and starts over from a fresh snapshot).
     Failed(Error),
-}
-
-async fn run(core: Arc<Core>, arn: String, hub: Weak<Hub>) {
-    let mut pause = Duration::from_millis(100);
-    loop {
-        match follow(&core, &arn, &hub).await {
-            Ok(()) => return,
-            Err(Stop::Lost(why)) => {
-                tracing::info!(table = %core.cfg.table, why, "stream position lost; resyncing from a fresh snapshot");
-            }
-            Err(Stop::Failed(e)) => {
-                tracing::warn!(table = %core.cfg.table, error = %e, retry_in = ?pause, "following the stream failed; retrying");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(10));
-            }
-        }
-        if hub.strong_count() == 0 {
-            return;
-        }
-    }
-}
-
-/// One life of the reader: open, snapshot, then rounds until the hub is
-/// gone (`Ok`) or the position is lost.
-async fn follow(core: &Core, arn: &str, hub: &Weak<Hub>) -> Result<(), Stop> {
-    let mut reader = Reader::open(core, arn).await?;
-    let fresh = core.snapshot().await.map_err(Stop::Failed)?;
-    {
-        let Some(hub) = hub.upgrade() else {
-            return Ok(());
-        };
-        publish_fresh(&hub, &core.clock, fresh);
-    }
-    let mut pause = Duration::from_millis(100);
-    loop {
-        let (changes, failure) = reader.round(core).await;
-        let found = !changes.is_empty();
-        {
-            let Some(hub) = hub.upgrade() else {
-                return Ok(());
-            };
-            publish_changes(&hub, &core.clock, changes);
-        }
-        match failure {
-            None => pause = Duration::from_millis(100),
-            Some(Stop::Failed(e)) => {
-                tracing::warn!(table = %core.cfg.table, error = %e, retry_in = ?pause, "reading the stream failed; retrying");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(10));
-                continue;
-            }
-            Some(lost) => return Err(lost),
-        }
-        if reader.needs_discovery() {
-            if let Err(e) = reader.discover(core, false).await {
-                match e {
-                    Stop::Failed(e) => {
-                        tracing::warn!(table = %core.cfg.table, error = %e, "listing the stream's shards failed; retrying");
-                    }
-                    lost => return Err(lost),
-                }
-            }
-        }
-        if !found {
-            tokio::time::sleep(core.cfg.stream_poll_interval).await;
-        }
-    }
-}
-
-/// The first snapshot as such; later ones as the diff to what watchers
-/// hold, so they need not start over.
-fn publish_fresh(hub: &Hub, clock: &Clock, fresh: Snapshot) {
-    if !hub.is_ready() {
-        hub.publish([Event::Snapshot(fresh)]);
-        return;
-    }
-    let events: Vec<Event> = diff(&hub.current(), &fresh)
-        .into_iter()
-        .map(|ev| restamp(ev, clock.next()))
-        .collect();
-    if !events.is_empty() {
-        tracing::info!(
-            changes = events.len(),
-            "resync found changes the stream did not deliver"
-        );
-        hub.publish(events);
-    }
-}
-
-fn restamp(ev: Event, version: Version) -> Event {
-    match ev {
-        Event::Added { endpoint, .. } => Event::Added { version, endpoint },
-        Event::Updated { endpoint, .. } => Event::Updated { version, endpoint },
-        Event::Removed { key, .. } => Event::Removed { version, key },
-        snapshot @ Event::Snapshot(_) => snapshot,
-    }
+    /// Polling found that the table has a usable stream again.
+    StreamBack(String),
 }
 
 /// A change read from the stream.
 #[derive(Debug, Clone, PartialEq)]
-enum Change {
+pub(crate) enum Change {
     Put(Endpoint),
     Remove(EndpointKey),
-}
-
-/// Turn changes into events relative to the hub's state, dropping those
-/// that change nothing.
-fn publish_changes(hub: &Hub, clock: &Clock, changes: Vec<Change>) {
-    if changes.is_empty() {
-        return;
-    }
-    let mut state = Snapshot::clone(&hub.current());
-    let mut events = Vec::new();
-    for change in changes {
-        let ev = match change {
-            Change::Put(endpoint) => match state.get(&endpoint.key()) {
-                Some(old) if *old == endpoint => continue,
-                Some(_) => Event::Updated {
-                    version: clock.next(),
-                    endpoint,
-                },
-                None => Event::Added {
-                    version: clock.next(),
-                    endpoint,
-                },
-            },
-            Change::Remove(key) => {
-                if !state.contains(&key) {
-                    continue;
-                }
-                Event::Removed {
-                    version: clock.next(),
-                    key,
-                }
-            }
-        };
-        state.apply(&ev);
-        events.push(ev);
-    }
-    if !events.is_empty() {
-        hub.publish(events);
-    }
 }
 
 /// Where the reader is in one shard.
@@ -253,7 +49,7 @@ struct Shard {
     finished: bool,
 }
 
-struct Reader {
+pub(crate) struct Reader {
     arn: String,
     shards: BTreeMap<String, Shard>,
     last_discovery: Instant,
@@ -261,7 +57,8 @@ struct Reader {
 }
 
 impl Reader {
-    async fn open(core: &Core, arn: &str) -> Result<Self, Stop> {
+    /// Open `arn`: list its shards, open shards at `LATEST`.
+    pub(crate) async fn open(core: &Core, arn: &str) -> Result<Self, Stop> {
         let mut r = Reader {
             arn: arn.to_string(),
             shards: BTreeMap::new(),
@@ -272,7 +69,8 @@ impl Reader {
         Ok(r)
     }
 
-    fn needs_discovery(&self) -> bool {
+    /// Whether the shard list is due to be read again.
+    pub(crate) fn needs_discovery(&self) -> bool {
         self.shard_ended || self.last_discovery.elapsed() >= DISCOVERY_INTERVAL
     }
 
@@ -297,7 +95,7 @@ impl Reader {
     /// Read the shard list; `initial`: open shards start at `LATEST`,
     /// closed ones count as read. Later, new shards start at
     /// `TRIM_HORIZON` once their parent is finished.
-    async fn discover(&mut self, core: &Core, initial: bool) -> Result<(), Stop> {
+    pub(crate) async fn discover(&mut self, core: &Core, initial: bool) -> Result<(), Stop> {
         let mut listed = BTreeSet::new();
         let mut start: Option<String> = None;
         loop {
@@ -396,7 +194,7 @@ impl Reader {
     /// One `GetRecords` per active shard, concurrently. Returns the changes
     /// read (in shard order, each shard's in stream order) and the first
     /// failure, if any; shards that succeeded keep their progress.
-    async fn round(&mut self, core: &Core) -> (Vec<Change>, Option<Stop>) {
+    pub(crate) async fn round(&mut self, core: &Core) -> (Vec<Change>, Option<Stop>) {
         let active: Vec<(String, String)> = self
             .shards
             .iter()
@@ -515,69 +313,7 @@ fn value(v: &StreamValue) -> AttributeValue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use registry_api::testing::ep;
-
-    fn kinds(events: &[Event]) -> Vec<(&'static str, String)> {
-        events
-            .iter()
-            .filter_map(|e| e.key().map(|k| (e.type_name(), k.id)))
-            .collect()
-    }
-
-    #[tokio::test]
-    async fn changes_become_events_relative_to_the_state() {
-        use futures::StreamExt;
-        let hub = Arc::new(Hub::pending(64, 64));
-        let clock = Clock::default();
-        let a = ep("s", "a", 1);
-        publish_fresh(
-            &hub,
-            &clock,
-            Snapshot::from_endpoints(clock.next(), [a.clone()]),
-        );
-        let mut w = hub.subscribe(None);
-        let Some(Ok(Event::Snapshot(s))) = w.next().await else {
-            panic!("no snapshot");
-        };
-        assert_eq!(s.len(), 1);
-        // A replayed record of what the snapshot holds changes nothing.
-        publish_changes(
-            &hub,
-            &clock,
-            vec![
-                Change::Put(a.clone()),
-                Change::Remove(EndpointKey::new("s", "never")),
-                Change::Put(ep("s", "b", 2)),
-                Change::Put(ep("s", "a", 3)),
-                Change::Remove(a.key()),
-            ],
-        );
-        let mut got = Vec::new();
-        for _ in 0..3 {
-            got.push(w.next().await.expect("event").expect("ok"));
-        }
-        assert_eq!(
-            kinds(&got),
-            vec![
-                ("added", "b".to_string()),
-                ("updated", "a".to_string()),
-                ("removed", "a".to_string())
-            ]
-        );
-        assert!(got.windows(2).all(|p| p[0].version() < p[1].version()));
-
-        // A resync is delivered as the difference, not a new snapshot.
-        let fresh = Snapshot::from_endpoints(clock.next(), [ep("s", "c", 4)]);
-        publish_fresh(&hub, &clock, fresh);
-        let mut got = Vec::new();
-        for _ in 0..2 {
-            got.push(w.next().await.expect("event").expect("ok"));
-        }
-        assert_eq!(
-            kinds(&got),
-            vec![("removed", "b".to_string()), ("added", "c".to_string())]
-        );
-    }
+    use registry_api::Endpoint;
 
     #[test]
     fn stream_images_convert_to_items() {

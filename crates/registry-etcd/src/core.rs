@@ -1,0 +1,587 @@
+//! [`Inner`]: the etcd client and the state shared by a registry, its clones
+//! and its watch streams: connecting, reads at one revision, `Txn` writes,
+//! per-node leases, the probe.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, Error as EtcdError, GetOptions, PutOptions, Txn,
+    TxnOp,
+};
+use registry_api::{Endpoint, EndpointKey, Error, Op, Result};
+use tokio::sync::{Mutex, MutexGuard};
+use tracing::{debug, info, warn};
+
+use crate::config::EtcdConfig;
+use crate::error;
+use crate::layout::{self, Layout};
+
+/// The client, settings and lease bookkeeping of one registry (shared by
+/// its clones and watch streams).
+pub(crate) struct Inner {
+    pub(crate) client: Client,
+    pub(crate) cfg: EtcdConfig,
+    pub(crate) layout: Layout,
+    nodes: Mutex<Nodes>,
+}
+
+/// What this registry wrote for each node, so that it can write it again
+/// under a new lease.
+#[derive(Default)]
+struct Nodes {
+    by_node: HashMap<String, NodeState>,
+    owner: HashMap<EndpointKey, String>,
+}
+
+struct NodeState {
+    lease: Option<i64>,
+    endpoints: BTreeMap<EndpointKey, Endpoint>,
+    /// Last register or heartbeat for this node.
+    last_seen: Instant,
+    monitored: bool,
+}
+
+/// One op ready to go into a `Txn`.
+struct Prepared {
+    op: Op,
+    key: String,
+    value: Option<Vec<u8>>,
+}
+
+impl Prepared {
+    fn size(&self) -> usize {
+        self.key.len() + self.value.as_ref().map_or(0, Vec::len) + 16
+    }
+}
+
+impl Inner {
+    /// Connect to etcd and check that it answers (see
+    /// `EtcdRegistry::connect`).
+    pub(crate) async fn connect(cfg: EtcdConfig) -> Result<Arc<Self>> {
+        if cfg.endpoints.is_empty() {
+            return Err(Error::invalid("endpoints", "no etcd endpoint given"));
+        }
+        let mut opts = ConnectOptions::new()
+            .with_connect_timeout(cfg.connect_timeout)
+            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(5));
+        match (&cfg.user, &cfg.password) {
+            (Some(user), Some(password)) => opts = opts.with_user(user, password),
+            (Some(_), None) => {
+                return Err(Error::invalid(
+                    "password",
+                    "a user is set without a password",
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(Error::invalid("user", "a password is set without a user"))
+            }
+            (None, None) => {}
+        }
+        if let Some(tls) = &cfg.tls {
+            opts = tls_options(opts, tls)?;
+        }
+        let what = format!("connect to etcd at {}", cfg.endpoints.join(","));
+        let limit = cfg.connect_timeout + cfg.request_timeout;
+        let client = timed(limit, Client::connect(&cfg.endpoints, Some(opts)))
+            .await
+            .map_err(|e| error::map(e, &what))?;
+        let layout = Layout::new(cfg.normalized_prefix());
+        let inner = Arc::new(Inner {
+            client,
+            cfg,
+            layout,
+            nodes: Mutex::new(Nodes::default()),
+        });
+        // One cheap read: a wrong address or password fails here, not later.
+        let root = inner.layout.root().to_string();
+        let mut kv = inner.client.kv_client();
+        inner
+            .timed(kv.get(
+                root.clone(),
+                Some(GetOptions::new().with_prefix().with_count_only()),
+            ))
+            .await
+            .map_err(|e| error::map(e, format!("{what}: read {root}")))?;
+        info!(endpoints = ?inner.cfg.endpoints, prefix = %inner.cfg.normalized_prefix(), "connected to etcd");
+        Ok(inner)
+    }
+
+    /// The lease currently attached to `node`'s endpoints, if any.
+    pub(crate) async fn lease_of(&self, node: &str) -> Option<i64> {
+        self.nodes
+            .lock()
+            .await
+            .by_node
+            .get(node)
+            .and_then(|s| s.lease)
+    }
+
+    fn prepare(&self, op: Op) -> Result<Prepared> {
+        let key = self.layout.key(&op.key());
+        let value = match &op {
+            Op::Register(ep) => Some(layout::encode(ep)?),
+            Op::Deregister(_) => None,
+        };
+        Ok(Prepared { op, key, value })
+    }
+
+    /// Write already validated ops: net effect per key, in `Txn` chunks.
+    pub(crate) async fn commit(self: &Arc<Self>, ops: Vec<Op>) -> Result<()> {
+        let mut index: HashMap<EndpointKey, usize> = HashMap::new();
+        let mut net: Vec<Op> = Vec::with_capacity(ops.len());
+        for op in ops {
+            match index.get(&op.key()) {
+                Some(&i) => net[i] = op,
+                None => {
+                    index.insert(op.key(), net.len());
+                    net.push(op);
+                }
+            }
+        }
+        let prepared = net
+            .into_iter()
+            .map(|op| self.prepare(op))
+            .collect::<Result<Vec<_>>>()?;
+        let max_ops = self.cfg.max_batch.max(1);
+        let max_bytes = self.cfg.max_txn_bytes;
+        let mut chunk: Vec<Prepared> = Vec::new();
+        let mut bytes = 0;
+        for p in prepared {
+            if !chunk.is_empty() && (chunk.len() >= max_ops || bytes + p.size() > max_bytes) {
+                self.commit_chunk(std::mem::take(&mut chunk)).await?;
+                bytes = 0;
+            }
+            bytes += p.size();
+            chunk.push(p);
+        }
+        if !chunk.is_empty() {
+            self.commit_chunk(chunk).await?;
+        }
+        Ok(())
+    }
+
+    /// One `Txn`. Retries once when a lease turned out to be gone.
+    async fn commit_chunk(self: &Arc<Self>, chunk: Vec<Prepared>) -> Result<()> {
+        let what = describe(&chunk);
+        // Forget deregistered keys first, so that a lease recovery running
+        // at the same time does not write them again.
+        {
+            let mut nodes = self.nodes.lock().await;
+            for p in &chunk {
+                if let Op::Deregister(k) = &p.op {
+                    nodes.forget(k);
+                }
+            }
+        }
+        let mut retried = false;
+        loop {
+            let mut leases: HashMap<String, i64> = HashMap::new();
+            for p in &chunk {
+                if let Op::Register(ep) = &p.op {
+                    if !ep.node.is_empty() && !leases.contains_key(&ep.node) {
+                        let id = self.ensure_lease(&ep.node).await?;
+                        leases.insert(ep.node.clone(), id);
+                    }
+                }
+            }
+            let ops: Vec<TxnOp> = chunk
+                .iter()
+                .map(|p| match (&p.op, &p.value) {
+                    (Op::Register(ep), Some(v)) => {
+                        let lease = leases.get(&ep.node).copied().unwrap_or(0);
+                        TxnOp::put(
+                            p.key.clone(),
+                            v.clone(),
+                            Some(PutOptions::new().with_lease(lease)),
+                        )
+                    }
+                    _ => TxnOp::delete(p.key.clone(), None),
+                })
+                .collect();
+            let mut kv = self.client.kv_client();
+            match self.timed(kv.txn(Txn::new().and_then(ops))).await {
+                Ok(_) => break,
+                Err(e) if error::is_lease_not_found(&e) && !retried => {
+                    warn!(%what, "a node's lease is gone; granting a new one and retrying");
+                    let mut nodes = self.nodes.lock().await;
+                    for (node, id) in &leases {
+                        if let Some(st) = nodes.by_node.get_mut(node) {
+                            if st.lease == Some(*id) {
+                                st.lease = None;
+                            }
+                        }
+                    }
+                    retried = true;
+                }
+                Err(e) => return Err(error::map(e, what)),
+            }
+        }
+        let mut nodes = self.nodes.lock().await;
+        for p in chunk {
+            if let Op::Register(ep) = p.op {
+                nodes.remember(ep);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Nodes {
+    fn forget(&mut self, key: &EndpointKey) {
+        if let Some(node) = self.owner.remove(key) {
+            if let Some(st) = self.by_node.get_mut(&node) {
+                st.endpoints.remove(key);
+            }
+        }
+    }
+
+    fn remember(&mut self, ep: Endpoint) {
+        let key = ep.key();
+        if self.owner.get(&key).is_some_and(|n| *n != ep.node) {
+            self.forget(&key);
+        }
+        if ep.node.is_empty() {
+            return;
+        }
+        self.owner.insert(key.clone(), ep.node.clone());
+        let st = self.state(&ep.node);
+        st.last_seen = Instant::now();
+        st.endpoints.insert(key, ep);
+    }
+
+    fn state(&mut self, node: &str) -> &mut NodeState {
+        self.by_node
+            .entry(node.to_string())
+            .or_insert_with(|| NodeState {
+                lease: None,
+                endpoints: BTreeMap::new(),
+                last_seen: Instant::now(),
+                monitored: false,
+            })
+    }
+}
+
+impl Inner {
+    /// Run one etcd request with the request timeout; a timeout is
+    /// reported as etcd's `DeadlineExceeded`.
+    pub(crate) async fn timed<T>(
+        &self,
+        fut: impl Future<Output = std::result::Result<T, EtcdError>>,
+    ) -> std::result::Result<T, EtcdError> {
+        timed(self.cfg.request_timeout, fut).await
+    }
+
+    /// [`Registry::probe`]: one read and one write check, changing nothing.
+    ///
+    /// 1. `Range` of `<prefix>/services/` with `limit 1`, keys only: etcd
+    ///    answers and the user may read the registry's keys.
+    /// 2. A `Txn` whose compare can never hold (`create_revision` of
+    ///    `<prefix>/services/` below 0) with a `put` of that key in its
+    ///    success branch and nothing in its failure branch. etcd checks the
+    ///    permissions of the compare keys and of both branches before it
+    ///    evaluates the compare (`CheckTxnAuth` in etcd's server), so a user
+    ///    without write permission is refused with `PermissionDenied`; the
+    ///    compare fails, so nothing is written: no key, no new revision, no
+    ///    watch event. The key is not an endpoint key either (reads and
+    ///    watches skip it), should it ever exist.
+    ///
+    /// Costs one read of at most one key and one write request through
+    /// etcd's raft log (a leader round trip and a WAL sync, like a write).
+    pub(crate) async fn probe(&self) -> Result<()> {
+        let root = self.layout.root().to_string();
+        let mut kv = self.client.kv_client();
+        self.timed(
+            kv.get(
+                root.clone(),
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_keys_only()
+                        .with_limit(1),
+                ),
+            ),
+        )
+        .await
+        .map_err(|e| error::map(e, format!("probe: read {root}")))?;
+        let txn = Txn::new()
+            .when([Compare::create_revision(root.clone(), CompareOp::Less, 0)])
+            .and_then([TxnOp::put(root.clone(), Vec::new(), None)]);
+        let resp = self
+            .timed(kv.txn(txn))
+            .await
+            .map_err(|e| error::map(e, format!("probe: write check on {root}")))?;
+        if resp.succeeded() {
+            // Cannot happen: no key has a negative create revision.
+            return Err(Error::internal(format!(
+                "probe: the impossible compare on {root} held; etcd wrote the probe key"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Every endpoint under `prefix`, read in pages at one revision.
+    pub(crate) async fn read_range(&self, prefix: &str) -> Result<(i64, Vec<Endpoint>)> {
+        let end = layout::range_end(prefix.as_bytes());
+        let page = i64::try_from(self.cfg.page_size.max(1)).unwrap_or(i64::MAX);
+        let mut attempt = 0;
+        'read: loop {
+            attempt += 1;
+            let mut revision = 0;
+            let mut from = prefix.as_bytes().to_vec();
+            let mut out = Vec::new();
+            loop {
+                let mut opts = GetOptions::new().with_range(end.clone()).with_limit(page);
+                if revision > 0 {
+                    opts = opts.with_revision(revision);
+                }
+                let mut kv = self.client.kv_client();
+                let mut resp = match self.timed(kv.get(from.clone(), Some(opts))).await {
+                    Ok(r) => r,
+                    Err(e) if error::is_compacted(&e) && attempt < 3 => {
+                        debug!(
+                            prefix,
+                            revision, "revision compacted while paging; reading again"
+                        );
+                        continue 'read;
+                    }
+                    Err(e) => return Err(error::map(e, format!("read {prefix}"))),
+                };
+                if revision == 0 {
+                    revision = resp.header().map_or(0, |h| h.revision());
+                }
+                let more = resp.more();
+                let kvs = resp.take_kvs();
+                let Some(last) = kvs.last() else { break };
+                from = last.key().to_vec();
+                from.push(0);
+                for kv in &kvs {
+                    match layout::decode(&self.layout, kv.key(), kv.value()) {
+                        Ok(ep) => out.push(ep),
+                        Err(e) => warn!(error = %e, "skipping a record that is not an endpoint"),
+                    }
+                }
+                if !more {
+                    break;
+                }
+            }
+            return Ok((revision, out));
+        }
+    }
+
+    /// The lease of `node`, granted (and the node's endpoints written again
+    /// under it) when it has none.
+    async fn ensure_lease(self: &Arc<Self>, node: &str) -> Result<i64> {
+        let mut nodes = self.nodes.lock().await;
+        if let Some(id) = nodes.by_node.get(node).and_then(|s| s.lease) {
+            return Ok(id);
+        }
+        self.regrant(&mut nodes, node).await
+    }
+
+    /// Grant a new lease for `node` and write every endpoint we hold for it
+    /// under that lease.
+    async fn regrant(
+        self: &Arc<Self>,
+        nodes: &mut MutexGuard<'_, Nodes>,
+        node: &str,
+    ) -> Result<i64> {
+        let ttl = self.cfg.lease_ttl_secs();
+        let mut lease = self.client.lease_client();
+        let grant = self
+            .timed(lease.grant(ttl, None))
+            .await
+            .map_err(|e| error::map(e, format!("grant a lease for node {node}")))?;
+        let id = grant.id();
+        let st = nodes.state(node);
+        st.lease = Some(id);
+        let endpoints: Vec<Endpoint> = st.endpoints.values().cloned().collect();
+        let spawn_monitor = !st.monitored;
+        st.monitored = true;
+        if spawn_monitor {
+            tokio::spawn(monitor(Arc::downgrade(self), node.to_string()));
+        }
+        info!(
+            node,
+            lease = format!("{id:x}"),
+            ttl,
+            endpoints = endpoints.len(),
+            "granted lease"
+        );
+        for chunk in endpoints.chunks(self.cfg.max_batch.max(1)) {
+            let mut ops = Vec::with_capacity(chunk.len());
+            for ep in chunk {
+                let value = layout::encode(ep)?;
+                ops.push(TxnOp::put(
+                    self.layout.key(&ep.key()),
+                    value,
+                    Some(PutOptions::new().with_lease(id)),
+                ));
+            }
+            let mut kv = self.client.kv_client();
+            self.timed(kv.txn(Txn::new().and_then(ops)))
+                .await
+                .map_err(|e| {
+                    error::map(
+                        e,
+                        format!("write the endpoints of node {node} under lease {id:x}"),
+                    )
+                })?;
+        }
+        Ok(id)
+    }
+
+    /// One keep-alive for `node`'s lease, granting a new lease when it is
+    /// gone.
+    pub(crate) async fn keep_alive(self: &Arc<Self>, node: &str) -> Result<()> {
+        let mut nodes = self.nodes.lock().await;
+        let Some(st) = nodes.by_node.get_mut(node) else {
+            debug!(node, "heartbeat from a node without endpoints here");
+            return Ok(());
+        };
+        st.last_seen = Instant::now();
+        match st.lease {
+            Some(id) => {
+                let mut lease = self.client.lease_client();
+                match self.timed(lease.keep_alive(id)).await {
+                    Ok(_) => Ok(()),
+                    Err(e) if error::is_lease_not_found(&e) => {
+                        warn!(
+                            node,
+                            lease = format!("{id:x}"),
+                            "lease lost; granting a new one"
+                        );
+                        self.regrant(&mut nodes, node).await.map(drop)
+                    }
+                    Err(e) => Err(error::map(
+                        e,
+                        format!("keep-alive of lease {id:x} of node {node}"),
+                    )),
+                }
+            }
+            None if !st.endpoints.is_empty() => self.regrant(&mut nodes, node).await.map(drop),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Watch over one node's lease while the node is alive: when the lease
+/// disappears (revoked, or expired while etcd was unreachable) although the
+/// node heartbeats, grant a new one and write its endpoints again. Ends
+/// when the registry is dropped.
+fn monitor(inner: Weak<Inner>, node: String) -> futures::future::BoxFuture<'static, ()> {
+    // Boxed with an explicit type: `regrant` spawns this, and this calls
+    // `regrant`, a cycle the compiler cannot prove `Send` through otherwise.
+    Box::pin(async move {
+        loop {
+            let (every, alive_for) = match inner.upgrade() {
+                Some(i) => {
+                    let ttl = i.cfg.lease_ttl.max(Duration::from_secs(1));
+                    ((ttl / 3).max(Duration::from_millis(200)), ttl * 3 / 4)
+                }
+                None => return,
+            };
+            tokio::time::sleep(every).await;
+            let Some(inner) = inner.upgrade() else { return };
+            let mut nodes = inner.nodes.lock().await;
+            let Some(st) = nodes.by_node.get(&node) else {
+                continue;
+            };
+            if st.endpoints.is_empty() || st.last_seen.elapsed() > alive_for {
+                // Nothing to protect, or the node went silent: let it expire.
+                continue;
+            }
+            let lost = match st.lease {
+                None => true,
+                Some(id) => {
+                    let mut lease = inner.client.lease_client();
+                    match inner.timed(lease.time_to_live(id, None)).await {
+                        Ok(r) => r.ttl() <= 0,
+                        Err(e) => {
+                            debug!(node, error = %e, "cannot check the lease");
+                            false
+                        }
+                    }
+                }
+            };
+            if lost {
+                warn!(node, "lease of a live node is gone; granting a new one");
+                if let Err(e) = inner.regrant(&mut nodes, &node).await {
+                    warn!(node, error = %e, "could not restore the node's endpoints; will retry");
+                    if let Some(st) = nodes.by_node.get_mut(&node) {
+                        st.lease = None;
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// Run `fut` with a time limit; a timeout becomes etcd's `DeadlineExceeded`.
+async fn timed<T>(
+    limit: Duration,
+    fut: impl Future<Output = std::result::Result<T, EtcdError>>,
+) -> std::result::Result<T, EtcdError> {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(EtcdError::GRpcStatus(tonic::Status::deadline_exceeded(
+            format!("etcd did not answer within {limit:?}"),
+        ))),
+    }
+}
+
+fn describe(chunk: &[Prepared]) -> String {
+    match chunk {
+        [one] => match &one.op {
+            Op::Register(_) => format!("register {}", error::short(&one.key)),
+            Op::Deregister(_) => format!("deregister {}", error::short(&one.key)),
+        },
+        [first, ..] => format!(
+            "batch of {} ops starting at {}",
+            chunk.len(),
+            error::short(&first.key)
+        ),
+        [] => "empty batch".to_string(),
+    }
+}
+
+#[cfg(feature = "tls")]
+fn tls_options(opts: ConnectOptions, tls: &crate::config::TlsConfig) -> Result<ConnectOptions> {
+    use etcd_client::{Certificate, Identity, TlsOptions};
+    let read = |field: &str, path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| error::tls_file(field, path, e))
+    };
+    let mut t = TlsOptions::new();
+    if let Some(ca) = &tls.ca_cert {
+        t = t.ca_certificate(Certificate::from_pem(read("ca_cert", ca)?));
+    }
+    match (&tls.client_cert, &tls.client_key) {
+        (Some(cert), Some(key)) => {
+            t = t.identity(Identity::from_pem(
+                read("client_cert", cert)?,
+                read("client_key", key)?,
+            ));
+        }
+        (None, None) => {}
+        _ => {
+            return Err(Error::invalid(
+                "tls",
+                "client_cert and client_key go together",
+            ))
+        }
+    }
+    if let Some(domain) = &tls.domain {
+        t = t.domain_name(domain.clone());
+    }
+    Ok(opts.with_tls(t))
+}
+
+#[cfg(not(feature = "tls"))]
+fn tls_options(_opts: ConnectOptions, _tls: &crate::config::TlsConfig) -> Result<ConnectOptions> {
+    Err(Error::invalid(
+        "tls",
+        "this build of registry-etcd has no TLS support (enable the crate feature `tls`)",
+    ))
+}
