@@ -63,6 +63,146 @@ async fn registrar_on_dynamodb() {
     .await;
 }
 
+/// The DynamoDB table deleted under writes, then recreated (an emulator
+/// restart, an operator's mistake): the registrar goes not ready and stops
+/// acknowledging; once the table is back its view equals the table (no
+/// phantom endpoints) and direct writes to the table reach the agents.
+#[cfg(feature = "dynamodb")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_dynamodb_table_stops_acknowledging_then_heals() {
+    use std::collections::BTreeSet;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    let moto = registry_tests::MotoServer::start_async().await.unwrap();
+    let table = unique("healing");
+    let creds = [
+        ("AWS_ACCESS_KEY_ID", "test"),
+        ("AWS_SECRET_ACCESS_KEY", "test"),
+    ];
+    let server = common::spawn_serve_env(
+        &[
+            "--aws-region",
+            "us-east-1",
+            "--aws-endpoint-url",
+            moto.url(),
+            "--registry-backend=dynamodb",
+            "--dynamodb-table",
+            &table,
+            "--dynamodb-create-table",
+            "--probe-interval=200ms",
+            "--write-batch-interval=20ms",
+            "--sync-interval=200ms",
+        ],
+        &creds,
+    )
+    .await;
+    let cfg = registry_dynamodb::DynamoDbConfig::new(table.clone())
+        .with_region("us-east-1")
+        .with_endpoint_url(moto.url())
+        .with_static_credentials("test", "test");
+    eventually("ready", || async {
+        (server.readyz().await.0 == 200).then_some(())
+    })
+    .await;
+    let direct = registry_dynamodb::DynamoDbRegistry::connect(cfg.clone())
+        .await
+        .unwrap();
+    let raw = registry_registrar::Raw::connect(registry_registrar::ClientConfig::new(
+        server.url(),
+        "c",
+        "loader",
+    ))
+    .unwrap();
+    for i in 0..20 {
+        raw.register(ep("api", &format!("old{i}"), 80))
+            .await
+            .unwrap();
+    }
+    eventually("the first writes in the table", || async {
+        (direct.list("api").await.ok()?.len() == 20).then_some(())
+    })
+    .await;
+    // A watcher (reads only, so nothing is re-asserted by it).
+    let agent = common::fast_client(&server.url(), "c", "watcher");
+    agent.cache().wait_until_ready().await;
+
+    // Writes go on while the table is deleted.
+    let stop = Arc::new(AtomicBool::new(false));
+    let refused = Arc::new(AtomicUsize::new(0));
+    let loader = {
+        let (stop, refused) = (Arc::clone(&stop), Arc::clone(&refused));
+        let raw = registry_registrar::Raw::connect(registry_registrar::ClientConfig::new(
+            server.url(),
+            "c",
+            "loader",
+        ))
+        .unwrap();
+        tokio::spawn(async move {
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) {
+                if let Err(e) = raw.register(ep("load", &format!("k{i}"), 80)).await {
+                    assert_eq!(e.kind(), registry_api::ErrorKind::Unavailable, "{e}");
+                    refused.fetch_add(1, Ordering::Relaxed);
+                }
+                i += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        })
+    };
+    direct
+        .client()
+        .delete_table()
+        .table_name(&table)
+        .send()
+        .await
+        .unwrap();
+    eventually("not ready, naming the table", || async {
+        let (code, body) = server.readyz().await;
+        (code == 503 && body.contains(&table)).then_some(())
+    })
+    .await;
+    eventually("writes refused with UNAVAILABLE", || async {
+        (refused.load(Ordering::Relaxed) > 0).then_some(())
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    loader.await.unwrap();
+
+    // The table comes back, and another program writes to it directly.
+    registry_dynamodb::DynamoDbRegistry::create_table_if_missing(&cfg, true)
+        .await
+        .unwrap();
+    let direct = registry_dynamodb::DynamoDbRegistry::connect(cfg.clone())
+        .await
+        .unwrap();
+    let fresh = ep("api", "fresh", 80);
+    direct.register(fresh.clone()).await.unwrap();
+    eventually("ready again", || async {
+        (server.readyz().await.0 == 200).then_some(())
+    })
+    .await;
+    let keys = |eps: Vec<registry_api::Endpoint>| -> BTreeSet<registry_api::EndpointKey> {
+        eps.into_iter().map(|e| e.key()).collect()
+    };
+    eventually("the registrar's view to equal the table", || async {
+        let table_now = keys(direct.snapshot().await.ok()?.iter().cloned().collect());
+        let view = keys(raw.snapshot().await.ok()?.iter().cloned().collect());
+        (view == table_now && table_now.contains(&fresh.key())).then_some(())
+    })
+    .await;
+    eventually("the agent to see the table, not the phantoms", || async {
+        (agent.list("api").await.ok()? == vec![fresh.clone()]).then_some(())
+    })
+    .await;
+    let later = ep("api", "later", 80);
+    direct.register(later.clone()).await.unwrap();
+    eventually("a direct write to reach the agent", || async {
+        agent.list("api").await.ok()?.contains(&later).then_some(())
+    })
+    .await;
+}
+
 #[cfg(feature = "cloudmap")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registrar_on_cloudmap() {

@@ -353,16 +353,27 @@ async fn etcd_down_for_10s_degrades_visibly_and_loses_nothing() {
     };
     etcd.kill();
     let outage = Instant::now();
-    let (mut degraded, mut down) = (false, false);
+    let (mut degraded, mut down, mut sync_errors, mut stale) = (false, false, false, false);
     while outage.elapsed() < Duration::from_secs(10) {
         let (code, body) = s.readyz().await;
         assert_eq!(code, 200, "an outage must not make it unready: {body}");
         degraded |= body.contains("degraded: backend unreachable since");
         down |= metric(&s, "registrar_backend_up").await == Some(0.0);
+        sync_errors |= metric(&s, "registrar_sync_errors_total")
+            .await
+            .is_some_and(|v| v > 0.0);
+        stale |= metric(&s, "registrar_backend_down_seconds")
+            .await
+            .is_some_and(|v| v > 0.0);
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(degraded, "/readyz never said degraded");
     assert!(down, "registrar_backend_up never went to 0");
+    assert!(
+        sync_errors,
+        "registrar_sync_errors_total stayed 0: the watch hid the outage"
+    );
+    assert!(stale, "registrar_backend_down_seconds stayed 0");
     etcd.restart().unwrap();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     writer.await.unwrap();
@@ -389,4 +400,76 @@ async fn etcd_down_for_10s_degrades_visibly_and_loses_nothing() {
     })
     .await;
     assert_eq!(metric(&s, "registrar_backend_up").await, Some(1.0));
+    assert_eq!(
+        metric(&s, "registrar_backend_down_seconds").await,
+        Some(0.0)
+    );
+}
+
+/// A measurement, not a check (run with `--ignored --nocapture`): SIGKILL
+/// during an optimistic burst from 8 plain gRPC writers; prints how many
+/// acknowledged writes were lost and how long before the kill the oldest
+/// lost one was acknowledged: the window of the optimistic mode. The
+/// README's reliability section quotes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: run with --ignored --nocapture"]
+async fn measure_the_optimistic_loss_window() {
+    for round in 0..5 {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("registry.db");
+        let mut s = spawn_serve(&[
+            "--registry-backend=sqlite",
+            &format!("--sqlite-path={}", db.display()),
+        ])
+        .await;
+        ready(&s).await;
+        let acked: Arc<Mutex<Vec<(EndpointKey, Instant)>>> = Arc::default();
+        let writers: Vec<_> = (0..8)
+            .map(|w| {
+                let client = raw(&s, Ack::Optimistic);
+                let acked = Arc::clone(&acked);
+                tokio::spawn(async move {
+                    for i in 0.. {
+                        let e = ep("burst", &format!("w{w}-{i}"), 1);
+                        match client.register(e.clone()).await {
+                            Ok(()) => acked.lock().unwrap().push((e.key(), Instant::now())),
+                            Err(_) => return,
+                        }
+                    }
+                })
+            })
+            .collect();
+        eventually("2000 writes", || async {
+            (acked.lock().unwrap().len() >= 2000).then_some(())
+        })
+        .await;
+        let killed = Instant::now();
+        s.signal("KILL");
+        s.exit_code(LIMIT).await;
+        for w in writers {
+            tokio::time::timeout(LIMIT, w).await.unwrap().unwrap();
+        }
+        let acked = acked.lock().unwrap().clone();
+        let reg = registry_sqlite::SqliteRegistry::open_path(&db)
+            .await
+            .unwrap();
+        let stored: BTreeSet<EndpointKey> = reg
+            .list("burst")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.key())
+            .collect();
+        let lost: Vec<Duration> = acked
+            .iter()
+            .filter(|(k, _)| !stored.contains(k))
+            .map(|(_, at)| killed.saturating_duration_since(*at))
+            .collect();
+        println!(
+            "round {round}: {} acknowledged, {} lost, oldest lost acknowledged {:?} before the kill",
+            acked.len(),
+            lost.len(),
+            lost.iter().max().copied().unwrap_or_default()
+        );
+    }
 }

@@ -262,6 +262,11 @@ pub struct Spawned {
 /// Start `registrar serve` with `extra` flags on free loopback ports and
 /// wait for its address line.
 pub async fn spawn_serve(extra: &[&str]) -> Spawned {
+    spawn_serve_env(extra, &[]).await
+}
+
+/// [`spawn_serve`] with extra environment variables for the child.
+pub async fn spawn_serve_env(extra: &[&str], env: &[(&str, &str)]) -> Spawned {
     let dir = tempfile::tempdir().unwrap();
     let stderr = dir.path().join("stderr.log");
     let mut child = Command::new(env!("CARGO_BIN_EXE_registrar"))
@@ -273,6 +278,7 @@ pub async fn spawn_serve(extra: &[&str]) -> Spawned {
             "127.0.0.1:0",
         ])
         .args(extra)
+        .envs(env.iter().copied())
         .env("RUST_LOG", "info")
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(&stderr).unwrap())
