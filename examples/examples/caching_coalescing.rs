@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures::future::join_all;
 use registry_api::{
-    Batch, CachedRegistry, Capabilities, Coalescing, Endpoint, EndpointKey, EventStream, Op,
-    Registry, Snapshot, Version, Watch,
+    cached::CachedRegistry, coalescing::Coalescing, Batch, Capabilities, Endpoint, EndpointKey,
+    EventStream, Op, Registry, Snapshot, Version, Watch,
 };
 use registry_sqlite::{SqliteConfig, SqliteRegistry};
 

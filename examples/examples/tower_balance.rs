@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use futures::TryStreamExt;
-use registry_api::{discover, Endpoint, Health, MemoryRegistry, Registry};
+use registry_api::{discover::discover, memory::MemoryRegistry, Endpoint, Health, Registry};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;

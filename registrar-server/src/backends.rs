@@ -6,9 +6,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use registry_api::{
-    Batch, Heartbeat, Liveness, MemoryRegistry, Polling, PollingConfig, Result, Watch,
-};
+use registry_api::memory::MemoryRegistry;
+use registry_api::polling::PollingConfig;
+use registry_api::stack::{stack, StackConfig};
+use registry_api::Result;
 
 use crate::Backend;
 
@@ -95,75 +96,59 @@ impl BackendOptions {
     }
 }
 
-/// Wrap a backend for the registrar: [`Polling`] when it has no native
-/// watch, the generic [`Liveness`] sweeper when it has no native liveness.
-pub fn assemble<B>(backend: B, sync_interval: Duration) -> Result<Arc<dyn Backend>>
-where
-    B: Batch + Watch + Heartbeat,
-{
-    let caps = backend.capabilities();
-    let polling = PollingConfig::default().with_interval(sync_interval);
-    Ok(match (caps.native_watch, caps.native_liveness) {
-        (true, true) => Arc::new(backend),
-        (true, false) => Arc::new(Liveness::new(backend)),
-        (false, true) => Arc::new(Polling::with_config(backend, polling)?),
-        (false, false) => Arc::new(Polling::with_config(Liveness::new(backend), polling)?),
-    })
-}
-
-/// Open the backend `opts` describes and wrap it ([`assemble`]). Errors
+/// Open the backend `opts` describes and wrap it in what its capabilities
+/// call for ([`registry_api::stack::stack`]: polling when it has no native
+/// watch, the generic liveness sweeper when it has no liveness). Errors
 /// keep the backend's kind: transient ones (unreachable) are worth a
 /// retry, permanent ones (a read-only or corrupt file, a missing table
 /// without `dynamodb_create_table`, bad credentials) are not.
 pub async fn open_backend(opts: &BackendOptions) -> Result<Arc<dyn Backend>> {
-    let every = opts.sync_interval;
+    let cfg = StackConfig::default()
+        .with_polling(PollingConfig::default().with_interval(opts.sync_interval));
     match opts.kind {
-        BackendKind::Memory => assemble(MemoryRegistry::new(), every),
+        BackendKind::Memory => stack(MemoryRegistry::new(), &cfg),
         #[cfg(feature = "sqlite")]
-        BackendKind::Sqlite => assemble(
+        BackendKind::Sqlite => stack(
             registry_sqlite::SqliteRegistry::open_path(&opts.sqlite_path).await?,
-            every,
+            &cfg,
         ),
         #[cfg(feature = "etcd")]
         BackendKind::Etcd => {
-            let cfg = registry_etcd::EtcdConfig::new(opts.etcd_endpoints.clone())
+            let etcd = registry_etcd::EtcdConfig::new(opts.etcd_endpoints.clone())
                 .with_prefix(opts.etcd_prefix.clone());
-            assemble(registry_etcd::EtcdRegistry::connect(cfg).await?, every)
+            stack(registry_etcd::EtcdRegistry::connect(etcd).await?, &cfg)
         }
         #[cfg(feature = "dynamodb")]
         BackendKind::Dynamodb => {
-            let mut cfg = registry_dynamodb::DynamoDbConfig::new(opts.dynamodb_table.clone())
-                .with_poll_interval(every);
+            let mut table = registry_dynamodb::DynamoDbConfig::new(opts.dynamodb_table.clone())
+                .with_poll_interval(opts.sync_interval);
             if let Some(region) = &opts.aws_region {
-                cfg = cfg.with_region(region.clone());
+                table = table.with_region(region.clone());
             }
             if let Some(url) = &opts.aws_endpoint_url {
-                cfg = cfg.with_endpoint_url(url.clone());
+                table = table.with_endpoint_url(url.clone());
             }
             if opts.dynamodb_create_table {
-                registry_dynamodb::DynamoDbRegistry::create_table_if_missing(&cfg, true).await?;
+                registry_dynamodb::DynamoDbRegistry::create_table_if_missing(&table, true).await?;
             }
-            // Its watch is native (Streams) or its own polling; no native
-            // liveness.
-            Ok(Arc::new(Liveness::new(
-                registry_dynamodb::DynamoDbRegistry::connect(cfg).await?,
-            )))
+            stack(
+                registry_dynamodb::DynamoDbRegistry::connect(table).await?,
+                &cfg,
+            )
         }
         #[cfg(feature = "cloudmap")]
         BackendKind::Cloudmap => {
-            let mut cfg = registry_cloudmap::CloudMapConfig::new(opts.cloudmap_namespace.clone());
+            let mut ns = registry_cloudmap::CloudMapConfig::new(opts.cloudmap_namespace.clone());
             if let Some(region) = &opts.aws_region {
-                cfg = cfg.with_region(region.clone());
+                ns = ns.with_region(region.clone());
             }
             if let Some(url) = &opts.aws_endpoint_url {
-                cfg = cfg.with_endpoint_url(url.clone());
+                ns = ns.with_endpoint_url(url.clone());
             }
-            // Neither a watch nor liveness of its own.
-            let raw = registry_cloudmap::CloudMapRegistry::connect(cfg).await?;
-            Ok(Arc::new(Polling::with_config(
-                Liveness::new(raw),
-                PollingConfig::default().with_interval(every),
-            )?))
+            stack(
+                registry_cloudmap::CloudMapRegistry::connect(ns).await?,
+                &cfg,
+            )
         }
     }
 }

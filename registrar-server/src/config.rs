@@ -3,7 +3,10 @@
 
 use std::time::Duration;
 
-use registry_api::{check_count, check_duration, Result};
+use registry_api::{
+    backend::{check_count, check_duration},
+    Result,
+};
 pub use registry_registrar::Ack;
 
 /// Settings of the registrar. The defaults are the in-cluster registrar
@@ -109,7 +112,7 @@ impl RegistrarConfig {
     pub fn validate(&self) -> Result<()> {
         let ms = Duration::from_millis;
         let hour = Duration::from_secs(3600);
-        registry_api::check_name("cluster_name", &self.cluster_name, false)?;
+        registry_api::backend::check_name("cluster_name", &self.cluster_name, false)?;
         check_duration(
             "write_batch_interval",
             self.write_batch_interval,

@@ -65,9 +65,7 @@ async fn render(State(st): State<HttpState>) -> (StatusCode, String) {
             match st.registrar.get() {
                 Some(r) => {
                     r.publish_gauges();
-                    // The registrar's own cache of the backend is the same
-                    // `CachedRegistry` as an agent's: this sets its age gauge.
-                    let _ = r.state().cache_age();
+                    r.state().store().record_metrics();
                 }
                 None => st.status.publish_gauges(),
             }

@@ -13,8 +13,6 @@ mod serve;
 mod service;
 mod status;
 
-use registry_api::{Batch, Heartbeat, Watch};
-
 pub use auth::{AuthzConfig, DEFAULT_ID_PATTERN};
 pub use backends::{open_backend, BackendKind, BackendOptions};
 pub use config::{Ack, RegistrarConfig};
@@ -27,9 +25,7 @@ pub use serve::{serve, serve_with, Bound, OpenPolicy, Opening, ServeOptions};
 pub use service::RegistrarService;
 pub use status::{Readiness, Status};
 
-/// What the registrar needs of a backend: batches, a watch and heartbeats.
-/// [`open_backend`] wraps backends without a native watch in
-/// [`registry_api::Polling`] and those without native liveness in
-/// [`registry_api::Liveness`].
-pub trait Backend: Batch + Watch + Heartbeat {}
-impl<T: Batch + Watch + Heartbeat> Backend for T {}
+/// What the registrar needs of a backend: batches, a watch and heartbeats
+/// ([`registry_api::stack::Stack`]). [`open_backend`] wraps each backend
+/// as its capabilities call for ([`registry_api::stack::stack`]).
+pub use registry_api::stack::Stack as Backend;

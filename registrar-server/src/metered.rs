@@ -21,7 +21,7 @@ use crate::Backend;
 ///   refusal of the backend as such: re-read and not ready until done), and
 ///   every `Ok` item tells it the backend answers;
 /// - for backends with a native watch it records the sync metrics the way
-///   [`registry_api::Polling`] does for polled ones:
+///   [`registry_api::polling::Polling`] does for polled ones:
 ///   `registrar_sync_duration_seconds` (each (re)subscription, from
 ///   subscribing to the first event) and `registrar_sync_errors_total`
 ///   (each error of the watch).
@@ -133,8 +133,9 @@ impl Watch for SyncMetered {
 }
 
 /// Describe the registrar's metrics (help text and unit) to the installed
-/// recorder: the nine of the registrar document and the health ones. Call
-/// once after installing it.
+/// recorder. Call once after installing it. (The agents' two metrics,
+/// `agent_registrar_cache_age_seconds` and
+/// `agent_registrar_stream_reconnects_total`, are exported by the agents.)
 pub fn describe_metrics() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_gauge!(
@@ -193,13 +194,13 @@ pub fn describe_metrics() {
         "Events pushed to agents, by type"
     );
     describe_gauge!(
-        "agent_registrar_cache_age_seconds",
+        "registrar_cache_age_seconds",
         Unit::Seconds,
-        "Time since last cache update on agent"
+        "How stale the registrar's cache of the backend may be (0 while its watch delivers)"
     );
     describe_counter!(
-        "agent_registrar_stream_reconnects_total",
+        "registrar_stream_reconnects_total",
         Unit::Count,
-        "Watch stream reconnection attempts"
+        "Failures or ends of the registrar's watch of the backend"
     );
 }

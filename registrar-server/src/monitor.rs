@@ -8,7 +8,7 @@
 //!   written.
 //! - While writes are refused, or after a refused write whose key could
 //!   not be re-read, it heals: probe, then re-read the backend's whole
-//!   state ([`registry_api::CachedRegistry::resync`]); only then is the
+//!   state ([`registry_api::cached::CachedRegistry::resync`]); only then is the
 //!   registrar ready again.
 //! - The background tasks: a write queue or a state task that ended makes
 //!   the registrar fail (not ready, then exit non-zero).

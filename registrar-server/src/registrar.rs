@@ -5,10 +5,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use registry_api::{
-    CachedConfig, CachedRegistry, Coalescing, CoalescingConfig, EndpointKey, Op, Registry, Result,
-    Version,
+    cached::{CachedConfig, CachedRegistry},
+    coalescing::{Coalescing, CoalescingConfig},
+    EndpointKey, Op, Registry, Result, Version,
 };
-use registry_registrar::Token;
+use registry_registrar::{Overlay, Token};
 
 use crate::config::{Ack, RegistrarConfig};
 use crate::metered::SyncMetered;
@@ -39,6 +40,8 @@ pub struct Registrar {
     epoch: u64,
     pub(crate) backend: Arc<dyn Backend>,
     pub(crate) state: CachedRegistry<Arc<dyn Backend>>,
+    /// Writes broadcast before the backend has them.
+    overlay: Overlay,
     pub(crate) writer: Coalescing<Arc<dyn Backend>>,
     pub(crate) status: Arc<Status>,
     pub(crate) closing: tokio::sync::watch::Sender<bool>,
@@ -62,7 +65,7 @@ impl Registrar {
     /// The backend is wrapped in [`SyncMetered`], which reports the watch's
     /// failures to `status` and records `registrar_sync_duration_seconds`
     /// and `registrar_sync_errors_total` for native watches
-    /// ([`registry_api::Polling`] records them for the others).
+    /// ([`registry_api::polling::Polling`] records them for the others).
     pub fn with_status(
         backend: Arc<dyn Backend>,
         cfg: RegistrarConfig,
@@ -74,13 +77,13 @@ impl Registrar {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_micros() as u64)
             .unwrap_or(1);
-        let state = CachedRegistry::with_config(
+        let (state, overlay) = Overlay::cache(
             Arc::clone(&backend),
             CachedConfig::default()
-                .with_local_versions(true)
                 .with_write_wait(Duration::ZERO)
                 .with_history(cfg.history)
-                .with_buffer(cfg.agent_buffer),
+                .with_buffer(cfg.agent_buffer)
+                .with_metrics_prefix("registrar"),
         )?;
         let writer = Coalescing::with_config(
             Arc::clone(&backend),
@@ -95,6 +98,7 @@ impl Registrar {
             epoch,
             backend,
             state,
+            overlay,
             writer,
             status,
             closing: tokio::sync::watch::channel(false).0,
@@ -124,7 +128,7 @@ impl Registrar {
     pub fn token(&self) -> Token {
         Token {
             epoch: self.epoch,
-            version: self.state.hub().current().version(),
+            version: self.state.store().version(),
         }
     }
 
@@ -183,8 +187,12 @@ impl Registrar {
 
     fn write_optimistic(self: &Arc<Self>, op: Op) -> Result<Token> {
         let key = op.key();
-        let before = self.state.cached().and_then(|s| s.get(&key).cloned());
-        self.state.apply_local(std::slice::from_ref(&op));
+        let before = self
+            .state
+            .store()
+            .snapshot()
+            .and_then(|s| s.get(&key).cloned());
+        self.overlay.apply(std::slice::from_ref(&op));
         let undo = match before {
             Some(ep) => Op::Register(ep),
             None => Op::Deregister(key),
@@ -201,7 +209,7 @@ impl Registrar {
             }
             Err(e) => {
                 // The caller gets the error: nothing to tell agents.
-                self.state.undo_local(&[undo]);
+                self.overlay.undo(&[undo]);
                 Err(e)
             }
         }
@@ -210,7 +218,7 @@ impl Registrar {
     async fn write_durable(&self, op: Op) -> Result<Token> {
         self.writer.submit(vec![op.clone()])?.durable().await?;
         // Read your writes: the state shows it before the backend's echo.
-        self.state.apply_local(&[op]);
+        self.overlay.apply(&[op]);
         Ok(self.token())
     }
 
@@ -220,7 +228,7 @@ impl Registrar {
     async fn refused(&self, refusal: Refusal, undo: Op) {
         let key = refusal.op.key();
         tracing::error!(%key, error = %refusal.error, "the backend refused an acknowledged write; undoing its broadcast and telling agents");
-        let events = self.state.undo_local(std::slice::from_ref(&undo));
+        let events = self.overlay.undo(std::slice::from_ref(&undo));
         if let Some(ev) = events.last() {
             self.refusals.record(ev.version(), refusal.clone());
         } else {
@@ -246,7 +254,7 @@ impl Registrar {
                     Some(e) => Op::Register(e),
                     None => Op::Deregister(key.clone()),
                 };
-                self.state.undo_local(&[op]);
+                self.overlay.undo(&[op]);
             }
             Ok(Err(e)) => {
                 tracing::warn!(%key, error = %e, "could not re-read a refused write; re-reading everything");
@@ -270,7 +278,7 @@ impl Registrar {
     /// The node owning `key` now (from the state once it is ready, before
     /// that from the backend); `None` when the endpoint does not exist.
     pub async fn current_node(&self, key: &EndpointKey) -> Result<Option<String>> {
-        if let Some(snap) = self.state.cached() {
+        if let Some(snap) = self.state.store().snapshot() {
             return Ok(snap.get(key).map(|e| e.node.clone()));
         }
         let eps = self.backend.list(&key.service).await?;
@@ -284,7 +292,7 @@ impl Registrar {
     pub fn publish_gauges(&self) {
         metrics::gauge!("registrar_write_queue_depth").set(self.queue_depth() as f64);
         self.status.publish_gauges();
-        let Some(snap) = self.state.cached() else {
+        let Some(snap) = self.state.store().snapshot() else {
             return;
         };
         let mut seen = self.counted.lock().unwrap_or_else(|p| p.into_inner());
@@ -300,10 +308,29 @@ impl Registrar {
         *seen = counts;
     }
 
-    /// Record a node's heartbeat with the backend.
+    /// Record a node's heartbeat with the backend. `NotFound` when neither
+    /// the backend nor the state knows an endpoint of the node: the agent
+    /// should register again.
     pub async fn heartbeat(&self, node: &str) -> Result<()> {
-        registry_api::check_name("node_name", node, true)?;
-        self.backend.heartbeat(node).await
+        registry_api::backend::check_name("node_name", node, true)?;
+        match self.backend.heartbeat(node).await {
+            // The node's registrations may still be on their way to the
+            // backend (acknowledged, queued): its endpoints are in the
+            // state, and the write will count as its sign of life.
+            Err(e) if e.kind() == registry_api::ErrorKind::NotFound => {
+                let pending = self
+                    .state
+                    .store()
+                    .snapshot()
+                    .is_some_and(|s| s.iter().any(|ep| ep.node == node));
+                if pending {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            }
+            other => other,
+        }
     }
 
     /// Refuse new writes and drain the queue to the backend for at most

@@ -322,7 +322,7 @@ impl GrpcRegistrar for RegistrarService {
         request: Request<ListAllEndpointsRequest>,
     ) -> Result<Response<ListAllEndpointsResponse>, Status> {
         self.security.caller(&request)?;
-        let (endpoints, version) = match self.registrar.state().cached() {
+        let (endpoints, version) = match self.registrar.state().store().snapshot() {
             Some(snap) => (
                 snap.iter().map(endpoint_to_proto).collect(),
                 self.registrar.token(),

@@ -358,8 +358,14 @@ async fn metrics_have_the_nine_names_types_and_plausible_values() {
         ("registrar_write_batch_size", "histogram"),
         ("registrar_write_queue_depth", "gauge"),
         ("registrar_event_broadcast_total", "counter"),
-        ("agent_registrar_cache_age_seconds", "gauge"),
-        ("agent_registrar_stream_reconnects_total", "counter"),
+        // The registrar's own cache of the backend; agents export theirs as
+        // agent_registrar_cache_age_seconds and
+        // agent_registrar_stream_reconnects_total.
+        ("registrar_cache_age_seconds", "gauge"),
+        ("registrar_stream_reconnects_total", "counter"),
+        ("registrar_backend_up", "gauge"),
+        ("registrar_backend_down_seconds", "gauge"),
+        ("registrar_ready", "gauge"),
     ];
     for (name, ty) in expected {
         assert_eq!(
@@ -389,8 +395,15 @@ async fn metrics_have_the_nine_names_types_and_plausible_values() {
     assert!(m.get("registrar_event_broadcast_total{type=\"full_snapshot\"}") >= 2.0);
     assert!(m.get("registrar_event_broadcast_total{type=\"endpoint_added\"}") >= 6.0);
     assert!(m.get("registrar_event_broadcast_total{type=\"endpoint_removed\"}") >= 2.0);
-    assert_eq!(m.get("agent_registrar_cache_age_seconds"), 0.0);
-    assert_eq!(m.get("agent_registrar_stream_reconnects_total"), 0.0);
+    assert_eq!(m.get("registrar_cache_age_seconds"), 0.0);
+    assert_eq!(m.get("registrar_stream_reconnects_total"), 0.0);
+    assert_eq!(m.get("registrar_backend_up"), 1.0);
+    assert_eq!(m.get("registrar_ready"), 1.0);
+    assert!(
+        !m.types.keys().any(|k| k.starts_with("agent_")),
+        "the registrar exports an agent's metric: {:?}",
+        m.types.keys().collect::<Vec<_>>()
+    );
 
     // An agent leaves: the gauge follows.
     drop(a2);

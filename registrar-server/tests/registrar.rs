@@ -13,7 +13,7 @@ use common::{fast_client, start, start_on};
 use futures::StreamExt;
 use registrar_server::{Backend, RegistrarConfig};
 use registry_api::testing::{ep, eventually, next_event, Faulty};
-use registry_api::{Event, Liveness, MemoryRegistry, Registry, Watch};
+use registry_api::{liveness::Liveness, memory::MemoryRegistry, Event, Registry, Watch};
 use registry_registrar::proto::registrar::v1::registrar_client::RegistrarClient as Grpc;
 use registry_registrar::proto::registrar::v1::{
     RegisterEndpointRequest, UnregisterEndpointRequest,

@@ -14,7 +14,7 @@ use common::pki::{write_bundle, Ca};
 use common::{start_with, Server};
 use registrar_server::{AuthzConfig, Backend, RegistrarConfig, ServeOptions, TlsFiles};
 use registry_api::testing::{ep, eventually};
-use registry_api::{Liveness, MemoryRegistry, Registry};
+use registry_api::{liveness::Liveness, memory::MemoryRegistry, Registry};
 use registry_registrar::proto::registrar::v1::{
     HeartbeatRequest, ListAllEndpointsRequest, RegisterEndpointRequest, UnregisterEndpointRequest,
 };
@@ -132,7 +132,8 @@ async fn an_agent_writes_its_own_node_only() {
     let hb = |node: &str| HeartbeatRequest {
         node_name: node.into(),
     };
-    assert!(n1.grpc().heartbeat(hb("n1")).await.is_ok());
+    let r = n1.grpc().heartbeat(hb("n1")).await;
+    assert!(r.is_ok(), "{r:?}");
     assert_eq!(
         n1.grpc().heartbeat(hb("n2")).await.unwrap_err().code(),
         Code::PermissionDenied

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use registrar_server::{Ack, Backend, Readiness, RegistrarConfig};
 use registry_api::testing::{ep, eventually, wait_limit, Faulty};
-use registry_api::{EndpointKey, Error, ErrorKind, Heartbeat, Liveness, MemoryRegistry, Registry};
+use registry_api::{
+    liveness::Liveness, memory::MemoryRegistry, EndpointKey, Error, ErrorKind, Heartbeat, Registry,
+};
 use registry_registrar::{ClientConfig, Raw, RegistrarClient};
 
 type Backing = Faulty<Liveness<MemoryRegistry>>;
@@ -67,7 +69,7 @@ async fn an_agent_learns_that_its_write_was_refused() {
     })
     .await;
     assert!(agent.owned().iter().all(|e| e.key() != bad.key()));
-    let state = server.registrar.state().cached().unwrap();
+    let state = server.registrar.state().store().snapshot().unwrap();
     assert!(state.get(&bad.key()).is_none());
     assert!(
         server.registrar.is_ready(),
@@ -90,10 +92,9 @@ async fn a_backend_refusing_writes_makes_it_unready_until_it_accepts_them() {
         server.registrar.is_ready().then_some(())
     })
     .await;
-    backend.refuse_writes(Some(Error::Unauthorized {
-        message: "attempt to write a readonly database".into(),
-        source: None,
-    }));
+    backend.refuse_writes(Some(Error::unauthorized(
+        "attempt to write a readonly database",
+    )));
     let mut refusals = agent.refusals();
     let e1 = ep("svc", "a", 1).with_node("n1");
     agent.register(e1.clone()).await.unwrap();
@@ -359,7 +360,7 @@ async fn with_every_registrar_gone_the_agent_writes_to_the_backend() {
     want.sort_by_key(|e| e.key());
     eventually("backend, registrar and agent to agree", || async {
         let in_backend = direct.list("svc").await.unwrap();
-        let in_registrar = server.registrar.state().cached()?.list("svc");
+        let in_registrar = server.registrar.state().store().snapshot()?.list("svc");
         let in_agent = agent.list("svc").await.unwrap();
         (in_backend == want && in_registrar == want && in_agent == want).then_some(())
     })

@@ -15,8 +15,11 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use registry_api::testing::Faulty;
 use registry_api::{
-    diff, CachedRegistry, Coalescing, CoalescingConfig, Endpoint, MemoryRegistry, Op, Registry,
-    Snapshot, Version,
+    backend::diff,
+    cached::CachedRegistry,
+    coalescing::{Coalescing, CoalescingConfig},
+    memory::MemoryRegistry,
+    Endpoint, Op, Registry, Snapshot, Version,
 };
 
 const PER_SERVICE: usize = 10;

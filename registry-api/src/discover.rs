@@ -37,7 +37,7 @@ type Resubscribe = Box<dyn Fn(Option<Version>) -> EventStream + Send>;
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 /// use std::sync::Arc;
 /// use futures::TryStreamExt;
-/// use registry_api::{discover, Endpoint, MemoryRegistry, Registry};
+/// use registry_api::{Endpoint, Registry, discover::discover, memory::MemoryRegistry};
 /// use tower::discover::Change;
 ///
 /// let reg = Arc::new(MemoryRegistry::new());
@@ -62,7 +62,7 @@ type Resubscribe = Box<dyn Fn(Option<Version>) -> EventStream + Send>;
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 /// use std::sync::Arc;
-/// use registry_api::{discover, Endpoint, MemoryRegistry, Registry};
+/// use registry_api::{Endpoint, Registry, discover::discover, memory::MemoryRegistry};
 /// use tower::{balance::p2c::Balance, load::Constant, service_fn, Service, ServiceExt};
 ///
 /// let reg = Arc::new(MemoryRegistry::new());

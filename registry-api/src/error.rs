@@ -17,6 +17,11 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// What went wrong, independent of the backend.
 ///
+/// Every kind carries a message naming what was involved (the field, key,
+/// table or address) and may carry the client error that caused it
+/// ([`Error::with_source`]). Build one with its constructor
+/// ([`Error::invalid`], [`Error::not_found`], …).
+///
 /// ```
 /// use registry_api::{Error, ErrorKind};
 /// let e = Error::unavailable("etcd at 127.0.0.1:2379 did not answer");
@@ -35,6 +40,9 @@ pub enum Error {
         field: String,
         /// What was wrong with it, including the limit it broke.
         reason: String,
+        /// The client's error, if any.
+        #[source]
+        source: Option<Cause>,
     },
     /// The thing named does not exist (a node unknown to a heartbeat, a
     /// table or namespace that is missing).
@@ -42,6 +50,9 @@ pub enum Error {
     NotFound {
         /// What was looked for.
         what: String,
+        /// The client's error, if any.
+        #[source]
+        source: Option<Cause>,
     },
     /// A concurrent change won (a failed compare-and-swap, a transaction
     /// cancelled by a condition). Retrying may succeed.
@@ -49,6 +60,9 @@ pub enum Error {
     Conflict {
         /// What conflicted.
         what: String,
+        /// The client's error, if any.
+        #[source]
+        source: Option<Cause>,
     },
     /// The backend could not be reached or did not answer in time.
     #[error("unavailable: {message}")]
@@ -74,6 +88,9 @@ pub enum Error {
     Overloaded {
         /// Which bound was reached.
         message: String,
+        /// The client's error, if any.
+        #[source]
+        source: Option<Cause>,
     },
     /// The caller is not allowed to do this, or could not be authenticated.
     #[error("unauthorized: {message}")]
@@ -187,10 +204,27 @@ impl Error {
         Error::InvalidInput {
             field: field.into(),
             reason: reason.into(),
+            source: None,
         }
     }
 
-    /// An [`Error::Unavailable`] without a cause.
+    /// An [`Error::NotFound`].
+    pub fn not_found(what: impl Into<String>) -> Self {
+        Error::NotFound {
+            what: what.into(),
+            source: None,
+        }
+    }
+
+    /// An [`Error::Conflict`].
+    pub fn conflict(what: impl Into<String>) -> Self {
+        Error::Conflict {
+            what: what.into(),
+            source: None,
+        }
+    }
+
+    /// An [`Error::Unavailable`].
     pub fn unavailable(message: impl Into<String>) -> Self {
         Error::Unavailable {
             message: message.into(),
@@ -198,9 +232,9 @@ impl Error {
         }
     }
 
-    /// An [`Error::Internal`] without a cause.
-    pub fn internal(message: impl Into<String>) -> Self {
-        Error::Internal {
+    /// An [`Error::Throttled`].
+    pub fn throttled(message: impl Into<String>) -> Self {
+        Error::Throttled {
             message: message.into(),
             source: None,
         }
@@ -210,18 +244,38 @@ impl Error {
     pub fn overloaded(message: impl Into<String>) -> Self {
         Error::Overloaded {
             message: message.into(),
+            source: None,
         }
     }
 
-    /// Attach a cause (ignored for kinds that carry none).
+    /// An [`Error::Unauthorized`].
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Error::Unauthorized {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// An [`Error::Internal`].
+    pub fn internal(message: impl Into<String>) -> Self {
+        Error::Internal {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Attach the client error that caused this one (any kind).
     pub fn with_source(mut self, cause: impl std::error::Error + Send + Sync + 'static) -> Self {
         let cause: Cause = Arc::new(cause);
         match &mut self {
-            Error::Unavailable { source, .. }
+            Error::InvalidInput { source, .. }
+            | Error::NotFound { source, .. }
+            | Error::Conflict { source, .. }
+            | Error::Unavailable { source, .. }
             | Error::Throttled { source, .. }
+            | Error::Overloaded { source, .. }
             | Error::Unauthorized { source, .. }
             | Error::Internal { source, .. } => *source = Some(cause),
-            _ => {}
         }
         self
     }
@@ -230,9 +284,14 @@ impl Error {
     /// point into a batch: `ops[3].` + `port`). Other kinds are unchanged.
     pub fn in_field(self, prefix: &str) -> Self {
         match self {
-            Error::InvalidInput { field, reason } => Error::InvalidInput {
+            Error::InvalidInput {
+                field,
+                reason,
+                source,
+            } => Error::InvalidInput {
                 field: format!("{prefix}{field}"),
                 reason,
+                source,
             },
             other => other,
         }
@@ -262,5 +321,21 @@ mod tests {
         let e = Error::unavailable("etcd 127.0.0.1:1").with_source(io);
         let src = std::error::Error::source(&e).map(|s| s.to_string());
         assert_eq!(src.as_deref(), Some("connection refused"));
+        // Every kind keeps its cause.
+        for e in [
+            Error::invalid("f", "r"),
+            Error::not_found("t"),
+            Error::conflict("c"),
+            Error::throttled("t"),
+            Error::overloaded("o"),
+            Error::unauthorized("u"),
+            Error::internal("i"),
+        ] {
+            let e = e.with_source(std::io::Error::other("cause"));
+            assert!(
+                std::error::Error::source(&e).is_some(),
+                "{e:?} lost its cause"
+            );
+        }
     }
 }

@@ -8,13 +8,15 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
+use crate::backend::check_duration;
+use crate::capabilities::Capabilities;
 use crate::error::Result;
-use crate::model::{Capabilities, Endpoint, EndpointKey, Health, Op, Version};
-use crate::settings::check_duration;
+use crate::model::{Endpoint, EndpointKey, Health, Op, Version};
 use crate::snapshot::Snapshot;
 use crate::traits::{Batch, EventStream, Heartbeat, Registry, Watch};
 
-/// Settings of [`Liveness`]. The defaults are the tiny-aws registry's.
+/// Settings of [`Liveness`]: unhealthy after 30 s of silence, removed
+/// after 5 minutes.
 #[non_exhaustive]
 #[derive(Debug, Clone)]
 pub struct LivenessConfig {
@@ -99,8 +101,8 @@ pub struct SweepReport {
 /// tracked. A node silent for `suspect_after` has its endpoints marked
 /// [`Health::Unhealthy`]; silent for `remove_after` they are deregistered
 /// and the node is forgotten. A heartbeat (or a registration by the node)
-/// makes it alive again and marks its endpoints healthy; after removal the
-/// owner registers its endpoints again, as the tiny-aws agent does.
+/// makes it alive again and marks its endpoints healthy; after removal a
+/// heartbeat is `NotFound`, and the owner registers its endpoints again.
 ///
 /// A node seen for the first time by a sweep (its endpoints were there
 /// before this `Liveness` started) gets a full `suspect_after` of grace.
@@ -343,8 +345,21 @@ impl<R: Registry> Registry for Liveness<R> {
 
 #[async_trait]
 impl<R: Registry> Heartbeat for Liveness<R> {
+    /// Record that `node` is alive and revive the endpoints this sweeper
+    /// marked unhealthy. `NotFound` for a node that owns no endpoint (never
+    /// registered, or removed after `remove_after`): it should register
+    /// its endpoints again.
     async fn heartbeat(&self, node: &str) -> Result<()> {
-        crate::validate::check_name("node", node, true)?;
+        crate::backend::check_name("node", node, true)?;
+        let tracked = self.shared.lock().last_seen.contains_key(node);
+        if !tracked {
+            let snap = self.inner.snapshot().await?;
+            if !snap.iter().any(|e| e.node == node) {
+                return Err(crate::Error::not_found(format!(
+                    "node {node:?}: no endpoint of this node is registered"
+                )));
+            }
+        }
         if self.seen(node) {
             // This sweeper marked the node's endpoints unhealthy: revive them.
             let snap = self.inner.snapshot().await?;

@@ -1,17 +1,16 @@
 //! [`MemoryRegistry`]: the complete in-memory reference backend.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use futures::stream::{self, StreamExt};
-use tokio::sync::broadcast;
 
-use crate::error::Result;
-use crate::history::History;
-use crate::model::{Capabilities, Endpoint, EndpointKey, Event, Health, Op, Version};
+use crate::backend::{check_batch, Hub};
+use crate::capabilities::Capabilities;
+use crate::error::{Error, Result};
+use crate::model::{Endpoint, EndpointKey, Event, Health, Op, Version};
 use crate::snapshot::Snapshot;
-use crate::traits::{validate_ops, Batch, EventStream, Heartbeat, Registry, Watch};
+use crate::traits::{Batch, EventStream, Heartbeat, Registry, Watch};
 
 /// Default number of changes kept for resuming watches.
 pub const DEFAULT_HISTORY: usize = 4096;
@@ -20,13 +19,16 @@ pub const DEFAULT_HISTORY: usize = 4096;
 ///
 /// Every change gets the next [`Version`]; the last `history` changes are
 /// kept so that `watch(Some(v))` can resume without a snapshot. Batches are
-/// atomic: a watcher or snapshot sees all of a batch or none of it. A
-/// heartbeat revives the node's unhealthy endpoints; marking them unhealthy
-/// is the job of [`crate::Liveness`].
+/// atomic: a watcher or snapshot sees all of a batch or none of it. Watches
+/// are fed by a [`Hub`]: a watcher that falls more than its buffer behind
+/// is cut off with `Overloaded` and resubscribes. A heartbeat revives the
+/// node's unhealthy endpoints, and is `NotFound` for a node that owns no
+/// endpoint; marking them unhealthy is the job of
+/// [`crate::liveness::Liveness`].
 ///
 /// ```
 /// # tokio_test_block_on(async {
-/// use registry_api::{Endpoint, MemoryRegistry, Registry};
+/// use registry_api::{Endpoint, Registry, memory::MemoryRegistry};
 /// let reg = MemoryRegistry::new();
 /// reg.register(Endpoint::new("api", "a", "127.0.0.1", 8080)).await?;
 /// assert_eq!(reg.list("api").await?.len(), 1);
@@ -41,14 +43,11 @@ pub struct MemoryRegistry {
 }
 
 struct Shared {
-    state: Mutex<State>,
-    tx: broadcast::Sender<Event>,
+    hub: Arc<Hub>,
+    /// One writer at a time: a batch is computed against the state it is
+    /// published on.
+    write: Mutex<()>,
     max_batch: usize,
-}
-
-struct State {
-    snap: Snapshot,
-    history: History,
 }
 
 impl Default for MemoryRegistry {
@@ -66,15 +65,10 @@ impl MemoryRegistry {
     /// An empty registry keeping the last `history` changes for resuming
     /// watches (at least 1).
     pub fn with_history(history: usize) -> Self {
-        let history_len = history.max(1);
-        let (tx, _) = broadcast::channel(history_len.clamp(16, 65_536));
         Self {
             shared: Arc::new(Shared {
-                state: Mutex::new(State {
-                    snap: Snapshot::empty(Version::ZERO),
-                    history: History::new(history_len, Version::ZERO),
-                }),
-                tx,
+                hub: Arc::new(Hub::new(Hub::DEFAULT_BUFFER, history.max(1))),
+                write: Mutex::new(()),
                 max_batch: 10_000,
             }),
         }
@@ -90,21 +84,19 @@ impl MemoryRegistry {
 
     /// The version of the latest change.
     pub fn version(&self) -> Version {
-        self.lock().snap.version()
+        self.shared.hub.current().version()
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.shared.lock()
-    }
-
-    /// Apply already validated ops under one lock, emitting one event per
-    /// real change.
+    /// Apply already validated ops and publish their changes in one step,
+    /// one event per real change.
     fn commit(&self, ops: impl IntoIterator<Item = Op>) {
-        let mut st = self.lock();
+        let _one_writer = self.shared.write.lock().unwrap_or_else(|p| p.into_inner());
+        let mut snap = Snapshot::clone(&self.shared.hub.current());
+        let mut events = Vec::new();
         for op in ops {
-            let next = st.snap.version().next();
+            let next = snap.version().next();
             let event = match op {
-                Op::Register(ep) => match st.snap.get(&ep.key()) {
+                Op::Register(ep) => match snap.get(&ep.key()) {
                     Some(old) if *old == ep => continue,
                     Some(_) => Event::Updated {
                         version: next,
@@ -116,27 +108,18 @@ impl MemoryRegistry {
                     },
                 },
                 Op::Deregister(key) => {
-                    if !st.snap.contains(&key) {
+                    if !snap.contains(&key) {
                         continue;
                     }
                     Event::Removed { version: next, key }
                 }
             };
-            st.snap.apply(&event);
-            st.history.push(event.clone());
-            // No receivers is fine.
-            let _ = self.shared.tx.send(event);
+            snap.apply(&event);
+            events.push(event);
         }
-    }
-}
-
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock cannot leave the state half-written:
-        // every change is computed before it is stored.
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        if !events.is_empty() {
+            self.shared.hub.publish(events);
+        }
     }
 }
 
@@ -148,10 +131,10 @@ impl fmt::Display for MemoryRegistry {
 
 impl fmt::Debug for MemoryRegistry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let st = self.lock();
+        let snap = self.shared.hub.current();
         f.debug_struct("MemoryRegistry")
-            .field("version", &st.snap.version())
-            .field("endpoints", &st.snap.len())
+            .field("version", &snap.version())
+            .field("endpoints", &snap.len())
             .finish()
     }
 }
@@ -170,18 +153,19 @@ impl Registry for MemoryRegistry {
     }
 
     async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
-        Ok(self.lock().snap.list(service))
+        Ok(self.shared.hub.current().list(service))
     }
 
     async fn snapshot(&self) -> Result<Snapshot> {
-        Ok(self.lock().snap.clone())
+        Ok(Snapshot::clone(&self.shared.hub.current()))
     }
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::default()
             .with_native_watch(true)
             .with_resumable_watch(true)
-            .with_atomic_batch(true)
+            .with_atomic_writes(true)
+            .with_isolated_reads(true)
             .with_max_batch(self.shared.max_batch)
     }
 }
@@ -189,17 +173,7 @@ impl Registry for MemoryRegistry {
 #[async_trait]
 impl Batch for MemoryRegistry {
     async fn apply(&self, ops: Vec<Op>) -> Result<()> {
-        validate_ops(&ops)?;
-        if ops.len() > self.shared.max_batch {
-            return Err(crate::Error::invalid(
-                "ops",
-                format!(
-                    "{} ops, more than max_batch {}",
-                    ops.len(),
-                    self.shared.max_batch
-                ),
-            ));
-        }
+        check_batch(&ops, self.shared.max_batch)?;
         self.commit(ops);
         Ok(())
     }
@@ -207,15 +181,20 @@ impl Batch for MemoryRegistry {
 
 #[async_trait]
 impl Heartbeat for MemoryRegistry {
+    /// Revive `node`'s endpoints marked unhealthy; `NotFound` when no
+    /// endpoint belongs to `node` (it should register them again).
     async fn heartbeat(&self, node: &str) -> Result<()> {
-        let revive: Vec<Op> = {
-            let st = self.lock();
-            st.snap
-                .iter()
-                .filter(|e| e.node == node && e.health == Health::Unhealthy)
-                .map(|e| Op::Register(e.clone().with_health(Health::Healthy)))
-                .collect()
-        };
+        let snap = self.shared.hub.current();
+        let mut owned = snap.iter().filter(|e| e.node == node).peekable();
+        if owned.peek().is_none() {
+            return Err(Error::not_found(format!(
+                "node {node:?}: no endpoint of this node is registered"
+            )));
+        }
+        let revive: Vec<Op> = owned
+            .filter(|e| e.health == Health::Unhealthy)
+            .map(|e| Op::Register(e.clone().with_health(Health::Healthy)))
+            .collect();
         self.commit(revive);
         Ok(())
     }
@@ -223,42 +202,17 @@ impl Heartbeat for MemoryRegistry {
 
 impl Watch for MemoryRegistry {
     fn watch(&self, from: Option<Version>) -> EventStream {
-        let (initial, rx) = {
-            let st = self.lock();
-            // Subscribing under the lock: no change can fall between the
-            // initial events and the live ones.
-            (st.history.since(from, &st.snap), self.shared.tx.subscribe())
-        };
-        let last = initial
-            .last()
-            .map(Event::version)
-            .or(from)
-            .unwrap_or(Version::ZERO);
-        // A weak handle: dropping the registry ends its watches.
-        let shared = Arc::downgrade(&self.shared);
-        let live = stream::unfold((rx, last), move |(mut rx, last)| {
-            let shared = shared.clone();
-            async move {
-                loop {
-                    match rx.recv().await {
-                        Ok(ev) if ev.version() <= last => continue,
-                        Ok(ev) => {
-                            let v = ev.version();
-                            return Some((Ok(ev), (rx, v)));
-                        }
-                        Err(broadcast::error::RecvError::Lagged(_)) => {
-                            // This watcher fell behind the channel: resync.
-                            let snap = shared.upgrade()?.lock().snap.clone();
-                            let v = snap.version();
-                            return Some((Ok(Event::Snapshot(snap)), (rx, v)));
-                        }
-                        Err(broadcast::error::RecvError::Closed) => return None,
-                    }
-                }
-            }
-        });
-        stream::iter(initial.into_iter().map(Ok))
-            .chain(live)
-            .boxed()
+        self.shared.hub.subscribe(from)
+    }
+}
+
+/// MemoryRegistry implements all four traits: [`crate::stack::stack`] wraps it as its capabilities call
+/// for.
+impl crate::stack::IntoStack for MemoryRegistry {
+    fn into_stack(
+        self,
+        cfg: &crate::stack::StackConfig,
+    ) -> crate::Result<std::sync::Arc<dyn crate::stack::Stack>> {
+        crate::stack::full(self, cfg)
     }
 }

@@ -61,8 +61,9 @@ use std::fmt;
 
 use async_trait::async_trait;
 
+use crate::capabilities::Capabilities;
 use crate::error::Result;
-use crate::model::{Capabilities, Endpoint, EndpointKey, Op, Version};
+use crate::model::{Endpoint, EndpointKey, Op, Version};
 use crate::snapshot::Snapshot;
 use crate::traits::{Batch, EventStream, Heartbeat, Registry, Watch};
 
@@ -177,7 +178,9 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::{CachedConfig, CachedRegistry, Coalescing, CoalescingConfig, Event};
+    use crate::cached::{CachedConfig, CachedRegistry};
+    use crate::coalescing::{Coalescing, CoalescingConfig};
+    use crate::Event;
     use futures::{stream, StreamExt};
 
     #[tokio::test]

@@ -174,13 +174,13 @@ pub struct Endpoint {
 }
 
 fn default_cluster() -> String {
-    DEFAULT_CLUSTER.to_string()
+    Endpoint::DEFAULT_CLUSTER.to_string()
 }
 
-/// The cluster an endpoint belongs to when none is set.
-pub const DEFAULT_CLUSTER: &str = "default";
-
 impl Endpoint {
+    /// The cluster an endpoint belongs to when none is set: `default`.
+    pub const DEFAULT_CLUSTER: &'static str = "default";
+
     /// A healthy TCP endpoint in the default cluster, owned by no node.
     pub fn new(
         service: impl Into<String>,
@@ -244,7 +244,7 @@ impl Endpoint {
     /// Check every field against the limits in [`crate::limits`]; see
     /// [`crate::validate_endpoint`].
     pub fn validate(&self) -> Result<(), Error> {
-        crate::validate::validate_endpoint(self)
+        crate::backend::validate_endpoint(self)
     }
 }
 
@@ -304,6 +304,16 @@ pub enum Event {
 }
 
 impl Event {
+    /// The same change at another version (a snapshot keeps its own).
+    pub fn with_version(self, version: Version) -> Event {
+        match self {
+            Event::Added { endpoint, .. } => Event::Added { version, endpoint },
+            Event::Updated { endpoint, .. } => Event::Updated { version, endpoint },
+            Event::Removed { key, .. } => Event::Removed { version, key },
+            snap @ Event::Snapshot(_) => snap,
+        }
+    }
+
     /// The version this event brings the consumer to.
     pub fn version(&self) -> Version {
         match self {
@@ -359,97 +369,31 @@ impl Op {
             Op::Deregister(_) => Ok(()),
         }
     }
-}
 
-/// What a backend can do natively. Tests and combinators decide from this,
-/// never from the backend's name.
-///
-/// ```
-/// let caps = registry_api::Capabilities::default()
-///     .with_native_watch(true)
-///     .with_max_batch(128);
-/// assert!(caps.native_watch && !caps.atomic_batch);
-/// ```
-#[non_exhaustive]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Capabilities {
-    /// The backend pushes every change (no polling): watchers see each
-    /// intermediate state, not only the latest one.
-    pub native_watch: bool,
-    /// `watch(Some(v))` resumes with only the changes after `v` while the
-    /// backend still holds them.
-    pub resumable_watch: bool,
-    /// `apply` is all-or-nothing for batches up to `max_batch`.
-    pub atomic_batch: bool,
-    /// Largest batch the backend takes in one call.
-    pub max_batch: usize,
-    /// The backend detects dead nodes itself (leases, SWIM).
-    pub native_liveness: bool,
-    /// State survives a restart of the process.
-    pub persistent: bool,
-    /// Most labels one endpoint may carry here (at most
-    /// [`crate::limits::MAX_LABELS`]; Cloud Map allows fewer).
-    pub max_labels: usize,
-    /// Largest endpoint the backend stores, as measured by
-    /// [`crate::encoded_len`] (at most [`crate::limits::MAX_ENCODED_LEN`];
-    /// Cloud Map allows less).
-    pub max_encoded_len: usize,
-}
-
-impl Default for Capabilities {
-    fn default() -> Self {
-        Self {
-            native_watch: false,
-            resumable_watch: false,
-            atomic_batch: false,
-            max_batch: 1,
-            native_liveness: false,
-            persistent: false,
-            max_labels: crate::limits::MAX_LABELS,
-            max_encoded_len: crate::limits::MAX_ENCODED_LEN,
+    /// The net effect of `ops` applied in order: one op per key, the last
+    /// one, at the position of the key's first op (register then
+    /// deregister is a deregister, deregister then register a register,
+    /// two registers the later one).
+    ///
+    /// ```
+    /// use registry_api::{Endpoint, Op};
+    /// let a = Endpoint::new("s", "a", "h", 1);
+    /// let net = Op::net(vec![Op::Register(a.clone()), Op::Deregister(a.key())]);
+    /// assert_eq!(net, vec![Op::Deregister(a.key())]);
+    /// ```
+    pub fn net(ops: Vec<Op>) -> Vec<Op> {
+        let mut out: Vec<Op> = Vec::with_capacity(ops.len());
+        let mut index: std::collections::HashMap<EndpointKey, usize> =
+            std::collections::HashMap::with_capacity(ops.len());
+        for op in ops {
+            match index.get(&op.key()) {
+                Some(&i) => out[i] = op,
+                None => {
+                    index.insert(op.key(), out.len());
+                    out.push(op);
+                }
+            }
         }
-    }
-}
-
-impl Capabilities {
-    /// Set `native_watch`.
-    pub fn with_native_watch(mut self, v: bool) -> Self {
-        self.native_watch = v;
-        self
-    }
-    /// Set `resumable_watch`.
-    pub fn with_resumable_watch(mut self, v: bool) -> Self {
-        self.resumable_watch = v;
-        self
-    }
-    /// Set `atomic_batch`.
-    pub fn with_atomic_batch(mut self, v: bool) -> Self {
-        self.atomic_batch = v;
-        self
-    }
-    /// Set `max_batch` (at least 1).
-    pub fn with_max_batch(mut self, v: usize) -> Self {
-        self.max_batch = v.max(1);
-        self
-    }
-    /// Set `native_liveness`.
-    pub fn with_native_liveness(mut self, v: bool) -> Self {
-        self.native_liveness = v;
-        self
-    }
-    /// Set `max_labels` (capped at [`crate::limits::MAX_LABELS`]).
-    pub fn with_max_labels(mut self, v: usize) -> Self {
-        self.max_labels = v.min(crate::limits::MAX_LABELS);
-        self
-    }
-    /// Set `max_encoded_len` (capped at [`crate::limits::MAX_ENCODED_LEN`]).
-    pub fn with_max_encoded_len(mut self, v: usize) -> Self {
-        self.max_encoded_len = v.min(crate::limits::MAX_ENCODED_LEN);
-        self
-    }
-    /// Set `persistent`.
-    pub fn with_persistent(mut self, v: bool) -> Self {
-        self.persistent = v;
-        self
+        out
     }
 }

@@ -1,54 +1,18 @@
-//! [`diff`] and [`Polling`]: a [`Watch`] for any registry by polling
-//! `snapshot()` and diffing.
+//! [`Polling`]: a [`Watch`] for any registry by polling `snapshot()` and
+//! diffing.
 
 use std::fmt;
 use std::sync::{Arc, Weak};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::backend::{check_count, check_duration, diff, Hub, VersionClock};
+use crate::capabilities::Capabilities;
 use crate::error::Result;
-use crate::hub::{Hub, DEFAULT_SUBSCRIBER_BUFFER};
-use crate::model::{Capabilities, Endpoint, EndpointKey, Event, Op, Version};
-use crate::settings::{check_count, check_duration};
+use crate::model::{Endpoint, EndpointKey, Event, Op, Version};
 use crate::snapshot::Snapshot;
 use crate::traits::{Batch, EventStream, Heartbeat, Registry, Watch};
-
-/// The events that turn `old` into `new`, each at `new`'s version, ordered
-/// by key.
-///
-/// Both snapshots are persistent maps: where `new` was derived from `old`
-/// (as in a cache), shared structure is skipped and the cost grows with the
-/// change; two snapshots built independently are compared key by key.
-///
-/// ```
-/// use registry_api::{diff, Endpoint, Snapshot, Version};
-/// let a = Snapshot::from_endpoints(Version(1), [Endpoint::new("s", "a", "h", 1)]);
-/// let b = Snapshot::from_endpoints(Version(2), [Endpoint::new("s", "b", "h", 1)]);
-/// let events = diff(&a, &b);
-/// assert_eq!(events.len(), 2); // a removed, b added
-/// assert!(a.with_event(&events[0]).with_event(&events[1]).same_endpoints(&b));
-/// ```
-pub fn diff(old: &Snapshot, new: &Snapshot) -> Vec<Event> {
-    use imbl::ordmap::DiffItem;
-    let version = new.version();
-    old.changes(new)
-        .map(|item| match item {
-            DiffItem::Add(_, e) => Event::Added {
-                version,
-                endpoint: e.clone(),
-            },
-            DiffItem::Update { new: (_, e), .. } => Event::Updated {
-                version,
-                endpoint: e.clone(),
-            },
-            DiffItem::Remove(k, _) => Event::Removed {
-                version,
-                key: k.clone(),
-            },
-        })
-        .collect()
-}
 
 /// Settings of [`Polling`].
 #[non_exhaustive]
@@ -61,6 +25,10 @@ pub struct PollingConfig {
     pub history: usize,
     /// Events buffered per watcher before it is cut off. Default 1024.
     pub buffer: usize,
+    /// Prefix of the metric names: `<prefix>_sync_duration_seconds` (each
+    /// poll), `<prefix>_sync_errors_total` (failed polls). Default
+    /// `registry`.
+    pub metrics_prefix: String,
 }
 
 impl Default for PollingConfig {
@@ -68,7 +36,8 @@ impl Default for PollingConfig {
         Self {
             interval: Duration::from_secs(5),
             history: 4096,
-            buffer: DEFAULT_SUBSCRIBER_BUFFER,
+            buffer: Hub::DEFAULT_BUFFER,
+            metrics_prefix: "registry".to_string(),
         }
     }
 }
@@ -89,6 +58,11 @@ impl PollingConfig {
         self.buffer = buffer;
         self
     }
+    /// Set `metrics_prefix`.
+    pub fn with_metrics_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.metrics_prefix = prefix.into();
+        self
+    }
 
     /// Check every setting: `interval` 1 ms to 1 h, `history` and
     /// `buffer` 1 to 10 000 000.
@@ -100,7 +74,8 @@ impl PollingConfig {
             Duration::from_secs(3600),
         )?;
         check_count("history", self.history, 1, 10_000_000)?;
-        check_count("buffer", self.buffer, 1, 10_000_000)
+        check_count("buffer", self.buffer, 1, 10_000_000)?;
+        crate::backend::check_name("metrics_prefix", &self.metrics_prefix, true)
     }
 }
 
@@ -157,7 +132,12 @@ impl<R: Registry> Polling<R> {
         if task.is_none() {
             let inner = Arc::clone(&self.inner);
             let hub = Arc::downgrade(&self.hub);
-            *task = Some(tokio::spawn(poll_loop(inner, hub, self.config.interval)));
+            *task = Some(tokio::spawn(poll_loop(
+                inner,
+                hub,
+                self.config.interval,
+                self.config.metrics_prefix.clone(),
+            )));
         }
     }
 
@@ -173,17 +153,12 @@ impl<R: Registry> Polling<R> {
     }
 }
 
-/// The current time in microseconds: a starting version that grows across
-/// restarts of the process.
-pub(crate) fn start_version() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
-}
-
-async fn poll_loop<R: Registry>(inner: Arc<R>, hub: Weak<Hub>, interval: Duration) {
-    let mut next = start_version();
+async fn poll_loop<R: Registry>(inner: Arc<R>, hub: Weak<Hub>, interval: Duration, prefix: String) {
+    let clock = VersionClock::new();
+    let (duration, errors) = (
+        format!("{prefix}_sync_duration_seconds"),
+        format!("{prefix}_sync_errors_total"),
+    );
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // A failure was reported to the watchers: the next good poll is sent
@@ -195,20 +170,15 @@ async fn poll_loop<R: Registry>(inner: Arc<R>, hub: Weak<Hub>, interval: Duratio
         let started = tokio::time::Instant::now();
         match inner.snapshot().await {
             Ok(fresh) => {
-                metrics::histogram!("registrar_sync_duration_seconds")
-                    .record(started.elapsed().as_secs_f64());
+                metrics::histogram!(duration.clone()).record(started.elapsed().as_secs_f64());
                 if !hub.is_ready() || failed {
-                    next += 1;
-                    hub.publish([Event::Snapshot(fresh.at_version(Version(next)))]);
+                    hub.publish([Event::Snapshot(fresh.at_version(clock.next()))]);
                     failed = false;
                     continue;
                 }
                 let events: Vec<Event> = diff(&hub.current(), &fresh)
                     .into_iter()
-                    .map(|ev| {
-                        next += 1;
-                        with_version(ev, Version(next))
-                    })
+                    .map(|ev| ev.with_version(clock.next()))
                     .collect();
                 if !events.is_empty() {
                     tracing::debug!(registry = %inner, changes = events.len(), "poll found changes");
@@ -216,7 +186,7 @@ async fn poll_loop<R: Registry>(inner: Arc<R>, hub: Weak<Hub>, interval: Duratio
                 }
             }
             Err(e) => {
-                metrics::counter!("registrar_sync_errors_total").increment(1);
+                metrics::counter!(errors.clone()).increment(1);
                 tracing::warn!(registry = %inner, error = %e, "poll failed; keeping the last state");
                 if hub.is_ready() {
                     hub.report_error(e);
@@ -224,16 +194,6 @@ async fn poll_loop<R: Registry>(inner: Arc<R>, hub: Weak<Hub>, interval: Duratio
                 }
             }
         }
-    }
-}
-
-/// The same event at another version (snapshots keep theirs).
-pub(crate) fn with_version(ev: Event, version: Version) -> Event {
-    match ev {
-        Event::Added { endpoint, .. } => Event::Added { version, endpoint },
-        Event::Updated { endpoint, .. } => Event::Updated { version, endpoint },
-        Event::Removed { key, .. } => Event::Removed { version, key },
-        snap @ Event::Snapshot(_) => snap,
     }
 }
 
@@ -299,46 +259,5 @@ impl<R: Batch> Batch for Polling<R> {
 impl<R: Registry + Heartbeat> Heartbeat for Polling<R> {
     async fn heartbeat(&self, node: &str) -> Result<()> {
         self.inner.heartbeat(node).await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::Endpoint;
-    use proptest::prelude::*;
-
-    fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
-        let ep = (0u8..4, 0u8..12, 1u16..4, any::<bool>()).prop_map(|(s, i, port, unhealthy)| {
-            let mut e = Endpoint::new(format!("s{s}"), format!("i{i}"), "h", port);
-            if unhealthy {
-                e.health = crate::model::Health::Unhealthy;
-            }
-            e
-        });
-        (0u64..1000, proptest::collection::vec(ep, 0..40))
-            .prop_map(|(v, eps)| Snapshot::from_endpoints(Version(v), eps))
-    }
-
-    proptest! {
-        #[test]
-        fn applying_the_diff_yields_the_target(a in arb_snapshot(), b in arb_snapshot()) {
-            let mut got = a.clone();
-            for ev in diff(&a, &b) {
-                got.apply(&ev);
-            }
-            prop_assert!(got.same_endpoints(&b));
-        }
-
-        #[test]
-        fn diff_of_equal_is_empty_and_derived_copies_diff_small(a in arb_snapshot()) {
-            prop_assert!(diff(&a, &a.clone()).is_empty());
-            let e = Endpoint::new("zz", "new", "h", 9);
-            let b = a.with_endpoint(e.clone());
-            let d = diff(&a, &b);
-            prop_assert_eq!(d.len(), 1);
-            let added = matches!(&d[0], Event::Added { endpoint, .. } if *endpoint == e);
-            prop_assert!(added);
-        }
     }
 }

@@ -25,11 +25,11 @@ use futures::{future, StreamExt};
 use rand::RngExt;
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::limits::encoded_len;
 use crate::limits::{MAX_LABEL_KEY_LEN, MAX_LABEL_VALUE_LEN, MAX_NAME_LEN};
 use crate::model::{Endpoint, EndpointKey, Event, Health, Op, Protocol, Version};
 use crate::snapshot::Snapshot;
 use crate::traits::{Batch, EventStream, Registry, Watch};
-use crate::validate::encoded_len;
 
 /// How long a check waits for a condition before it fails. Override with
 /// the environment variable `REGISTRY_TEST_TIMEOUT_SECS`.
@@ -130,7 +130,9 @@ fn sorted(mut v: Vec<Endpoint>) -> Vec<Endpoint> {
 
 fn expect_invalid(res: Result<()>, field: &str, case: &str) {
     match res {
-        Err(Error::InvalidInput { field: f, reason }) => {
+        Err(Error::InvalidInput {
+            field: f, reason, ..
+        }) => {
             assert_eq!(f, field, "{case}: wrong field named (reason: {reason})");
             let msg = Error::invalid(f.clone(), reason).to_string();
             assert!(
@@ -293,11 +295,11 @@ pub async fn batch_invalid_op_writes_nothing<R: Batch + ?Sized>(reg: &R) {
     assert_eq!(reg.list(&svc).await.expect("list"), vec![keep]);
 }
 
-/// Where the backend claims atomic batches, a concurrent reader sees all of
-/// a batch or none of it. Returns without checking otherwise.
+/// Where the backend claims isolated reads, a concurrent reader sees all
+/// of a batch or none of it. Returns without checking otherwise.
 pub async fn batch_is_atomic<R: Batch + ?Sized>(reg: &R) {
     let caps = reg.capabilities();
-    if !caps.atomic_batch {
+    if !caps.isolated_reads {
         return;
     }
     let svc = unique("atomic");
@@ -788,7 +790,7 @@ macro_rules! conformance_tests {
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-/// use registry_api::{testing::Faulty, MemoryRegistry, Registry, ErrorKind};
+/// use registry_api::{ErrorKind, Registry, testing::Faulty, memory::MemoryRegistry};
 /// let reg = Faulty::new(MemoryRegistry::new());
 /// reg.fail_writes(1);
 /// let ep = registry_api::testing::ep("s", "a", 1);
@@ -1041,7 +1043,7 @@ impl<R: Watch> Watch for Faulty<R> {
 /// one value.
 ///
 /// ```
-/// use registry_api::{testing::Guarded, MemoryRegistry};
+/// use registry_api::{testing::Guarded, memory::MemoryRegistry};
 /// let dir = std::env::temp_dir(); // stands for a tempfile::TempDir
 /// let reg = Guarded::new(MemoryRegistry::new(), dir);
 /// assert_eq!(reg.to_string(), "Memory");

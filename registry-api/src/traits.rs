@@ -8,8 +8,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 
+use crate::capabilities::Capabilities;
 use crate::error::Result;
-use crate::model::{Capabilities, Endpoint, EndpointKey, Event, Op, Version};
+use crate::model::{Endpoint, EndpointKey, Event, Op, Version};
 use crate::snapshot::Snapshot;
 
 /// A stream of watch events, `'static` so it can be moved into a task.
@@ -21,7 +22,8 @@ pub type EventStream = BoxStream<'static, Result<Event>>;
 /// `register` is an upsert; deregistering an unknown key is not an error;
 /// `list` of an unknown service is empty; concurrent writers don't lose each
 /// other's keys. Every write validates its input first
-/// ([`crate::validate_endpoint`]) and stores nothing when it is invalid.
+/// ([`crate::backend::validate_endpoint`]) and stores nothing when it is
+/// invalid.
 ///
 /// `Display` shows the backend and the chain of combinators around it,
 /// e.g. `Cached(Coalescing(Memory))`.
@@ -45,16 +47,14 @@ pub trait Registry: Display + Debug + Send + Sync + 'static {
     /// namespace). Servers call it before they report ready and while they
     /// wait for a backend to come back.
     ///
-    /// The default only reads (`list` of a service no one registers);
-    /// backends override it with a cheap write check where their API has
-    /// one, and document what they probe.
+    /// The default only reads (`list` of a service no one registers,
+    /// [`crate::backend::PROBE_SERVICE`]); backends override it with a
+    /// cheap write check where their API has one, and document what they
+    /// probe.
     async fn probe(&self) -> Result<()> {
-        self.list(PROBE_SERVICE).await.map(drop)
+        self.list(crate::backend::PROBE_SERVICE).await.map(drop)
     }
 }
-
-/// The service name the default [`Registry::probe`] lists.
-pub const PROBE_SERVICE: &str = "registry-probe";
 
 /// Follow every change.
 pub trait Watch: Send + Sync + 'static {
@@ -74,14 +74,22 @@ pub trait Watch: Send + Sync + 'static {
 }
 
 /// Several writes in one call.
+///
+/// The rule every backend follows ([`crate::backend::check_batch`]): a
+/// batch of more than [`Batch::max_batch`] ops, or with an invalid op, is
+/// refused with [`crate::Error::InvalidInput`] (naming `ops`, or the op as
+/// `ops[i].…`) and nothing is written. A valid batch within the limit is
+/// applied in order (a later op on the same key wins), all-or-nothing when
+/// [`Capabilities::atomic_writes`] is set, and seen whole by readers when
+/// [`Capabilities::isolated_reads`] is set. To write more than
+/// `max_batch` ops, split them, or queue them with
+/// [`crate::coalescing::Coalescing`].
 #[async_trait]
 pub trait Batch: Registry {
-    /// Apply `ops` in order (a later op on the same key wins). All-or-nothing
-    /// when [`Capabilities::atomic_batch`] is set and `ops.len() <=
-    /// max_batch()`. Every op is validated before anything is written; an
-    /// invalid op fails the whole call with a field named `ops[i].…`.
+    /// Apply `ops` in order.
     async fn apply(&self, ops: Vec<Op>) -> Result<()>;
-    /// Largest batch applied in one backend call.
+    /// The most ops one [`Batch::apply`] call takes
+    /// ([`Capabilities::max_batch`]).
     fn max_batch(&self) -> usize {
         self.capabilities().max_batch
     }
@@ -93,15 +101,6 @@ pub trait Heartbeat: Send + Sync + 'static {
     /// Record that `node` is alive. Revives its endpoints if they were
     /// marked unhealthy.
     async fn heartbeat(&self, node: &str) -> Result<()>;
-}
-
-/// Validate every op of a batch, naming the op's index in the error.
-pub fn validate_ops(ops: &[Op]) -> Result<()> {
-    for (i, op) in ops.iter().enumerate() {
-        op.validate()
-            .map_err(|e| e.in_field(&format!("ops[{i}].")))?;
-    }
-    Ok(())
 }
 
 macro_rules! forward {

@@ -10,8 +10,11 @@ use futures::StreamExt;
 use rand::RngExt;
 use registry_api::testing::{ep, eventually, next_event, Faulty};
 use registry_api::{
-    CachedConfig, CachedRegistry, Coalescing, ErrorKind, Event, MemoryRegistry, Polling,
-    PollingConfig, Registry, Snapshot, Version, Watch,
+    cached::{CachedConfig, CachedRegistry},
+    coalescing::Coalescing,
+    memory::MemoryRegistry,
+    polling::{Polling, PollingConfig},
+    ErrorKind, Event, Registry, Snapshot, Version, Watch,
 };
 
 fn fast() -> CachedConfig {
@@ -304,7 +307,7 @@ async fn polling_reports_failed_polls_then_sends_a_fresh_snapshot() {
 
 #[tokio::test]
 async fn hub_cuts_off_a_stalled_subscriber_and_serves_the_rest() {
-    let hub = Arc::new(registry_api::Hub::new(64, 1024));
+    let hub = Arc::new(registry_api::backend::Hub::new(64, 1024));
     let total = 1000u64;
     let stalled = hub.subscribe(None);
     let mut active = Vec::new();
@@ -355,9 +358,11 @@ async fn hub_cuts_off_a_stalled_subscriber_and_serves_the_rest() {
     assert_eq!(hub.subscriber_count(), 0);
 }
 
+/// A change applied with the cache's `Writer` (beside the inner registry)
+/// is seen at once, numbered on the cache's own sequence, and the inner
+/// registry's echo of the same value is not seen again.
 #[tokio::test]
-async fn optimistic_local_changes_are_seen_once_with_local_versions() {
-    use registry_api::Op;
+async fn local_changes_are_seen_once_with_local_versions() {
     let cached =
         CachedRegistry::with_config(MemoryRegistry::new(), fast().with_local_versions(true))
             .unwrap();
@@ -371,7 +376,10 @@ async fn optimistic_local_changes_are_seen_once_with_local_versions() {
         "local versions start at the clock"
     );
     let e = ep("s", "a", 1);
-    let published = cached.apply_local(&[Op::Register(e.clone())]);
+    let published = cached.writer().apply(Event::Added {
+        version: Version::ZERO,
+        endpoint: e.clone(),
+    });
     assert_eq!(published.len(), 1);
     // Visible at once, before the inner registry has it.
     assert_eq!(cached.list("s").await.unwrap(), vec![e.clone()]);
@@ -388,6 +396,40 @@ async fn optimistic_local_changes_are_seen_once_with_local_versions() {
             assert_eq!(endpoint, ep("s", "b", 2), "the repeat of a was not dropped");
             assert_eq!(version, v1.next());
         }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// `resync` reads the inner registry's whole state again: what the cache
+/// believed and the inner registry does not hold is removed, and local
+/// watchers get that difference.
+#[tokio::test]
+async fn resync_replaces_what_the_cache_believed() {
+    let cached =
+        CachedRegistry::with_config(MemoryRegistry::new(), fast().with_local_versions(true))
+            .unwrap();
+    cached.wait_until_ready().await;
+    let real = ep("s", "real", 1);
+    cached.get_ref().register(real.clone()).await.unwrap();
+    let phantom = ep("s", "phantom", 1);
+    cached.writer().apply(Event::Added {
+        version: Version::ZERO,
+        endpoint: phantom.clone(),
+    });
+    eventually("the cache to hold both", || async {
+        (cached.list("s").await.unwrap().len() == 2).then_some(())
+    })
+    .await;
+    let mut w = cached.watch(None);
+    let Event::Snapshot(_) = next_event(&mut w, "snapshot").await else {
+        panic!()
+    };
+    tokio::time::timeout(registry_api::testing::wait_limit(), cached.resync())
+        .await
+        .expect("the resync did not finish");
+    assert_eq!(cached.list("s").await.unwrap(), vec![real]);
+    match next_event(&mut w, "the phantom's removal").await {
+        Event::Removed { key, .. } => assert_eq!(key, phantom.key()),
         other => panic!("{other:?}"),
     }
 }

@@ -9,8 +9,9 @@ use std::time::Duration;
 use futures::StreamExt;
 use registry_api::testing::{ep, next_event, Faulty};
 use registry_api::{
-    Batch, Coalescing, CoalescingConfig, EndpointKey, Error, ErrorKind, Event, MemoryRegistry, Op,
-    Registry, Watch,
+    coalescing::{Coalescing, CoalescingConfig},
+    memory::MemoryRegistry,
+    Batch, EndpointKey, Error, ErrorKind, Event, Op, Registry, Watch,
 };
 
 /// A config that never flushes by itself: only `flush()` moves ops.
@@ -202,9 +203,9 @@ async fn ticket_resolves_when_durable_and_invalid_ops_are_refused_up_front() {
 async fn display_shows_the_chain() {
     let reg = Coalescing::new(MemoryRegistry::new());
     assert_eq!(reg.to_string(), "Coalescing(Memory)");
-    let cached = registry_api::CachedRegistry::new(reg);
+    let cached = registry_api::cached::CachedRegistry::new(reg);
     assert_eq!(cached.to_string(), "Cached(Coalescing(Memory))");
-    assert!(!cached.capabilities().atomic_batch);
+    assert!(!cached.capabilities().isolated_reads);
 }
 
 fn keys(n: usize) -> Vec<Op> {
@@ -257,12 +258,8 @@ async fn conflict_is_not_retried_forever() {
     let reg =
         Coalescing::with_config(faulty_memory(10), manual().with_conflict_retries(2)).unwrap();
     let key = EndpointKey::new("s", "e000");
-    reg.get_ref().poison(
-        key.clone(),
-        Error::Conflict {
-            what: "condition failed".into(),
-        },
-    );
+    reg.get_ref()
+        .poison(key.clone(), Error::conflict("condition failed"));
     let t = reg.submit(vec![Op::Register(ep("s", "e000", 1))]).unwrap();
     reg.flush().await;
     assert_eq!(t.durable().await.unwrap_err().kind(), ErrorKind::Conflict);
@@ -277,10 +274,9 @@ async fn a_refusing_backend_fails_the_chunk_and_shows_in_the_status() {
     let reg = Coalescing::with_config(faulty_memory(100), manual()).unwrap();
     let status = reg.status();
     assert!(status.borrow().failing_since.is_none());
-    reg.get_ref().refuse_writes(Some(Error::Unauthorized {
-        message: "attempt to write a readonly database".into(),
-        source: None,
-    }));
+    reg.get_ref().refuse_writes(Some(Error::unauthorized(
+        "attempt to write a readonly database",
+    )));
     let t = reg.submit(keys(20)).unwrap();
     reg.flush().await;
     assert_eq!(

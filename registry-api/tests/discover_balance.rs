@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use registry_api::{discover, Endpoint, Health, MemoryRegistry, Registry};
+use registry_api::{discover::discover, memory::MemoryRegistry, Endpoint, Health, Registry};
 use tower::balance::p2c::Balance;
 use tower::load::Constant;
 use tower::{service_fn, Service, ServiceExt};

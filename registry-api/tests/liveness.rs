@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use registry_api::testing::ep;
 use registry_api::{
-    Endpoint, Health, Heartbeat, Liveness, LivenessConfig, MemoryRegistry, Registry,
+    liveness::{Liveness, LivenessConfig},
+    memory::MemoryRegistry,
+    Endpoint, Health, Heartbeat, Registry,
 };
 
 /// Sweeps only when the test says so.
@@ -72,11 +74,16 @@ async fn unhealthy_at_30s_removed_at_5min_readmitted_by_heartbeat() {
     assert_eq!(health(&reg, "b2").await, None);
     assert!(!reg.nodes().contains_key("node-b"));
 
-    // A heartbeat after pruning re-admits the node; its agent registers again.
-    reg.heartbeat("node-b").await.unwrap();
-    assert!(reg.nodes().contains_key("node-b"));
+    // After pruning the node is unknown: a heartbeat is NotFound, and its
+    // agent registers again, which re-admits it.
+    let err = reg.heartbeat("node-b").await.unwrap_err();
+    assert_eq!(err.kind(), registry_api::ErrorKind::NotFound, "{err}");
+    assert!(err.to_string().contains("node-b"), "{err}");
+    assert!(!reg.nodes().contains_key("node-b"));
     reg.register(owned("b1", "node-b")).await.unwrap();
+    assert!(reg.nodes().contains_key("node-b"));
     assert_eq!(health(&reg, "b1").await, Some(Health::Healthy));
+    reg.heartbeat("node-b").await.unwrap();
 }
 
 #[tokio::test(start_paused = true)]

@@ -2,7 +2,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use registry_api::{MemoryRegistry, Registry};
+use registry_api::{memory::MemoryRegistry, Registry};
 
 const HISTORY: usize = 64;
 

@@ -10,7 +10,8 @@ use aws_sdk_servicediscovery::config::{BehaviorVersion, Region};
 use aws_sdk_servicediscovery::Client;
 use futures::stream::{self, StreamExt};
 use registry_api::{
-    validate_ops, Batch, Capabilities, Endpoint, EndpointKey, Error, Op, Registry, Result, Snapshot,
+    backend::validate_ops, Batch, Capabilities, Endpoint, EndpointKey, Error, Op, Registry, Result,
+    Snapshot,
 };
 
 use crate::config::CloudMapConfig;
@@ -20,7 +21,7 @@ use crate::mapping;
 /// A [`Registry`] and [`Batch`] over one AWS Cloud Map namespace.
 ///
 /// Cheap to clone (the clones share the client, caches and rate limit).
-/// For a [`registry_api::Watch`], wrap it in [`registry_api::Polling`]: its
+/// For a [`registry_api::Watch`], wrap it in [`registry_api::polling::Polling`]: its
 /// `snapshot()` skips services whose `DiscoverInstancesRevision` did not
 /// change, and reads everything every
 /// [`full_poll_every`](CloudMapConfig::full_poll_every)-th time. See the
@@ -121,9 +122,8 @@ impl Registry for CloudMapRegistry {
         Capabilities::default()
             .with_native_watch(false)
             .with_resumable_watch(false)
-            .with_atomic_batch(false)
+            .with_atomic_writes(false)
             .with_max_batch(MAX_BATCH)
-            .with_persistent(true)
             .with_max_labels(mapping::MAX_LABELS)
     }
 
@@ -178,5 +178,16 @@ impl Batch for CloudMapRegistry {
             tracing::warn!(registry = %self, failed, total, "batch partly failed");
         }
         results.into_iter().collect::<Result<Vec<()>>>().map(|_| ())
+    }
+}
+
+/// CloudMapRegistry has neither a watch (it is polled) nor heartbeats of its own: [`registry_api::stack::stack`] wraps it as its capabilities call
+/// for.
+impl registry_api::stack::IntoStack for CloudMapRegistry {
+    fn into_stack(
+        self,
+        cfg: &registry_api::stack::StackConfig,
+    ) -> registry_api::Result<std::sync::Arc<dyn registry_api::stack::Stack>> {
+        registry_api::stack::registry_only(self, cfg)
     }
 }

@@ -280,9 +280,10 @@ impl Inner {
         }
         let target = format!("namespace {}", self.cfg.namespace);
         if !self.cfg.create_namespace {
-            return Err(Error::NotFound {
-                what: format!("{target} at {} (creating it is turned off)", self.endpoint),
-            });
+            return Err(Error::not_found(format!(
+                "{target} at {} (creating it is turned off)",
+                self.endpoint
+            )));
         }
         match self.cfg.namespace_kind {
             NamespaceKind::Http => {}
@@ -309,8 +310,8 @@ impl Inner {
                     if let Some(id) = exists.namespace_id() {
                         return Ok((id.to_string(), false));
                     }
-                    return self.find_namespace().await?.ok_or_else(|| Error::NotFound {
-                        what: format!("{target}: reported as existing, but not listed"),
+                    return self.find_namespace().await?.ok_or_else(|| {
+                        Error::not_found(format!("{target}: reported as existing, but not listed"))
                     });
                 }
                 return Err(error::from_sdk(
@@ -324,9 +325,10 @@ impl Inner {
         let targets = self.wait_operation(&op_id, &target).await?;
         match targets.get(&OperationTargetType::Namespace) {
             Some(id) => Ok((id.clone(), false)),
-            None => self.find_namespace().await?.ok_or_else(|| Error::NotFound {
-                what: format!("{target}: created, but not listed"),
-            }),
+            None => self
+                .find_namespace()
+                .await?
+                .ok_or_else(|| Error::not_found(format!("{target}: created, but not listed"))),
         }
     }
 

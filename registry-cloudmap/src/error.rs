@@ -46,12 +46,9 @@ where
     let detail = DisplayErrorContext(&err).to_string();
     match &err {
         SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) | SdkError::ResponseError(_) => {
-            return Error::Unavailable {
-                message: format!(
-                    "Cloud Map at {endpoint} did not answer {op} for {target}: {detail}"
-                ),
-                source: None,
-            }
+            return Error::unavailable(format!(
+                "Cloud Map at {endpoint} did not answer {op} for {target}: {detail}"
+            ))
             .with_source(err);
         }
         SdkError::ConstructionFailure(_) => {
@@ -95,59 +92,37 @@ fn by_code(code: &str, status: Option<u16>, what: String, endpoint: &str) -> Err
         | "ServiceNotFound"
         | "InstanceNotFound"
         | "OperationNotFound"
-        | "CustomHealthNotFound" => Error::NotFound { what },
-        "DuplicateRequest" | "ResourceInUse" | "ConflictingDomainExists" => {
-            Error::Conflict { what }
-        }
-        c if c.ends_with("AlreadyExists") => Error::Conflict { what },
+        | "CustomHealthNotFound" => Error::not_found(what),
+        "DuplicateRequest" | "ResourceInUse" | "ConflictingDomainExists" => Error::conflict(what),
+        c if c.ends_with("AlreadyExists") => Error::conflict(what),
         "InvalidInput" | "ValidationException" => {
             Error::invalid("endpoint", format!("Cloud Map refused it: {what}"))
         }
-        "RequestLimitExceeded" | "ThrottlingException" | "Throttling" => Error::Throttled {
-            message: what,
-            source: None,
-        },
-        c if c.starts_with("TooManyRequests") => Error::Throttled {
-            message: what,
-            source: None,
-        },
+        "RequestLimitExceeded" | "ThrottlingException" | "Throttling" => Error::throttled(what),
+        c if c.starts_with("TooManyRequests") => Error::throttled(what),
         "AccessDeniedException"
         | "AccessDenied"
         | "UnrecognizedClientException"
         | "InvalidSignatureException"
         | "MissingAuthenticationToken"
-        | "IncompleteSignature" => Error::Unauthorized {
-            message: what,
-            source: None,
-        },
+        | "IncompleteSignature" => Error::unauthorized(what),
         _ if lower.contains("token")
             && (lower.contains("expired") || lower.contains("invalid")) =>
         {
-            Error::Unauthorized {
-                message: what,
-                source: None,
-            }
+            Error::unauthorized(what)
         }
-        "InternalFailure" | "ServiceUnavailable" | "InternalServerError" => Error::Unavailable {
-            message: format!("Cloud Map at {endpoint}: {what}"),
-            source: None,
-        },
+        "InternalFailure" | "ServiceUnavailable" | "InternalServerError" => {
+            Error::unavailable(format!("Cloud Map at {endpoint}: {what}"))
+        }
         "ResourceLimitExceeded" => {
             Error::invalid("service", format!("a Cloud Map quota was reached: {what}"))
         }
         _ => match status {
-            Some(429) => Error::Throttled {
-                message: what,
-                source: None,
-            },
-            Some(401 | 403) => Error::Unauthorized {
-                message: what,
-                source: None,
-            },
-            Some(s) if s >= 500 => Error::Unavailable {
-                message: format!("Cloud Map at {endpoint} answered HTTP {s}: {what}"),
-                source: None,
-            },
+            Some(429) => Error::throttled(what),
+            Some(401 | 403) => Error::unauthorized(what),
+            Some(s) if s >= 500 => {
+                Error::unavailable(format!("Cloud Map at {endpoint} answered HTTP {s}: {what}"))
+            }
             _ => Error::internal(what),
         },
     }
@@ -166,16 +141,10 @@ pub(crate) fn from_failed_operation(
         short(message.unwrap_or("no message"))
     );
     match code {
-        "ACCESS_DENIED" | "EXPIRED_TOKEN" => Error::Unauthorized {
-            message: what,
-            source: None,
-        },
-        "THROTTLED_REQUEST" => Error::Throttled {
-            message: what,
-            source: None,
-        },
+        "ACCESS_DENIED" | "EXPIRED_TOKEN" => Error::unauthorized(what),
+        "THROTTLED_REQUEST" => Error::throttled(what),
         "INTERNAL_FAILURE" => Error::unavailable(what),
-        "HOSTED_ZONE_NOT_FOUND" => Error::NotFound { what },
+        "HOSTED_ZONE_NOT_FOUND" => Error::not_found(what),
         "INVALID_CHANGE_BATCH" => Error::invalid("endpoint", what),
         _ => Error::internal(what),
     }

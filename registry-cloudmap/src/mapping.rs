@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, CONTROLS};
-use registry_api::{Endpoint, Error, Health, Protocol, Result, DEFAULT_CLUSTER};
+use registry_api::{Endpoint, Error, Health, Protocol, Result};
 use sha2::{Digest, Sha256};
 
 /// Custom attributes Cloud Map allows on one instance.
@@ -265,7 +265,7 @@ pub fn decode(
     if let Some(h) = attrs.get(ATTR_HEALTH) {
         ep.health = h.parse::<Health>().map_err(|e| e.to_string())?;
     }
-    ep.cluster = text(ATTR_CLUSTER)?.unwrap_or_else(|| DEFAULT_CLUSTER.to_string());
+    ep.cluster = text(ATTR_CLUSTER)?.unwrap_or_else(|| Endpoint::DEFAULT_CLUSTER.to_string());
     ep.node = text(ATTR_NODE)?.unwrap_or_default();
     for k in attrs.keys() {
         if let Some(raw) = k.strip_prefix(LABEL_PREFIX) {
@@ -359,7 +359,7 @@ mod tests {
             e.labels.insert(format!("k{i}"), "v".into());
         }
         match encode(&e) {
-            Err(Error::InvalidInput { field, reason }) => {
+            Err(Error::InvalidInput { field, reason, .. }) => {
                 assert_eq!(field, "labels");
                 assert!(reason.contains("24") && reason.contains("30"), "{reason}");
             }

@@ -80,7 +80,7 @@ async fn thirty_one_labels_is_invalid_input_naming_the_limit() {
         e.labels.insert(format!("k{i:02}"), "v".into());
     }
     match h.register(e.clone()).await {
-        Err(Error::InvalidInput { field, reason }) => {
+        Err(Error::InvalidInput { field, reason, .. }) => {
             assert_eq!(field, "labels");
             assert!(
                 reason.contains("30") && reason.contains(&mapping::MAX_LABELS.to_string()),
@@ -301,7 +301,7 @@ async fn batch_is_not_atomic_and_keeps_to_the_rate_limit() {
             .with_concurrency(4),
     )
     .await;
-    assert!(!reg.capabilities().atomic_batch);
+    assert!(!reg.capabilities().atomic_writes);
     let svc = unique("rate");
     let ops: Vec<Op> = (0..8)
         .map(|i| Op::Register(ep(&svc, &format!("e{i}"), 100 + i)))
@@ -505,7 +505,7 @@ async fn probe_reads_the_namespace_and_reports_it_missing() {
     reg.probe().await.unwrap();
     assert_eq!(reg.stats().requests, before + 1, "one request per probe");
     // Through Polling, as servers use it.
-    let polled = registry_api::Polling::new(reg.clone());
+    let polled = registry_api::polling::Polling::new(reg.clone());
     polled.probe().await.unwrap();
     assert!(reg.snapshot().await.unwrap().is_empty(), "the probe wrote");
 

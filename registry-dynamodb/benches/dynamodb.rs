@@ -21,7 +21,7 @@
 use std::time::{Duration, Instant};
 
 use registry_api::testing::{unique, Faulty};
-use registry_api::{Coalescing, Endpoint, Op, Registry};
+use registry_api::{coalescing::Coalescing, Endpoint, Op, Registry};
 use registry_dynamodb::{DynamoDbConfig, DynamoDbRegistry};
 use registry_tests::MotoServer;
 

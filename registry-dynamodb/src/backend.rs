@@ -7,8 +7,10 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use registry_api::{
-    validate_ops, Batch, Capabilities, Endpoint, EndpointKey, Error, EventStream, Op, Polling,
-    PollingConfig, Registry, Result, Snapshot, Version, Watch,
+    backend::validate_ops,
+    polling::{Polling, PollingConfig},
+    Batch, Capabilities, Endpoint, EndpointKey, Error, EventStream, Op, Registry, Result, Snapshot,
+    Version, Watch,
 };
 
 use crate::config::{DynamoDbConfig, WatchMode};
@@ -219,5 +221,16 @@ impl Watch for DynamoDbRegistry {
             Watcher::Stream(s) => s.watch(from),
             Watcher::Polling(p) => p.watch(from),
         }
+    }
+}
+
+/// DynamoDbRegistry has no heartbeats of its own (liveness comes from the generic sweeper): [`registry_api::stack::stack`] wraps it as its capabilities call
+/// for.
+impl registry_api::stack::IntoStack for DynamoDbRegistry {
+    fn into_stack(
+        self,
+        cfg: &registry_api::stack::StackConfig,
+    ) -> registry_api::Result<std::sync::Arc<dyn registry_api::stack::Stack>> {
+        registry_api::stack::without_heartbeat(self, cfg)
     }
 }

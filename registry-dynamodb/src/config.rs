@@ -49,7 +49,7 @@ pub enum WatchMode {
     /// (`NEW_IMAGE` or `NEW_AND_OLD_IMAGES`), polling otherwise (the default).
     #[default]
     Auto,
-    /// Always poll with [`registry_api::Polling`], even when a stream exists.
+    /// Always poll with [`registry_api::polling::Polling`], even when a stream exists.
     Polling,
 }
 
@@ -89,7 +89,7 @@ pub struct DynamoDbConfig {
     pub scan_segments: u32,
     /// How changes are followed. Default [`WatchMode::Auto`].
     pub watch: WatchMode,
-    /// Interval of [`registry_api::Polling`] when the table has no usable
+    /// Interval of [`registry_api::polling::Polling`] when the table has no usable
     /// stream. Also how often the stream watch checks that the table and
     /// its stream are still the ones it reads (at least 1 s, at most
     /// 60 s). Default 5 s.

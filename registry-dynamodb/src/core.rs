@@ -15,7 +15,8 @@ use aws_sdk_dynamodb::operation::describe_table::DescribeTableError;
 use aws_sdk_dynamodb::types::{Delete, Put, TableDescription, TableStatus, TransactWriteItem};
 use futures::future::try_join_all;
 use registry_api::{
-    validate_ops, Capabilities, Endpoint, EndpointKey, Error, Op, Result, Snapshot, Version,
+    backend::validate_ops, Capabilities, Endpoint, EndpointKey, Error, Op, Result, Snapshot,
+    Version,
 };
 
 use crate::config::DynamoDbConfig;
@@ -157,7 +158,7 @@ impl Core {
 }
 
 /// The id of the item [`Core::probe`] tries to write under
-/// [`registry_api::PROBE_SERVICE`]; no item is ever created.
+/// [`registry_api::backend::PROBE_SERVICE`]; no item is ever created.
 pub(crate) const PROBE_ID: &str = "write-check";
 
 /// The condition of the probe's write: never true, for any item or none.
@@ -191,18 +192,18 @@ impl Core {
                 )))
             }
             Some(TableStatus::InaccessibleEncryptionCredentials) => {
-                return Err(Error::Unauthorized {
-                    message: format!("DynamoDB table {name} at {at}: its KMS key cannot be used"),
-                    source: None,
-                })
+                return Err(Error::unauthorized(format!(
+                    "DynamoDB table {name} at {at}: its KMS key cannot be used"
+                )))
             }
             Some(status) => {
-                return Err(Error::NotFound {
-                    what: format!("DynamoDB table {name} at {at} (status {})", status.as_str()),
-                })
+                return Err(Error::not_found(format!(
+                    "DynamoDB table {name} at {at} (status {})",
+                    status.as_str()
+                )))
             }
         }
-        let key = EndpointKey::new(registry_api::PROBE_SERVICE, PROBE_ID);
+        let key = EndpointKey::new(registry_api::backend::PROBE_SERVICE, PROBE_ID);
         let res = self
             .client
             .put_item()
@@ -390,9 +391,11 @@ impl Core {
     /// What the table offers (a stream watch is added by the registry).
     pub(crate) fn capabilities(&self) -> Capabilities {
         Capabilities::default()
-            .with_atomic_batch(true)
+            .with_atomic_writes(true)
+            // Query and Scan read committed items: a reader may see part of a
+            // transaction that is being applied.
+            .with_isolated_reads(false)
             .with_max_batch(MAX_TRANSACTION_ITEMS)
-            .with_persistent(true)
             .with_resumable_watch(true)
     }
 
@@ -433,12 +436,10 @@ pub(crate) async fn describe(core: &Core) -> Result<Option<TableDescription>> {
 
 /// `NotFound` naming the table and how to create it.
 pub(crate) fn missing(core: &Core) -> Error {
-    Error::NotFound {
-        what: format!(
-            "DynamoDB table {} at {} (create it with DynamoDbRegistry::create_table_if_missing)",
-            core.cfg.table, core.endpoint
-        ),
-    }
+    Error::not_found(format!(
+        "DynamoDB table {} at {} (create it with DynamoDbRegistry::create_table_if_missing)",
+        core.cfg.table, core.endpoint
+    ))
 }
 
 impl fmt::Display for Core {

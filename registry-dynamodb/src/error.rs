@@ -155,15 +155,12 @@ fn from_code(
         key,
     } = ctx;
     if THROTTLING.contains(&code) || (code.is_empty() && status == Some(429)) {
-        Error::Throttled {
-            message: format!("{op} on table {table} was throttled ({code}): {message}"),
-            source: None,
-        }
+        Error::throttled(format!(
+            "{op} on table {table} was throttled ({code}): {message}"
+        ))
         .with_source(source)
     } else if CONFLICT.contains(&code) {
-        Error::Conflict {
-            what: format!("{op} on table {table}: {code}: {message}"),
-        }
+        Error::conflict(format!("{op} on table {table}: {code}: {message}"))
     } else if code == "IdempotentParameterMismatchException" {
         Error::invalid(
             "token",
@@ -185,12 +182,11 @@ fn from_code(
         } else {
             format!("DynamoDB table {table} ({op}: {message})")
         };
-        Error::NotFound { what }
+        Error::not_found(what)
     } else if AUTH.contains(&code) || matches!(status, Some(401 | 403)) && !SERVER.contains(&code) {
-        Error::Unauthorized {
-            message: format!("{op} on table {table} was refused ({code}): {message}"),
-            source: None,
-        }
+        Error::unauthorized(format!(
+            "{op} on table {table} was refused ({code}): {message}"
+        ))
         .with_source(source)
     } else if SERVER.contains(&code) || status.is_some_and(|s| s >= 500) {
         let code = if code.is_empty() {
@@ -375,7 +371,7 @@ mod tests {
         let keys = [EndpointKey::new("s", "a"), EndpointKey::new("s", "b")];
         let got = map_transact(cancelled(&["None", "ValidationError"]), ctx, &keys);
         match &got {
-            Error::InvalidInput { field, reason } => {
+            Error::InvalidInput { field, reason, .. } => {
                 assert_eq!(field, "endpoint");
                 assert!(reason.contains("id \"b\""), "{got}");
                 assert!(reason.contains("ValidationError"), "{got}");
@@ -458,7 +454,7 @@ mod tests {
         };
         let got = map_sdk(service_error(e), ctx);
         match &got {
-            Error::InvalidInput { field, reason } => {
+            Error::InvalidInput { field, reason, .. } => {
                 assert_eq!(field, "endpoint");
                 assert!(reason.contains("\"pod-a\""), "{got}");
                 assert!(reason.len() < 400, "{} bytes: {got}", reason.len());

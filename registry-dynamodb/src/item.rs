@@ -148,7 +148,12 @@ pub(crate) fn decode(item: &Item) -> Result<Endpoint, Error> {
         address: string(item, ADDRESS, &key, None)?,
         port,
         protocol,
-        cluster: string(item, CLUSTER, &key, Some(registry_api::DEFAULT_CLUSTER))?,
+        cluster: string(
+            item,
+            CLUSTER,
+            &key,
+            Some(registry_api::Endpoint::DEFAULT_CLUSTER),
+        )?,
         node: string(item, NODE, &key, Some(""))?,
         health,
         labels,

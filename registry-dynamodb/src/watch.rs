@@ -45,7 +45,8 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use registry_api::{
-    diff, Error, Event, EventStream, Hub, Snapshot, Version, DEFAULT_SUBSCRIBER_BUFFER,
+    backend::{diff, Hub},
+    Error, Event, EventStream, Snapshot, Version,
 };
 
 use crate::core::{describe, missing};
@@ -63,10 +64,7 @@ pub(crate) struct StreamWatch {
 
 impl StreamWatch {
     pub(crate) fn new(core: Arc<Core>, arn: String) -> Self {
-        let hub = Arc::new(Hub::pending(
-            DEFAULT_SUBSCRIBER_BUFFER,
-            core.cfg.watch_history,
-        ));
+        let hub = Arc::new(Hub::pending(Hub::DEFAULT_BUFFER, core.cfg.watch_history));
         Self {
             core,
             arn,
@@ -300,16 +298,14 @@ async fn poll(core: &Core, hub: &Weak<Hub>, health: &mut Health) -> Result<(), S
 async fn check_table(core: &Core, arn: &str) -> Option<Stop> {
     match locate_stream(core).await {
         Ok(Some(current)) if current == arn => None,
-        Ok(current) => Some(Stop::Failed(Error::NotFound {
-            what: format!(
-                "the stream {arn} of DynamoDB table {}: the table now has {}",
-                core.cfg.table,
-                current.map_or_else(
-                    || "no usable stream".to_string(),
-                    |c| format!("the stream {c}")
-                )
-            ),
-        })),
+        Ok(current) => Some(Stop::Failed(Error::not_found(format!(
+            "the stream {arn} of DynamoDB table {}: the table now has {}",
+            core.cfg.table,
+            current.map_or_else(
+                || "no usable stream".to_string(),
+                |c| format!("the stream {c}")
+            )
+        )))),
         Err(e) if e.is_retryable() => {
             tracing::debug!(table = %core.cfg.table, error = %e, "could not check the table");
             None
@@ -503,9 +499,7 @@ mod tests {
         assert_eq!(ids, vec!["b", "c"]);
         // A rescan after a lost feed (the table recreated): whole, so the
         // endpoints that exist nowhere any more are dropped.
-        hub.report_error(Error::NotFound {
-            what: "table".into(),
-        });
+        hub.report_error(Error::not_found("table"));
         assert!(matches!(w.next().await, Some(Err(_))));
         let fresh = Snapshot::from_endpoints(clock.next(), [ep("s", "d", 4)]);
         publish_fresh(&hub, &clock, fresh, true);

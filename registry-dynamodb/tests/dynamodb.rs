@@ -14,8 +14,10 @@ use registry_api::testing::{
     assert_kind, ep, eventually, follow_until, next_event, unique, wait_limit,
 };
 use registry_api::{
-    Batch, CachedConfig, CachedRegistry, Coalescing, CoalescingConfig, Endpoint, EndpointKey,
-    ErrorKind, Event, EventStream, Health, Heartbeat, Liveness, LivenessConfig, Op, Registry,
+    cached::{CachedConfig, CachedRegistry},
+    coalescing::{Coalescing, CoalescingConfig},
+    liveness::{Liveness, LivenessConfig},
+    Batch, Endpoint, EndpointKey, ErrorKind, Event, EventStream, Health, Heartbeat, Op, Registry,
     Watch,
 };
 use registry_dynamodb::aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
@@ -389,7 +391,7 @@ async fn a_table_recreated_between_two_checks_is_not_mistaken_for_the_old_one() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_polled_table_reports_failed_polls() {
-    // Without a stream the registry polls (registry_api::Polling inside).
+    // Without a stream the registry polls (registry_api::polling::Polling inside).
     let h = Harness::new(false).await;
     let svc = unique("polled");
     h.reg.register(ep(&svc, "a", 1)).await.unwrap();

@@ -20,7 +20,7 @@
 use std::time::{Duration, Instant};
 
 use registry_api::testing::{unique, Faulty};
-use registry_api::{Batch, CachedRegistry, Coalescing, Endpoint, Op, Registry};
+use registry_api::{cached::CachedRegistry, coalescing::Coalescing, Batch, Endpoint, Op, Registry};
 use registry_etcd::etcd_client::Client;
 use registry_etcd::{EtcdConfig, EtcdRegistry};
 use registry_tests::EtcdServer;

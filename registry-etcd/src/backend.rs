@@ -7,8 +7,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use etcd_client::Client;
 use registry_api::{
-    check_name, validate_ops, Batch, Capabilities, Endpoint, EndpointKey, EventStream, Heartbeat,
-    Op, Registry, Result, Snapshot, Version, Watch,
+    backend::{check_name, validate_ops},
+    Batch, Capabilities, Endpoint, EndpointKey, EventStream, Heartbeat, Op, Registry, Result,
+    Snapshot, Version, Watch,
 };
 
 use crate::config::EtcdConfig;
@@ -129,10 +130,10 @@ impl Registry for EtcdRegistry {
         Capabilities::default()
             .with_native_watch(true)
             .with_resumable_watch(true)
-            .with_atomic_batch(true)
+            .with_atomic_writes(true)
+            .with_isolated_reads(true)
             .with_max_batch(self.inner.cfg.max_batch)
             .with_native_liveness(true)
-            .with_persistent(true)
     }
 
     /// A one-key read of the prefix and a write
@@ -166,5 +167,16 @@ impl Heartbeat for EtcdRegistry {
     async fn heartbeat(&self, node: &str) -> Result<()> {
         check_name("node", node, true)?;
         self.inner.keep_alive(node).await
+    }
+}
+
+/// EtcdRegistry implements all four traits: [`registry_api::stack::stack`] wraps it as its capabilities call
+/// for.
+impl registry_api::stack::IntoStack for EtcdRegistry {
+    fn into_stack(
+        self,
+        cfg: &registry_api::stack::StackConfig,
+    ) -> registry_api::Result<std::sync::Arc<dyn registry_api::stack::Stack>> {
+        registry_api::stack::full(self, cfg)
     }
 }

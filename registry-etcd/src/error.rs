@@ -58,31 +58,19 @@ pub(crate) fn map(err: EtcdError, what: impl Display) -> Error {
                     format!("{what}: etcd refused the lease TTL: {}", short(text)),
                 ),
                 Code::InvalidArgument if text.contains("revision of auth store is old") => {
-                    Error::Conflict { what: msg }
+                    Error::conflict(msg)
                 }
-                Code::ResourceExhausted => Error::Throttled {
-                    message: msg,
-                    source: None,
+                Code::ResourceExhausted => Error::throttled(msg).with_source(source),
+                Code::Unauthenticated | Code::PermissionDenied => {
+                    Error::unauthorized(msg).with_source(source)
                 }
-                .with_source(source),
-                Code::Unauthenticated | Code::PermissionDenied => Error::Unauthorized {
-                    message: msg,
-                    source: None,
-                }
-                .with_source(source),
                 Code::FailedPrecondition | Code::InvalidArgument
                     if about_auth(source.message()) =>
                 {
-                    Error::Unauthorized {
-                        message: msg,
-                        source: None,
-                    }
-                    .with_source(source)
+                    Error::unauthorized(msg).with_source(source)
                 }
-                Code::NotFound => Error::NotFound { what: msg },
-                Code::OutOfRange | Code::Aborted | Code::AlreadyExists => {
-                    Error::Conflict { what: msg }
-                }
+                Code::NotFound => Error::not_found(msg),
+                Code::OutOfRange | Code::Aborted | Code::AlreadyExists => Error::conflict(msg),
                 Code::InvalidArgument => Error::invalid(what, short(text)),
                 Code::Ok
                 | Code::Unknown
@@ -97,9 +85,9 @@ pub(crate) fn map(err: EtcdError, what: impl Display) -> Error {
         }
         EtcdError::IoError(e) => Error::unavailable(format!("{what}: {e}")).with_source(e),
         EtcdError::WatchError(e) => Error::unavailable(format!("{what}: watch stream closed: {e}")),
-        EtcdError::LeaseKeepAliveError(e) if e.contains("not found") => Error::NotFound {
-            what: format!("{what}: {e}"),
-        },
+        EtcdError::LeaseKeepAliveError(e) if e.contains("not found") => {
+            Error::not_found(format!("{what}: {e}"))
+        }
         EtcdError::LeaseKeepAliveError(e) => {
             Error::unavailable(format!("{what}: lease keep-alive failed: {e}"))
         }

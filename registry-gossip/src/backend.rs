@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use registry_api::{
-    validate_ops, Batch, Capabilities, Endpoint, EndpointKey, Event, EventStream, Heartbeat, Hub,
-    Op, Registry, Result, Snapshot, Version, Watch,
+    backend::{validate_ops, Hub},
+    Batch, Capabilities, Endpoint, EndpointKey, Event, EventStream, Heartbeat, Op, Registry,
+    Result, Snapshot, Version, Watch,
 };
 use tokio::net::UdpSocket;
 use tokio::sync::Notify;
@@ -317,10 +318,9 @@ impl Registry for GossipRegistry {
             .with_resumable_watch(true)
             // Applied locally under one lock, but other nodes receive the
             // ops as separate broadcasts: not atomic across the cluster.
-            .with_atomic_batch(false)
+            .with_atomic_writes(false)
             .with_max_batch(self.inner.max_batch)
             .with_native_liveness(true)
-            .with_persistent(false)
     }
 }
 
@@ -356,5 +356,16 @@ impl Heartbeat for GossipRegistry {
         } else {
             Err(error::unknown_node(node))
         }
+    }
+}
+
+/// GossipRegistry implements all four traits: [`registry_api::stack::stack`] wraps it as its capabilities call
+/// for.
+impl registry_api::stack::IntoStack for GossipRegistry {
+    fn into_stack(
+        self,
+        cfg: &registry_api::stack::StackConfig,
+    ) -> registry_api::Result<std::sync::Arc<dyn registry_api::stack::Stack>> {
+        registry_api::stack::full(self, cfg)
     }
 }

@@ -71,7 +71,7 @@ impl Default for GossipConfig {
             tombstone_ttl: Duration::from_secs(3600),
             auth_key: None,
             rng_seed: None,
-            watch_buffer: registry_api::DEFAULT_SUBSCRIBER_BUFFER,
+            watch_buffer: registry_api::backend::Hub::DEFAULT_BUFFER,
             watch_history: 4096,
             max_batch: 1000,
         }

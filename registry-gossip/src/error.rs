@@ -25,9 +25,7 @@ pub(crate) fn socket(addr: SocketAddr, err: std::io::Error) -> Error {
 
 /// A heartbeat named a node that is neither this one nor a live member.
 pub(crate) fn unknown_node(node: &str) -> Error {
-    Error::NotFound {
-        what: format!("gossip node {node:?} is not a live member"),
-    }
+    Error::not_found(format!("gossip node {node:?} is not a live member"))
 }
 
 /// A batch larger than the configured maximum.

@@ -236,7 +236,7 @@ impl Machine {
         seed: u64,
         now: Duration,
     ) -> registry_api::Result<Self> {
-        registry_api::check_name("node_name", node.as_str(), true)?;
+        registry_api::backend::check_name("node_name", node.as_str(), true)?;
         if config.probe_rtt.is_zero() || config.probe_rtt >= config.probe_period {
             return Err(error::config(
                 "probe_rtt",
@@ -505,7 +505,7 @@ impl Machine {
     /// Apply `ops` in order, all locally at once (the cluster sees them as
     /// separate writes).
     pub fn apply(&mut self, ops: Vec<Op>, now: Duration) -> registry_api::Result<()> {
-        registry_api::validate_ops(&ops)?;
+        registry_api::backend::validate_ops(&ops)?;
         self.set_now(now);
         for op in ops {
             self.write(op);

@@ -589,7 +589,7 @@ pub fn put_entry(w: &mut Writer, e: &Entry) -> Result<(), EncodeError> {
     Ok(())
 }
 
-/// Read one entry; the endpoint must pass [`registry_api::validate_endpoint`].
+/// Read one entry; the endpoint must pass [`registry_api::backend::validate_endpoint`].
 pub fn get_entry(r: &mut Reader<'_>) -> Result<Entry, DecodeError> {
     let flags = r.u8()?;
     if flags & !(FLAG_TOMBSTONE | FLAG_DIED) != 0 {

@@ -177,7 +177,7 @@ async fn heartbeat_is_swim_membership() {
     let b = start("b", &[&a]).await;
     joined(&[&a, &b]).await;
     let caps = a.capabilities();
-    assert!(caps.native_liveness && caps.native_watch && !caps.atomic_batch);
+    assert!(caps.native_liveness && caps.native_watch && !caps.atomic_writes);
     a.heartbeat("a").await.unwrap();
     a.heartbeat("b").await.unwrap();
     let err = a.heartbeat("nobody").await.unwrap_err();
@@ -210,7 +210,7 @@ async fn entries_too_big_for_a_datagram_travel_by_anti_entropy() {
     for i in 0..12 {
         big = big.with_label(format!("k{i}"), "v".repeat(1000));
     }
-    assert!(registry_api::encoded_len(&big) > 10_000);
+    assert!(registry_api::limits::encoded_len(&big) > 10_000);
     a.register(big.clone()).await.unwrap();
     eventually("b to receive the 12 KB endpoint", || async {
         (b.list("big").await.ok()? == vec![big.clone()]).then_some(())

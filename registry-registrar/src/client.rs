@@ -7,12 +7,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use registry_api::{
-    validate_ops, Batch, CachedConfig, CachedRegistry, Capabilities, Endpoint, EndpointKey, Error,
-    EventStream, Heartbeat, Op, Registry, Result, Snapshot, Version, Watch,
+    backend::validate_ops,
+    cached::{CachedConfig, CachedRegistry},
+    Batch, Capabilities, Endpoint, EndpointKey, Error, EventStream, Heartbeat, Op, Registry,
+    Result, Snapshot, Version, Watch,
 };
 use tokio::sync::broadcast;
 
 use crate::config::{Ack, ClientConfig};
+use crate::overlay::Overlay;
 use crate::raw::Raw;
 use crate::writes::{reconcile_loop, Writes};
 
@@ -79,6 +82,7 @@ pub struct RegistrarClient {
 /// What the client and its reconcile task share.
 pub(crate) struct Inner {
     pub(crate) cache: CachedRegistry<Raw>,
+    pub(crate) overlay: Overlay,
     pub(crate) writes: Writes,
     pub(crate) cfg: ClientConfig,
     pub(crate) refusals: broadcast::Sender<Refusal>,
@@ -94,16 +98,17 @@ impl RegistrarClient {
         let raw = Raw::connect(cfg.clone())?;
         let connected = raw.connected.subscribe();
         let stream_refusals = raw.refusals.subscribe();
-        let cache = CachedRegistry::with_config(
+        let (cache, overlay) = Overlay::cache(
             raw,
             CachedConfig::default()
-                .with_local_versions(true)
                 .with_write_wait(Duration::ZERO)
                 .with_history(cfg.history)
-                .with_reconnect(cfg.reconnect.0, cfg.reconnect.1),
+                .with_reconnect(cfg.reconnect.0, cfg.reconnect.1)
+                .with_metrics_prefix("agent_registrar"),
         )?;
         let inner = Arc::new(Inner {
             cache,
+            overlay,
             writes: Writes::new(cfg.max_pending),
             refusals: broadcast::channel(256).0,
             cfg,
@@ -145,9 +150,13 @@ impl RegistrarClient {
     async fn write(&self, op: Op) -> Result<()> {
         let inner = &self.inner;
         let key = op.key();
-        let previous_local = inner.cache.cached().and_then(|s| s.get(&key).cloned());
+        let previous_local = inner
+            .cache
+            .store()
+            .snapshot()
+            .and_then(|s| s.get(&key).cloned());
         let previous_owned = inner.writes.own(&op);
-        inner.cache.apply_local(std::slice::from_ref(&op));
+        inner.overlay.apply(std::slice::from_ref(&op));
         let queue = inner.cfg.ack == Ack::Optimistic;
         match inner.send(&op, queue).await {
             Ok(()) => Ok(()),
@@ -157,7 +166,7 @@ impl RegistrarClient {
                     Some(ep) => Op::Register(ep),
                     None => Op::Deregister(key),
                 };
-                inner.cache.undo_local(&[undo]);
+                inner.overlay.undo(&[undo]);
                 Err(e)
             }
         }

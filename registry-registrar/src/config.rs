@@ -4,7 +4,10 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use registry_api::{check_count, check_duration, Error, Heartbeat, Registry, Result};
+use registry_api::{
+    backend::{check_count, check_duration},
+    Error, Heartbeat, Registry, Result,
+};
 
 use crate::tls::TlsFiles;
 

@@ -127,7 +127,9 @@ pub fn endpoint_from_proto(p: ServiceEndpoint, prefix: &str) -> Result<Endpoint,
         labels: p.labels.into_iter().collect(),
     };
     e.validate().map_err(|err| match err {
-        Error::InvalidInput { field: f, reason } => {
+        Error::InvalidInput {
+            field: f, reason, ..
+        } => {
             let f = if f == "service" {
                 "service_name".to_string()
             } else {
@@ -142,8 +144,8 @@ pub fn endpoint_from_proto(p: ServiceEndpoint, prefix: &str) -> Result<Endpoint,
 
 /// The key named by an unregister request, checked.
 pub fn key_from_parts(service_name: String, id: String) -> Result<EndpointKey, Error> {
-    registry_api::check_name("service_name", &service_name, true)?;
-    registry_api::check_name("id", &id, true)?;
+    registry_api::backend::check_name("service_name", &service_name, true)?;
+    registry_api::backend::check_name("id", &id, true)?;
     Ok(EndpointKey::new(service_name, id))
 }
 
@@ -192,15 +194,12 @@ pub fn error_from_status(s: &Status, addr: &str) -> Error {
                 None => Error::invalid("request", msg),
             }
         }
-        Code::NotFound => Error::NotFound { what: msg },
-        Code::Aborted | Code::AlreadyExists | Code::FailedPrecondition => {
-            Error::Conflict { what: msg }
-        }
+        Code::NotFound => Error::not_found(msg),
+        Code::Aborted | Code::AlreadyExists | Code::FailedPrecondition => Error::conflict(msg),
         Code::ResourceExhausted => Error::overloaded(format!("registrar {addr}: {msg}")),
-        Code::PermissionDenied | Code::Unauthenticated => Error::Unauthorized {
-            message: format!("registrar {addr}: {msg}"),
-            source: None,
-        },
+        Code::PermissionDenied | Code::Unauthenticated => {
+            Error::unauthorized(format!("registrar {addr}: {msg}"))
+        }
         Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
             Error::unavailable(format!("registrar {addr}: {msg}{}", causes(s)))
                 .with_source(s.clone())

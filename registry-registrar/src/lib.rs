@@ -4,6 +4,7 @@
 mod client;
 mod config;
 mod convert;
+mod overlay;
 mod raw;
 pub mod tls;
 mod writes;
@@ -33,5 +34,6 @@ pub use convert::{
     endpoint_from_proto, endpoint_to_proto, error_from_status, key_from_parts, status_from_error,
     Token,
 };
+pub use overlay::{Overlay, DEFAULT_HOLD};
 pub use raw::Raw;
 pub use tls::TlsFiles;

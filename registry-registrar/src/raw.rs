@@ -283,7 +283,7 @@ impl Raw {
 #[async_trait]
 impl Heartbeat for Raw {
     async fn heartbeat(&self, node: &str) -> Result<()> {
-        registry_api::check_name("node", node, true)?;
+        registry_api::backend::check_name("node", node, true)?;
         let mut grpc = self.grpc.clone();
         let req = HeartbeatRequest {
             node_name: node.to_string(),

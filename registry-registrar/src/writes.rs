@@ -178,6 +178,7 @@ pub(crate) async fn reconcile_loop(
             },
         };
         let Some(inner) = inner.upgrade() else { return };
+        inner.cache.store().record_metrics();
         if let Some(r) = refusal {
             on_refusal(&inner, r);
         }
@@ -219,7 +220,7 @@ fn on_refusal(inner: &Inner, r: StreamRefusal) {
         inner.writes.mark_pending(key.clone());
     } else {
         inner.writes.give_up(&key);
-        inner.cache.undo_local(std::slice::from_ref(&r.restored));
+        inner.overlay.undo(std::slice::from_ref(&r.restored));
     }
     let _ = inner.refusals.send(Refusal {
         key,

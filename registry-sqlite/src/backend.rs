@@ -8,8 +8,9 @@ use std::time::SystemTime;
 
 use async_trait::async_trait;
 use registry_api::{
-    check_name, validate_endpoint, validate_ops, Batch, Capabilities, Endpoint, EndpointKey,
-    EventStream, Heartbeat, Op, Registry, Result, Snapshot, Version, Watch,
+    backend::{check_name, validate_endpoint, validate_ops},
+    Batch, Capabilities, Endpoint, EndpointKey, EventStream, Heartbeat, Op, Registry, Result,
+    Snapshot, Version, Watch,
 };
 
 use crate::config::SqliteConfig;
@@ -179,10 +180,10 @@ impl Registry for SqliteRegistry {
         Capabilities::default()
             .with_native_watch(true)
             .with_resumable_watch(true)
-            .with_atomic_batch(true)
+            .with_atomic_writes(true)
+            .with_isolated_reads(true)
             .with_max_batch(self.inner.cfg.max_batch)
             .with_native_liveness(true)
-            .with_persistent(true)
     }
 
     /// Checks, changing nothing anyone can see, that a write would be
@@ -240,5 +241,16 @@ impl Watch for SqliteRegistry {
     /// ends its streams after one `Err` item.
     fn watch(&self, from: Option<Version>) -> EventStream {
         crate::watch::watch(&self.inner, from)
+    }
+}
+
+/// SqliteRegistry implements all four traits: [`registry_api::stack::stack`] wraps it as its capabilities call
+/// for.
+impl registry_api::stack::IntoStack for SqliteRegistry {
+    fn into_stack(
+        self,
+        cfg: &registry_api::stack::StackConfig,
+    ) -> registry_api::Result<std::sync::Arc<dyn registry_api::stack::Stack>> {
+        registry_api::stack::full(self, cfg)
     }
 }

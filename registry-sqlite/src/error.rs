@@ -86,15 +86,10 @@ pub(crate) fn map_sqlx(err: sqlx::Error, path: &Path, what: &str) -> Error {
                 "{what} on {p}: a table is locked by another connection of this process: {msg}"
             ))
             .with_source(err),
-            code::CONSTRAINT => Error::Conflict {
-                what: format!("{what} on {p}: constraint failed: {msg}"),
-            },
-            code::READONLY | code::PERM | code::AUTH => Error::Unauthorized {
-                message: format!(
-                    "{what} on {p}: the database is read-only (SQLite code {ext}): {msg}"
-                ),
-                source: None,
-            }
+            code::CONSTRAINT => Error::conflict(format!("{what} on {p}: constraint failed: {msg}")),
+            code::READONLY | code::PERM | code::AUTH => Error::unauthorized(format!(
+                "{what} on {p}: the database is read-only (SQLite code {ext}): {msg}"
+            ))
             .with_source(err),
             code::CORRUPT | code::NOTADB => Error::internal(format!(
                 "{what} on {p}: the file is not an SQLite database or is corrupt \
@@ -162,14 +157,11 @@ pub(crate) fn refine_write(err: Error, path: &Path) -> Error {
         _ => return err,
     };
     match writable(path) {
-        Err((file, e)) if refuses_writes(&e) => Error::Unauthorized {
-            message: format!(
-                "{said}; the store is read-only: {} does not open for writing ({e}), so \
+        Err((file, e)) if refuses_writes(&e) => Error::unauthorized(format!(
+            "{said}; the store is read-only: {} does not open for writing ({e}), so \
                  writes are refused until it is writable again",
-                file.display()
-            ),
-            source: None,
-        }
+            file.display()
+        ))
         .with_source(e),
         _ => err,
     }
@@ -180,7 +172,7 @@ pub(crate) fn refine_write(err: Error, path: &Path) -> Error {
 fn sqlx_source(err: &Error) -> Option<&sqlx::Error> {
     let src = std::error::Error::source(err)?;
     src.downcast_ref::<sqlx::Error>().or_else(|| {
-        src.downcast_ref::<registry_api::Cause>()
+        src.downcast_ref::<registry_api::error::Cause>()
             .and_then(|shared| shared.downcast_ref::<sqlx::Error>())
     })
 }
@@ -229,14 +221,11 @@ pub(crate) fn writable(path: &Path) -> std::result::Result<(), (PathBuf, std::io
 pub(crate) fn check_writable(path: &Path, what: &str) -> Result<(), Error> {
     match writable(path) {
         Ok(()) => Ok(()),
-        Err((file, e)) if refuses_writes(&e) => Err(Error::Unauthorized {
-            message: format!(
-                "{what} on {}: {} does not open for writing ({e}): the store is read-only",
-                path.display(),
-                file.display()
-            ),
-            source: None,
-        }
+        Err((file, e)) if refuses_writes(&e) => Err(Error::unauthorized(format!(
+            "{what} on {}: {} does not open for writing ({e}): the store is read-only",
+            path.display(),
+            file.display()
+        ))
         .with_source(e)),
         Err((file, e)) => Err(io(&file, &format!("{what}: cannot open for writing"), e)),
     }
@@ -255,15 +244,9 @@ pub(crate) fn io(path: &Path, what: &str, err: std::io::Error) -> Error {
     let p = path.display();
     match err.kind() {
         std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem => {
-            Error::Unauthorized {
-                message: format!("{what} {p}: {err}"),
-                source: None,
-            }
-            .with_source(err)
+            Error::unauthorized(format!("{what} {p}: {err}")).with_source(err)
         }
-        std::io::ErrorKind::NotFound => Error::NotFound {
-            what: format!("{what} {p}: {err}"),
-        },
+        std::io::ErrorKind::NotFound => Error::not_found(format!("{what} {p}: {err}")),
         _ => Error::unavailable(format!("{what} {p}: {err}")).with_source(err),
     }
 }

@@ -36,7 +36,7 @@ async fn run_all() {
         vec!["ok"]
     );
     let caps = reg.capabilities();
-    assert!(caps.native_watch && caps.resumable_watch && caps.atomic_batch);
-    assert!(caps.persistent && caps.native_liveness);
+    assert!(caps.native_watch && caps.resumable_watch && caps.atomic_writes && caps.isolated_reads);
+    assert!(caps.native_liveness);
     assert!(reg.to_string().starts_with("Sqlite(") && reg.to_string().ends_with("registry.db)"));
 }

@@ -11,8 +11,8 @@ use std::time::Duration;
 use futures::StreamExt;
 use registry_api::testing::{ep, eventually, next_event, wait_limit};
 use registry_api::{
-    Batch, Coalescing, CoalescingConfig, Endpoint, EndpointKey, ErrorKind, Event, Heartbeat, Op,
-    Registry, Watch,
+    coalescing::{Coalescing, CoalescingConfig},
+    Batch, Endpoint, EndpointKey, ErrorKind, Event, Heartbeat, Op, Registry, Watch,
 };
 use registry_sqlite::SqliteRegistry;
 

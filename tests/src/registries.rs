@@ -62,8 +62,10 @@ pub async fn dynamodb(
 /// A `CloudMapRegistry` on a new HTTP namespace on a fixture moto, polled
 /// every 50 ms for its watch.
 #[cfg(feature = "cloudmap")]
-pub async fn cloudmap(
-) -> Result<Guarded<registry_api::Polling<registry_cloudmap::CloudMapRegistry>>, FixtureError> {
+pub async fn cloudmap() -> Result<
+    Guarded<registry_api::polling::Polling<registry_cloudmap::CloudMapRegistry>>,
+    FixtureError,
+> {
     use registry_cloudmap::aws_sdk_servicediscovery::config::{
         BehaviorVersion, Credentials, Region,
     };
@@ -83,9 +85,9 @@ pub async fn cloudmap(
     let raw = registry_cloudmap::CloudMapRegistry::with_sdk_config(sdk, cfg)
         .await
         .map_err(setup("creating the fixture namespace"))?;
-    let polling = registry_api::Polling::with_config(
+    let polling = registry_api::polling::Polling::with_config(
         raw,
-        registry_api::PollingConfig::default().with_interval(Duration::from_millis(50)),
+        registry_api::polling::PollingConfig::default().with_interval(Duration::from_millis(50)),
     )
     .map_err(setup("polling the fixture namespace"))?;
     Ok(Guarded::new(polling, moto))

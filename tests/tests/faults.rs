@@ -20,8 +20,9 @@ use futures::StreamExt;
 use rand::{RngExt, SeedableRng};
 use registry_api::testing::{ep, eventually, unique, Faulty};
 use registry_api::{
-    CachedConfig, CachedRegistry, Coalescing, CoalescingConfig, Endpoint, Event, Registry,
-    Snapshot, Watch,
+    cached::{CachedConfig, CachedRegistry},
+    coalescing::{Coalescing, CoalescingConfig},
+    Endpoint, Event, Registry, Snapshot, Watch,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -267,7 +268,7 @@ async fn hundred_drops<R: Registry + Watch>(backend: R) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_drops_memory() {
-    hundred_drops(registry_api::MemoryRegistry::with_history(1 << 16)).await;
+    hundred_drops(registry_api::memory::MemoryRegistry::with_history(1 << 16)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -300,8 +301,8 @@ async fn hundred_drops_registrar_stream() {
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", grpc.local_addr().unwrap());
-    let backend = Arc::new(registry_api::Liveness::new(
-        registry_api::MemoryRegistry::new(),
+    let backend = Arc::new(registry_api::liveness::Liveness::new(
+        registry_api::memory::MemoryRegistry::new(),
     ));
     let registrar =
         Registrar::new(backend, RegistrarConfig::new("drops").with_history(1 << 16)).unwrap();

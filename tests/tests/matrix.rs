@@ -12,7 +12,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use registry_api::testing::{ep, follow_until, next_event, run_all, unique, Guarded};
-use registry_api::{Batch, Event, MemoryRegistry, Polling, PollingConfig, Watch};
+use registry_api::{
+    memory::MemoryRegistry,
+    polling::{Polling, PollingConfig},
+    Batch, Event, Watch,
+};
 
 /// Write more changes than the registry's watch history keeps (64 here for
 /// every backend whose history is configurable) and wait until a watch has
@@ -214,7 +218,7 @@ async fn registrar_client() {
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", grpc.local_addr().unwrap());
-    let backend = Arc::new(registry_api::Liveness::new(MemoryRegistry::new()));
+    let backend = Arc::new(registry_api::liveness::Liveness::new(MemoryRegistry::new()));
     let registrar =
         Registrar::new(backend, RegistrarConfig::new("matrix").with_history(64)).unwrap();
     tokio::spawn(serve(

@@ -27,8 +27,10 @@ use clap::Parser;
 use futures::StreamExt;
 use registrar_server::{serve, Backend, Registrar, RegistrarConfig};
 use registry_api::{
-    Batch, Capabilities, Endpoint, EndpointKey, Event, EventStream, Heartbeat, MemoryRegistry, Op,
-    Polling, PollingConfig, Registry, Result, Snapshot, Watch,
+    memory::MemoryRegistry,
+    polling::{Polling, PollingConfig},
+    Batch, Capabilities, Endpoint, EndpointKey, Event, EventStream, Heartbeat, Op, Registry,
+    Result, Snapshot, Watch,
 };
 use registry_registrar::{ClientConfig, Raw, RegistrarClient};
 

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
+use crate::backend::{check_count, check_duration};
 use crate::error::Result;
-use crate::settings::{check_count, check_duration};
 
 /// Settings of [`Coalescing`](super::Coalescing). The defaults batch as an
 /// in-cluster registrar does: every 100 ms or 50 ops.
@@ -98,7 +98,7 @@ impl CoalescingConfig {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use registry_api::CoalescingConfig;
+    /// use registry_api::coalescing::CoalescingConfig;
     /// let bad = CoalescingConfig::default().with_flush_interval(Duration::ZERO);
     /// assert!(bad.validate().unwrap_err().to_string().contains("flush_interval"));
     /// ```
@@ -121,7 +121,7 @@ impl CoalescingConfig {
         )?;
         check_count("conflict_retries", self.conflict_retries as usize, 0, 100)?;
         check_count("split_after", self.split_after as usize, 1, 100)?;
-        crate::validate::check_name("metrics_prefix", &self.metrics_prefix, true)
+        crate::backend::check_name("metrics_prefix", &self.metrics_prefix, true)
     }
 }
 

@@ -15,10 +15,12 @@ use tokio::time::Instant;
 
 pub use config::CoalescingConfig;
 
+use crate::backend::validate_ops;
+use crate::capabilities::Capabilities;
 use crate::error::{Error, Result};
-use crate::model::{Capabilities, Endpoint, EndpointKey, Op, Version};
+use crate::model::{Endpoint, EndpointKey, Op, Version};
 use crate::snapshot::Snapshot;
-use crate::traits::{validate_ops, Batch, EventStream, Heartbeat, Registry, Watch};
+use crate::traits::{Batch, EventStream, Heartbeat, Registry, Watch};
 
 /// Batches writes: ops are queued, merged to their net effect per key, and
 /// applied with [`Batch::apply`] in chunks of the backend's `max_batch()`
@@ -58,7 +60,7 @@ use crate::traits::{validate_ops, Batch, EventStream, Heartbeat, Registry, Watch
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-/// use registry_api::{Coalescing, Endpoint, MemoryRegistry, Registry};
+/// use registry_api::{Endpoint, Registry, coalescing::Coalescing, memory::MemoryRegistry};
 /// let reg = Coalescing::new(MemoryRegistry::new());
 /// reg.register(Endpoint::new("api", "a", "127.0.0.1", 80)).await?; // queued
 /// reg.flush().await;                                                 // applied
@@ -411,7 +413,8 @@ impl<B: Batch> Registry for Coalescing<B> {
     fn capabilities(&self) -> Capabilities {
         self.inner
             .capabilities()
-            .with_atomic_batch(false)
+            .with_atomic_writes(false)
+            .with_isolated_reads(false)
             .with_max_batch(self.shared.cfg.capacity)
     }
     async fn probe(&self) -> Result<()> {

@@ -5,7 +5,7 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use registry_api::{Polling, PollingConfig};
+use registry_api::polling::{Polling, PollingConfig};
 use registry_cloudmap::aws_sdk_servicediscovery::config::{BehaviorVersion, Credentials, Region};
 use registry_cloudmap::{CloudMapConfig, CloudMapRegistry};
 use registry_tests::MotoServer;

@@ -110,20 +110,8 @@ impl Registry for Harness {
     async fn snapshot(&self) -> Result<Snapshot> {
         self.reg.snapshot().await
     }
-    /// The registry's capabilities, except `atomic_batch`: a batch of up to
-    /// 100 ops is one `TransactWriteItems`, all-or-nothing as a write (what
-    /// `Capabilities::atomic_batch` documents), but DynamoDB's `Query` and
-    /// `Scan` are read-committed, not serializable, against transactions: a
-    /// concurrent reader may see part of a committed transaction, on AWS as
-    /// on moto. The suite's `batch_is_atomic` checks that readers never do,
-    /// which this backend cannot promise; the conformance run therefore
-    /// skips that check (see the crate README).
     fn capabilities(&self) -> Capabilities {
-        let mut caps = self.reg.capabilities();
-        if self.conformance {
-            caps.atomic_batch = false;
-        }
-        caps
+        self.reg.capabilities()
     }
 }
 

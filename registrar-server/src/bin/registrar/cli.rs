@@ -127,7 +127,7 @@ pub struct RegisterArgs {
     #[arg(long, default_value = "tcp")]
     pub protocol: Protocol,
     /// Owning cluster.
-    #[arg(long, default_value = registry_api::DEFAULT_CLUSTER)]
+    #[arg(long, default_value = registry_api::Endpoint::DEFAULT_CLUSTER)]
     pub cluster: String,
     /// Owning node.
     #[arg(long, default_value = "")]
@@ -282,7 +282,7 @@ fn duration_in(
     move |s: &str| {
         let d = humantime::parse_duration(s)
             .map_err(|e| format!("{e} (a duration such as 100ms, 5s or 1m)"))?;
-        registry_api::check_duration("value", d, min, max).map_err(|_| {
+        registry_api::backend::check_duration("value", d, min, max).map_err(|_| {
             format!(
                 "{s} is out of range: allowed {} to {}",
                 show(min),

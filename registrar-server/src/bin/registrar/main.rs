@@ -60,7 +60,8 @@ fn install_metrics() -> Result<metrics_exporter_prometheus::PrometheusHandle, St
     metrics::gauge!("registrar_connected_agents").increment(0.0);
     metrics::gauge!("registrar_write_queue_depth").set(0.0);
     metrics::counter!("registrar_sync_errors_total").increment(0);
-    metrics::counter!("agent_registrar_stream_reconnects_total").increment(0);
+    metrics::counter!("registrar_stream_reconnects_total").increment(0);
+    metrics::gauge!("registrar_cache_age_seconds").set(0.0);
     metrics::gauge!("registrar_backend_up").set(1.0);
     metrics::gauge!("registrar_backend_down_seconds").set(0.0);
     metrics::gauge!("registrar_ready").set(0.0);

@@ -1,39 +1,11 @@
-//! The one validation every backend calls before it writes.
-//!
-//! The limits are chosen so that names fit a DNS name (253 bytes) and a
-//! whole endpoint fits comfortably in an etcd value and a DynamoDB item.
-//! Backends that store less say so in their [`crate::Capabilities`]
-//! (`max_labels`, `max_encoded_len`; Cloud Map allows 30 attributes and
-//! 5,000 characters per instance) and refuse more with `InvalidInput`.
+//! The one validation every backend calls before it writes, against the
+//! limits in [`crate::limits`], and the rule for batches.
 
-use crate::error::Error;
-use crate::model::Endpoint;
+use crate::error::{Error, Result};
+use crate::limits::*;
+use crate::model::{Endpoint, Op};
 
-/// Limits checked by [`validate_endpoint`].
-pub mod limits {
-    /// Longest `service`, `id`, `address`, `cluster` or `node`, in bytes.
-    pub const MAX_NAME_LEN: usize = 253;
-    /// Most labels on one endpoint.
-    pub const MAX_LABELS: usize = 64;
-    /// Longest label key, in bytes (at least 1).
-    pub const MAX_LABEL_KEY_LEN: usize = 128;
-    /// Longest label value, in bytes (may be empty).
-    pub const MAX_LABEL_VALUE_LEN: usize = 1024;
-    /// Largest endpoint: the sum of the lengths of every string in it
-    /// (names, address, label keys and values) plus 16 bytes for the fixed
-    /// fields.
-    pub const MAX_ENCODED_LEN: usize = 16 * 1024;
-}
-
-use limits::*;
-
-/// The size [`limits::MAX_ENCODED_LEN`] is checked against.
-pub fn encoded_len(e: &Endpoint) -> usize {
-    let labels: usize = e.labels.iter().map(|(k, v)| k.len() + v.len()).sum();
-    e.service.len() + e.id.len() + e.address.len() + e.cluster.len() + e.node.len() + labels + 16
-}
-
-/// Check an endpoint against every limit.
+/// Check an endpoint against every limit of [`crate::limits`].
 ///
 /// Rules:
 /// - `service`, `id`, `address`: 1 to [`MAX_NAME_LEN`] bytes, no control
@@ -48,7 +20,8 @@ pub fn encoded_len(e: &Endpoint) -> usize {
 /// The error is [`Error::InvalidInput`] naming the field and the limit.
 ///
 /// ```
-/// use registry_api::{validate_endpoint, Endpoint, ErrorKind};
+/// use registry_api::backend::validate_endpoint;
+/// use registry_api::{Endpoint, ErrorKind};
 /// let bad = Endpoint::new("payments", "", "10.0.0.1", 80);
 /// let err = validate_endpoint(&bad).unwrap_err();
 /// assert_eq!(err.kind(), ErrorKind::InvalidInput);
@@ -116,6 +89,41 @@ pub fn validate_endpoint(e: &Endpoint) -> Result<(), Error> {
         ));
     }
     Ok(())
+}
+
+/// Validate every op of a batch, naming the op's index in the error
+/// (`ops[3].port`).
+pub fn validate_ops(ops: &[Op]) -> Result<()> {
+    for (i, op) in ops.iter().enumerate() {
+        op.validate()
+            .map_err(|e| e.in_field(&format!("ops[{i}].")))?;
+    }
+    Ok(())
+}
+
+/// The rule for batches every backend applies (see [`crate::Batch`]):
+/// every op valid, and at most `max` of them; otherwise `InvalidInput`
+/// naming the op or `ops`, and nothing is written.
+///
+/// ```
+/// use registry_api::backend::check_batch;
+/// use registry_api::{Endpoint, Op};
+/// let ops = vec![Op::Register(Endpoint::new("s", "a", "h", 1)); 3];
+/// assert!(check_batch(&ops, 3).is_ok());
+/// assert!(check_batch(&ops, 2).unwrap_err().to_string().contains("at most 2"));
+/// ```
+pub fn check_batch(ops: &[Op], max: usize) -> Result<()> {
+    if ops.len() > max {
+        return Err(Error::invalid(
+            "ops",
+            format!(
+                "a batch of {} ops; this backend takes at most {max} in one call \
+                 (split it, or queue it with Coalescing)",
+                ops.len()
+            ),
+        ));
+    }
+    validate_ops(ops)
 }
 
 /// Check one name field: length and characters (see [`validate_endpoint`]).

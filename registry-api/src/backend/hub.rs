@@ -9,14 +9,11 @@ use arc_swap::ArcSwap;
 use futures::stream::{self, StreamExt};
 use tokio::sync::{mpsc, watch};
 
+use super::history::History;
 use crate::error::{Error, Result};
-use crate::history::History;
 use crate::model::{Event, Version};
 use crate::snapshot::Snapshot;
 use crate::traits::EventStream;
-
-/// Default number of events buffered per subscriber.
-pub const DEFAULT_SUBSCRIBER_BUFFER: usize = 1024;
 
 /// The current state of a registry plus its live subscribers.
 ///
@@ -38,7 +35,8 @@ pub const DEFAULT_SUBSCRIBER_BUFFER: usize = 1024;
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 /// use std::sync::Arc;
 /// use futures::StreamExt;
-/// use registry_api::{Endpoint, Event, Hub, Version};
+/// use registry_api::backend::Hub;
+/// use registry_api::{Endpoint, Event, Version};
 /// let hub = Arc::new(Hub::new(16, 128));
 /// let mut sub = hub.subscribe(None);
 /// hub.publish([Event::Added { version: Version(1), endpoint: Endpoint::new("s", "a", "h", 1) }]);
@@ -66,6 +64,9 @@ struct Subscriber {
 }
 
 impl Hub {
+    /// Events buffered per subscriber unless configured: 1024.
+    pub const DEFAULT_BUFFER: usize = 1024;
+
     /// An empty hub at version 0: `buffer` events per subscriber, `history`
     /// deltas kept for resuming.
     pub fn new(buffer: usize, history: usize) -> Self {

@@ -1,0 +1,45 @@
+//! Plumbing for those who write a backend or a combinator: the fan-out
+//! [`Hub`], [`diff`], a [`VersionClock`], a watch that resumes by itself
+//! ([`resume_with_backoff`]), the standard [`backoff`], and the checks every
+//! backend runs before it writes ([`validate_endpoint`], [`check_batch`],
+//! …). Users of the toolkit need none of it.
+
+mod clock;
+mod diff;
+mod history;
+mod hub;
+mod resume;
+mod settings;
+mod validate;
+
+pub use clock::VersionClock;
+pub use diff::diff;
+pub use hub::Hub;
+pub use resume::resume_with_backoff;
+pub use settings::{check_count, check_duration};
+pub use validate::{check_batch, check_name, validate_endpoint, validate_ops};
+
+use std::time::Duration;
+
+/// The service name the default [`crate::Registry::probe`] lists.
+pub const PROBE_SERVICE: &str = "registry-probe";
+
+/// Exponential backoff from `min` to `max`, factor 2, with jitter, without
+/// end: the delays every retry loop of the toolkit uses.
+///
+/// ```
+/// use std::time::Duration;
+/// let mut delays = registry_api::backend::backoff(Duration::from_millis(100), Duration::from_secs(5));
+/// let first = delays.next().unwrap();
+/// assert!(first >= Duration::from_millis(100) && first <= Duration::from_millis(200));
+/// ```
+pub fn backoff(min: Duration, max: Duration) -> backon::ExponentialBackoff {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::default()
+        .with_min_delay(min)
+        .with_max_delay(max.max(min))
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .build()
+}

@@ -1,0 +1,180 @@
+//! [`Overlay`]: optimistic writes shown at once in a cache and kept over
+//! older news of the same keys until the source echoes them — how the
+//! registrar broadcasts a write before the backend has it, and how an agent
+//! reads its own write before the registrar confirms it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use registry_api::cached::{CachedConfig, CachedRegistry, UpstreamFilter, Writer};
+use registry_api::{Endpoint, EndpointKey, Event, Op, Registry, Result, Watch};
+use tokio::time::Instant;
+
+/// How long a local write wins over older news of its key unless the
+/// source echoes it first: 30 s.
+pub const DEFAULT_HOLD: Duration = Duration::from_secs(30);
+
+/// The keys written locally and not yet echoed by the source, each with
+/// the value wanted (`None`: removed) and the end of its hold.
+#[derive(Default)]
+struct Holds {
+    held: Mutex<HashMap<EndpointKey, (Option<Endpoint>, Instant)>>,
+}
+
+impl Holds {
+    fn lock(&self) -> MutexGuard<'_, HashMap<EndpointKey, (Option<Endpoint>, Instant)>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl UpstreamFilter for Holds {
+    /// Keep local writes over older news: an event on a held key is dropped
+    /// unless it carries the local value (which ends the hold) or the hold
+    /// expired; a snapshot is patched with the held values.
+    fn filter(&self, ev: Event) -> Option<Event> {
+        let mut held = self.lock();
+        if held.is_empty() {
+            return Some(ev);
+        }
+        let now = Instant::now();
+        held.retain(|_, (_, until)| *until > now);
+        match ev {
+            Event::Snapshot(fresh) => {
+                let mut patched = fresh;
+                held.retain(|key, (desired, _)| {
+                    if patched.get(key) == desired.as_ref() {
+                        return false;
+                    }
+                    patched = match desired {
+                        Some(e) => patched.with_endpoint(e.clone()),
+                        None => patched.without(key),
+                    };
+                    true
+                });
+                Some(Event::Snapshot(patched))
+            }
+            delta => {
+                let Some(key) = delta.key() else {
+                    return Some(delta);
+                };
+                let Some((desired, _)) = held.get(&key) else {
+                    return Some(delta);
+                };
+                let value = match &delta {
+                    Event::Added { endpoint, .. } | Event::Updated { endpoint, .. } => {
+                        Some(endpoint)
+                    }
+                    _ => None,
+                };
+                if value == desired.as_ref() {
+                    held.remove(&key);
+                    Some(delta)
+                } else {
+                    None
+                }
+            }
+        }
+    }
+
+    fn reset(&self) {
+        self.lock().clear();
+    }
+}
+
+/// Optimistic writes over a [`CachedRegistry`]: [`Overlay::apply`] shows
+/// them to local watchers at once, and the source's older news of those
+/// keys is held back until the source echoes the local value (or the hold
+/// ends); [`Overlay::undo`] takes one back. Make both with
+/// [`Overlay::cache`].
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use registry_api::cached::CachedConfig;
+/// use registry_api::memory::MemoryRegistry;
+/// use registry_api::{Endpoint, Op};
+/// use registry_registrar::Overlay;
+/// let (cache, overlay) = Overlay::cache(MemoryRegistry::new(), CachedConfig::default())?;
+/// cache.wait_until_ready().await;
+/// // Shown at once, although the memory registry does not have it.
+/// overlay.apply(&[Op::Register(Endpoint::new("api", "a", "127.0.0.1", 80))]);
+/// assert_eq!(cache.store().list("api").map(|l| l.len()), Some(1));
+/// # Ok::<(), registry_api::Error>(()) });
+/// ```
+#[derive(Clone)]
+pub struct Overlay {
+    holds: Arc<Holds>,
+    writer: Writer,
+    hold: Duration,
+}
+
+impl Overlay {
+    /// A cache of `inner` (with `cfg`, numbered with its own versions so
+    /// local and source changes form one sequence) and the overlay that
+    /// writes into it, holding local writes for [`DEFAULT_HOLD`].
+    pub fn cache<R: Registry + Watch>(
+        inner: R,
+        cfg: CachedConfig,
+    ) -> Result<(CachedRegistry<R>, Overlay)> {
+        let holds = Arc::new(Holds::default());
+        let filter: Arc<dyn UpstreamFilter> = holds.clone();
+        let cache =
+            CachedRegistry::with_config(inner, cfg.with_local_versions(true).with_filter(filter))?;
+        let overlay = Overlay {
+            holds,
+            writer: cache.writer().clone(),
+            hold: DEFAULT_HOLD,
+        };
+        Ok((cache, overlay))
+    }
+
+    /// Show `ops` at once, each held over older news of its key. Returns
+    /// the events published (none before the first snapshot).
+    pub fn apply(&self, ops: &[Op]) -> Vec<Event> {
+        let until = Instant::now() + self.hold;
+        {
+            let mut held = self.holds.lock();
+            for op in ops {
+                let desired = match op {
+                    Op::Register(e) => Some(e.clone()),
+                    Op::Deregister(_) => None,
+                };
+                held.insert(op.key(), (desired, until));
+            }
+        }
+        self.publish(ops)
+    }
+
+    /// Take local writes back: the holds of `ops`' keys end and `ops` (the
+    /// values to show instead) are applied at once without a hold, so the
+    /// source's later news of those keys is taken as it comes. Returns the
+    /// events published.
+    pub fn undo(&self, ops: &[Op]) -> Vec<Event> {
+        {
+            let mut held = self.holds.lock();
+            for op in ops {
+                held.remove(&op.key());
+            }
+        }
+        self.publish(ops)
+    }
+
+    fn publish(&self, ops: &[Op]) -> Vec<Event> {
+        let mut out = Vec::new();
+        for op in ops {
+            // The version is replaced by the cache's own.
+            let ev = match op {
+                Op::Register(endpoint) => Event::Added {
+                    version: registry_api::Version::ZERO,
+                    endpoint: endpoint.clone(),
+                },
+                Op::Deregister(key) => Event::Removed {
+                    version: registry_api::Version::ZERO,
+                    key: key.clone(),
+                },
+            };
+            out.extend(self.writer.apply(ev));
+        }
+        out
+    }
+}
