@@ -242,7 +242,7 @@ impl Endpoint {
     }
 
     /// Check every field against the limits in [`crate::limits`]; see
-    /// [`crate::validate_endpoint`].
+    /// [`crate::backend::validate_endpoint`].
     pub fn validate(&self) -> Result<(), Error> {
         crate::backend::validate_endpoint(self)
     }
