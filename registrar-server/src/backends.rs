@@ -103,8 +103,10 @@ impl BackendOptions {
 /// retry, permanent ones (a read-only or corrupt file, a missing table
 /// without `dynamodb_create_table`, bad credentials) are not.
 pub async fn open_backend(opts: &BackendOptions) -> Result<Arc<dyn Backend>> {
-    let cfg = StackConfig::default()
-        .with_polling(PollingConfig::default().with_interval(opts.sync_interval));
+    let polling = PollingConfig::default()
+        .with_interval(opts.sync_interval)
+        .with_metrics_prefix("registrar");
+    let cfg = StackConfig::default().with_polling(polling);
     match opts.kind {
         BackendKind::Memory => stack(MemoryRegistry::new(), &cfg),
         #[cfg(feature = "sqlite")]

@@ -86,7 +86,8 @@ impl PollingConfig {
 /// current time in microseconds, so versions grow across restarts of the
 /// process and a watch resumed with a version from an earlier run gets a
 /// fresh snapshot. A failed poll keeps the last state (reads of the watch go
-/// on from it), counts `registrar_sync_errors_total` and tries again next
+/// on from it), counts `<prefix>_sync_errors_total`, reports the failure on the
+/// watchers' streams, and tries again next
 /// interval. Changes that come and go between two polls are not seen; the
 /// capabilities say `native_watch: false`.
 ///
