@@ -1,1 +1,6 @@
 #![doc = include_str!("README.md")]
+
+/// The workspace README, so that its code compiles as doctests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct WorkspaceReadme;
