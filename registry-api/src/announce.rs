@@ -234,15 +234,10 @@ impl Announcement {
     /// service leaves the registry before the server stops accepting
     /// calls. For `axum::serve(..).with_graceful_shutdown(..)` or
     /// `tonic`'s `serve_with_shutdown`.
-    pub fn leave_on(
-        self,
-        signal: impl Future<Output = ()> + Send + 'static,
-    ) -> impl Future<Output = ()> + Send + 'static {
-        async move {
-            signal.await;
-            if let Err(e) = self.shutdown().await {
-                tracing::warn!(error = %e, "could not deregister every endpoint at shutdown");
-            }
+    pub async fn leave_on(self, signal: impl Future<Output = ()> + Send + 'static) {
+        signal.await;
+        if let Err(e) = self.shutdown().await {
+            tracing::warn!(error = %e, "could not deregister every endpoint at shutdown");
         }
     }
 }
