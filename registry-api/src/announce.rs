@@ -242,6 +242,17 @@ impl Announcement {
     }
 }
 
+impl Announcement {
+    /// Stop keeping the endpoints registered without deregistering them,
+    /// as if the process had died: the registry's liveness (a lease that
+    /// lapses, a sweeper) removes them in its own time.
+    pub fn abandon(mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
 impl Drop for Announcement {
     fn drop(&mut self) {
         // Not shut down: stop, and deregister in the background.

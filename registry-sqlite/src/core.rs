@@ -383,6 +383,15 @@ impl Inner {
         let (start, floor) = self.counters(conn, what).await?;
         let keys: BTreeSet<EndpointKey> = ops.iter().map(Op::key).collect();
         let mut state = load_rows(conn, &self.cfg.path, &keys, what).await?;
+        // A node that registers an endpoint is alive: liveness tracks it
+        // from now on, heartbeat or not.
+        let nodes: BTreeSet<String> = ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::Register(e) if !e.node.is_empty() => Some(e.node.clone()),
+                _ => None,
+            })
+            .collect();
         let mut rev = start;
         let mut log: Vec<(u64, &'static str, EndpointKey, Option<String>)> = Vec::new();
         let mut dirty: BTreeMap<EndpointKey, u64> = BTreeMap::new();
@@ -419,6 +428,7 @@ impl Inner {
             }
             dirty.insert(key, rev);
         }
+        self.seen(conn, &nodes, what).await?;
         let mut gone = Vec::new();
         let mut rows = Vec::new();
         for (key, at) in dirty {
@@ -432,6 +442,30 @@ impl Inner {
         log_rows(conn, &self.cfg.path, &log, what).await?;
         self.finish(conn, start, floor, rev, what).await?;
         Ok((start, rev))
+    }
+
+    /// Record that `nodes` were seen now: new ones are admitted healthy; a
+    /// known one keeps its status (an unhealthy one recovers at the next
+    /// sweep, which revives its endpoints).
+    async fn seen(
+        &self,
+        conn: &mut SqliteConnection,
+        nodes: &BTreeSet<String>,
+        what: &str,
+    ) -> Result<()> {
+        let now = crate::layout::millis(self.cfg.clock.now());
+        for node in nodes {
+            sqlx::query(
+                "INSERT INTO nodes (id, status, last_seen) VALUES (?1, 'healthy', ?2) \
+                 ON CONFLICT (id) DO UPDATE SET last_seen = excluded.last_seen",
+            )
+            .bind(node)
+            .bind(now)
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| self.map(e, what))?;
+        }
+        Ok(())
     }
 
     pub(crate) async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
