@@ -2,6 +2,15 @@
 //! ([`crate::backend::validate_endpoint`], called by every backend before it
 //! writes, and [`crate::Endpoint::validate`]).
 //!
+//! Names (`service`, `id`, `address`, `cluster`, `node`, label keys) are
+//! at most [`MAX_NAME_LEN`] bytes of any script, without control
+//! characters, whitespace, or invisible format characters (Unicode
+//! category Cf: zero-width spaces and joiners, the bidirectional overrides
+//! and isolates U+202A–U+202E and U+2066–U+2069, the byte order mark), so
+//! that two names that look alike are alike; see
+//! [`crate::backend::forbidden_in_name`]. Errors quote at most
+//! [`crate::backend::QUOTE_BYTES`] bytes of an offending value.
+//!
 //! They are chosen so that names fit a DNS name (253 bytes) and a whole
 //! endpoint fits comfortably in an etcd value and a DynamoDB item.
 //! Backends that store less say so in their [`crate::Capabilities`]

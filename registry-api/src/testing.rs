@@ -668,7 +668,10 @@ pub async fn limits_accepted_and_one_past_rejected<R: Registry + ?Sized>(reg: &R
         .expect("label key and value at the limit");
     big.labels
         .insert("k".repeat(MAX_LABEL_KEY_LEN + 1), "v".into());
-    let field = format!("labels[{:?}]", "k".repeat(MAX_LABEL_KEY_LEN + 1));
+    let field = format!(
+        "labels[{}]",
+        crate::backend::quote(&"k".repeat(MAX_LABEL_KEY_LEN + 1))
+    );
     expect_invalid(
         reg.register(big).await,
         &field,

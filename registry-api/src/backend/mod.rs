@@ -17,7 +17,9 @@ pub use diff::diff;
 pub use hub::Hub;
 pub use resume::resume_with_backoff;
 pub use settings::{check_count, check_duration};
-pub use validate::{check_batch, check_name, validate_endpoint, validate_ops};
+pub use validate::{
+    check_batch, check_name, forbidden_in_name, quote, validate_endpoint, validate_ops, QUOTE_BYTES,
+};
 
 use std::time::Duration;
 

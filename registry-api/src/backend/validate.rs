@@ -1,23 +1,72 @@
 //! The one validation every backend calls before it writes, against the
 //! limits in [`crate::limits`], and the rule for batches.
 
+use unicode_properties::{GeneralCategory, UnicodeGeneralCategory};
+
 use crate::error::{Error, Result};
 use crate::limits::*;
 use crate::model::{Endpoint, Op};
+
+/// How many bytes of an offending value an error quotes.
+pub const QUOTE_BYTES: usize = 64;
+
+/// A value as an error quotes it: in quotes, at most [`QUOTE_BYTES`] bytes
+/// of it, and its length when it was cut, so that an error about a huge
+/// value stays small.
+///
+/// ```
+/// use registry_api::backend::quote;
+/// assert_eq!(quote("zone"), "\"zone\"");
+/// let q = quote(&"x".repeat(1_000_000));
+/// assert!(q.len() < 100 && q.ends_with("(1000000 bytes)"), "{q}");
+/// ```
+pub fn quote(value: &str) -> String {
+    if value.len() <= QUOTE_BYTES {
+        return format!("{value:?}");
+    }
+    let mut end = QUOTE_BYTES;
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{:?}… ({} bytes)", &value[..end], value.len())
+}
+
+/// A character a name must not contain: control characters, whitespace,
+/// and the invisible format characters (Unicode category Cf: zero-width
+/// spaces and joiners, the bidirectional overrides and isolates
+/// U+202A–U+202E and U+2066–U+2069, the byte order mark), which let two
+/// names that look the same differ.
+pub fn forbidden_in_name(c: char) -> bool {
+    c.is_control() || c.is_whitespace() || c.general_category() == GeneralCategory::Format
+}
+
+fn describe(c: char) -> String {
+    if c.general_category() == GeneralCategory::Format {
+        format!(
+            "the invisible or direction-changing character U+{:04X}",
+            c as u32
+        )
+    } else {
+        format!("the forbidden character {c:?} (U+{:04X})", c as u32)
+    }
+}
 
 /// Check an endpoint against every limit of [`crate::limits`].
 ///
 /// Rules:
 /// - `service`, `id`, `address`: 1 to [`MAX_NAME_LEN`] bytes, no control
-///   characters and no whitespace.
+///   characters, no whitespace and no invisible format characters
+///   ([`forbidden_in_name`]).
 /// - `cluster`, `node`: 0 to [`MAX_NAME_LEN`] bytes, same characters.
 /// - `port`: 1 to 65535.
 /// - at most [`MAX_LABELS`] labels; keys 1 to [`MAX_LABEL_KEY_LEN`] bytes
-///   without control characters or whitespace; values up to
+///   with the same characters as names; values up to
 ///   [`MAX_LABEL_VALUE_LEN`] bytes without control characters.
 /// - the whole endpoint at most [`MAX_ENCODED_LEN`] bytes ([`encoded_len`]).
 ///
-/// The error is [`Error::InvalidInput`] naming the field and the limit.
+/// The error is [`Error::InvalidInput`] naming the field and the limit;
+/// it quotes at most [`QUOTE_BYTES`] bytes of an offending value
+/// ([`quote`]).
 ///
 /// ```
 /// use registry_api::backend::validate_endpoint;
@@ -46,7 +95,7 @@ pub fn validate_endpoint(e: &Endpoint) -> Result<(), Error> {
         ));
     }
     for (k, v) in &e.labels {
-        let field = || format!("labels[{k:?}]");
+        let field = || format!("labels[{}]", quote(k));
         if k.is_empty() {
             return Err(Error::invalid("labels", "a label key is empty"));
         }
@@ -59,10 +108,10 @@ pub fn validate_endpoint(e: &Endpoint) -> Result<(), Error> {
                 ),
             ));
         }
-        if let Some(c) = k.chars().find(|c| c.is_control() || c.is_whitespace()) {
+        if let Some(c) = k.chars().find(|c| forbidden_in_name(*c)) {
             return Err(Error::invalid(
                 field(),
-                format!("key contains the forbidden character {c:?}"),
+                format!("key contains {}", describe(c)),
             ));
         }
         if v.len() > MAX_LABEL_VALUE_LEN {
@@ -77,7 +126,7 @@ pub fn validate_endpoint(e: &Endpoint) -> Result<(), Error> {
         if let Some(c) = v.chars().find(|c| c.is_control()) {
             return Err(Error::invalid(
                 field(),
-                format!("value contains the control character {c:?}"),
+                format!("value contains the control character U+{:04X}", c as u32),
             ));
         }
     }
@@ -135,15 +184,16 @@ pub fn check_name(field: &str, value: &str, required: bool) -> Result<(), Error>
         return Err(Error::invalid(
             field,
             format!(
-                "is {} bytes, longer than the limit of {MAX_NAME_LEN}",
+                "{} is {} bytes, longer than the limit of {MAX_NAME_LEN}",
+                quote(value),
                 value.len()
             ),
         ));
     }
-    if let Some(c) = value.chars().find(|c| c.is_control() || c.is_whitespace()) {
+    if let Some(c) = value.chars().find(|c| forbidden_in_name(*c)) {
         return Err(Error::invalid(
             field,
-            format!("contains the forbidden character {c:?}"),
+            format!("{} contains {}", quote(value), describe(c)),
         ));
     }
     Ok(())
@@ -191,6 +241,36 @@ mod tests {
         let err = validate_endpoint(&e).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidInput);
         assert!(err.to_string().contains("253"), "{err}");
+    }
+
+    #[test]
+    fn invisible_and_bidi_characters_are_refused_by_name() {
+        for c in [
+            '\u{200B}', '\u{200D}', '\u{202E}', '\u{2066}', '\u{FEFF}', '\u{00AD}',
+        ] {
+            let e = Endpoint::new(format!("pay{c}ments"), "i", "h", 1);
+            let err = validate_endpoint(&e).unwrap_err();
+            assert_eq!(field_of(&e), "service");
+            assert!(
+                err.to_string().contains(&format!("U+{:04X}", c as u32)),
+                "{err}"
+            );
+            let e = Endpoint::new("s", "i", "h", 1).with_label(format!("zo{c}ne"), "a");
+            assert!(field_of(&e).starts_with("labels["), "{c:?}");
+        }
+        // Letters of every script are fine.
+        assert!(validate_endpoint(&Endpoint::new("платежи", "ид", "h", 1)).is_ok());
+    }
+
+    #[test]
+    fn errors_quote_a_bounded_prefix() {
+        let huge = "k".repeat(1_000_000);
+        let e = Endpoint::new("s", "i", "h", 1).with_label(huge.clone(), "v");
+        let err = validate_endpoint(&e).unwrap_err().to_string();
+        assert!(err.len() < 300, "{} bytes: {}", err.len(), &err[..200]);
+        assert!(err.contains("(1000000 bytes)"), "{err}");
+        let err = check_name("service", &huge, true).unwrap_err().to_string();
+        assert!(err.len() < 300, "{} bytes", err.len());
     }
 
     #[test]
