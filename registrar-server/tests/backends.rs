@@ -108,7 +108,7 @@ async fn a_deleted_dynamodb_table_stops_acknowledging_then_heals() {
     let direct = registry_dynamodb::DynamoDbRegistry::connect(cfg.clone())
         .await
         .unwrap();
-    let raw = registry_registrar::Raw::connect(registry_registrar::ClientConfig::new(
+    let raw = registry_registrar::RpcClient::connect(registry_registrar::ClientConfig::new(
         server.url(),
         "c",
         "loader",
@@ -132,7 +132,7 @@ async fn a_deleted_dynamodb_table_stops_acknowledging_then_heals() {
     let refused = Arc::new(AtomicUsize::new(0));
     let loader = {
         let (stop, refused) = (Arc::clone(&stop), Arc::clone(&refused));
-        let raw = registry_registrar::Raw::connect(registry_registrar::ClientConfig::new(
+        let raw = registry_registrar::RpcClient::connect(registry_registrar::ClientConfig::new(
             server.url(),
             "c",
             "loader",

@@ -314,7 +314,7 @@ async fn hundred_drops_registrar_stream() {
         futures::future::pending(),
     ));
     let raw =
-        registry_registrar::Raw::connect(registry_registrar::ClientConfig::new(url, "drops", "n"))
+        registry_registrar::RpcClient::connect(registry_registrar::ClientConfig::new(url, "drops", "n"))
             .unwrap();
     hundred_drops(raw).await;
 }
