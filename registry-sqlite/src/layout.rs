@@ -246,7 +246,6 @@ macro_rules! ep_cols {
         "service, id, address, port, protocol, cluster, node, health, endpoint"
     };
 }
-pub(crate) use ep_cols;
 
 /// `endpoint` (JSON).
 pub(crate) type EpRow = (String,);

@@ -17,7 +17,7 @@ use sqlx::sqlite::SqliteConnection;
 use crate::core::Database;
 use crate::error::corrupt;
 use crate::layout::{
-    decode, duration_ms, encode, ep_cols, from_millis, millis, to_i64, EpRow, EpRowSuspended,
+    decode, duration_ms, encode, from_millis, log_rows, millis, store_rows, EpRow, EpRowSuspended,
 };
 
 /// A node as the `nodes` table holds it.
@@ -130,28 +130,11 @@ impl Database {
             None => "added",
         };
         *rev += 1;
-        let whole = encode(&ep)?;
-        sqlx::query(concat!(
-            "INSERT OR REPLACE INTO endpoints (",
-            ep_cols!(),
-            ", suspended, revision) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
-        ))
-        .bind(&ep.service)
-        .bind(&ep.id)
-        .bind(&ep.address)
-        .bind(i64::from(ep.port))
-        .bind(ep.protocol.as_str())
-        .bind(&ep.cluster)
-        .bind(&ep.node)
-        .bind(ep.health.as_str())
-        .bind(&whole)
-        .bind(i64::from(suspended))
-        .bind(to_i64(*rev))
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| self.map(e, &what()))?;
-        self.log(conn, *rev, kind, &key, Some(whole), &what())
-            .await?;
+        let path = &self.cfg.path;
+        let what = what();
+        let json = encode(&ep)?;
+        store_rows(conn, path, &[(ep, suspended, *rev)], &what).await?;
+        log_rows(conn, path, &[(*rev, kind, key, Some(json))], &what).await?;
         Ok(true)
     }
 
@@ -173,31 +156,9 @@ impl Database {
             return Ok(false);
         }
         *rev += 1;
-        self.log(conn, *rev, "removed", key, None, &what()).await?;
+        let entry = (*rev, "removed", key.clone(), None);
+        log_rows(conn, &self.cfg.path, &[entry], &what()).await?;
         Ok(true)
-    }
-
-    pub(crate) async fn log(
-        &self,
-        conn: &mut SqliteConnection,
-        rev: u64,
-        kind: &str,
-        key: &EndpointKey,
-        endpoint: Option<String>,
-        what: &str,
-    ) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO changes (revision, kind, service, id, endpoint) VALUES (?1, ?2, ?3, ?4, ?5)",
-        )
-        .bind(to_i64(rev))
-        .bind(kind)
-        .bind(&key.service)
-        .bind(&key.id)
-        .bind(endpoint)
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| self.map(e, what))?;
-        Ok(())
     }
 
     /// Endpoints of `node` matching `filter` (an SQL condition chosen among
