@@ -3,13 +3,11 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use backon::BackoffBuilder;
 use futures::{Stream, StreamExt};
 use tower::discover::Change;
 
@@ -21,7 +19,6 @@ use crate::traits::{EventStream, Watch};
 type MakeFn<S> = Box<dyn Fn(&Endpoint) -> S + Send>;
 type FilterFn = Box<dyn Fn(&Endpoint) -> bool + Send>;
 type RebuildFn = Box<dyn Fn(&Endpoint, &Endpoint) -> bool + Send>;
-type Resubscribe = Box<dyn Fn(Option<Version>) -> EventStream + Send>;
 
 /// Follow `watch` as a [`tower::discover::Discover`]: every endpoint that
 /// passes the filters becomes a service made by `make`, keyed by its
@@ -85,9 +82,14 @@ pub fn discover<W, S>(watch: W, make: impl Fn(&Endpoint) -> S + Send + 'static) 
 where
     W: Watch,
 {
-    let watch = Arc::new(watch);
-    let mut d = Discovery::build(None, make);
-    d.resubscribe = Some(Box::new(move |from| watch.watch(from)));
+    let events = crate::backend::resume_with_backoff(
+        Arc::new(watch),
+        None,
+        Duration::from_millis(100),
+        Duration::from_secs(5),
+    );
+    let mut d = Discovery::build(events, make);
+    d.skip_errors = true;
     d
 }
 
@@ -116,11 +118,13 @@ where
 ///
 /// The stream yields `Result<Change<EndpointKey, S>, registry_api::Error>`.
 /// Made by [`discover`], it never yields an error (it watches again); made
-/// by [`from_stream`](Discovery::from_stream), it passes the stream's errors
-/// on and ends when the stream ends.
+/// by [`from_stream`](Discovery::from_stream), it passes the stream's first
+/// error on and ends there, or when the stream ends.
 pub struct Discovery<S> {
-    stream: Option<EventStream>,
-    resubscribe: Option<Resubscribe>,
+    stream: EventStream,
+    /// Log the stream's errors instead of passing them on (a stream that
+    /// resumes by itself).
+    skip_errors: bool,
     make: MakeFn<S>,
     service: Option<String>,
     healthy_only: bool,
@@ -130,14 +134,10 @@ pub struct Discovery<S> {
     inserted: BTreeMap<EndpointKey, Endpoint>,
     pending: VecDeque<Change<EndpointKey, S>>,
     version: Option<Version>,
-    backoff_builder: backon::ExponentialBuilder,
-    backoff: backon::ExponentialBackoff,
-    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
     done: bool,
 }
 
-// Nothing inside is ever pinned in place: the event stream is boxed and the
-// sleep is boxed.
+// Nothing inside is ever pinned in place: the event stream is boxed.
 impl<S> Unpin for Discovery<S> {}
 
 impl<S> Discovery<S> {
@@ -148,19 +148,13 @@ impl<S> Discovery<S> {
         events: impl Stream<Item = Result<Event>> + Send + 'static,
         make: impl Fn(&Endpoint) -> S + Send + 'static,
     ) -> Self {
-        Self::build(Some(events.boxed()), make)
+        Self::build(events.boxed(), make)
     }
 
-    fn build(stream: Option<EventStream>, make: impl Fn(&Endpoint) -> S + Send + 'static) -> Self {
-        let backoff_builder = backon::ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(100))
-            .with_max_delay(Duration::from_secs(5))
-            .with_factor(2.0)
-            .with_jitter()
-            .without_max_times();
+    fn build(stream: EventStream, make: impl Fn(&Endpoint) -> S + Send + 'static) -> Self {
         Self {
             stream,
-            resubscribe: None,
+            skip_errors: false,
             make: Box::new(make),
             service: None,
             healthy_only: true,
@@ -171,9 +165,6 @@ impl<S> Discovery<S> {
             inserted: BTreeMap::new(),
             pending: VecDeque::new(),
             version: None,
-            backoff: backoff_builder.build(),
-            backoff_builder,
-            sleep: None,
             done: false,
         }
     }
@@ -314,19 +305,6 @@ impl<S> Discovery<S> {
             Event::Removed { key, .. } => self.remove(key),
         }
     }
-
-    /// The stream failed or ended: watch again after a delay, or end.
-    fn lost(&mut self, reason: &dyn fmt::Display) -> bool {
-        self.stream = None;
-        if self.resubscribe.is_none() {
-            self.done = true;
-            return false;
-        }
-        let delay = self.backoff.next().unwrap_or(Duration::from_secs(5));
-        tracing::warn!(%reason, ?delay, resume_from = ?self.version, "discovery lost its watch; keeping the endpoints it has");
-        self.sleep = Some(Box::pin(tokio::time::sleep(delay)));
-        true
-    }
 }
 
 impl<S> Stream for Discovery<S> {
@@ -341,35 +319,17 @@ impl<S> Stream for Discovery<S> {
             if this.done {
                 return Poll::Ready(None);
             }
-            if let Some(sleep) = this.sleep.as_mut() {
-                futures::ready!(sleep.as_mut().poll(cx));
-                this.sleep = None;
-            }
-            if this.stream.is_none() {
-                match &this.resubscribe {
-                    Some(watch) => this.stream = Some(watch(this.version)),
-                    None => {
-                        this.done = true;
-                        continue;
-                    }
-                }
-            }
-            let Some(stream) = this.stream.as_mut() else {
-                continue;
-            };
-            match futures::ready!(stream.poll_next_unpin(cx)) {
-                Some(Ok(ev)) => {
-                    this.backoff = this.backoff_builder.build();
-                    this.apply(&ev);
+            match futures::ready!(this.stream.poll_next_unpin(cx)) {
+                Some(Ok(ev)) => this.apply(&ev),
+                Some(Err(e)) if this.skip_errors => {
+                    tracing::warn!(error = %e, resume_from = ?this.version, "discovery's watch failed; keeping the endpoints it has");
                 }
                 Some(Err(e)) => {
-                    if !this.lost(&e) {
-                        return Poll::Ready(Some(Err(e)));
-                    }
+                    // A plain stream's failure ends the discovery.
+                    this.done = true;
+                    return Poll::Ready(Some(Err(e)));
                 }
-                None => {
-                    this.lost(&"stream ended");
-                }
+                None => this.done = true,
             }
         }
     }
@@ -566,12 +526,12 @@ mod tests {
             fn watch(&self, from: Option<Version>) -> EventStream {
                 let mut s = self.0.lock().unwrap();
                 s.1.push(from);
-                let next = if s.0.is_empty() {
-                    Vec::new()
-                } else {
-                    s.0.remove(0)
-                };
-                stream::iter(next).chain(stream::pending()).boxed()
+                if s.0.is_empty() {
+                    return stream::pending().boxed();
+                }
+                // A prepared stream ends after its last item, as a watch
+                // does after a failure it does not retry itself.
+                stream::iter(s.0.remove(0)).boxed()
             }
         }
         let a = ep("api", "a", 1);

@@ -6,6 +6,7 @@ mod model;
 mod snapshot;
 mod traits;
 
+pub mod announce;
 pub mod backend;
 pub mod cached;
 pub mod coalescing;
@@ -17,6 +18,8 @@ pub mod polling;
 pub mod prelude;
 pub mod stack;
 
+#[cfg(feature = "tonic")]
+pub mod channel;
 #[cfg(feature = "tower")]
 pub mod discover;
 #[cfg(feature = "mock")]

@@ -5,7 +5,7 @@
 //!
 //! # The merge rule
 //!
-//! The seed's rule, made total: a register holds the entry with the greatest
+//! A register holds the entry with the greatest
 //! `(timestamp, generation, writer)`; when two entries agree on all three
 //! (which only happens for a death tombstone and the live entry it kills, or
 //! for corrupt input), a tombstone beats a live value, and after that the
@@ -209,11 +209,34 @@ pub struct Change {
     pub after: Option<Endpoint>,
 }
 
+/// A Lamport clock: the largest timestamp a node has seen or written.
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+struct LamportClock(u64);
+
+impl LamportClock {
+    /// Receive: move to at least `ts`.
+    fn observe(&mut self, ts: u64) {
+        self.0 = self.0.max(ts);
+    }
+
+    /// A local write: advance by one and return the new timestamp.
+    fn tick(&mut self) -> u64 {
+        self.0 = self.0.saturating_add(1);
+        self.0
+    }
+}
+
+impl fmt::Debug for LamportClock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
 /// A map of LWW registers, one per key, tombstones included.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Replica {
     entries: BTreeMap<EndpointKey, Entry>,
-    clock: u64,
+    clock: LamportClock,
 }
 
 impl Replica {
@@ -228,7 +251,7 @@ impl Replica {
     /// replaced (a replaced register with no visible change is possible,
     /// e.g. a tombstone over a tombstone).
     pub fn merge(&mut self, entry: Entry) -> (bool, Option<Change>) {
-        self.clock = self.clock.max(entry.stamp.ts);
+        self.clock.observe(entry.stamp.ts);
         let before = match self.entries.get(&entry.key) {
             Some(cur) if entry.lww_cmp(cur) != Ordering::Greater => return (false, None),
             Some(cur) => cur.value.clone(),
@@ -280,13 +303,12 @@ impl Replica {
 
     /// The Lamport clock: the largest timestamp seen or written.
     pub fn clock(&self) -> u64 {
-        self.clock
+        self.clock.0
     }
 
     /// Advance the clock for a local write and return the new timestamp.
     pub fn tick(&mut self) -> u64 {
-        self.clock = self.clock.saturating_add(1);
-        self.clock
+        self.clock.tick()
     }
 
     /// Forget a register entirely (tombstone garbage collection).

@@ -3,10 +3,13 @@
 
 mod backend;
 mod config;
+mod core;
 pub mod crdt;
 mod error;
+mod layout;
 pub mod machine;
 mod names;
+mod watch;
 pub mod wire;
 
 pub use backend::GossipRegistry;

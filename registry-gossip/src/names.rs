@@ -1,5 +1,6 @@
-//! The seed's name API (`register_name`, `unregister_name`,
-//! `resolve_name`, registry events) as a thin layer over endpoints.
+//! The name API (`register_name`, `unregister_name`, `resolve_name`,
+//! `names`, `name_events`): actor names bound to actor addresses, as a
+//! thin layer over endpoints.
 //!
 //! A name binding is the endpoint `(`[`NAME_SERVICE`]`, name)` whose address
 //! is the actor address and whose `node` is the owning node; its port is
@@ -27,7 +28,8 @@ pub struct NameBinding {
     pub node: String,
 }
 
-/// A change of a name binding, as the seed's `RegistryEvent`.
+/// A change of a name binding, as [`GossipRegistry::name_events`] reports
+/// it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NameEvent {
     /// A name was registered or rebound.

@@ -1,5 +1,10 @@
-//! The seed's six tests, over real UDP on loopback with 3 to 5 nodes,
-//! waiting on conditions with bounded timeouts.
+//! Six end-to-end checks of the name API over real UDP on loopback with 3
+//! to 5 nodes, waiting on conditions with bounded timeouts: a name resolves
+//! locally at once and everywhere after gossip; the later of two writes
+//! wins everywhere and concurrent writes converge on one; an unregister
+//! leaves a tombstone on every node; a dead node's names are tombstoned by
+//! the survivors; a name can be re-registered after an unregister, on
+//! another node or the same one; and five nodes converge on the same names.
 
 #![allow(clippy::unwrap_used)]
 
@@ -69,8 +74,8 @@ async fn lww_conflict() {
     let all: Vec<&GossipRegistry> = nodes.iter().collect();
     // Sequential: node 0 writes after it has seen node 1's write, so its
     // write is the latest and wins everywhere, although node 1's clock ran
-    // ahead (the seed's clock, moving only on local writes, would have
-    // stamped node 0's write 1 and lost).
+    // ahead (a clock moving only on local writes would have stamped node
+    // 0's write 1 and lost).
     for i in 0..5 {
         // Node 1's clock runs ahead of node 0's.
         nodes[1]

@@ -296,6 +296,15 @@ impl Database {
         let (start, floor) = self.counters(conn, what).await?;
         let keys: BTreeSet<EndpointKey> = ops.iter().map(Op::key).collect();
         let mut state = load_rows(conn, &self.cfg.path, &keys, what).await?;
+        // A node that registers an endpoint is alive: liveness tracks it
+        // from now on, heartbeat or not.
+        let nodes: BTreeSet<String> = ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::Register(e) if !e.node.is_empty() => Some(e.node.clone()),
+                _ => None,
+            })
+            .collect();
         let mut rev = start;
         let mut log: Vec<(u64, &'static str, EndpointKey, Option<String>)> = Vec::new();
         let mut dirty: BTreeMap<EndpointKey, u64> = BTreeMap::new();
@@ -332,6 +341,7 @@ impl Database {
             }
             dirty.insert(key, rev);
         }
+        self.seen(conn, &nodes, what).await?;
         let mut gone = Vec::new();
         let mut rows = Vec::new();
         for (key, at) in dirty {

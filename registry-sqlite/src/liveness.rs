@@ -5,8 +5,11 @@
 //! nodes, their `last_seen` and the endpoints liveness marked unhealthy
 //! are rows of the file, so they survive restarts (status is recomputed on
 //! open), are shared by every process using the file, and change in the
-//! same transactions as the endpoints and the change log.
+//! same transactions as the endpoints and the change log. A node is seen
+//! when it heartbeats, is registered with its address, or registers an
+//! endpoint.
 
+use std::collections::BTreeSet;
 use std::sync::Weak;
 use std::time::{Duration, SystemTime};
 
@@ -178,6 +181,30 @@ impl Database {
         rows.into_iter()
             .map(|r| decode(&self.cfg.path, r))
             .collect()
+    }
+
+    /// Record that `nodes` were seen now: new ones are admitted healthy; a
+    /// known one keeps its status (an unhealthy one recovers at the next
+    /// sweep, which revives its endpoints).
+    pub(crate) async fn seen(
+        &self,
+        conn: &mut SqliteConnection,
+        nodes: &BTreeSet<String>,
+        what: &str,
+    ) -> Result<()> {
+        let now = millis(self.cfg.clock.now());
+        for node in nodes {
+            sqlx::query(
+                "INSERT INTO nodes (id, status, last_seen) VALUES (?1, 'healthy', ?2) \
+                 ON CONFLICT (id) DO UPDATE SET last_seen = excluded.last_seen",
+            )
+            .bind(node)
+            .bind(now)
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| self.map(e, what))?;
+        }
+        Ok(())
     }
 
     /// Bring back the endpoints liveness marked unhealthy.

@@ -1,0 +1,510 @@
+//! The protocol as a pure, synchronous state machine: foca's SWIM, the LWW
+//! replica riding on its custom broadcasts, anti-entropy and tombstone GC.
+//!
+//! No sockets, no clock, no global randomness: time comes in as a
+//! `Duration` since an epoch the caller picks, randomness from a seed, and
+//! datagrams go in through [`Machine::handle_datagram`] and out through
+//! [`Machine::take_outbox`]. The UDP driver ([`crate::GossipRegistry`]) and
+//! the simulation in the tests drive the same code.
+//!
+//! [`Machine`] drives the parts, each in its own module: the replica and
+//! its tombstone bookkeeping (`store`), foca and the membership around it
+//! (`membership`), the entries this node asserts and the death tombstones
+//! of others (`ownership`), the digest exchange (`anti_entropy`), and the
+//! timers. The parts compute; the machine frames, sends and publishes.
+
+mod anti_entropy;
+mod membership;
+mod ownership;
+mod settings;
+mod stats;
+mod store;
+mod timers;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
+use registry_api::{Endpoint, EndpointKey, Op};
+
+use self::anti_entropy::AntiEntropy;
+use self::membership::{Membership, Notice};
+use self::ownership::Ownership;
+use self::settings::Settings;
+use self::store::StoreHandle;
+use self::timers::{TimerKind, Timers};
+use crate::config::GossipConfig;
+use crate::crdt::{Change, Entry, NodeId, Replica};
+use crate::layout;
+use crate::wire::{self, AeMessage, GossipId, Kind};
+
+pub use self::membership::dissemination_count;
+pub use self::stats::Stats;
+
+/// One gossip node's protocol state. See the module docs.
+pub struct Machine {
+    membership: Membership,
+    store: StoreHandle,
+    ownership: Ownership,
+    anti_entropy: AntiEntropy,
+    timers: Timers,
+    rng: SmallRng,
+    now: Duration,
+    outbox: Vec<(SocketAddr, Vec<u8>)>,
+    settings: Settings,
+    stats: Stats,
+}
+
+impl std::fmt::Debug for Machine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Machine")
+            .field("identity", self.membership.identity())
+            .field("members", &self.membership.num_members())
+            .field("registers", &self.store.lock().replica.len())
+            .finish()
+    }
+}
+
+impl Machine {
+    /// A node listening at `addr` named `node`, at time `now`. Fails with
+    /// `InvalidInput` when the configuration cannot work.
+    pub fn new(
+        config: &GossipConfig,
+        addr: SocketAddr,
+        node: NodeId,
+        seed: u64,
+        now: Duration,
+    ) -> registry_api::Result<Self> {
+        let settings = Settings::new(config, &node)?;
+        let identity = GossipId {
+            addr,
+            node: node.clone(),
+            bump: 0,
+        };
+        let store = StoreHandle::new(now);
+        let membership = Membership::new(identity, config, settings.swim_max, seed, store.clone());
+        let anti_entropy =
+            AntiEntropy::new(settings.max_packet, settings.overhead(), settings.ae_budget);
+        let mut m = Self {
+            membership,
+            store,
+            ownership: Ownership::new(node),
+            anti_entropy,
+            timers: Timers::default(),
+            rng: SmallRng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15),
+            now,
+            outbox: Vec::new(),
+            settings,
+            stats: Stats::default(),
+        };
+        let first_ae = m.jitter(m.settings.ae_interval);
+        m.schedule(first_ae, TimerKind::AntiEntropy);
+        m.schedule(m.settings.gc_every, TimerKind::Gc);
+        m.schedule(m.settings.rejoin_every, TimerKind::Rejoin);
+        Ok(m)
+    }
+
+    // ------------------------------------------------------------ inputs
+
+    /// Ask the node at `seed` to let us in. The seed is remembered: while
+    /// this node has no live member it keeps announcing itself to its seeds
+    /// (and to members it saw go down), so a lost announce or a partition
+    /// that isolated it is retried.
+    pub fn join(&mut self, seed: SocketAddr, now: Duration) {
+        self.set_now(now);
+        self.membership.remember_seed(seed);
+        self.announce(seed);
+        self.pump();
+    }
+
+    /// Handle one datagram from `from`. Bad datagrams are dropped and
+    /// counted ([`Stats`]), never an error.
+    pub fn handle_datagram(&mut self, from: SocketAddr, data: &[u8], now: Duration) {
+        self.set_now(now);
+        self.stats.datagrams_in += 1;
+        let (kind, body) = match wire::open(data, self.settings.key.as_deref()) {
+            Ok(v) => v,
+            Err(wire::FrameError::BadTag) => {
+                self.stats.auth_failures += 1;
+                tracing::debug!(%from, "dropped a datagram that failed authentication");
+                return;
+            }
+            Err(e) => {
+                self.stats.malformed += 1;
+                tracing::debug!(%from, error = %e, "dropped a malformed datagram");
+                return;
+            }
+        };
+        match kind {
+            Kind::Swim => {
+                // foca reads what it needs; a bad entry stops it at that
+                // item. Check the whole body first so nothing half-applies.
+                if let Err(e) = wire::decode_body(kind, body) {
+                    self.stats.malformed += 1;
+                    tracing::debug!(%from, error = %e, "dropped a malformed SWIM datagram");
+                    return;
+                }
+                if let Err(e) = self.membership.handle_data(body) {
+                    self.stats.swim_errors += 1;
+                    tracing::trace!(%from, error = %e, "foca refused a datagram");
+                }
+            }
+            _ => match AeMessage::decode(kind, body) {
+                Ok(msg) => self.handle_anti_entropy(from, msg),
+                Err(e) => {
+                    self.stats.malformed += 1;
+                    tracing::debug!(%from, error = %e, "dropped a malformed anti-entropy datagram");
+                    return;
+                }
+            },
+        }
+        self.pump();
+    }
+
+    /// Fire every timer due at `now`.
+    pub fn tick(&mut self, now: Duration) {
+        self.set_now(now);
+        while let Some(kind) = self.timers.pop_due(now) {
+            match kind {
+                TimerKind::Swim(timer) => {
+                    if let Err(e) = self.membership.handle_timer(timer) {
+                        self.stats.swim_errors += 1;
+                        tracing::trace!(error = %e, "foca timer");
+                    }
+                }
+                TimerKind::AntiEntropy => {
+                    self.anti_entropy_round();
+                    let next = self.jitter(self.settings.ae_interval);
+                    self.schedule(next, TimerKind::AntiEntropy);
+                }
+                TimerKind::Gc => {
+                    self.collect_tombstones();
+                    self.schedule(self.settings.gc_every, TimerKind::Gc);
+                }
+                TimerKind::Rejoin => {
+                    self.rejoin_if_alone();
+                    let next = self.jitter(self.settings.rejoin_every);
+                    self.schedule(next, TimerKind::Rejoin);
+                }
+            }
+            self.pump();
+        }
+    }
+
+    /// When [`Machine::tick`] next has something to do.
+    pub fn next_deadline(&self) -> Option<Duration> {
+        self.timers.next_deadline()
+    }
+
+    /// Register (upsert) `endpoint` as owned by this node.
+    pub fn register(&mut self, endpoint: Endpoint, now: Duration) -> registry_api::Result<()> {
+        endpoint.validate()?;
+        self.set_now(now);
+        self.write(Op::Register(endpoint));
+        self.pump();
+        Ok(())
+    }
+
+    /// Deregister `key` (a tombstone); nothing happens when it is unknown
+    /// or already gone here.
+    pub fn deregister(&mut self, key: &EndpointKey, now: Duration) {
+        self.set_now(now);
+        self.write(Op::Deregister(key.clone()));
+        self.pump();
+    }
+
+    /// Apply `ops` in order, all locally at once (the cluster sees them as
+    /// separate writes).
+    pub fn apply(&mut self, ops: Vec<Op>, now: Duration) -> registry_api::Result<()> {
+        registry_api::backend::validate_ops(&ops)?;
+        self.set_now(now);
+        for op in ops {
+            self.write(op);
+        }
+        self.pump();
+        Ok(())
+    }
+
+    /// Re-assert every entry this node owns with a fresh timestamp (what a
+    /// node does after it was declared down and rejoined).
+    pub fn reassert(&mut self, now: Duration) {
+        self.set_now(now);
+        self.reassert_all();
+        self.pump();
+    }
+
+    /// Leave the cluster: members are told, and declare us down.
+    pub fn leave(&mut self, now: Duration) {
+        self.set_now(now);
+        if let Err(e) = self.membership.leave() {
+            tracing::debug!(error = %e, "leave_cluster");
+        }
+        self.pump();
+    }
+
+    // ----------------------------------------------------------- outputs
+
+    /// Datagrams to send, with their destination.
+    pub fn take_outbox(&mut self) -> Vec<(SocketAddr, Vec<u8>)> {
+        std::mem::take(&mut self.outbox)
+    }
+
+    /// Visible changes of the replica since the last call, in order.
+    pub fn take_changes(&mut self) -> Vec<Change> {
+        self.store.lock().take_changes()
+    }
+
+    // ------------------------------------------------------------- reads
+
+    /// This node's current SWIM identity.
+    pub fn identity(&self) -> &GossipId {
+        self.membership.identity()
+    }
+
+    /// This node's name.
+    pub fn node(&self) -> &NodeId {
+        self.ownership.node()
+    }
+
+    /// A copy of the replica, tombstones included.
+    pub fn replica(&self) -> Replica {
+        self.store.lock().replica.clone()
+    }
+
+    /// Every live endpoint.
+    pub fn endpoints(&self) -> Vec<Endpoint> {
+        self.store.lock().replica.endpoints().cloned().collect()
+    }
+
+    /// The live endpoint under `key`.
+    pub fn endpoint(&self, key: &EndpointKey) -> Option<Endpoint> {
+        self.store.lock().replica.endpoint(key).cloned()
+    }
+
+    /// The register of `key`, tombstone included.
+    pub fn entry(&self, key: &EndpointKey) -> Option<Entry> {
+        self.store.lock().replica.get(key).cloned()
+    }
+
+    /// The keys this node owns (registered and still asserts).
+    pub fn owned(&self) -> Vec<EndpointKey> {
+        self.ownership.keys()
+    }
+
+    /// Active members other than this node.
+    pub fn members(&self) -> Vec<GossipId> {
+        self.membership.members()
+    }
+
+    /// Whether `node` is currently an active member (or this node).
+    pub fn is_member(&self, node: &NodeId) -> bool {
+        node == self.node() || self.membership.has_member(node)
+    }
+
+    /// Nodes SWIM declared down (and not seen again).
+    pub fn down_nodes(&self) -> Vec<NodeId> {
+        self.membership.down().iter().cloned().collect()
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> Stats {
+        self.stats.clone()
+    }
+
+    /// How many times a broadcast is currently sent.
+    pub fn dissemination_target(&self) -> u32 {
+        self.store.lock().target
+    }
+
+    // ---------------------------------------------------------- internals
+
+    fn set_now(&mut self, now: Duration) {
+        self.now = self.now.max(now);
+        self.store.lock().set_now(self.now);
+    }
+
+    fn schedule(&mut self, after: Duration, kind: TimerKind) {
+        self.timers.schedule(self.now + after, kind);
+    }
+
+    /// `d` plus or minus 10%, so nodes started together spread out.
+    fn jitter(&mut self, d: Duration) -> Duration {
+        d.mul_f64(self.rng.random_range(0.9..1.1))
+    }
+
+    fn announce(&mut self, addr: SocketAddr) {
+        if let Err(e) = self.membership.announce(addr) {
+            tracing::debug!(%addr, error = %e, "announce failed");
+            self.stats.swim_errors += 1;
+        }
+    }
+
+    /// Announce to every seed that is not a live member; when alone, also
+    /// to a few members seen before.
+    fn rejoin_if_alone(&mut self) {
+        for addr in self.membership.rejoin_targets(&mut self.rng) {
+            self.announce(addr);
+        }
+    }
+
+    fn write(&mut self, op: Op) {
+        let entry = self.ownership.write(&mut self.store.lock(), op);
+        if let Some(entry) = entry {
+            self.publish(entry);
+        }
+    }
+
+    /// Merge `entry` here and queue it for dissemination.
+    fn publish(&mut self, entry: Entry) {
+        let bytes = match layout::encode_entry(&entry) {
+            Ok(b) if b.len() <= self.settings.max_broadcast => b,
+            _ => {
+                // Too big for a SWIM packet: anti-entropy carries it.
+                self.store.lock().merge(entry, true);
+                return;
+            }
+        };
+        if let Err(e) = self.membership.add_broadcast(&bytes) {
+            tracing::warn!(error = %e, "could not queue a broadcast; anti-entropy will carry it");
+            self.store.lock().merge(entry, true);
+        }
+    }
+
+    fn reassert_all(&mut self) {
+        let entries = self.ownership.reassert_all(&mut self.store.lock());
+        self.stats.reasserted += entries.len() as u64;
+        for e in entries {
+            self.publish(e);
+        }
+    }
+
+    /// Handle everything foca produced, then the consequences of merges
+    /// (death tombstones, refutations), until nothing is left.
+    fn pump(&mut self) {
+        loop {
+            let mut membership_changed = false;
+            while let Some(notice) = self.membership.next_notice() {
+                membership_changed |= notice.changed_membership();
+                match notice {
+                    Notice::Connected(addr) => self.send_digest(addr, 0),
+                    Notice::NodeDown(node) => self.kill_node(&node),
+                    Notice::Rejoined => self.reassert_all(),
+                    Notice::Changed | Notice::Other => {}
+                }
+            }
+            if membership_changed {
+                let target = self.membership.retune();
+                self.store.lock().target = target;
+            }
+            while let Some((after, timer)) = self.membership.next_timer() {
+                self.schedule(after, TimerKind::Swim(timer));
+            }
+            while let Some((to, data)) = self.membership.next_send() {
+                self.count_sent(&data);
+                self.emit(to, Kind::Swim, &data);
+            }
+            if !self.reconcile() && !self.membership.has_backlog() {
+                break;
+            }
+        }
+    }
+
+    fn emit(&mut self, to: SocketAddr, kind: Kind, body: &[u8]) {
+        let packet = wire::seal(kind, body, self.settings.key.as_deref());
+        self.stats.datagrams_out += 1;
+        self.stats.bytes_out += packet.len() as u64;
+        self.outbox.push((to, packet));
+    }
+
+    /// Count how many times each entry went out, for GC.
+    fn count_sent(&mut self, body: &[u8]) {
+        let Ok(items) = wire::swim_broadcasts(body) else {
+            return;
+        };
+        let mut st = self.store.lock();
+        for item in items {
+            let Ok(e) = layout::decode_entry(item) else {
+                continue;
+            };
+            st.note_sent(&e);
+        }
+    }
+
+    /// SWIM declared `node` down: tombstone its live entries here.
+    fn kill_node(&mut self, node: &NodeId) {
+        let doomed = Ownership::death_tombstones(&self.store.lock(), node);
+        if !doomed.is_empty() {
+            tracing::info!(%node, entries = doomed.len(), "node declared down; tombstoning its entries");
+        }
+        self.stats.death_tombstones += doomed.len() as u64;
+        for e in doomed {
+            self.publish(e);
+        }
+    }
+
+    /// Apply [`Ownership::reconcile`] to the registers replaced since last
+    /// time. Returns whether it wrote anything.
+    fn reconcile(&mut self) -> bool {
+        let writes = self.ownership.reconcile(
+            &mut self.store.lock(),
+            self.membership.down(),
+            &mut self.stats,
+        );
+        let wrote = !writes.is_empty();
+        for e in writes {
+            if e.died {
+                self.stats.death_tombstones += 1;
+            }
+            self.publish(e);
+        }
+        wrote
+    }
+
+    fn collect_tombstones(&mut self) {
+        let alone = self.membership.num_members() == 0;
+        let collected = self
+            .store
+            .lock()
+            .collect_tombstones(alone, self.settings.ttl);
+        self.stats.tombstones_collected += collected as u64;
+    }
+
+    // ------------------------------------------------------ anti-entropy
+
+    fn anti_entropy_round(&mut self) {
+        let members = self.membership.members();
+        let round = self.anti_entropy.start_round(
+            &self.store.lock(),
+            &members,
+            &mut self.rng,
+            &mut self.stats,
+        );
+        if let Some((peer, digest)) = round {
+            self.send_anti_entropy(peer, &digest);
+        }
+    }
+
+    fn send_digest(&mut self, to: SocketAddr, lo: u64) {
+        let digest = self
+            .anti_entropy
+            .digest(&self.store.lock(), lo, &mut self.stats);
+        self.send_anti_entropy(to, &digest);
+    }
+
+    fn send_anti_entropy(&mut self, to: SocketAddr, msg: &AeMessage) {
+        match msg.encode() {
+            Ok(body) => self.emit(to, msg.kind(), &body),
+            Err(e) => tracing::warn!(error = %e, "could not encode an anti-entropy message"),
+        }
+    }
+
+    fn handle_anti_entropy(&mut self, from: SocketAddr, msg: AeMessage) {
+        let answers = self
+            .anti_entropy
+            .handle(&mut self.store.lock(), msg, &mut self.stats);
+        for answer in &answers {
+            self.send_anti_entropy(from, answer);
+        }
+    }
+}

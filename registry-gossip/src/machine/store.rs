@@ -1,0 +1,141 @@
+//! [`Store`]: the LWW replica with what tombstone collection needs to know
+//! about each register, the registers replaced since the machine last
+//! looked, and the visible changes not yet taken.
+//!
+//! The store is shared ([`StoreHandle`]) between the machine and foca's
+//! broadcast handler, which merges entries as they arrive in the middle of
+//! foca's own processing.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use registry_api::EndpointKey;
+
+use crate::crdt::{Change, Entry, Replica};
+
+/// Per-register bookkeeping for tombstone collection: when the register
+/// was last replaced, and how many of its sends are done.
+#[derive(Debug, Clone)]
+struct Dissemination {
+    merged_at: Duration,
+    sent: u32,
+    target: u32,
+}
+
+/// The replica and its bookkeeping.
+#[derive(Debug)]
+pub(super) struct Store {
+    /// The registers.
+    pub(super) replica: Replica,
+    dissemination: HashMap<EndpointKey, Dissemination>,
+    /// Keys whose register was replaced since the last reconcile.
+    touched: Vec<EndpointKey>,
+    changes: Vec<Change>,
+    now: Duration,
+    /// How many times a broadcast is sent in the current cluster.
+    pub(super) target: u32,
+}
+
+impl Store {
+    fn new(now: Duration) -> Self {
+        Self {
+            replica: Replica::new(),
+            dissemination: HashMap::new(),
+            touched: Vec::new(),
+            changes: Vec::new(),
+            now,
+            target: 1,
+        }
+    }
+
+    /// Merge `entry`; `disseminated` when nobody needs it from this node
+    /// any more (it came by anti-entropy, or will travel only that way).
+    /// Returns whether it replaced the register.
+    pub(super) fn merge(&mut self, entry: Entry, disseminated: bool) -> bool {
+        let key = entry.key.clone();
+        let (replaced, change) = self.replica.merge(entry);
+        if replaced {
+            let target = self.target;
+            self.dissemination.insert(
+                key.clone(),
+                Dissemination {
+                    merged_at: self.now,
+                    sent: if disseminated { target } else { 0 },
+                    target,
+                },
+            );
+            self.touched.push(key);
+        }
+        if let Some(c) = change {
+            self.changes.push(c);
+        }
+        replaced
+    }
+
+    /// Move the store's notion of now (merges stamp it on their register).
+    pub(super) fn set_now(&mut self, now: Duration) {
+        self.now = now;
+    }
+
+    /// The keys whose register was replaced since the last call.
+    pub(super) fn take_touched(&mut self) -> Vec<EndpointKey> {
+        std::mem::take(&mut self.touched)
+    }
+
+    /// The visible changes since the last call, in order.
+    pub(super) fn take_changes(&mut self) -> Vec<Change> {
+        std::mem::take(&mut self.changes)
+    }
+
+    /// `entry` went out once more in a SWIM datagram: count it if it is
+    /// still the register's current value.
+    pub(super) fn note_sent(&mut self, entry: &Entry) {
+        let current = self.replica.get(&entry.key).is_some_and(|c| c == entry);
+        if current {
+            if let Some(m) = self.dissemination.get_mut(&entry.key) {
+                m.sent = m.sent.saturating_add(1);
+            }
+        }
+    }
+
+    /// Forget every tombstone that was sent its target number of times (or
+    /// needs no sending because this node is `alone`) and is older than
+    /// `ttl`. Returns how many were forgotten.
+    pub(super) fn collect_tombstones(&mut self, alone: bool, ttl: Duration) -> usize {
+        let now = self.now;
+        let expired: Vec<EndpointKey> = self
+            .replica
+            .entries()
+            .filter(|e| e.is_tombstone())
+            .filter(|e| {
+                self.dissemination.get(&e.key).is_none_or(|m| {
+                    (alone || m.sent >= m.target) && now.saturating_sub(m.merged_at) >= ttl
+                })
+            })
+            .map(|e| e.key.clone())
+            .collect();
+        for key in &expired {
+            self.replica.forget(key);
+            self.dissemination.remove(key);
+        }
+        expired.len()
+    }
+}
+
+/// The store shared by the machine and foca's broadcast handler.
+#[derive(Debug, Clone)]
+pub(super) struct StoreHandle(Arc<Mutex<Store>>);
+
+impl StoreHandle {
+    /// An empty store at time `now`.
+    pub(super) fn new(now: Duration) -> Self {
+        Self(Arc::new(Mutex::new(Store::new(now))))
+    }
+
+    /// Lock the store.
+    pub(super) fn lock(&self) -> MutexGuard<'_, Store> {
+        // Every store mutation completes before the lock is released.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}

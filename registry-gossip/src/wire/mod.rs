@@ -1,0 +1,26 @@
+//! The wire format: framing and authentication of every datagram
+//! ([`seal`], [`open`]), foca's codec for our identity ([`WireCodec`],
+//! [`GossipId`]), registry entries ([`encode_entry`], [`decode_entry`]) and
+//! anti-entropy messages ([`AeMessage`]).
+//!
+//! Every decoder reads through [`Reader`], which checks each length against
+//! what is left of the packet, so a truncated or forged packet is an
+//! error, never a panic or an over-read.
+//!
+//! A datagram is `b'G', version, kind, body…, tag`. With a shared key the
+//! tag is the first [`TAG_LEN`] bytes of HMAC-SHA256 over everything before
+//! it; without one there is no tag.
+
+pub(crate) mod buf;
+mod codec;
+mod frame;
+mod identity;
+
+pub use self::buf::{DecodeError, EncodeError, Reader, Writer};
+pub use self::codec::{decode_body, swim_broadcasts, AeMessage, CodecError, WireCodec};
+pub use self::frame::{open, seal, FrameError, Kind, FRAME_HEAD, TAG_LEN};
+pub use self::identity::GossipId;
+pub use crate::layout::{decode_entry, encode_entry, get_entry, put_entry};
+
+pub(crate) use self::frame::overhead;
+pub(crate) use self::identity::max_encoded_len as max_identity_len;
