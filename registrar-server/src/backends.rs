@@ -26,7 +26,9 @@ pub enum BackendKind {
     #[cfg(feature = "etcd")]
     Etcd,
     /// DynamoDB (`--dynamodb-table`; region, endpoint and credentials from
-    /// the usual AWS chain or `--aws-region`, `--aws-endpoint-url`).
+    /// the usual AWS chain or `--aws-region`, `--aws-endpoint-url`); its
+    /// stream is followed when the table has one, otherwise it is polled
+    /// every `--sync-interval`.
     #[cfg(feature = "dynamodb")]
     Dynamodb,
     /// AWS Cloud Map (`--cloudmap-namespace`), polled every
@@ -64,13 +66,16 @@ pub struct BackendOptions {
     pub sqlite_path: PathBuf,
     /// etcd endpoints. Default `http://127.0.0.1:2379`.
     pub etcd_endpoints: Vec<String>,
-    /// Key prefix in etcd. Default `/aether`.
+    /// Key prefix in etcd. Default `/registry` (earlier releases:
+    /// `/aether`).
     pub etcd_prefix: String,
-    /// The DynamoDB table. Default `aether-registry`.
+    /// The DynamoDB table. Default `registry` (earlier releases:
+    /// `aether-registry`).
     pub dynamodb_table: String,
     /// Create the DynamoDB table (on-demand, with a stream) if missing.
     pub dynamodb_create_table: bool,
-    /// The Cloud Map namespace. Default `aether`.
+    /// The Cloud Map namespace. Default `registry` (earlier releases:
+    /// `aether`).
     pub cloudmap_namespace: String,
     /// AWS region (default: the AWS chain's).
     pub aws_region: Option<String>,
@@ -86,10 +91,10 @@ impl BackendOptions {
             sync_interval: Duration::from_secs(5),
             sqlite_path: PathBuf::from("registry.db"),
             etcd_endpoints: vec!["http://127.0.0.1:2379".to_string()],
-            etcd_prefix: "/aether".to_string(),
-            dynamodb_table: "aether-registry".to_string(),
+            etcd_prefix: "/registry".to_string(),
+            dynamodb_table: "registry".to_string(),
             dynamodb_create_table: false,
-            cloudmap_namespace: "aether".to_string(),
+            cloudmap_namespace: "registry".to_string(),
             aws_region: None,
             aws_endpoint_url: None,
         }

@@ -9,8 +9,10 @@ use registry_api::{
 };
 pub use registry_registrar::Ack;
 
-/// Settings of the registrar. The defaults are the in-cluster registrar
-/// proposal's (100 ms / 50 ops batches, 5 s sync).
+/// Settings of the registrar. By default writes are flushed to the backend
+/// every 100 ms or as soon as 50 are queued. (How often a backend without
+/// a native watch is polled, 5 s by default, is
+/// [`crate::BackendOptions::sync_interval`].)
 #[non_exhaustive]
 #[derive(Debug, Clone)]
 pub struct RegistrarConfig {

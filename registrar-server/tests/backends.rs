@@ -108,7 +108,7 @@ async fn a_deleted_dynamodb_table_stops_acknowledging_then_heals() {
     let direct = registry_dynamodb::DynamoDbRegistry::connect(cfg.clone())
         .await
         .unwrap();
-    let raw = registry_registrar::Raw::connect(registry_registrar::ClientConfig::new(
+    let raw = registry_registrar::RpcClient::connect(registry_registrar::ClientConfig::new(
         server.url(),
         "c",
         "loader",
@@ -130,26 +130,25 @@ async fn a_deleted_dynamodb_table_stops_acknowledging_then_heals() {
     // Writes go on while the table is deleted.
     let stop = Arc::new(AtomicBool::new(false));
     let refused = Arc::new(AtomicUsize::new(0));
-    let loader = {
-        let (stop, refused) = (Arc::clone(&stop), Arc::clone(&refused));
-        let raw = registry_registrar::Raw::connect(registry_registrar::ClientConfig::new(
-            server.url(),
-            "c",
-            "loader",
-        ))
-        .unwrap();
-        tokio::spawn(async move {
-            let mut i = 0;
-            while !stop.load(Ordering::Relaxed) {
-                if let Err(e) = raw.register(ep("load", &format!("k{i}"), 80)).await {
-                    assert_eq!(e.kind(), registry_api::ErrorKind::Unavailable, "{e}");
-                    refused.fetch_add(1, Ordering::Relaxed);
+    let loader =
+        {
+            let (stop, refused) = (Arc::clone(&stop), Arc::clone(&refused));
+            let raw = registry_registrar::RpcClient::connect(
+                registry_registrar::ClientConfig::new(server.url(), "c", "loader"),
+            )
+            .unwrap();
+            tokio::spawn(async move {
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    if let Err(e) = raw.register(ep("load", &format!("k{i}"), 80)).await {
+                        assert_eq!(e.kind(), registry_api::ErrorKind::Unavailable, "{e}");
+                        refused.fetch_add(1, Ordering::Relaxed);
+                    }
+                    i += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
                 }
-                i += 1;
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            }
-        })
-    };
+            })
+        };
     direct
         .client()
         .delete_table()

@@ -16,17 +16,17 @@ use std::time::{Duration, Instant};
 use common::{parse, spawn_serve, Spawned};
 use registry_api::testing::{ep, eventually, unique};
 use registry_api::{EndpointKey, Registry};
-use registry_registrar::{Ack, ClientConfig, Raw};
+use registry_registrar::{Ack, ClientConfig, RpcClient};
 use registry_tests::fs::{immutable_blocks_open_writers, with_suffix, Immutable, ReadOnlyFile};
 use registry_tests::EtcdServer;
 
 const LIMIT: Duration = Duration::from_secs(60);
 
-fn raw(s: &Spawned, ack: Ack) -> Raw {
+fn raw(s: &Spawned, ack: Ack) -> RpcClient {
     let cfg = ClientConfig::new(s.url(), "faults", "cli")
         .with_timeouts(Duration::from_secs(2), Duration::from_secs(10))
         .with_ack(ack);
-    Raw::connect(cfg).unwrap()
+    RpcClient::connect(cfg).unwrap()
 }
 
 async fn ready(s: &Spawned) {

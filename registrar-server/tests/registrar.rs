@@ -105,7 +105,8 @@ async fn resume_gets_only_what_was_missed_and_a_new_epoch_gets_a_snapshot() {
     writer.register(ep("s", "a", 1)).await.unwrap();
 
     let raw =
-        registry_registrar::Raw::connect(ClientConfig::new(server.url(), "c", "watcher")).unwrap();
+        registry_registrar::RpcClient::connect(ClientConfig::new(server.url(), "c", "watcher"))
+            .unwrap();
     let mut w = raw.watch(None);
     let Event::Snapshot(snap) = next_event(&mut w, "snapshot").await else {
         panic!("no snapshot")
@@ -276,8 +277,8 @@ async fn bad_requests_are_invalid_argument_naming_the_field() {
 async fn a_slow_agent_is_cut_off_and_resumes() {
     let server = start(memory(), RegistrarConfig::new("c").with_agent_buffer(8)).await;
     let writer = fast_client(&server.url(), "c", "w");
-    let raw =
-        registry_registrar::Raw::connect(ClientConfig::new(server.url(), "c", "slow")).unwrap();
+    let raw = registry_registrar::RpcClient::connect(ClientConfig::new(server.url(), "c", "slow"))
+        .unwrap();
     let mut w = raw.watch(None);
     let Event::Snapshot(_) = next_event(&mut w, "snapshot").await else {
         panic!()

@@ -18,7 +18,7 @@ use registry_api::{liveness::Liveness, memory::MemoryRegistry, Registry};
 use registry_registrar::proto::registrar::v1::{
     HeartbeatRequest, ListAllEndpointsRequest, RegisterEndpointRequest, UnregisterEndpointRequest,
 };
-use registry_registrar::{endpoint_to_proto, ClientConfig, Raw, RegistrarClient};
+use registry_registrar::{endpoint_to_proto, ClientConfig, RegistrarClient, RpcClient};
 use tonic::Code;
 
 const TD: &str = "example.org";
@@ -74,11 +74,11 @@ fn url(server: &Server) -> String {
     format!("https://{}", server.addr)
 }
 
-fn raw(server: &Server, files: TlsFiles) -> Raw {
-    Raw::connect(ClientConfig::new(url(server), "test", "cli").with_tls(files)).unwrap()
+fn raw(server: &Server, files: TlsFiles) -> RpcClient {
+    RpcClient::connect(ClientConfig::new(url(server), "test", "cli").with_tls(files)).unwrap()
 }
 
-async fn register_code(client: &Raw, node: &str, id: &str) -> Code {
+async fn register_code(client: &RpcClient, node: &str, id: &str) -> Code {
     let req = RegisterEndpointRequest {
         endpoint: Some(endpoint_to_proto(&ep("api", id, 8080).with_node(node))),
         ..Default::default()
@@ -96,7 +96,7 @@ fn refused(code: Code) -> bool {
     matches!(code, Code::Cancelled | Code::Unknown | Code::Unavailable)
 }
 
-async fn unregister_code(client: &Raw, id: &str) -> Code {
+async fn unregister_code(client: &RpcClient, id: &str) -> Code {
     let req = UnregisterEndpointRequest {
         service_name: "api".into(),
         id: id.into(),
@@ -271,7 +271,7 @@ async fn missing_or_untrusted_certificates_are_refused() {
     assert!(err.to_string().contains(&server.addr.to_string()), "{err}");
 
     // A plaintext client gets nowhere either.
-    let plain = Raw::connect(ClientConfig::new(
+    let plain = RpcClient::connect(ClientConfig::new(
         format!("http://{}", server.addr),
         "t",
         "p",

@@ -14,7 +14,7 @@ use registry_api::testing::{ep, eventually, wait_limit, Faulty};
 use registry_api::{
     liveness::Liveness, memory::MemoryRegistry, EndpointKey, Error, ErrorKind, Heartbeat, Registry,
 };
-use registry_registrar::{ClientConfig, Raw, RegistrarClient};
+use registry_registrar::{ClientConfig, RegistrarClient, RpcClient};
 
 type Backing = Faulty<Liveness<MemoryRegistry>>;
 
@@ -28,8 +28,8 @@ fn fast() -> RegistrarConfig {
         .with_probe_interval(Duration::from_millis(50))
 }
 
-fn durable_raw(url: &str) -> Raw {
-    Raw::connect(ClientConfig::new(url, "trust", "cli").with_ack(Ack::Durable)).unwrap()
+fn durable_raw(url: &str) -> RpcClient {
+    RpcClient::connect(ClientConfig::new(url, "trust", "cli").with_ack(Ack::Durable)).unwrap()
 }
 
 /// The backend refuses one write for its content (optimistic mode): the
@@ -114,7 +114,7 @@ async fn a_backend_refusing_writes_makes_it_unready_until_it_accepts_them() {
         }
     })
     .await;
-    let raw = Raw::connect(ClientConfig::new(server.url(), "trust", "cli")).unwrap();
+    let raw = RpcClient::connect(ClientConfig::new(server.url(), "trust", "cli")).unwrap();
     let status = raw
         .grpc()
         .register_endpoint(
@@ -208,7 +208,7 @@ async fn an_unreachable_backend_degrades_but_loses_nothing() {
     })
     .await;
     backend.set_down(true);
-    let raw = Raw::connect(ClientConfig::new(server.url(), "trust", "cli")).unwrap();
+    let raw = RpcClient::connect(ClientConfig::new(server.url(), "trust", "cli")).unwrap();
     let eps: Vec<_> = (0..20).map(|i| ep("svc", &format!("e{i}"), 1)).collect();
     for e in &eps {
         raw.register(e.clone()).await.unwrap();
@@ -247,7 +247,7 @@ async fn a_dead_task_makes_it_unready_and_serve_fail() {
     })
     .await;
     backend.panic_writes(true);
-    let raw = Raw::connect(ClientConfig::new(server.url(), "trust", "cli")).unwrap();
+    let raw = RpcClient::connect(ClientConfig::new(server.url(), "trust", "cli")).unwrap();
     raw.register(ep("svc", "boom", 1)).await.unwrap();
     eventually("not ready", || async {
         match server.registrar.status().readiness() {
@@ -276,7 +276,7 @@ async fn the_drain_gives_up_at_its_timeout_and_names_the_keys() {
     })
     .await;
     backend.set_down(true);
-    let raw = Raw::connect(ClientConfig::new(server.url(), "trust", "cli")).unwrap();
+    let raw = RpcClient::connect(ClientConfig::new(server.url(), "trust", "cli")).unwrap();
     raw.register(ep("svc", "stuck", 1)).await.unwrap();
     let started = std::time::Instant::now();
     let err = tokio::time::timeout(wait_limit(), server.stop_result())

@@ -1,7 +1,6 @@
 //! [`CloudMapRegistry`]: the backend over `aws-sdk-servicediscovery`; its
 //! public face and trait implementations.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -10,25 +9,28 @@ use aws_sdk_servicediscovery::config::{BehaviorVersion, Region};
 use aws_sdk_servicediscovery::Client;
 use futures::stream::{self, StreamExt};
 use registry_api::{
-    backend::validate_ops, Batch, Capabilities, Endpoint, EndpointKey, Error, Op, Registry, Result,
-    Snapshot,
+    backend::{check_batch, validate_endpoint},
+    Batch, Capabilities, Endpoint, EndpointKey, Op, Registry, Result, Snapshot,
 };
 
 use crate::config::CloudMapConfig;
-use crate::core::{CloudMapStats, Inner, Prepared, MAX_BATCH};
-use crate::mapping;
+use crate::core::{CloudMapStats, Namespace, MAX_BATCH};
+use crate::layout;
+use crate::watch::SnapshotCache;
 
 /// A [`Registry`] and [`Batch`] over one AWS Cloud Map namespace.
 ///
 /// Cheap to clone (the clones share the client, caches and rate limit).
-/// For a [`registry_api::Watch`], wrap it in [`registry_api::polling::Polling`]: its
-/// `snapshot()` skips services whose `DiscoverInstancesRevision` did not
-/// change, and reads everything every
-/// [`full_poll_every`](CloudMapConfig::full_poll_every)-th time. See the
-/// crate documentation for the mapping.
+/// Cloud Map has no change feed: [`registry_api::stack::stack`] wraps the
+/// registry in [`registry_api::polling::Polling`] for a
+/// [`registry_api::Watch`] (and in `Liveness`). Its `snapshot()` skips
+/// services whose `DiscoverInstancesRevision` did not change, and reads
+/// everything every [`full_poll_every`](CloudMapConfig::full_poll_every)-th
+/// time. See the crate documentation for the mapping.
 #[derive(Clone)]
 pub struct CloudMapRegistry {
-    inner: Arc<Inner>,
+    namespace: Arc<Namespace>,
+    snapshots: Arc<SnapshotCache>,
 }
 
 impl CloudMapRegistry {
@@ -50,50 +52,51 @@ impl CloudMapRegistry {
         cfg: CloudMapConfig,
     ) -> Result<Self> {
         Ok(Self {
-            inner: Arc::new(Inner::open(sdk, cfg).await?),
+            namespace: Arc::new(Namespace::open(sdk, cfg).await?),
+            snapshots: Arc::new(SnapshotCache::new()),
         })
     }
 
     /// The namespace's name.
     pub fn namespace(&self) -> &str {
-        &self.inner.cfg.namespace
+        &self.namespace.cfg.namespace
     }
 
     /// The namespace's Cloud Map id.
     pub fn namespace_id(&self) -> &str {
-        &self.inner.namespace_id
+        &self.namespace.namespace_id
     }
 
     /// The settings in use.
     pub fn config(&self) -> &CloudMapConfig {
-        &self.inner.cfg
+        &self.namespace.cfg
     }
 
     /// The SDK client, for calls this crate does not make.
     pub fn client(&self) -> &Client {
-        &self.inner.client
+        &self.namespace.client
     }
 
     /// Request counts so far.
     pub fn stats(&self) -> CloudMapStats {
-        self.inner.stats()
+        self.namespace.stats()
     }
 }
 
 impl fmt::Display for CloudMapRegistry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "CloudMap({})", self.inner.cfg.namespace)
+        write!(f, "CloudMap({})", self.namespace.cfg.namespace)
     }
 }
 
 impl fmt::Debug for CloudMapRegistry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CloudMapRegistry")
-            .field("namespace", &self.inner.cfg.namespace)
-            .field("namespace_id", &self.inner.namespace_id)
-            .field("endpoint", &self.inner.endpoint)
-            .field("read_mode", &self.inner.cfg.read_mode)
-            .field("write_mode", &self.inner.cfg.write_mode)
+            .field("namespace", &self.namespace.cfg.namespace)
+            .field("namespace_id", &self.namespace.namespace_id)
+            .field("endpoint", &self.namespace.endpoint)
+            .field("read_mode", &self.namespace.cfg.read_mode)
+            .field("write_mode", &self.namespace.cfg.write_mode)
             .finish()
     }
 }
@@ -101,21 +104,20 @@ impl fmt::Debug for CloudMapRegistry {
 #[async_trait]
 impl Registry for CloudMapRegistry {
     async fn register(&self, endpoint: Endpoint) -> Result<()> {
-        endpoint.validate()?;
-        let attrs = mapping::encode(&endpoint)?;
-        self.inner.put(&endpoint, &attrs).await
+        validate_endpoint(&endpoint)?;
+        self.namespace.put(&endpoint).await
     }
 
     async fn deregister(&self, key: &EndpointKey) -> Result<()> {
-        self.inner.delete(key).await
+        self.namespace.delete(key).await
     }
 
     async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
-        self.inner.list(service).await
+        self.namespace.list(service).await
     }
 
     async fn snapshot(&self) -> Result<Snapshot> {
-        self.inner.snapshot().await
+        self.snapshots.snapshot(&self.namespace).await
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -124,7 +126,7 @@ impl Registry for CloudMapRegistry {
             .with_resumable_watch(false)
             .with_atomic_writes(false)
             .with_max_batch(MAX_BATCH)
-            .with_max_labels(mapping::MAX_LABELS)
+            .with_max_labels(layout::MAX_LABELS)
     }
 
     /// A read only (`GetNamespace`): Cloud Map has no write without a
@@ -132,45 +134,33 @@ impl Registry for CloudMapRegistry {
     /// `Unauthorized` when the credentials are refused, `Unavailable` when
     /// Cloud Map does not answer.
     async fn probe(&self) -> Result<()> {
-        self.inner.probe().await
+        self.namespace.probe().await
     }
 }
 
 #[async_trait]
 impl Batch for CloudMapRegistry {
-    /// Not atomic: the net op of each key (the last one) is applied, up to
-    /// [`CloudMapConfig::concurrency`] at once under the rate limit. Every
-    /// op is validated and encoded before anything is sent; when some
-    /// writes fail, the others may have been applied and the first error
-    /// is returned.
+    /// Not atomic. The batch rule first ([`check_batch`]): more than
+    /// [`MAX_BATCH`] ops, or an invalid op, are refused (`InvalidInput`
+    /// naming `ops` or `ops[i].…`) and nothing is sent; every registration
+    /// is also checked against Cloud Map's attribute limits
+    /// ([`layout::encode`]) before anything is sent. Then the net op of
+    /// each key ([`Op::net`]) is applied, up to
+    /// [`CloudMapConfig::concurrency`] at once under the rate limit; when
+    /// some writes fail, the others may have been applied and the first
+    /// error is returned.
     async fn apply(&self, ops: Vec<Op>) -> Result<()> {
-        validate_ops(&ops)?;
-        if ops.len() > MAX_BATCH {
-            return Err(Error::invalid(
-                "ops",
-                format!("{} ops, more than max_batch {MAX_BATCH}", ops.len()),
-            ));
+        check_batch(&ops, MAX_BATCH)?;
+        for (i, op) in ops.iter().enumerate() {
+            if let Op::Register(ep) = op {
+                layout::encode(ep).map_err(|e| e.in_field(&format!("ops[{i}].")))?;
+            }
         }
-        let mut net: BTreeMap<EndpointKey, Prepared> = BTreeMap::new();
-        for (i, op) in ops.into_iter().enumerate() {
-            let prepared = match op {
-                Op::Register(ep) => {
-                    let attrs =
-                        mapping::encode(&ep).map_err(|e| e.in_field(&format!("ops[{i}].")))?;
-                    Prepared::Put { ep, attrs }
-                }
-                Op::Deregister(key) => Prepared::Delete(key),
-            };
-            let key = match &prepared {
-                Prepared::Put { ep, .. } => ep.key(),
-                Prepared::Delete(k) => k.clone(),
-            };
-            net.insert(key, prepared);
-        }
-        let total = net.len();
-        let results: Vec<Result<()>> = stream::iter(net.into_values())
-            .map(|p| self.inner.apply_one(p))
-            .buffer_unordered(self.inner.cfg.concurrency.max(1))
+        let ops = Op::net(ops);
+        let total = ops.len();
+        let results: Vec<Result<()>> = stream::iter(ops)
+            .map(|op| self.namespace.write(op))
+            .buffer_unordered(self.namespace.cfg.concurrency.max(1))
             .collect()
             .await;
         let failed = results.iter().filter(|r| r.is_err()).count();
@@ -181,8 +171,9 @@ impl Batch for CloudMapRegistry {
     }
 }
 
-/// CloudMapRegistry has neither a watch (it is polled) nor heartbeats of its own: [`registry_api::stack::stack`] wraps it as its capabilities call
-/// for.
+/// CloudMapRegistry has neither a watch (it is polled) nor heartbeats of
+/// its own: [`registry_api::stack::stack`] wraps it in `Polling` inside
+/// `Liveness`.
 impl registry_api::stack::IntoStack for CloudMapRegistry {
     fn into_stack(
         self,

@@ -1,29 +1,27 @@
-//! [`Inner`]: the client, caches, rate limit and request counts shared by a
-//! registry and its clones, and what the reads and writes build on: the
-//! namespace, Cloud Map's asynchronous operations, the services.
+//! [`Namespace`]: the Cloud Map namespace that holds one registry, shared
+//! by the registry and its clones: the client (with the interceptor custom
+//! endpoint URLs need), the client-side rate limit, request counts and
+//! caches; finding or creating the namespace, and waiting for Cloud Map's
+//! asynchronous operations. Its services and instances are in
+//! [`crate::services`] and [`crate::instances`].
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use aws_sdk_servicediscovery::config::Region;
+use aws_sdk_servicediscovery::config::interceptors::BeforeTransmitInterceptorContextMut;
+use aws_sdk_servicediscovery::config::{ConfigBag, Intercept, Region, RuntimeComponents};
+use aws_sdk_servicediscovery::error::BoxError;
 use aws_sdk_servicediscovery::operation::create_http_namespace::CreateHttpNamespaceError;
-use aws_sdk_servicediscovery::operation::create_service::CreateServiceError;
-use aws_sdk_servicediscovery::types::{
-    FilterCondition, HealthCheckCustomConfig, NamespaceType, OperationStatus, OperationTargetType,
-    ServiceFilter, ServiceFilterName, ServiceTypeOption,
-};
+use aws_sdk_servicediscovery::types::{NamespaceType, OperationStatus, OperationTargetType};
 use aws_sdk_servicediscovery::Client;
-use backon::{ExponentialBuilder, Retryable};
-use futures::stream::{self, StreamExt, TryStreamExt};
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
-use registry_api::{Endpoint, EndpointKey, Error, ErrorKind, Result, Snapshot, Version};
+use registry_api::backend::backoff;
+use registry_api::{Error, Result};
 
 use crate::config::{CloudMapConfig, NamespaceKind, WriteMode};
 use crate::error::{self, Call};
-use crate::interceptor::StripDataPrefix;
-use crate::mapping;
 
 /// Most instances one `DiscoverInstances` call returns (and Cloud Map's
 /// quota of instances per service).
@@ -59,7 +57,7 @@ pub(crate) struct Counters {
 }
 
 /// The client, caches and rate limit shared by a registry and its clones.
-pub(crate) struct Inner {
+pub(crate) struct Namespace {
     pub(crate) client: Client,
     pub(crate) cfg: CloudMapConfig,
     pub(crate) namespace_id: String,
@@ -72,25 +70,9 @@ pub(crate) struct Inner {
     pub(crate) services: Mutex<HashMap<String, String>>,
     /// Cloud Map service id → whether it is in this namespace.
     pub(crate) service_namespaces: Mutex<HashMap<String, bool>>,
+    /// One async mutex per key being written (see [`KeyGuard`]).
     pub(crate) key_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    pub(crate) poll: Mutex<PollState>,
-    pub(crate) cycle: AtomicU64,
     pub(crate) counters: Counters,
-}
-
-/// What the last snapshot saw: per Cloud Map service id its revision and
-/// endpoints, and the snapshot itself with its version.
-pub(crate) struct PollState {
-    pub(crate) services: HashMap<String, (Option<i64>, Arc<Vec<Endpoint>>)>,
-    pub(crate) last: Snapshot,
-}
-
-/// A service of the namespace: our name, Cloud Map id and Cloud Map name.
-#[derive(Debug, Clone)]
-pub(crate) struct ServiceRef {
-    pub(crate) name: String,
-    pub(crate) id: String,
-    pub(crate) cm_name: String,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -99,24 +81,16 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-pub(crate) fn now_micros() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
-}
-
 /// A request id unique to this call (`CreatorRequestId`, at most 64
 /// characters): an SDK retry of the same call reuses it, so Cloud Map does
 /// the work once.
 pub(crate) fn request_id(kind: &str) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    format!(
-        "registry-{kind}-{:x}-{:x}-{n:x}",
-        std::process::id(),
-        now_micros()
-    )
+    let micros = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros());
+    format!("registry-{kind}-{:x}-{micros:x}-{n:x}", std::process::id())
 }
 
 /// Per-key serialization: holds the key's async mutex; the map entry goes
@@ -139,23 +113,17 @@ impl Drop for KeyGuard<'_> {
     }
 }
 
-enum OpPoll {
+/// Where a Cloud Map operation is.
+enum OperationState {
+    /// Succeeded, with its targets.
+    Done(HashMap<OperationTargetType, String>),
+    /// Not finished: its status.
     Pending(String),
-    Done(Error),
 }
 
-/// A write prepared before anything is sent: validated and encoded.
-pub(crate) enum Prepared {
-    Put {
-        ep: Endpoint,
-        attrs: HashMap<String, String>,
-    },
-    Delete(EndpointKey),
-}
-
-impl Inner {
-    /// The shared state for `cfg` over `sdk` (with `cfg.endpoint_url` and
-    /// `cfg.region` applied), the namespace found or created.
+impl Namespace {
+    /// The namespace of `cfg` over `sdk` (with `cfg.endpoint_url` and
+    /// `cfg.region` applied), found or created.
     pub(crate) async fn open(
         sdk: aws_sdk_servicediscovery::Config,
         cfg: CloudMapConfig,
@@ -177,7 +145,7 @@ impl Inner {
             (None, None) => "the AWS Cloud Map endpoint (no region set)".to_string(),
         };
         let quota = Quota::per_second(cfg.requests_per_second).allow_burst(cfg.burst);
-        let mut inner = Inner {
+        let mut ns = Namespace {
             client: Client::from_conf(sdk),
             cfg,
             namespace_id: String::new(),
@@ -187,21 +155,16 @@ impl Inner {
             services: Mutex::new(HashMap::new()),
             service_namespaces: Mutex::new(HashMap::new()),
             key_locks: Mutex::new(HashMap::new()),
-            poll: Mutex::new(PollState {
-                services: HashMap::new(),
-                last: Snapshot::empty(Version(now_micros())),
-            }),
-            cycle: AtomicU64::new(0),
             counters: Counters::default(),
         };
-        (inner.namespace_id, inner.dns_namespace) = inner.resolve_namespace().await?;
+        (ns.namespace_id, ns.dns_namespace) = ns.resolve_namespace().await?;
         tracing::info!(
-            namespace = %inner.cfg.namespace,
-            namespace_id = %inner.namespace_id,
-            endpoint = %inner.endpoint,
+            namespace = %ns.cfg.namespace,
+            namespace_id = %ns.namespace_id,
+            endpoint = %ns.endpoint,
             "Cloud Map registry ready"
         );
-        Ok(inner)
+        Ok(ns)
     }
 
     /// Request counts so far.
@@ -216,6 +179,7 @@ impl Inner {
         }
     }
 
+    /// What a call is about, for its errors.
     pub(crate) fn call<'a>(&'a self, op: &'a str, target: &'a str) -> Call<'a> {
         Call {
             op,
@@ -230,6 +194,7 @@ impl Inner {
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Wait until no other write holds `key`, and hold it.
     pub(crate) async fn lock_key(&self, key: String) -> KeyGuard<'_> {
         let entry = Arc::clone(lock(&self.key_locks).entry(key.clone()).or_default());
         let guard = Arc::clone(&entry).lock_owned().await;
@@ -240,8 +205,6 @@ impl Inner {
             map: &self.key_locks,
         }
     }
-
-    // ---- namespace ----
 
     /// The namespace's id and whether it is a DNS namespace.
     pub(crate) async fn find_namespace(&self) -> Result<Option<(String, bool)>> {
@@ -274,6 +237,8 @@ impl Inner {
         }
     }
 
+    /// The namespace's id and whether it is a DNS namespace, created (an
+    /// HTTP namespace) when it is missing and `create_namespace` is set.
     pub(crate) async fn resolve_namespace(&self) -> Result<(String, bool)> {
         if let Some(found) = self.find_namespace().await? {
             return Ok(found);
@@ -332,61 +297,67 @@ impl Inner {
         }
     }
 
-    // ---- operations ----
-
-    /// Poll `GetOperation` until `op_id` succeeded; its targets on success.
+    /// Poll `GetOperation` until `op_id` succeeded, pausing from
+    /// `operation_poll_min` to `operation_poll_max` ([`backoff`]); its
+    /// targets on success, the failure as an error, `Unavailable` when it
+    /// is still pending after `operation_timeout`.
     pub(crate) async fn wait_operation(
         &self,
         op_id: &str,
         target: &str,
     ) -> Result<HashMap<OperationTargetType, String>> {
-        let backoff = ExponentialBuilder::default()
-            .with_min_delay(self.cfg.operation_poll_min)
-            .with_max_delay(self.cfg.operation_poll_max)
-            .with_factor(2.0)
-            .with_total_delay(Some(self.cfg.operation_timeout))
-            .without_max_times();
-        let poll = || async {
-            self.throttle().await;
-            self.counters
-                .operation_polls
-                .fetch_add(1, Ordering::Relaxed);
-            let out = self
-                .client
-                .get_operation()
-                .operation_id(op_id)
-                .send()
-                .await
-                .map_err(|e| OpPoll::Done(error::from_sdk(e, self.call("GetOperation", target))))?;
-            let op = out
-                .operation()
-                .ok_or_else(|| OpPoll::Done(error::missing("GetOperation", "Operation", target)))?;
-            match op.status() {
-                Some(OperationStatus::Success) => Ok(op.targets().cloned().unwrap_or_default()),
-                Some(OperationStatus::Fail) => Err(OpPoll::Done(error::from_failed_operation(
-                    op_id,
-                    op.error_code(),
-                    op.error_message(),
-                    target,
-                ))),
-                other => Err(OpPoll::Pending(
-                    other
-                        .map(|s| s.as_str().to_string())
-                        .unwrap_or_else(|| "pending".into()),
-                )),
+        let (min, max) = (self.cfg.operation_poll_min, self.cfg.operation_poll_max);
+        let deadline = tokio::time::Instant::now() + self.cfg.operation_timeout;
+        let mut delays = backoff(min, max);
+        loop {
+            let status = match self.operation_state(op_id, target).await? {
+                OperationState::Done(targets) => return Ok(targets),
+                OperationState::Pending(status) => status,
+            };
+            let delay = delays.next().unwrap_or(max);
+            if tokio::time::Instant::now() + delay > deadline {
+                let waited = self.cfg.operation_timeout;
+                return Err(error::operation_timeout(op_id, &status, target, waited));
             }
-        };
-        poll.retry(backoff)
-            .when(|e| matches!(e, OpPoll::Pending(_)))
-            .await
-            .map_err(|e| match e {
-                OpPoll::Done(e) => e,
-                OpPoll::Pending(status) => {
-                    error::operation_timeout(op_id, &status, target, self.cfg.operation_timeout)
-                }
-            })
+            tokio::time::sleep(delay).await;
+        }
     }
 
+    /// One `GetOperation`: done, pending, or its failure as an error.
+    async fn operation_state(&self, op_id: &str, target: &str) -> Result<OperationState> {
+        self.throttle().await;
+        self.counters
+            .operation_polls
+            .fetch_add(1, Ordering::Relaxed);
+        let out = self
+            .client
+            .get_operation()
+            .operation_id(op_id)
+            .send()
+            .await
+            .map_err(|e| error::from_sdk(e, self.call("GetOperation", target)))?;
+        let op = out
+            .operation()
+            .ok_or_else(|| error::missing("GetOperation", "Operation", target))?;
+        match op.status() {
+            Some(OperationStatus::Success) => Ok(OperationState::Done(
+                op.targets().cloned().unwrap_or_default(),
+            )),
+            Some(OperationStatus::Fail) => Err(error::from_failed_operation(
+                op_id,
+                op.error_code(),
+                op.error_message(),
+                target,
+            )),
+            other => Ok(OperationState::Pending(
+                other.map_or_else(|| "pending".to_string(), |s| s.as_str().to_string()),
+            )),
+        }
+    }
+
+    /// After a write was accepted as operation `op_id`: wait for it in
+    /// [`WriteMode::Wait`], return at once in
+    /// [`WriteMode::FireAndForget`].
     pub(crate) async fn finish(&self, op_id: Option<&str>, op: &str, target: &str) -> Result<()> {
         let op_id = op_id.ok_or_else(|| error::missing(op, "OperationId", target))?;
         match self.cfg.write_mode {
@@ -398,169 +369,7 @@ impl Inner {
         }
     }
 
-    // ---- services ----
-
-    /// Every service of the namespace we can map back to our names; also
-    /// refreshes the name → id cache.
-    pub(crate) async fn list_services(&self) -> Result<Vec<ServiceRef>> {
-        let target = format!("namespace {}", self.cfg.namespace);
-        let filter = ServiceFilter::builder()
-            .name(ServiceFilterName::NamespaceId)
-            .values(&self.namespace_id)
-            .condition(FilterCondition::Eq)
-            .build()
-            .map_err(|e| Error::internal(format!("building the ListServices filter: {e}")))?;
-        let mut token = None;
-        let mut found = Vec::new();
-        loop {
-            self.throttle().await;
-            let out = self
-                .client
-                .list_services()
-                .filters(filter.clone())
-                .set_next_token(token)
-                .send()
-                .await
-                .map_err(|e| error::from_sdk(e, self.call("ListServices", &target)))?;
-            for s in out.services() {
-                let (Some(id), Some(cm_name)) = (s.id(), s.name()) else {
-                    continue;
-                };
-                match mapping::service_from_cloud_map(cm_name, s.description()) {
-                    Some(name) => found.push(ServiceRef {
-                        name,
-                        id: id.to_string(),
-                        cm_name: cm_name.to_string(),
-                    }),
-                    None => tracing::warn!(
-                        service = %cm_name,
-                        "skipping a Cloud Map service whose hashed name does not match its description"
-                    ),
-                }
-            }
-            match out.next_token() {
-                Some(t) => token = Some(t.to_string()),
-                None => break,
-            }
-        }
-        let found = self.in_namespace(found).await?;
-        *lock(&self.services) = found
-            .iter()
-            .map(|s| (s.name.clone(), s.id.clone()))
-            .collect();
-        Ok(found)
-    }
-
-    /// The services that really are in this namespace. `ListServices` may
-    /// ignore its namespace filter (moto does) and its answer does not say
-    /// the namespace, so each service id is checked once with `GetService`
-    /// (a service never moves) and the answer remembered.
-    pub(crate) async fn in_namespace(&self, services: Vec<ServiceRef>) -> Result<Vec<ServiceRef>> {
-        let unknown: Vec<String> = {
-            let known = lock(&self.service_namespaces);
-            services
-                .iter()
-                .filter(|s| !known.contains_key(&s.id))
-                .map(|s| s.id.clone())
-                .collect()
-        };
-        let checked: Vec<(String, bool)> = stream::iter(unknown)
-            .map(|id| async move {
-                let target = format!("service id {id}");
-                self.throttle().await;
-                let res = self.client.get_service().id(&id).send().await;
-                match res {
-                    Ok(out) => {
-                        let ns = out.service().and_then(|s| s.namespace_id());
-                        Ok((id, ns == Some(self.namespace_id.as_str())))
-                    }
-                    Err(e) => match error::from_sdk(e, self.call("GetService", &target)) {
-                        // Deleted since it was listed.
-                        e if e.kind() == ErrorKind::NotFound => Ok((id, false)),
-                        e => Err(e),
-                    },
-                }
-            })
-            .buffer_unordered(self.cfg.concurrency.max(1))
-            .try_collect()
-            .await?;
-        let mut known = lock(&self.service_namespaces);
-        known.extend(checked);
-        Ok(services
-            .into_iter()
-            .filter(|s| known.get(&s.id).copied().unwrap_or(false))
-            .collect())
-    }
-
-    pub(crate) fn cached_service(&self, service: &str) -> Option<String> {
-        lock(&self.services).get(service).cloned()
-    }
-
-    /// The Cloud Map id of `service`, created when `create` is set and it
-    /// does not exist; `None` when it does not exist and `create` is not set.
-    pub(crate) async fn service_id(&self, service: &str, create: bool) -> Result<Option<String>> {
-        if let Some(id) = self.cached_service(service) {
-            return Ok(Some(id));
-        }
-        let _guard = self.lock_key(format!("service\0{service}")).await;
-        if let Some(id) = self.cached_service(service) {
-            return Ok(Some(id));
-        }
-        if let Some(s) = self
-            .list_services()
-            .await?
-            .into_iter()
-            .find(|s| s.name == service)
-        {
-            return Ok(Some(s.id));
-        }
-        if !create {
-            return Ok(None);
-        }
-        let cm_name = mapping::service_name(service);
-        let target = format!("service {service}");
-        self.throttle().await;
-        let mut req = self
-            .client
-            .create_service()
-            .name(&cm_name)
-            .namespace_id(&self.namespace_id)
-            .creator_request_id(request_id("svc"));
-        if cm_name != service {
-            req = req.description(service);
-        }
-        if self.dns_namespace {
-            req = req.r#type(ServiceTypeOption::Http);
-        }
-        if self.cfg.custom_health {
-            req = req.health_check_custom_config(HealthCheckCustomConfig::builder().build());
-        }
-        let id = match req.send().await {
-            Ok(out) => out
-                .service()
-                .and_then(|s| s.id())
-                .map(str::to_string)
-                .ok_or_else(|| error::missing("CreateService", "Service.Id", &target))?,
-            Err(e) => match e.as_service_error() {
-                Some(CreateServiceError::ServiceAlreadyExists(exists))
-                    if exists.service_id().is_some() =>
-                {
-                    exists.service_id().unwrap_or_default().to_string()
-                }
-                _ => return Err(error::from_sdk(e, self.call("CreateService", &target))),
-            },
-        };
-        tracing::debug!(%service, cloud_map_name = %cm_name, service_id = %id, "Cloud Map service ready");
-        lock(&self.service_namespaces).insert(id.clone(), true);
-        lock(&self.services).insert(service.to_string(), id.clone());
-        Ok(Some(id))
-    }
-
-    pub(crate) fn forget_service(&self, service: &str) {
-        lock(&self.services).remove(service);
-    }
-
-    /// [`Registry::probe`]: one `GetNamespace` of the namespace this
+    /// [`registry_api::Registry::probe`]: one `GetNamespace` of the namespace this
     /// registry resolved at connect. Cloud Map has no write that leaves
     /// nothing behind (every write is an operation with a history, and
     /// may create a service), so the probe only reads: it proves that Cloud
@@ -581,5 +390,46 @@ impl Inner {
             Some(_) => Ok(()),
             None => Err(error::missing("GetNamespace", "Namespace", &target)),
         }
+    }
+}
+
+/// Removes the `data-` host prefix that the SDK puts in front of the
+/// data-plane calls when the endpoint is a custom URL (an emulator, a VPC
+/// endpoint), where no `data-` host exists. The Rust SDK has no setting
+/// for this (boto3's `inject_host_prefix=False`).
+#[derive(Debug)]
+struct StripDataPrefix {
+    prefixed: String,
+    plain: String,
+}
+
+impl StripDataPrefix {
+    fn new(endpoint_url: &str) -> Option<Self> {
+        let (scheme, rest) = endpoint_url.split_once("://")?;
+        let authority = rest.split('/').next()?;
+        Some(Self {
+            prefixed: format!("{scheme}://data-{authority}"),
+            plain: format!("{scheme}://{authority}"),
+        })
+    }
+}
+
+impl Intercept for StripDataPrefix {
+    fn name(&self) -> &'static str {
+        "StripDataPrefix"
+    }
+
+    fn modify_before_signing(
+        &self,
+        context: &mut BeforeTransmitInterceptorContextMut<'_>,
+        _runtime_components: &RuntimeComponents,
+        _cfg: &mut ConfigBag,
+    ) -> std::result::Result<(), BoxError> {
+        let request = context.request_mut();
+        if let Some(rest) = request.uri().strip_prefix(&self.prefixed) {
+            let uri = format!("{}{rest}", self.plain);
+            request.set_uri(uri)?;
+        }
+        Ok(())
     }
 }

@@ -5,10 +5,10 @@ mod backend;
 mod config;
 mod core;
 mod error;
-mod interceptor;
-pub mod mapping;
-mod reads;
-mod writes;
+mod instances;
+pub mod layout;
+mod services;
+mod watch;
 
 pub use crate::core::{CloudMapStats, MAX_BATCH};
 pub use aws_sdk_servicediscovery;

@@ -14,7 +14,7 @@ use registry_api::testing::{ep, eventually, unique};
 use registry_api::{Batch, Endpoint, Error, ErrorKind, Op, Registry};
 use registry_cloudmap::aws_sdk_servicediscovery::types::CustomHealthStatus;
 use registry_cloudmap::aws_sdk_servicediscovery::types::HealthStatusFilter;
-use registry_cloudmap::{mapping, ReadMode, WriteMode};
+use registry_cloudmap::{layout, ReadMode, WriteMode};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_discover_instances_sees_standard_attributes() {
@@ -83,7 +83,7 @@ async fn thirty_one_labels_is_invalid_input_naming_the_limit() {
         Err(Error::InvalidInput { field, reason, .. }) => {
             assert_eq!(field, "labels");
             assert!(
-                reason.contains("30") && reason.contains(&mapping::MAX_LABELS.to_string()),
+                reason.contains("30") && reason.contains(&layout::MAX_LABELS.to_string()),
                 "{reason}"
             );
         }
@@ -99,7 +99,7 @@ async fn thirty_one_labels_is_invalid_input_naming_the_limit() {
         "{err:?}"
     );
     assert!(h.list(&svc).await.unwrap().is_empty());
-    assert_eq!(h.capabilities().max_labels, mapping::MAX_LABELS);
+    assert_eq!(h.capabilities().max_labels, layout::MAX_LABELS);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,7 +15,7 @@ use common::{Harness, HISTORY};
 use registry_api::limits::{MAX_LABEL_KEY_LEN, MAX_LABEL_VALUE_LEN, MAX_NAME_LEN};
 use registry_api::testing::{ep, follow_until, next_event, unique};
 use registry_api::{Endpoint, Error, Event, Registry, Watch};
-use registry_cloudmap::mapping;
+use registry_cloudmap::layout;
 
 async fn make() -> Harness {
     Harness::start().await
@@ -82,7 +82,7 @@ fn field_of(res: registry_api::Result<()>, case: &str) -> String {
 }
 
 fn attributes_len(e: &Endpoint) -> usize {
-    mapping::encode(e)
+    layout::encode(e)
         .unwrap()
         .iter()
         .map(|(k, v)| k.len() + v.len())
@@ -113,7 +113,7 @@ async fn limits_at_cloud_map_sizes() {
 
     let small = unique("limits-labels");
     let max_labels = reg.capabilities().max_labels;
-    assert_eq!(max_labels, mapping::MAX_LABELS);
+    assert_eq!(max_labels, layout::MAX_LABELS);
     let mut many = ep(&small, "many", 1);
     for i in 0..max_labels {
         many.labels.insert(format!("k{i:02}"), format!("v{i}"));
@@ -143,16 +143,16 @@ async fn limits_at_cloud_map_sizes() {
     // Total attribute size: exactly Cloud Map's 5,000 characters, then one more.
     let mut full = ep(&small, "full", 3);
     let mut i = 0;
-    while attributes_len(&full) < mapping::MAX_ATTRIBUTES_LEN {
+    while attributes_len(&full) < layout::MAX_ATTRIBUTES_LEN {
         let key = format!("f{i:02}");
         full.labels.insert(key.clone(), String::new());
-        let room = mapping::MAX_ATTRIBUTES_LEN.saturating_sub(attributes_len(&full));
+        let room = layout::MAX_ATTRIBUTES_LEN.saturating_sub(attributes_len(&full));
         // The empty value is stored as "%" (1 character).
         full.labels
             .insert(key, "v".repeat((room + 1).min(MAX_LABEL_VALUE_LEN)));
         i += 1;
     }
-    assert_eq!(attributes_len(&full), mapping::MAX_ATTRIBUTES_LEN);
+    assert_eq!(attributes_len(&full), layout::MAX_ATTRIBUTES_LEN);
     reg.register(full.clone())
         .await
         .expect("attributes at the size limit");

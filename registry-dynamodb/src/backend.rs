@@ -1,72 +1,62 @@
-//! [`DynamoDbRegistry`]: the registry's public face and the trait
-//! implementations (of the registry, and of the `Core` it polls when the
-//! table has no stream).
+//! [`DynamoDbRegistry`]: the registry's public face and its trait
+//! implementations.
 
 use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use registry_api::{
-    backend::validate_ops,
-    polling::{Polling, PollingConfig},
+    backend::{check_batch, validate_endpoint},
     Batch, Capabilities, Endpoint, EndpointKey, Error, EventStream, Op, Registry, Result, Snapshot,
     Version, Watch,
 };
 
 use crate::config::{DynamoDbConfig, WatchMode};
-use crate::core::{clients, net_ops, Core, MAX_TRANSACTION_ITEMS};
-use crate::core::{describe, missing};
-use crate::table::{self, check_schema, usable_stream};
-use crate::watch::StreamWatch;
+use crate::core::{usable_stream, Table, MAX_TRANSACTION_ITEMS};
+use crate::watch::{self, StreamWatch};
 
 /// A service registry in one DynamoDB table.
 ///
 /// Reads are `Query` (one service) and a paginated, optionally parallel
 /// `Scan` (a snapshot). Writes are `PutItem` / `DeleteItem`; batches are
-/// `TransactWriteItems` of at most 100 actions. Watches follow the table's
-/// DynamoDB Stream when it has one (see "Watch" in the crate docs), and
-/// poll otherwise. See the crate documentation for the item layout and the
-/// meaning of versions.
+/// one `TransactWriteItems` of at most 100 actions. When the table has a
+/// DynamoDB Stream with new images, `watch()` follows it (see "Watch" in
+/// the crate docs); otherwise the registry does not watch by itself: its
+/// capabilities say `native_watch: false`, its `watch()` reports an error,
+/// and [`registry_api::stack::stack`] wraps it in
+/// [`registry_api::polling::Polling`]. See the crate documentation for the
+/// item layout and the meaning of versions.
 pub struct DynamoDbRegistry {
-    core: Arc<Core>,
-    watcher: Watcher,
-}
-
-enum Watcher {
-    Stream(StreamWatch),
-    Polling(Polling<Arc<Core>>),
+    table: Arc<Table>,
+    /// The watch of the table's stream; `None` when it is not followed.
+    stream: Option<StreamWatch>,
 }
 
 impl DynamoDbRegistry {
     /// Connect to the table in `cfg`: checks that it exists (else
     /// [`Error::NotFound`] naming it) and has the expected key schema, and
-    /// picks the watch: its stream when it has one with new images (and
-    /// `cfg.watch` is [`WatchMode::Auto`]), polling otherwise.
+    /// follows its stream when it has one with new images and `cfg.watch`
+    /// is [`WatchMode::Auto`].
     pub async fn connect(cfg: DynamoDbConfig) -> Result<Self> {
-        let core = clients(&cfg).await;
-        let table = describe(&core).await?.ok_or_else(|| missing(&core))?;
-        check_schema(&core, &table)?;
-        let stream = match cfg.watch {
-            WatchMode::Auto => usable_stream(&table),
+        let table = Table::new(&cfg).await;
+        let description = table.describe_existing().await?;
+        table.check_schema(&description)?;
+        let arn = match cfg.watch {
+            WatchMode::Auto => usable_stream(&description),
             WatchMode::Polling => None,
         };
-        let core = Arc::new(core);
-        let watcher = match stream {
+        let table = Arc::new(table);
+        let stream = match arn {
             Some(arn) => {
                 tracing::info!(table = %cfg.table, stream = %arn, "watching the table's stream");
-                Watcher::Stream(StreamWatch::new(Arc::clone(&core), arn))
+                Some(StreamWatch::new(Arc::clone(&table), arn))
             }
             None => {
-                tracing::info!(table = %cfg.table, interval = ?cfg.poll_interval, "no usable stream; watching by polling");
-                Watcher::Polling(Polling::with_config(
-                    Arc::clone(&core),
-                    PollingConfig::default()
-                        .with_interval(cfg.poll_interval)
-                        .with_history(cfg.watch_history),
-                )?)
+                tracing::info!(table = %cfg.table, "not following a stream: native_watch is false (registry_api::stack::stack polls it)");
+                None
             }
         };
-        Ok(Self { core, watcher })
+        Ok(Self { table, stream })
     }
 
     /// Create the table in `cfg` unless it exists: keys `service` (HASH) and
@@ -74,22 +64,23 @@ impl DynamoDbRegistry {
     /// when `with_stream`, and TTL on `cfg.ttl_attribute` when that is set.
     /// Waits until the table is active. Returns whether it created it.
     pub async fn create_table_if_missing(cfg: &DynamoDbConfig, with_stream: bool) -> Result<bool> {
-        table::create_table(cfg, with_stream).await
+        Table::create_if_missing(cfg, with_stream).await
     }
 
     /// The DynamoDB client, for what this API does not cover.
     pub fn client(&self) -> &aws_sdk_dynamodb::Client {
-        &self.core.client
+        &self.table.client
     }
 
     /// The table's name.
     pub fn table(&self) -> &str {
-        &self.core.cfg.table
+        &self.table.cfg.table
     }
 
-    /// Whether watches follow the table's stream (`false`: polling).
+    /// Whether `watch()` follows the table's stream (`false`: it does not
+    /// watch; wrap the registry with [`registry_api::stack::stack`]).
     pub fn watches_stream(&self) -> bool {
-        matches!(self.watcher, Watcher::Stream(_))
+        self.stream.is_some()
     }
 
     /// Apply at most 100 ops (after merging ops on one key) as one
@@ -98,134 +89,99 @@ impl DynamoDbRegistry {
     /// within 10 minutes, so a caller that retries after a lost answer
     /// (even from another process) passes the same token again.
     pub async fn apply_with_token(&self, ops: Vec<Op>, token: &str) -> Result<()> {
-        validate_ops(&ops)?;
+        check_batch(&ops, MAX_TRANSACTION_ITEMS)?;
         if token.is_empty() || token.len() > 36 {
             return Err(Error::invalid(
                 "token",
                 format!("must be 1 to 36 characters, got {}", token.len()),
             ));
         }
-        let ops = net_ops(ops);
-        if ops.len() > MAX_TRANSACTION_ITEMS {
-            return Err(Error::invalid(
-                "ops",
-                format!(
-                    "{} distinct keys, more than the {MAX_TRANSACTION_ITEMS} of one transaction",
-                    ops.len()
-                ),
-            ));
-        }
-        if ops.is_empty() {
-            return Ok(());
-        }
-        self.core.transact(ops, token).await
+        self.table.apply_ops(ops, Some(token)).await
     }
 }
 
 impl fmt::Display for DynamoDbRegistry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "DynamoDb({})", self.core.cfg.table)
+        write!(f, "DynamoDb({})", self.table.cfg.table)
     }
 }
 
 impl fmt::Debug for DynamoDbRegistry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DynamoDbRegistry")
-            .field("table", &self.core.cfg.table)
-            .field("endpoint", &self.core.endpoint)
+            .field("table", &self.table.cfg.table)
+            .field("endpoint", &self.table.endpoint)
             .field("watches_stream", &self.watches_stream())
-            .field("config", &self.core.cfg)
+            .field("config", &self.table.cfg)
             .finish()
-    }
-}
-
-#[async_trait]
-impl Registry for Core {
-    async fn register(&self, endpoint: Endpoint) -> Result<()> {
-        self.put_endpoint(endpoint).await
-    }
-    async fn deregister(&self, key: &EndpointKey) -> Result<()> {
-        self.delete_endpoint(key).await
-    }
-
-    async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
-        self.query_service(service).await
-    }
-
-    async fn snapshot(&self) -> Result<Snapshot> {
-        self.scan_all().await
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Core::capabilities(self)
-    }
-
-    async fn probe(&self) -> Result<()> {
-        Core::probe(self).await
-    }
-}
-
-#[async_trait]
-impl Batch for Core {
-    async fn apply(&self, ops: Vec<Op>) -> Result<()> {
-        self.apply_ops(ops).await
     }
 }
 
 #[async_trait]
 impl Registry for DynamoDbRegistry {
     async fn register(&self, endpoint: Endpoint) -> Result<()> {
-        self.core.register(endpoint).await
+        validate_endpoint(&endpoint)?;
+        self.table.put_endpoint(&endpoint).await
     }
     async fn deregister(&self, key: &EndpointKey) -> Result<()> {
-        self.core.deregister(key).await
+        self.table.delete_endpoint(key).await
     }
     async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
-        self.core.list(service).await
+        self.table.query_service(service).await
     }
     async fn snapshot(&self) -> Result<Snapshot> {
-        self.core.snapshot().await
+        self.table.scan_all().await
     }
+    /// Atomic batches of up to 100 ops; a native, resumable watch only
+    /// when the table's stream is followed.
     fn capabilities(&self) -> Capabilities {
-        self.core
-            .capabilities()
+        Capabilities::default()
+            .with_atomic_writes(true)
+            // Query and Scan read committed items: a reader may see part of
+            // a transaction that is being applied.
+            .with_isolated_reads(false)
+            .with_max_batch(MAX_TRANSACTION_ITEMS)
             .with_native_watch(self.watches_stream())
+            .with_resumable_watch(self.watches_stream())
     }
     /// `DescribeTable` (present and active) and a `PutItem` with a
     /// condition that never holds (writes allowed, nothing written); see
     /// the crate docs.
     async fn probe(&self) -> Result<()> {
-        self.core.probe().await
+        self.table.probe().await
     }
 }
 
 #[async_trait]
 impl Batch for DynamoDbRegistry {
-    /// Validates every op, merges ops on one key to their net effect (a
-    /// later op wins: DynamoDB refuses two actions on one item), and writes
-    /// chunks of 100 as one `TransactWriteItems` each, each with its own
-    /// `ClientRequestToken` (kept across the SDK's retries of that call).
-    /// Up to 100 distinct keys are all-or-nothing; larger batches are
-    /// atomic per chunk, and a failure leaves the earlier chunks applied.
+    /// The batch rule first ([`check_batch`]): more than 100 ops, or an
+    /// invalid op, are refused (`InvalidInput`, nothing written). Then ops
+    /// on one key are merged to their net effect (a later op wins: DynamoDB
+    /// refuses two actions on one item), and written as one
+    /// `TransactWriteItems` with its own `ClientRequestToken` (kept across
+    /// the SDK's retries of that call): all-or-nothing.
     async fn apply(&self, ops: Vec<Op>) -> Result<()> {
-        self.core.apply(ops).await
-    }
-    fn max_batch(&self) -> usize {
-        MAX_TRANSACTION_ITEMS
+        check_batch(&ops, MAX_TRANSACTION_ITEMS)?;
+        self.table.apply_ops(ops, None).await
     }
 }
 
 impl Watch for DynamoDbRegistry {
+    /// The table's stream, followed as the crate docs describe; without
+    /// one, a stream with one `InvalidInput` error naming the table (wrap
+    /// the registry with [`registry_api::stack::stack`], which polls it).
     fn watch(&self, from: Option<Version>) -> EventStream {
-        match &self.watcher {
-            Watcher::Stream(s) => s.watch(from),
-            Watcher::Polling(p) => p.watch(from),
+        match &self.stream {
+            Some(stream) => stream.watch(from),
+            None => watch::unwatched(&self.table),
         }
     }
 }
 
-/// DynamoDbRegistry has no heartbeats of its own (liveness comes from the generic sweeper): [`registry_api::stack::stack`] wraps it as its capabilities call
-/// for.
+/// DynamoDbRegistry has no heartbeats of its own (liveness comes from the
+/// generic sweeper), and watches only when the table has a stream:
+/// [`registry_api::stack::stack`] wraps it in `Liveness`, and in `Polling`
+/// too when it does not follow a stream.
 impl registry_api::stack::IntoStack for DynamoDbRegistry {
     fn into_stack(
         self,

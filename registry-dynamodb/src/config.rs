@@ -41,15 +41,19 @@ impl fmt::Debug for StaticCredentials {
     }
 }
 
-/// How [`crate::DynamoDbRegistry`] follows changes.
+/// Whether [`crate::DynamoDbRegistry`] follows the table's stream.
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WatchMode {
-    /// DynamoDB Streams when the table has a stream that carries new images
-    /// (`NEW_IMAGE` or `NEW_AND_OLD_IMAGES`), polling otherwise (the default).
+    /// Follow the table's DynamoDB Stream when it has one that carries new
+    /// images (`NEW_IMAGE` or `NEW_AND_OLD_IMAGES`); without one the
+    /// registry does not watch (`native_watch: false`), and
+    /// [`registry_api::stack::stack`] polls it. The default.
     #[default]
     Auto,
-    /// Always poll with [`registry_api::polling::Polling`], even when a stream exists.
+    /// Never follow the stream, even when the table has one: the registry
+    /// reports `native_watch: false`, and [`registry_api::stack::stack`]
+    /// polls it with [`registry_api::polling::Polling`].
     Polling,
 }
 
@@ -89,10 +93,11 @@ pub struct DynamoDbConfig {
     pub scan_segments: u32,
     /// How changes are followed. Default [`WatchMode::Auto`].
     pub watch: WatchMode,
-    /// Interval of [`registry_api::polling::Polling`] when the table has no usable
-    /// stream. Also how often the stream watch checks that the table and
-    /// its stream are still the ones it reads (at least 1 s, at most
-    /// 60 s). Default 5 s.
+    /// How often the stream watch checks that the table and its stream are
+    /// still the ones it reads (clamped to 1 s to 60 s), and the interval
+    /// of the scans it makes while the table it follows has lost its
+    /// stream. (Polling a table that never had a stream is
+    /// [`registry_api::polling::PollingConfig::interval`]'s.) Default 5 s.
     pub poll_interval: Duration,
     /// Pause between two `GetRecords` rounds over the stream's shards when
     /// the last round found nothing. Default 250 ms (DynamoDB Streams allows

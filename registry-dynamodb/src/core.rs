@@ -1,8 +1,8 @@
-//! [`Core`]: the clients, settings and version clock shared by the registry
-//! and its watch task, and the requests they make.
+//! [`Table`]: one DynamoDB table as the registry uses it, shared by the
+//! registry and its watch task: the clients, the settings and the version
+//! clock, and every request (reads, writes, the probe, describing and
+//! creating the table).
 
-use std::collections::HashMap;
-use std::fmt;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -12,53 +12,56 @@ use aws_config::timeout::TimeoutConfig;
 use aws_config::BehaviorVersion;
 use aws_sdk_dynamodb::config::{Credentials, Region};
 use aws_sdk_dynamodb::operation::describe_table::DescribeTableError;
-use aws_sdk_dynamodb::types::{Delete, Put, TableDescription, TableStatus, TransactWriteItem};
-use futures::future::try_join_all;
-use registry_api::{
-    backend::validate_ops, Capabilities, Endpoint, EndpointKey, Error, Op, Result, Snapshot,
-    Version,
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, BillingMode, Delete, KeySchemaElement, KeyType, Put, ScalarAttributeType,
+    StreamSpecification, StreamViewType, TableDescription, TableStatus, TimeToLiveSpecification,
+    TransactWriteItem,
 };
+use futures::future::try_join_all;
+use registry_api::backend::VersionClock;
+use registry_api::{Endpoint, EndpointKey, Error, Op, Result, Snapshot};
 
 use crate::config::DynamoDbConfig;
 use crate::error::{map_sdk, map_transact, Ctx};
-use crate::item::{self, Item};
+use crate::layout::{self, Item};
 
 /// Most actions DynamoDB takes in one `TransactWriteItems`.
 pub const MAX_TRANSACTION_ITEMS: usize = 100;
 
-/// The clients and settings shared by the registry and its watch task.
-pub(crate) struct Core {
+/// The clients, settings and version clock shared by the registry and its
+/// watch task.
+pub(crate) struct Table {
     pub(crate) cfg: DynamoDbConfig,
     pub(crate) client: aws_sdk_dynamodb::Client,
     pub(crate) streams: aws_sdk_dynamodbstreams::Client,
+    /// Where requests go, for messages.
     pub(crate) endpoint: String,
-    pub(crate) clock: Clock,
+    /// Versions of snapshots and watch events (DynamoDB has none of its
+    /// own): they start at the current time in microseconds, so they grow
+    /// across restarts.
+    pub(crate) clock: VersionClock,
 }
 
-/// Versions: microseconds since the Unix epoch, strictly increasing within
-/// the process.
-#[derive(Debug, Default)]
-pub(crate) struct Clock(AtomicU64);
-
-impl Clock {
-    /// The next version: the current time in µs, or one more than the last
-    /// version when the clock has not moved (or went back).
-    pub(crate) fn next(&self) -> Version {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_micros() as u64)
-            .unwrap_or(0);
-        let prev = self
-            .0
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |prev| {
-                Some(now.max(prev.saturating_add(1)))
-            })
-            .unwrap_or_else(|p| p);
-        Version(now.max(prev.saturating_add(1)))
+impl Table {
+    /// The clients for `cfg` (nothing is sent yet).
+    pub(crate) async fn new(cfg: &DynamoDbConfig) -> Table {
+        let (sdk, region) = sdk_config(cfg).await;
+        let ddb = aws_sdk_dynamodb::config::Builder::from(&sdk)
+            .region(Region::new(region.clone()))
+            .build();
+        let streams = aws_sdk_dynamodbstreams::config::Builder::from(&sdk)
+            .region(aws_sdk_dynamodbstreams::config::Region::new(region.clone()))
+            .build();
+        Table {
+            endpoint: cfg.endpoint_name(&region),
+            cfg: cfg.clone(),
+            client: aws_sdk_dynamodb::Client::from_conf(ddb),
+            streams: aws_sdk_dynamodbstreams::Client::from_conf(streams),
+            clock: VersionClock::new(),
+        }
     }
-}
 
-impl Core {
+    /// What a request is about, for its errors.
     pub(crate) fn ctx(&self, op: &'static str) -> Ctx<'_> {
         Ctx {
             op,
@@ -68,7 +71,7 @@ impl Core {
         }
     }
 
-    /// [`Core::ctx`] for a request about one item.
+    /// [`Table::ctx`] for a request about one item.
     pub(crate) fn ctx_key<'a>(&'a self, op: &'static str, key: &'a EndpointKey) -> Ctx<'a> {
         Ctx {
             key: Some(key),
@@ -86,10 +89,10 @@ impl Core {
     /// The endpoint an item holds, or `None` when it expired or is corrupt
     /// (logged: one bad hand-written item must not blind every reader).
     pub(crate) fn endpoint_of(&self, item: &Item, now: u64) -> Option<Endpoint> {
-        if item::expired(item, self.cfg.ttl_attribute.as_deref(), now) {
+        if layout::expired(item, self.cfg.ttl_attribute.as_deref(), now) {
             return None;
         }
-        match item::decode(item) {
+        match layout::decode(item) {
             Ok(e) => Some(e),
             Err(e) => {
                 tracing::warn!(table = %self.cfg.table, error = %e, "skipping an item that is not an endpoint");
@@ -97,11 +100,60 @@ impl Core {
             }
         }
     }
+}
 
+/// Reads.
+impl Table {
+    /// The endpoints of `service`: a paginated `Query`, sorted by id.
+    pub(crate) async fn query_service(&self, service: &str) -> Result<Vec<Endpoint>> {
+        let mut out = Vec::new();
+        let mut start: Option<Item> = None;
+        let now = layout::now_secs();
+        loop {
+            let page = self
+                .client
+                .query()
+                .table_name(&self.cfg.table)
+                .key_condition_expression("#s = :s")
+                .expression_attribute_names("#s", layout::SERVICE)
+                .expression_attribute_values(
+                    ":s",
+                    aws_sdk_dynamodb::types::AttributeValue::S(service.to_string()),
+                )
+                .consistent_read(self.cfg.consistent_reads)
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(|e| map_sdk(e, self.ctx("Query")))?;
+            out.extend(page.items().iter().filter_map(|i| self.endpoint_of(i, now)));
+            match page.last_evaluated_key {
+                Some(k) if !k.is_empty() => start = Some(k),
+                _ => break,
+            }
+        }
+        // DynamoDB sorts by the bytes of the sort key, as `String` does; sort
+        // anyway so the order never depends on that.
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(out)
+    }
+
+    /// Every endpoint: a (parallel) paginated `Scan`, at a version taken
+    /// before it started.
+    pub(crate) async fn scan_all(&self) -> Result<Snapshot> {
+        let version = self.clock.next();
+        let total = self.cfg.scan_segments.max(1);
+        let parts = try_join_all((0..total).map(|s| self.scan_segment(s, total))).await?;
+        Ok(Snapshot::from_endpoints(
+            version,
+            parts.into_iter().flatten(),
+        ))
+    }
+
+    /// One segment of a `Scan`, every page.
     async fn scan_segment(&self, segment: u32, total: u32) -> Result<Vec<Endpoint>> {
         let mut out = Vec::new();
         let mut start: Option<Item> = None;
-        let now = item::now_secs();
+        let now = layout::now_secs();
         loop {
             let mut req = self
                 .client
@@ -120,8 +172,51 @@ impl Core {
             }
         }
     }
+}
 
-    pub(crate) async fn transact(&self, ops: Vec<Op>, token: &str) -> Result<()> {
+/// Writes.
+impl Table {
+    /// `PutItem` of one endpoint (already validated).
+    pub(crate) async fn put_endpoint(&self, endpoint: &Endpoint) -> Result<()> {
+        let key = endpoint.key();
+        self.client
+            .put_item()
+            .table_name(&self.cfg.table)
+            .set_item(Some(layout::encode(endpoint, self.ttl_write())))
+            .send()
+            .await
+            .map_err(|e| map_sdk(e, self.ctx_key("PutItem", &key)))?;
+        Ok(())
+    }
+
+    /// `DeleteItem` of one key.
+    pub(crate) async fn delete_endpoint(&self, key: &EndpointKey) -> Result<()> {
+        self.client
+            .delete_item()
+            .table_name(&self.cfg.table)
+            .set_key(Some(layout::key_item(key)))
+            .send()
+            .await
+            .map_err(|e| map_sdk(e, self.ctx_key("DeleteItem", key)))?;
+        Ok(())
+    }
+
+    /// Ops already checked against the batch rule, merged to their net
+    /// effect per key ([`Op::net`]: DynamoDB refuses two actions on one
+    /// item), as one transaction with `token` (a fresh one when `None`).
+    pub(crate) async fn apply_ops(&self, ops: Vec<Op>, token: Option<&str>) -> Result<()> {
+        let ops = Op::net(ops);
+        if ops.is_empty() {
+            return Ok(());
+        }
+        match token {
+            Some(token) => self.transact(ops, token).await,
+            None => self.transact(ops, &new_token()).await,
+        }
+    }
+
+    /// One `TransactWriteItems` of `ops` (one action per key) with `token`.
+    async fn transact(&self, ops: Vec<Op>, token: &str) -> Result<()> {
         let ttl = self.ttl_write();
         let keys: Vec<EndpointKey> = ops.iter().map(Op::key).collect();
         let items = ops
@@ -131,12 +226,12 @@ impl Core {
                 let built = match op {
                     Op::Register(e) => Put::builder()
                         .table_name(&self.cfg.table)
-                        .set_item(Some(item::encode(e, ttl)))
+                        .set_item(Some(layout::encode(e, ttl)))
                         .build()
                         .map(|p| b.put(p).build()),
                     Op::Deregister(k) => Delete::builder()
                         .table_name(&self.cfg.table)
-                        .set_key(Some(item::key_item(k)))
+                        .set_key(Some(layout::key_item(k)))
                         .build()
                         .map(|d| b.delete(d).build()),
                 };
@@ -157,15 +252,86 @@ impl Core {
     }
 }
 
-/// The id of the item [`Core::probe`] tries to write under
+/// The id of the item [`Table::probe`] tries to write under
 /// [`registry_api::backend::PROBE_SERVICE`]; no item is ever created.
 pub(crate) const PROBE_ID: &str = "write-check";
 
 /// The condition of the probe's write: never true, for any item or none.
 const NEVER: &str = "attribute_exists(#s) AND attribute_not_exists(#s)";
 
-impl Core {
-    /// [`Registry::probe`]: the table is there and active, and writes to it
+/// The table itself: finding it, checking it, creating it.
+impl Table {
+    /// The table's description, `None` when it does not exist.
+    pub(crate) async fn describe(&self) -> Result<Option<TableDescription>> {
+        match self
+            .client
+            .describe_table()
+            .table_name(&self.cfg.table)
+            .send()
+            .await
+        {
+            Ok(out) => Ok(out.table),
+            Err(e)
+                if matches!(
+                    e.as_service_error(),
+                    Some(DescribeTableError::ResourceNotFoundException(_))
+                ) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(map_sdk(e, self.ctx("DescribeTable"))),
+        }
+    }
+
+    /// The table's description; `NotFound` when it does not exist.
+    pub(crate) async fn describe_existing(&self) -> Result<TableDescription> {
+        self.describe().await?.ok_or_else(|| self.missing())
+    }
+
+    /// `NotFound` naming the table and how to create it.
+    pub(crate) fn missing(&self) -> Error {
+        Error::not_found(format!(
+            "DynamoDB table {} at {} (create it with DynamoDbRegistry::create_table_if_missing)",
+            self.cfg.table, self.endpoint
+        ))
+    }
+
+    /// The ARN of the table's current usable stream (`None`: it has
+    /// none); `NotFound` when the table is gone.
+    pub(crate) async fn locate_stream(&self) -> Result<Option<String>> {
+        Ok(usable_stream(&self.describe_existing().await?))
+    }
+
+    /// The key schema must be `service` (HASH, S) and `id` (RANGE, S).
+    pub(crate) fn check_schema(&self, table: &TableDescription) -> Result<()> {
+        let want = [
+            (layout::SERVICE, KeyType::Hash),
+            (layout::ID, KeyType::Range),
+        ];
+        let got: Vec<(&str, &KeyType)> = table
+            .key_schema()
+            .iter()
+            .map(|k| (k.attribute_name(), k.key_type()))
+            .collect();
+        let ok = got.len() == 2
+            && want
+                .iter()
+                .all(|(n, t)| got.iter().any(|(gn, gt)| gn == n && *gt == t));
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::invalid(
+                "table",
+                format!(
+                    "table {} has the key schema {got:?}; this registry needs `service` (HASH, S) \
+                     and `id` (RANGE, S)",
+                    self.cfg.table
+                ),
+            ))
+        }
+    }
+
+    /// [`registry_api::Registry::probe`]: the table is there and active, and writes to it
     /// are allowed. Changes nothing:
     ///
     /// 1. `DescribeTable`: missing, being deleted or archived gives
@@ -181,7 +347,7 @@ impl Core {
     /// condition consumes write capacity like a write of a key-only item:
     /// 1 WCU).
     pub(crate) async fn probe(&self) -> Result<()> {
-        let table = describe(self).await?.ok_or_else(|| missing(self))?;
+        let table = self.describe_existing().await?;
         let name = &self.cfg.table;
         let at = &self.endpoint;
         match table.table_status() {
@@ -208,9 +374,9 @@ impl Core {
             .client
             .put_item()
             .table_name(name)
-            .set_item(Some(item::key_item(&key)))
+            .set_item(Some(layout::key_item(&key)))
             .condition_expression(NEVER)
-            .expression_attribute_names("#s", item::SERVICE)
+            .expression_attribute_names("#s", layout::SERVICE)
             .send()
             .await;
         match res {
@@ -227,27 +393,108 @@ impl Core {
             ))),
         }
     }
-}
 
-/// The net effect of `ops` per key (a later op on a key replaces an earlier
-/// one), in the order each key first appears.
-pub(crate) fn net_ops(ops: Vec<Op>) -> Vec<Op> {
-    let mut index: HashMap<EndpointKey, usize> = HashMap::new();
-    let mut out: Vec<Op> = Vec::new();
-    for op in ops {
-        let key = match &op {
-            Op::Register(e) => e.key(),
-            Op::Deregister(k) => k.clone(),
+    /// Create the table in `cfg` unless it exists: keys `service` (HASH) and
+    /// `id` (RANGE), on-demand billing, with a stream of new and old images
+    /// when `with_stream`, and TTL on `cfg.ttl_attribute` when that is set.
+    /// Waits until the table is active. Returns whether it created it.
+    pub(crate) async fn create_if_missing(cfg: &DynamoDbConfig, with_stream: bool) -> Result<bool> {
+        let table = Table::new(cfg).await;
+        if table.describe().await?.is_some() {
+            return Ok(false);
+        }
+        let attr = |name: &str| {
+            AttributeDefinition::builder()
+                .attribute_name(name)
+                .attribute_type(ScalarAttributeType::S)
+                .build()
         };
-        match index.get(&key) {
-            Some(&i) => out[i] = op,
-            None => {
-                index.insert(key, out.len());
-                out.push(op);
+        let key = |name: &str, t: KeyType| {
+            KeySchemaElement::builder()
+                .attribute_name(name)
+                .key_type(t)
+                .build()
+        };
+        let build = |e: aws_sdk_dynamodb::error::BuildError| {
+            Error::internal(format!("building CreateTable: {e}")).with_source(e)
+        };
+        let mut req = table
+            .client
+            .create_table()
+            .table_name(&cfg.table)
+            .billing_mode(BillingMode::PayPerRequest)
+            .attribute_definitions(attr(layout::SERVICE).map_err(build)?)
+            .attribute_definitions(attr(layout::ID).map_err(build)?)
+            .key_schema(key(layout::SERVICE, KeyType::Hash).map_err(build)?)
+            .key_schema(key(layout::ID, KeyType::Range).map_err(build)?);
+        if with_stream {
+            req = req.stream_specification(
+                StreamSpecification::builder()
+                    .stream_enabled(true)
+                    .stream_view_type(StreamViewType::NewAndOldImages)
+                    .build()
+                    .map_err(build)?,
+            );
+        }
+        let created = match req.send().await {
+            Ok(_) => true,
+            // Someone else created it meanwhile.
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|s| s.is_resource_in_use_exception()) =>
+            {
+                false
+            }
+            Err(e) => return Err(map_sdk(e, table.ctx("CreateTable"))),
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            let status = table.describe_existing().await?.table_status;
+            if status == Some(TableStatus::Active) {
+                break;
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(Error::unavailable(format!(
+                    "table {} at {} did not become active within 120 s",
+                    cfg.table, table.endpoint
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        if let (true, Some(attr)) = (created, &cfg.ttl_attribute) {
+            let spec = TimeToLiveSpecification::builder()
+                .enabled(true)
+                .attribute_name(attr)
+                .build()
+                .map_err(build)?;
+            let res = table
+                .client
+                .update_time_to_live()
+                .table_name(&cfg.table)
+                .time_to_live_specification(spec)
+                .send()
+                .await;
+            if let Err(e) = res {
+                // Reads filter expired items anyway; only the clean-up is lost.
+                let e = map_sdk(e, table.ctx("UpdateTimeToLive"));
+                tracing::warn!(table = %cfg.table, error = %e, "could not enable TTL");
             }
         }
+        tracing::info!(table = %cfg.table, created, with_stream, "table ready");
+        Ok(created)
     }
-    out
+}
+
+/// The ARN of the table's stream when it carries new images.
+pub(crate) fn usable_stream(table: &TableDescription) -> Option<String> {
+    let spec = table.stream_specification()?;
+    let images = matches!(
+        spec.stream_view_type(),
+        Some(StreamViewType::NewImage) | Some(StreamViewType::NewAndOldImages)
+    );
+    (spec.stream_enabled() && images)
+        .then(|| table.latest_stream_arn().map(str::to_string))
+        .flatten()
 }
 
 /// A `ClientRequestToken` unique to this call: 32 hex digits from the time,
@@ -298,187 +545,9 @@ async fn sdk_config(cfg: &DynamoDbConfig) -> (aws_config::SdkConfig, String) {
     (sdk, region)
 }
 
-/// The clients and settings for `cfg`.
-pub(crate) async fn clients(cfg: &DynamoDbConfig) -> Core {
-    let (sdk, region) = sdk_config(cfg).await;
-    let ddb = aws_sdk_dynamodb::config::Builder::from(&sdk)
-        .region(Region::new(region.clone()))
-        .build();
-    let streams = aws_sdk_dynamodbstreams::config::Builder::from(&sdk)
-        .region(aws_sdk_dynamodbstreams::config::Region::new(region.clone()))
-        .build();
-    Core {
-        endpoint: cfg.endpoint_name(&region),
-        cfg: cfg.clone(),
-        client: aws_sdk_dynamodb::Client::from_conf(ddb),
-        streams: aws_sdk_dynamodbstreams::Client::from_conf(streams),
-        clock: Clock::default(),
-    }
-}
-
-impl Core {
-    /// `PutItem` of one endpoint (validated first).
-    pub(crate) async fn put_endpoint(&self, endpoint: Endpoint) -> Result<()> {
-        endpoint.validate()?;
-        let key = endpoint.key();
-        self.client
-            .put_item()
-            .table_name(&self.cfg.table)
-            .set_item(Some(item::encode(&endpoint, self.ttl_write())))
-            .send()
-            .await
-            .map_err(|e| map_sdk(e, self.ctx_key("PutItem", &key)))?;
-        Ok(())
-    }
-
-    /// `DeleteItem` of one key.
-    pub(crate) async fn delete_endpoint(&self, key: &EndpointKey) -> Result<()> {
-        self.client
-            .delete_item()
-            .table_name(&self.cfg.table)
-            .set_key(Some(item::key_item(key)))
-            .send()
-            .await
-            .map_err(|e| map_sdk(e, self.ctx_key("DeleteItem", key)))?;
-        Ok(())
-    }
-
-    /// The endpoints of `service`: a paginated `Query`, sorted by id.
-    pub(crate) async fn query_service(&self, service: &str) -> Result<Vec<Endpoint>> {
-        let mut out = Vec::new();
-        let mut start: Option<Item> = None;
-        let now = item::now_secs();
-        loop {
-            let page = self
-                .client
-                .query()
-                .table_name(&self.cfg.table)
-                .key_condition_expression("#s = :s")
-                .expression_attribute_names("#s", item::SERVICE)
-                .expression_attribute_values(
-                    ":s",
-                    aws_sdk_dynamodb::types::AttributeValue::S(service.to_string()),
-                )
-                .consistent_read(self.cfg.consistent_reads)
-                .set_exclusive_start_key(start.take())
-                .send()
-                .await
-                .map_err(|e| map_sdk(e, self.ctx("Query")))?;
-            out.extend(page.items().iter().filter_map(|i| self.endpoint_of(i, now)));
-            match page.last_evaluated_key {
-                Some(k) if !k.is_empty() => start = Some(k),
-                _ => break,
-            }
-        }
-        // DynamoDB sorts by the bytes of the sort key, as `String` does; sort
-        // anyway so the order never depends on that.
-        out.sort_by(|a, b| a.id.cmp(&b.id));
-        Ok(out)
-    }
-
-    /// Every endpoint: a (parallel) paginated `Scan`, at a version taken
-    /// before it started.
-    pub(crate) async fn scan_all(&self) -> Result<Snapshot> {
-        let version = self.clock.next();
-        let total = self.cfg.scan_segments.max(1);
-        let parts = try_join_all((0..total).map(|s| self.scan_segment(s, total))).await?;
-        Ok(Snapshot::from_endpoints(
-            version,
-            parts.into_iter().flatten(),
-        ))
-    }
-
-    /// What the table offers (a stream watch is added by the registry).
-    pub(crate) fn capabilities(&self) -> Capabilities {
-        Capabilities::default()
-            .with_atomic_writes(true)
-            // Query and Scan read committed items: a reader may see part of a
-            // transaction that is being applied.
-            .with_isolated_reads(false)
-            .with_max_batch(MAX_TRANSACTION_ITEMS)
-            .with_resumable_watch(true)
-    }
-
-    /// Validated ops, merged per key, in transactions of at most 100.
-    pub(crate) async fn apply_ops(&self, ops: Vec<Op>) -> Result<()> {
-        validate_ops(&ops)?;
-        let ops = net_ops(ops);
-        let mut ops = ops.into_iter().peekable();
-        while ops.peek().is_some() {
-            let chunk: Vec<Op> = ops.by_ref().take(MAX_TRANSACTION_ITEMS).collect();
-            self.transact(chunk, &new_token()).await?;
-        }
-        Ok(())
-    }
-}
-
-/// The table's description, `None` when it does not exist.
-pub(crate) async fn describe(core: &Core) -> Result<Option<TableDescription>> {
-    match core
-        .client
-        .describe_table()
-        .table_name(&core.cfg.table)
-        .send()
-        .await
-    {
-        Ok(out) => Ok(out.table),
-        Err(e)
-            if matches!(
-                e.as_service_error(),
-                Some(DescribeTableError::ResourceNotFoundException(_))
-            ) =>
-        {
-            Ok(None)
-        }
-        Err(e) => Err(map_sdk(e, core.ctx("DescribeTable"))),
-    }
-}
-
-/// `NotFound` naming the table and how to create it.
-pub(crate) fn missing(core: &Core) -> Error {
-    Error::not_found(format!(
-        "DynamoDB table {} at {} (create it with DynamoDbRegistry::create_table_if_missing)",
-        core.cfg.table, core.endpoint
-    ))
-}
-
-impl fmt::Display for Core {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "DynamoDb({})", self.cfg.table)
-    }
-}
-
-impl fmt::Debug for Core {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DynamoDb")
-            .field("table", &self.cfg.table)
-            .field("endpoint", &self.endpoint)
-            .finish()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use registry_api::testing::ep;
-    use registry_api::EndpointKey;
-
-    #[test]
-    fn net_ops_keep_the_last_op_per_key_in_first_seen_order() {
-        let ops = vec![
-            Op::Register(ep("s", "a", 1)),
-            Op::Register(ep("s", "b", 1)),
-            Op::Deregister(EndpointKey::new("s", "a")),
-            Op::Register(ep("s", "b", 2)),
-        ];
-        assert_eq!(
-            net_ops(ops),
-            vec![
-                Op::Deregister(EndpointKey::new("s", "a")),
-                Op::Register(ep("s", "b", 2))
-            ]
-        );
-    }
 
     #[test]
     fn tokens_are_unique_and_short() {
@@ -486,16 +555,5 @@ mod tests {
         let b = new_token();
         assert_ne!(a, b);
         assert!(a.len() <= 36);
-    }
-
-    #[test]
-    fn clock_is_strictly_increasing() {
-        let c = Clock::default();
-        let mut last = c.next();
-        for _ in 0..1000 {
-            let v = c.next();
-            assert!(v > last);
-            last = v;
-        }
     }
 }

@@ -5,9 +5,8 @@ mod backend;
 mod config;
 mod core;
 mod error;
-mod item;
+mod layout;
 mod shards;
-mod table;
 mod watch;
 
 pub use crate::core::MAX_TRANSACTION_ITEMS;

@@ -2,20 +2,17 @@
 //! and what each record means for the registry. The watch task
 //! ([`crate::watch`]) drives a [`Reader`] round by round.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use aws_sdk_dynamodb::types::AttributeValue;
 use aws_sdk_dynamodbstreams::error::SdkError;
-use aws_sdk_dynamodbstreams::types::{
-    AttributeValue as StreamValue, OperationType, Record, ShardIteratorType,
-};
+use aws_sdk_dynamodbstreams::types::{OperationType, Record, ShardIteratorType};
 use futures::future::join_all;
 use registry_api::{Endpoint, EndpointKey, Error};
 
-use crate::core::Core;
+use crate::core::Table;
 use crate::error::{is_position_lost, map_sdk};
-use crate::item::{self, Item};
+use crate::layout;
 
 /// How often the shard list is read again when no shard ended.
 const DISCOVERY_INTERVAL: Duration = Duration::from_secs(10);
@@ -58,14 +55,14 @@ pub(crate) struct Reader {
 
 impl Reader {
     /// Open `arn`: list its shards, open shards at `LATEST`.
-    pub(crate) async fn open(core: &Core, arn: &str) -> Result<Self, Stop> {
+    pub(crate) async fn open(table: &Table, arn: &str) -> Result<Self, Stop> {
         let mut r = Reader {
             arn: arn.to_string(),
             shards: BTreeMap::new(),
             last_discovery: Instant::now(),
             shard_ended: false,
         };
-        r.discover(core, true).await?;
+        r.discover(table, true).await?;
         Ok(r)
     }
 
@@ -74,7 +71,7 @@ impl Reader {
         self.shard_ended || self.last_discovery.elapsed() >= DISCOVERY_INTERVAL
     }
 
-    fn fail<E>(core: &Core, op: &'static str, e: SdkError<E>) -> Stop
+    fn fail<E>(table: &Table, op: &'static str, e: SdkError<E>) -> Stop
     where
         E: aws_sdk_dynamodbstreams::error::ProvideErrorMetadata
             + std::error::Error
@@ -88,25 +85,25 @@ impl Reader {
                 aws_sdk_dynamodb::error::DisplayErrorContext(&e)
             ))
         } else {
-            Stop::Failed(map_sdk(e, core.ctx(op)))
+            Stop::Failed(map_sdk(e, table.ctx(op)))
         }
     }
 
     /// Read the shard list; `initial`: open shards start at `LATEST`,
     /// closed ones count as read. Later, new shards start at
     /// `TRIM_HORIZON` once their parent is finished.
-    pub(crate) async fn discover(&mut self, core: &Core, initial: bool) -> Result<(), Stop> {
+    pub(crate) async fn discover(&mut self, table: &Table, initial: bool) -> Result<(), Stop> {
         let mut listed = BTreeSet::new();
         let mut start: Option<String> = None;
         loop {
-            let out = core
+            let out = table
                 .streams
                 .describe_stream()
                 .stream_arn(&self.arn)
                 .set_exclusive_start_shard_id(start.take())
                 .send()
                 .await
-                .map_err(|e| Self::fail(core, "Streams.DescribeStream", e))?;
+                .map_err(|e| Self::fail(table, "Streams.DescribeStream", e))?;
             let Some(desc) = out.stream_description else {
                 break;
             };
@@ -129,7 +126,7 @@ impl Reader {
                         shard.finished = true;
                     } else {
                         shard.iterator = self
-                            .iterator(core, id, ShardIteratorType::Latest, None)
+                            .iterator(table, id, ShardIteratorType::Latest, None)
                             .await?;
                     }
                 }
@@ -154,7 +151,7 @@ impl Reader {
             .collect();
         for id in ready {
             let it = self
-                .iterator(core, &id, ShardIteratorType::TrimHorizon, None)
+                .iterator(table, &id, ShardIteratorType::TrimHorizon, None)
                 .await?;
             if let Some(s) = self.shards.get_mut(&id) {
                 s.iterator = it;
@@ -173,12 +170,12 @@ impl Reader {
 
     async fn iterator(
         &self,
-        core: &Core,
+        table: &Table,
         shard: &str,
         kind: ShardIteratorType,
         seq: Option<&str>,
     ) -> Result<Option<String>, Stop> {
-        let out = core
+        let out = table
             .streams
             .get_shard_iterator()
             .stream_arn(&self.arn)
@@ -187,14 +184,14 @@ impl Reader {
             .set_sequence_number(seq.map(str::to_string))
             .send()
             .await
-            .map_err(|e| Self::fail(core, "Streams.GetShardIterator", e))?;
+            .map_err(|e| Self::fail(table, "Streams.GetShardIterator", e))?;
         Ok(out.shard_iterator)
     }
 
     /// One `GetRecords` per active shard, concurrently. Returns the changes
     /// read (in shard order, each shard's in stream order) and the first
     /// failure, if any; shards that succeeded keep their progress.
-    pub(crate) async fn round(&mut self, core: &Core) -> (Vec<Change>, Option<Stop>) {
+    pub(crate) async fn round(&mut self, table: &Table) -> (Vec<Change>, Option<Stop>) {
         let active: Vec<(String, String)> = self
             .shards
             .iter()
@@ -202,14 +199,15 @@ impl Reader {
             .filter_map(|(id, s)| Some((id.clone(), s.iterator.clone()?)))
             .collect();
         let calls = active.iter().map(|(_, it)| {
-            core.streams
+            table
+                .streams
                 .get_records()
                 .shard_iterator(it)
                 .limit(RECORDS_PER_CALL)
                 .send()
         });
         let results = join_all(calls).await;
-        let now = item::now_secs();
+        let now = layout::now_secs();
         let mut changes = Vec::new();
         let mut failure = None;
         for ((id, _), res) in active.into_iter().zip(results) {
@@ -222,7 +220,7 @@ impl Reader {
                         if let Some(seq) = rec.dynamodb().and_then(|d| d.sequence_number()) {
                             shard.last_seq = Some(seq.to_string());
                         }
-                        changes.extend(change_of(core, rec, now));
+                        changes.extend(change_of(table, rec, now));
                     }
                     shard.iterator = out.next_shard_iterator;
                     if shard.iterator.is_none() {
@@ -237,7 +235,7 @@ impl Reader {
                         Some(seq) => {
                             tracing::info!(shard = %id, seq, "shard iterator lost; resuming after the last sequence number");
                             self.iterator(
-                                core,
+                                table,
                                 &id,
                                 ShardIteratorType::AfterSequenceNumber,
                                 Some(&seq),
@@ -260,7 +258,7 @@ impl Reader {
                     }
                 }
                 Err(e) => {
-                    failure.get_or_insert(Self::fail(core, "Streams.GetRecords", e));
+                    failure.get_or_insert(Self::fail(table, "Streams.GetRecords", e));
                 }
             }
         }
@@ -270,67 +268,23 @@ impl Reader {
 
 /// What one stream record means for the registry. A new image that expired
 /// or is not a valid endpoint counts as a removal, as reads skip it.
-fn change_of(core: &Core, rec: &Record, now: u64) -> Option<Change> {
+fn change_of(table: &Table, rec: &Record, now: u64) -> Option<Change> {
     let data = rec.dynamodb()?;
     match rec.event_name()? {
         OperationType::Insert | OperationType::Modify => {
             let Some(image) = data.new_image() else {
-                tracing::warn!(table = %core.cfg.table, "stream record without a new image; is the stream KEYS_ONLY?");
+                tracing::warn!(table = %table.cfg.table, "stream record without a new image; is the stream KEYS_ONLY?");
                 return None;
             };
-            let image = convert(image);
-            match core.endpoint_of(&image, now) {
+            let image = layout::from_stream_image(image);
+            match table.endpoint_of(&image, now) {
                 Some(e) => Some(Change::Put(e)),
-                None => item::decode_key(&image).map(Change::Remove),
+                None => layout::decode_key(&image).map(Change::Remove),
             }
         }
-        OperationType::Remove => item::decode_key(&convert(data.keys()?)).map(Change::Remove),
+        OperationType::Remove => {
+            layout::decode_key(&layout::from_stream_image(data.keys()?)).map(Change::Remove)
+        }
         _ => None,
-    }
-}
-
-/// A Streams image as a DynamoDB item (the two SDKs have their own types).
-fn convert(image: &HashMap<String, StreamValue>) -> Item {
-    image.iter().map(|(k, v)| (k.clone(), value(v))).collect()
-}
-
-fn value(v: &StreamValue) -> AttributeValue {
-    match v {
-        StreamValue::S(s) => AttributeValue::S(s.clone()),
-        StreamValue::N(n) => AttributeValue::N(n.clone()),
-        StreamValue::Bool(b) => AttributeValue::Bool(*b),
-        StreamValue::Null(n) => AttributeValue::Null(*n),
-        StreamValue::B(b) => AttributeValue::B(b.clone()),
-        StreamValue::Ss(v) => AttributeValue::Ss(v.clone()),
-        StreamValue::Ns(v) => AttributeValue::Ns(v.clone()),
-        StreamValue::Bs(v) => AttributeValue::Bs(v.clone()),
-        StreamValue::L(v) => AttributeValue::L(v.iter().map(value).collect()),
-        StreamValue::M(m) => AttributeValue::M(convert(m)),
-        _ => AttributeValue::Null(true),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use registry_api::Endpoint;
-
-    #[test]
-    fn stream_images_convert_to_items() {
-        let image = HashMap::from([
-            ("service".to_string(), StreamValue::S("s".into())),
-            ("id".to_string(), StreamValue::S("a".into())),
-            ("address".to_string(), StreamValue::S("h".into())),
-            ("port".to_string(), StreamValue::N("80".into())),
-            (
-                "labels".to_string(),
-                StreamValue::M(HashMap::from([(
-                    "k".to_string(),
-                    StreamValue::S("v".into()),
-                )])),
-            ),
-        ]);
-        let e = item::decode(&convert(&image)).expect("decode");
-        assert_eq!(e, Endpoint::new("s", "a", "h", 80).with_label("k", "v"));
     }
 }

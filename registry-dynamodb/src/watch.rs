@@ -44,29 +44,28 @@
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use registry_api::{
-    backend::{diff, Hub},
+    backend::{backoff, diff, Hub, VersionClock},
     Error, Event, EventStream, Snapshot, Version,
 };
 
-use crate::core::{describe, missing};
-use crate::core::{Clock, Core};
+use crate::core::Table;
 use crate::shards::{Change, Reader, Stop};
-use crate::table::usable_stream;
 
 /// The stream watch of one registry.
 pub(crate) struct StreamWatch {
-    core: Arc<Core>,
+    table: Arc<Table>,
     arn: String,
     hub: Arc<Hub>,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl StreamWatch {
-    pub(crate) fn new(core: Arc<Core>, arn: String) -> Self {
-        let hub = Arc::new(Hub::pending(Hub::DEFAULT_BUFFER, core.cfg.watch_history));
+    pub(crate) fn new(table: Arc<Table>, arn: String) -> Self {
+        let hub = Arc::new(Hub::pending(Hub::DEFAULT_BUFFER, table.cfg.watch_history));
         Self {
-            core,
+            table,
             arn,
             hub,
             task: Mutex::new(None),
@@ -78,7 +77,7 @@ impl StreamWatch {
             let mut task = self.task.lock().unwrap_or_else(|p| p.into_inner());
             if task.is_none() {
                 *task = Some(tokio::spawn(run(
-                    Arc::clone(&self.core),
+                    Arc::clone(&self.table),
                     self.arn.clone(),
                     Arc::downgrade(&self.hub),
                 )));
@@ -101,10 +100,30 @@ impl Drop for StreamWatch {
     }
 }
 
+/// The watch of a registry that does not follow its table's stream (the
+/// table had no usable stream at `connect`, or [`crate::WatchMode::Polling`]):
+/// one `InvalidInput` error naming the table and saying how to watch it,
+/// then the end of the stream.
+pub(crate) fn unwatched(table: &Table) -> EventStream {
+    let error = Error::invalid(
+        "watch",
+        format!(
+            "DynamoDB table {} at {} is not watched by this registry (it had no stream with new \
+             images when the registry connected, or WatchMode::Polling is set); wrap the \
+             registry with registry_api::stack::stack, which polls it \
+             (registry_api::polling::Polling), or enable a NEW_IMAGE or NEW_AND_OLD_IMAGES \
+             stream on the table and connect again",
+            table.cfg.table, table.endpoint
+        ),
+    );
+    futures::stream::once(async move { Err(error) }).boxed()
+}
+
 /// How often the table is described to see that it, and its stream, are
 /// still the ones being read.
-fn table_check_interval(core: &Core) -> Duration {
-    core.cfg
+fn table_check_interval(table: &Table) -> Duration {
+    table
+        .cfg
         .poll_interval
         .clamp(Duration::from_secs(1), Duration::from_secs(60))
 }
@@ -118,8 +137,8 @@ struct Health {
 
 impl Health {
     /// Report `e` to every watcher (when there is a state to keep) and log it.
-    fn report(&mut self, core: &Core, hub: &Weak<Hub>, e: Error, what: &str) {
-        tracing::warn!(table = %core.cfg.table, error = %e, "{what}; reporting it to watchers");
+    fn report(&mut self, table: &Table, hub: &Weak<Hub>, e: Error, what: &str) {
+        tracing::warn!(table = %table.cfg.table, error = %e, "{what}; reporting it to watchers");
         if let Some(hub) = hub.upgrade() {
             if hub.is_ready() {
                 hub.report_error(e);
@@ -129,94 +148,99 @@ impl Health {
     }
 }
 
-async fn run(core: Arc<Core>, arn: String, hub: Weak<Hub>) {
+/// The first and the longest pause before a failed step is tried again.
+const RETRY_MIN: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(10);
+
+/// The pauses between the attempts of a failing step.
+fn retry_delays() -> impl Iterator<Item = Duration> {
+    backoff(RETRY_MIN, RETRY_MAX)
+}
+
+async fn run(table: Arc<Table>, arn: String, hub: Weak<Hub>) {
     let mut health = Health { failed: false };
     // `None`: the table has no usable stream; poll it.
     let mut arn = Some(arn);
     let mut locate = false;
-    let mut pause = Duration::from_millis(100);
+    let mut delays = retry_delays();
     loop {
         if hub.strong_count() == 0 {
             return;
         }
         if locate {
-            match locate_stream(&core).await {
+            match table.locate_stream().await {
                 Ok(found) => {
                     if found != arn {
-                        tracing::info!(table = %core.cfg.table, old = ?arn, new = ?found, "the table's stream changed; following the current one");
+                        tracing::info!(table = %table.cfg.table, old = ?arn, new = ?found, "the table's stream changed; following the current one");
                     }
                     arn = found;
                     locate = false;
                 }
                 Err(e) => {
-                    health.report(&core, &hub, e, "looking for the table's stream failed");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(10));
+                    health.report(&table, &hub, e, "looking for the table's stream failed");
+                    tokio::time::sleep(delays.next().unwrap_or(RETRY_MAX)).await;
                     continue;
                 }
             }
         }
         let stop = match &arn {
-            Some(a) => follow(&core, a, &hub, &mut health).await,
-            None => poll(&core, &hub, &mut health).await,
+            Some(a) => follow(&table, a, &hub, &mut health).await,
+            None => poll(&table, &hub, &mut health).await,
         };
         match stop {
             Ok(()) => return,
             Err(Stop::Lost(why)) => {
-                tracing::info!(table = %core.cfg.table, why, "stream position lost; resyncing from a fresh snapshot");
+                tracing::info!(table = %table.cfg.table, why, "stream position lost; resyncing from a fresh snapshot");
             }
             Err(Stop::StreamBack(found)) => {
-                tracing::info!(table = %core.cfg.table, stream = %found, "the table has a stream again; following it");
+                tracing::info!(table = %table.cfg.table, stream = %found, "the table has a stream again; following it");
                 arn = Some(found);
             }
             Err(Stop::Failed(e)) => {
                 if !health.failed {
-                    pause = Duration::from_millis(100);
+                    delays = retry_delays();
                 }
-                health.report(&core, &hub, e, "following the table's changes failed");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(10));
+                health.report(&table, &hub, e, "following the table's changes failed");
+                tokio::time::sleep(delays.next().unwrap_or(RETRY_MAX)).await;
                 locate = true;
             }
         }
     }
 }
 
-/// The table's current usable stream (`None`: it has none), or `NotFound`
-/// when the table is gone.
-async fn locate_stream(core: &Core) -> Result<Option<String>, Error> {
-    let table = describe(core).await?.ok_or_else(|| missing(core))?;
-    Ok(usable_stream(&table))
-}
-
 /// One life of the reader: open, snapshot, then rounds until the hub is
 /// gone (`Ok`), the position is lost or the feed fails.
-async fn follow(core: &Core, arn: &str, hub: &Weak<Hub>, health: &mut Health) -> Result<(), Stop> {
-    let mut reader = Reader::open(core, arn).await?;
-    let fresh = core.scan_all().await.map_err(Stop::Failed)?;
+async fn follow(
+    table: &Table,
+    arn: &str,
+    hub: &Weak<Hub>,
+    health: &mut Health,
+) -> Result<(), Stop> {
+    let mut reader = Reader::open(table, arn).await?;
+    let fresh = table.scan_all().await.map_err(Stop::Failed)?;
     {
         let Some(hub) = hub.upgrade() else {
             return Ok(());
         };
-        publish_fresh(&hub, &core.clock, fresh, health.failed);
+        publish_fresh(&hub, &table.clock, fresh, health.failed);
         health.failed = false;
     }
-    let check_every = table_check_interval(core);
+    let check_every = table_check_interval(table);
     let mut last_check = Instant::now();
-    let mut pause = Duration::from_millis(100);
+    let mut delays = retry_delays();
     // Since when reading fails, and what was read meanwhile (published
     // with the snapshot that ends the failure).
     let mut failing: Option<Instant> = None;
     let mut held: Vec<Change> = Vec::new();
     loop {
-        let (changes, mut failure) = reader.round(core).await;
+        let (changes, mut failure) = reader.round(table).await;
         let found = !changes.is_empty();
         if failure.is_none() && reader.needs_discovery() {
-            failure = reader.discover(core, false).await.err();
+            failure = reader.discover(table, false).await.err();
         }
         if failure.is_none() && last_check.elapsed() >= check_every {
             last_check = Instant::now();
-            failure = check_table(core, arn).await;
+            failure = check_table(table, arn).await;
         }
         let Some(strong) = hub.upgrade() else {
             return Ok(());
@@ -224,21 +248,21 @@ async fn follow(core: &Core, arn: &str, hub: &Weak<Hub>, health: &mut Health) ->
         match failure {
             None if failing.is_some() => {
                 held.extend(changes);
-                tracing::info!(table = %core.cfg.table, "reading the stream works again; sending a fresh snapshot");
-                publish_snapshot_with(&strong, &core.clock, std::mem::take(&mut held));
+                tracing::info!(table = %table.cfg.table, "reading the stream works again; sending a fresh snapshot");
+                publish_snapshot_with(&strong, &table.clock, std::mem::take(&mut held));
                 health.failed = false;
                 failing = None;
-                pause = Duration::from_millis(100);
+                delays = retry_delays();
             }
             None => {
-                publish_changes(&strong, &core.clock, changes);
-                pause = Duration::from_millis(100);
+                publish_changes(&strong, &table.clock, changes);
+                delays = retry_delays();
             }
             Some(Stop::Failed(e)) if e.is_retryable() => {
                 if failing.is_some() {
                     held.extend(changes);
                 } else {
-                    publish_changes(&strong, &core.clock, changes);
+                    publish_changes(&strong, &table.clock, changes);
                 }
                 drop(strong);
                 let since = *failing.get_or_insert_with(Instant::now);
@@ -247,20 +271,19 @@ async fn follow(core: &Core, arn: &str, hub: &Weak<Hub>, health: &mut Health) ->
                     // and start over (reported by `run`).
                     return Err(Stop::Failed(e));
                 }
-                health.report(core, hub, e, "reading the stream failed; retrying");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(10));
+                health.report(table, hub, e, "reading the stream failed; retrying");
+                tokio::time::sleep(delays.next().unwrap_or(RETRY_MAX)).await;
                 continue;
             }
             Some(stop) => {
                 if failing.is_none() {
-                    publish_changes(&strong, &core.clock, changes);
+                    publish_changes(&strong, &table.clock, changes);
                 }
                 return Err(stop);
             }
         }
         if !found {
-            tokio::time::sleep(core.cfg.stream_poll_interval).await;
+            tokio::time::sleep(table.cfg.stream_poll_interval).await;
         }
     }
 }
@@ -268,23 +291,23 @@ async fn follow(core: &Core, arn: &str, hub: &Weak<Hub>, health: &mut Health) ->
 /// published as the difference (whole after a reported failure), until
 /// the table has a usable stream again (`StreamBack`), the hub is gone
 /// (`Ok`) or a read fails.
-async fn poll(core: &Core, hub: &Weak<Hub>, health: &mut Health) -> Result<(), Stop> {
-    let check_every = table_check_interval(core);
+async fn poll(table: &Table, hub: &Weak<Hub>, health: &mut Health) -> Result<(), Stop> {
+    let check_every = table_check_interval(table);
     let mut last_check = Instant::now();
-    tracing::info!(table = %core.cfg.table, interval = ?core.cfg.poll_interval, "the table has no usable stream; polling it");
+    tracing::info!(table = %table.cfg.table, interval = ?table.cfg.poll_interval, "the table has no usable stream; polling it");
     loop {
-        let fresh = core.scan_all().await.map_err(Stop::Failed)?;
+        let fresh = table.scan_all().await.map_err(Stop::Failed)?;
         {
             let Some(hub) = hub.upgrade() else {
                 return Ok(());
             };
-            publish_fresh(&hub, &core.clock, fresh, health.failed);
+            publish_fresh(&hub, &table.clock, fresh, health.failed);
             health.failed = false;
         }
-        tokio::time::sleep(core.cfg.poll_interval).await;
+        tokio::time::sleep(table.cfg.poll_interval).await;
         if last_check.elapsed() >= check_every {
             last_check = Instant::now();
-            if let Some(arn) = locate_stream(core).await.map_err(Stop::Failed)? {
+            if let Some(arn) = table.locate_stream().await.map_err(Stop::Failed)? {
                 return Err(Stop::StreamBack(arn));
             }
         }
@@ -295,19 +318,19 @@ async fn poll(core: &Core, hub: &Weak<Hub>, health: &mut Health) -> Result<(), S
 /// is; a lost feed (`NotFound`) when the table is gone or has another
 /// stream. A transient failure of the check itself is only logged (reading
 /// the stream reports those).
-async fn check_table(core: &Core, arn: &str) -> Option<Stop> {
-    match locate_stream(core).await {
+async fn check_table(table: &Table, arn: &str) -> Option<Stop> {
+    match table.locate_stream().await {
         Ok(Some(current)) if current == arn => None,
         Ok(current) => Some(Stop::Failed(Error::not_found(format!(
             "the stream {arn} of DynamoDB table {}: the table now has {}",
-            core.cfg.table,
+            table.cfg.table,
             current.map_or_else(
                 || "no usable stream".to_string(),
                 |c| format!("the stream {c}")
             )
         )))),
         Err(e) if e.is_retryable() => {
-            tracing::debug!(table = %core.cfg.table, error = %e, "could not check the table");
+            tracing::debug!(table = %table.cfg.table, error = %e, "could not check the table");
             None
         }
         Err(e) => Some(Stop::Failed(e)),
@@ -317,14 +340,14 @@ async fn check_table(core: &Core, arn: &str) -> Option<Stop> {
 /// A fresh scan: as an [`Event::Snapshot`] the first time or when `whole`
 /// (after a reported failure), otherwise as the difference to what
 /// watchers hold, so they need not start over.
-fn publish_fresh(hub: &Hub, clock: &Clock, fresh: Snapshot, whole: bool) {
+fn publish_fresh(hub: &Hub, clock: &VersionClock, fresh: Snapshot, whole: bool) {
     if !hub.is_ready() || whole {
         hub.publish([Event::Snapshot(fresh)]);
         return;
     }
     let events: Vec<Event> = diff(&hub.current(), &fresh)
         .into_iter()
-        .map(|ev| restamp(ev, clock.next()))
+        .map(|ev| ev.with_version(clock.next()))
         .collect();
     if !events.is_empty() {
         tracing::info!(
@@ -337,7 +360,7 @@ fn publish_fresh(hub: &Hub, clock: &Clock, fresh: Snapshot, whole: bool) {
 
 /// The state watchers hold with `changes` applied, published whole: the
 /// end of a failure after which no position was lost.
-fn publish_snapshot_with(hub: &Hub, clock: &Clock, changes: Vec<Change>) {
+fn publish_snapshot_with(hub: &Hub, clock: &VersionClock, changes: Vec<Change>) {
     let mut state = Snapshot::clone(&hub.current());
     for change in changes {
         match change {
@@ -353,18 +376,9 @@ fn publish_snapshot_with(hub: &Hub, clock: &Clock, changes: Vec<Change>) {
     hub.publish([Event::Snapshot(state.at_version(clock.next()))]);
 }
 
-fn restamp(ev: Event, version: Version) -> Event {
-    match ev {
-        Event::Added { endpoint, .. } => Event::Added { version, endpoint },
-        Event::Updated { endpoint, .. } => Event::Updated { version, endpoint },
-        Event::Removed { key, .. } => Event::Removed { version, key },
-        snapshot @ Event::Snapshot(_) => snapshot,
-    }
-}
-
 /// Turn changes into events relative to the hub's state, dropping those
 /// that change nothing.
-fn publish_changes(hub: &Hub, clock: &Clock, changes: Vec<Change>) {
+fn publish_changes(hub: &Hub, clock: &VersionClock, changes: Vec<Change>) {
     if changes.is_empty() {
         return;
     }
@@ -418,7 +432,7 @@ mod tests {
     async fn changes_become_events_relative_to_the_state() {
         use futures::StreamExt;
         let hub = Arc::new(Hub::pending(64, 64));
-        let clock = Clock::default();
+        let clock = VersionClock::new();
         let a = ep("s", "a", 1);
         publish_fresh(
             &hub,
@@ -474,7 +488,7 @@ mod tests {
     async fn after_a_reported_failure_the_state_is_sent_whole() {
         use futures::StreamExt;
         let hub = Arc::new(Hub::pending(64, 64));
-        let clock = Clock::default();
+        let clock = VersionClock::new();
         let (a, b) = (ep("s", "a", 1), ep("s", "b", 2));
         publish_fresh(
             &hub,

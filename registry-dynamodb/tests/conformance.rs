@@ -1,5 +1,6 @@
 //! The registry-api conformance suite against moto: once on tables with a
-//! stream (native watch) and once on tables without (polling every 50 ms).
+//! stream (native watch) and once on tables without (`Polling` every 50 ms,
+//! as `registry_api::stack::stack` wraps such a registry).
 //! Each check gets a table of its own on one shared moto server.
 
 #![allow(clippy::unwrap_used)]
@@ -19,7 +20,7 @@ async fn lose_history(h: &Harness) {
         .apply(eps.iter().cloned().map(Op::Register).collect())
         .await
         .unwrap();
-    let mut w = h.reg.watch(None);
+    let mut w = h.watch(None);
     let Event::Snapshot(mut state) = next_event(&mut w, "snapshot").await else {
         panic!("watch(None) did not start with a snapshot");
     };

@@ -1,5 +1,5 @@
-//! DynamoDB-specific behaviour against moto: transaction chunking and
-//! merging, idempotency tokens, error mapping, TTL filtering, liveness.
+//! DynamoDB-specific behaviour against moto: the batch rule, transactions
+//! and merging, idempotency tokens, error mapping, TTL filtering, liveness.
 
 #![allow(clippy::unwrap_used)]
 
@@ -24,8 +24,10 @@ use registry_dynamodb::aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWr
 use registry_dynamodb::{DynamoDbConfig, DynamoDbRegistry};
 use registry_tests::MotoServer;
 
+/// The batch rule: 101 ops are refused before anything is sent; 100 ops
+/// are one transaction, with a token of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn batch_of_250_ops_is_three_transactions_all_applied() {
+async fn batch_over_100_ops_is_refused_and_100_are_one_transaction() {
     let moto = common::shared_moto();
     let proxy = RecordingProxy::start(moto.url()).await;
     let cfg = config(&proxy.url);
@@ -33,34 +35,41 @@ async fn batch_of_250_ops_is_three_transactions_all_applied() {
         .await
         .unwrap();
     let reg = DynamoDbRegistry::connect(cfg).await.unwrap();
+    assert_eq!(reg.max_batch(), 100);
     let svc = unique("big-batch");
-    let eps: Vec<Endpoint> = (0..250u16)
+    let eps: Vec<Endpoint> = (0..200u16)
         .map(|i| ep(&svc, &format!("e{i:03}"), 1000 + i))
         .collect();
-    assert_eq!(proxy.count(TRANSACT_TARGET), 0);
-    reg.apply(eps.iter().cloned().map(Op::Register).collect())
-        .await
-        .unwrap();
-    assert_eq!(
-        proxy.count(TRANSACT_TARGET),
-        3,
-        "250 ops should take 3 TransactWriteItems"
+    let register =
+        |eps: &[Endpoint]| -> Vec<Op> { eps.iter().cloned().map(Op::Register).collect() };
+    assert_kind(
+        reg.apply(register(&eps[..101])).await,
+        ErrorKind::InvalidInput,
     );
+    assert_eq!(proxy.count(TRANSACT_TARGET), 0, "a refused batch was sent");
+    assert!(reg.list(&svc).await.unwrap().is_empty());
+    assert_kind(
+        reg.apply_with_token(register(&eps[..101]), "token-1").await,
+        ErrorKind::InvalidInput,
+    );
+    assert_eq!(proxy.count(TRANSACT_TARGET), 0, "a refused batch was sent");
+
+    reg.apply(register(&eps[..100])).await.unwrap();
+    assert_eq!(proxy.count(TRANSACT_TARGET), 1, "100 ops, one transaction");
+    reg.apply(register(&eps[100..])).await.unwrap();
+    assert_eq!(proxy.count(TRANSACT_TARGET), 2);
     let tokens = proxy.string_fields("ClientRequestToken");
-    assert_eq!(tokens.len(), 3, "one token per transaction: {tokens:?}");
-    assert!(
-        tokens[0] != tokens[1] && tokens[1] != tokens[2] && tokens[0] != tokens[2],
-        "{tokens:?}"
-    );
+    assert_eq!(tokens.len(), 2, "one token per transaction: {tokens:?}");
+    assert_ne!(tokens[0], tokens[1]);
     assert_eq!(reg.list(&svc).await.unwrap(), eps);
     assert_eq!(reg.snapshot().await.unwrap().list(&svc), eps);
 
-    // 100 distinct keys fit one transaction, however many ops name them.
-    let mut ops: Vec<Op> = eps[..100].iter().cloned().map(Op::Register).collect();
-    ops.extend(eps[..100].iter().map(|e| Op::Deregister(e.key())));
+    // Ops on one key are merged: 100 ops on 50 keys are one transaction.
+    let mut ops = register(&eps[..50]);
+    ops.extend(eps[..50].iter().map(|e| Op::Deregister(e.key())));
     reg.apply(ops).await.unwrap();
-    assert_eq!(proxy.count(TRANSACT_TARGET), 4);
-    assert_eq!(reg.list(&svc).await.unwrap(), eps[100..].to_vec());
+    assert_eq!(proxy.count(TRANSACT_TARGET), 3);
+    assert_eq!(reg.list(&svc).await.unwrap(), eps[50..].to_vec());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -391,11 +400,24 @@ async fn a_table_recreated_between_two_checks_is_not_mistaken_for_the_old_one() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_polled_table_reports_failed_polls() {
-    // Without a stream the registry polls (registry_api::polling::Polling inside).
+    // Without a stream the registry does not watch: its own watch says so,
+    // naming the table, and `Polling` (as `stack()` adds it) polls it.
     let h = Harness::new(false).await;
+    assert!(!h.reg.capabilities().native_watch);
+    let mut own = h.reg.watch(None);
+    let err = assert_kind(
+        next_item(&mut own, "the watch's refusal").await,
+        ErrorKind::InvalidInput,
+    );
+    assert!(err.to_string().contains(&h.cfg.table), "{err}");
+    assert!(
+        err.to_string().contains("registry_api::stack::stack"),
+        "{err}"
+    );
+    assert!(own.next().await.is_none(), "the refusal ends the stream");
     let svc = unique("polled");
     h.reg.register(ep(&svc, "a", 1)).await.unwrap();
-    let mut w = h.reg.watch(None);
+    let mut w = h.watch(None);
     let Event::Snapshot(mut state) = next_event(&mut w, "snapshot").await else {
         panic!("no snapshot first");
     };
@@ -571,10 +593,13 @@ async fn stream_watch_sees_batches_and_other_writers() {
     let eps: Vec<Endpoint> = (0..150u16)
         .map(|i| ep(&svc, &format!("e{i:03}"), 1 + i))
         .collect();
-    h.reg
-        .apply(eps.iter().cloned().map(Op::Register).collect())
-        .await
-        .unwrap();
+    // Two batches (at most 100 ops each), two transactions.
+    for chunk in eps.chunks(100) {
+        h.reg
+            .apply(chunk.iter().cloned().map(Op::Register).collect())
+            .await
+            .unwrap();
+    }
     let seen = follow_until(&mut w, &mut state, &svc, &eps).await;
     assert_eq!(seen.len(), 150, "each endpoint added once");
     // A second registry on the same table (another process) writes; this

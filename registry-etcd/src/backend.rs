@@ -7,13 +7,13 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use etcd_client::Client;
 use registry_api::{
-    backend::{check_name, validate_ops},
+    backend::{check_batch, check_name},
     Batch, Capabilities, Endpoint, EndpointKey, EventStream, Heartbeat, Op, Registry, Result,
     Snapshot, Version, Watch,
 };
 
 use crate::config::EtcdConfig;
-use crate::core::Inner;
+use crate::core::Keyspace;
 
 /// A registry stored in etcd.
 ///
@@ -31,9 +31,11 @@ use crate::core::Inner;
 ///   consumer learns the source is healthy again and misses nothing). It
 ///   ends only when the consumer drops it or etcd refuses it for good (a
 ///   last `Err` item says why).
-/// - `apply()` writes the net effect of the batch per key (a later op on a
-///   key wins) in one `Txn` per [`EtcdConfig::max_batch`] operations (and
-///   [`EtcdConfig::max_txn_bytes`] bytes); each `Txn` is atomic.
+/// - `apply()` refuses more than [`EtcdConfig::max_batch`] ops
+///   (`InvalidInput` naming `ops`, nothing written), and writes the net
+///   effect of the batch per key (a later op on a key wins) in one `Txn`,
+///   or one per [`EtcdConfig::max_txn_bytes`] bytes when it is larger;
+///   each `Txn` is atomic.
 /// - An endpoint with a non-empty `node` is attached to that node's lease
 ///   (one per node, granted on first use, TTL [`EtcdConfig::lease_ttl`]).
 ///   `heartbeat(node)` keeps the lease alive: when a node stops
@@ -45,7 +47,7 @@ use crate::core::Inner;
 /// Cloning is cheap and clones share the connection and the leases.
 #[derive(Clone)]
 pub struct EtcdRegistry {
-    inner: Arc<Inner>,
+    keyspace: Arc<Keyspace>,
 }
 
 impl EtcdRegistry {
@@ -56,42 +58,42 @@ impl EtcdRegistry {
     /// password is refused, `InvalidInput` for a malformed configuration.
     pub async fn connect(cfg: EtcdConfig) -> Result<Self> {
         Ok(Self {
-            inner: Inner::connect(cfg).await?,
+            keyspace: Keyspace::connect(cfg).await?,
         })
     }
 
     /// The configuration this registry was opened with.
     pub fn config(&self) -> &EtcdConfig {
-        &self.inner.cfg
+        &self.keyspace.cfg
     }
 
     /// The underlying etcd client (for operations this crate does not
     /// offer, such as compaction).
     pub fn client(&self) -> &Client {
-        &self.inner.client
+        &self.keyspace.client
     }
 
     /// The etcd key under which the endpoint with `key` is stored.
     pub fn key_of(&self, key: &EndpointKey) -> String {
-        self.inner.layout.key(key)
+        self.keyspace.layout.key(key)
     }
 
     /// The lease currently attached to `node`'s endpoints, if any.
     pub async fn lease_of(&self, node: &str) -> Option<i64> {
-        self.inner.lease_of(node).await
+        self.keyspace.lease_of(node).await
     }
 }
 
 impl fmt::Display for EtcdRegistry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Etcd({})", self.inner.cfg.normalized_prefix())
+        write!(f, "Etcd({})", self.keyspace.cfg.normalized_prefix())
     }
 }
 
 impl fmt::Debug for EtcdRegistry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EtcdRegistry")
-            .field("config", &self.inner.cfg)
+            .field("config", &self.keyspace.cfg)
             .finish_non_exhaustive()
     }
 }
@@ -100,30 +102,28 @@ impl fmt::Debug for EtcdRegistry {
 impl Registry for EtcdRegistry {
     async fn register(&self, endpoint: Endpoint) -> Result<()> {
         endpoint.validate()?;
-        self.inner.commit(vec![Op::Register(endpoint)]).await
+        self.keyspace.commit(vec![Op::Register(endpoint)]).await
     }
 
     async fn deregister(&self, key: &EndpointKey) -> Result<()> {
-        self.inner.commit(vec![Op::Deregister(key.clone())]).await
+        self.keyspace
+            .commit(vec![Op::Deregister(key.clone())])
+            .await
     }
 
     async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
         if service.is_empty() {
             return Ok(Vec::new());
         }
-        let prefix = self.inner.layout.service_prefix(service);
-        let (_, mut eps) = self.inner.read_range(&prefix).await?;
+        let prefix = self.keyspace.layout.service_prefix(service);
+        let (_, mut eps) = self.keyspace.read_range(&prefix).await?;
         eps.retain(|e| e.service == service);
         eps.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(eps)
     }
 
     async fn snapshot(&self) -> Result<Snapshot> {
-        let (revision, eps) = self.inner.read_range(self.inner.layout.root()).await?;
-        Ok(Snapshot::from_endpoints(
-            Version(u64::try_from(revision).unwrap_or(0)),
-            eps,
-        ))
+        self.keyspace.snapshot().await
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -132,7 +132,7 @@ impl Registry for EtcdRegistry {
             .with_resumable_watch(true)
             .with_atomic_writes(true)
             .with_isolated_reads(true)
-            .with_max_batch(self.inner.cfg.max_batch)
+            .with_max_batch(self.keyspace.cfg.max_batch)
             .with_native_liveness(true)
     }
 
@@ -141,24 +141,27 @@ impl Registry for EtcdRegistry {
     /// nothing. `Unavailable` when etcd does not answer, `Unauthorized`
     /// when the user may not read or write the prefix.
     async fn probe(&self) -> Result<()> {
-        self.inner.probe().await
+        self.keyspace.probe().await
     }
 }
 
 impl Watch for EtcdRegistry {
     fn watch(&self, from: Option<Version>) -> EventStream {
-        crate::watch::watch(self.inner.clone(), from)
+        crate::watch::watch(self.keyspace.clone(), from)
     }
 }
 
 #[async_trait]
 impl Batch for EtcdRegistry {
+    /// The batch rule first ([`check_batch`]): more than
+    /// [`EtcdConfig::max_batch`] ops, or an invalid op, are refused and
+    /// nothing is written.
     async fn apply(&self, ops: Vec<Op>) -> Result<()> {
-        validate_ops(&ops)?;
+        check_batch(&ops, self.keyspace.cfg.max_batch)?;
         if ops.is_empty() {
             return Ok(());
         }
-        self.inner.commit(ops).await
+        self.keyspace.commit(ops).await
     }
 }
 
@@ -166,12 +169,12 @@ impl Batch for EtcdRegistry {
 impl Heartbeat for EtcdRegistry {
     async fn heartbeat(&self, node: &str) -> Result<()> {
         check_name("node", node, true)?;
-        self.inner.keep_alive(node).await
+        self.keyspace.keep_alive(node).await
     }
 }
 
-/// EtcdRegistry implements all four traits: [`registry_api::stack::stack`] wraps it as its capabilities call
-/// for.
+/// EtcdRegistry implements all four traits, with etcd's watch and leases:
+/// [`registry_api::stack::stack`] wraps it as its capabilities call for.
 impl registry_api::stack::IntoStack for EtcdRegistry {
     fn into_stack(
         self,

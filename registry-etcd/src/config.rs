@@ -5,9 +5,11 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Default key prefix: keys are `/aether/services/<service>/<id>`.
-pub const DEFAULT_PREFIX: &str = "/aether";
-/// Default time-to-live of a node's lease (the seed's 30 s).
+/// Default key prefix: keys are `/registry/services/<service>/<id>`.
+/// Earlier releases defaulted to `/aether`: a deployment that relied on it
+/// passes that prefix ([`EtcdConfig::with_prefix`]) to keep its keys.
+pub const DEFAULT_PREFIX: &str = "/registry";
+/// Default time-to-live of a node's lease: 30 s.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
 /// Default largest number of operations in one `Txn` (etcd's default
 /// `--max-txn-ops`).
@@ -21,7 +23,7 @@ pub const DEFAULT_PAGE_SIZE: usize = 1000;
 /// How to reach etcd and how to use it.
 ///
 /// Every field has a default ([`EtcdConfig::default`] talks to
-/// `http://127.0.0.1:2379` with the prefix `/aether`); set fields with the
+/// `http://127.0.0.1:2379` with the prefix `/registry`); set fields with the
 /// `with_*` methods. `Debug` never shows the password.
 ///
 /// ```
@@ -46,9 +48,9 @@ pub struct EtcdConfig {
     /// by etcd this long after its last heartbeat. Whole seconds, at least
     /// 1 s. Default: [`DEFAULT_LEASE_TTL`].
     pub lease_ttl: Duration,
-    /// Largest number of operations in one `Txn`; a bigger batch is split.
-    /// Must not exceed the server's `--max-txn-ops`. Default:
-    /// [`DEFAULT_MAX_BATCH`].
+    /// Most ops one `apply` takes (and so in one `Txn`); a bigger batch is
+    /// refused with `InvalidInput` naming `ops`. Must not exceed the
+    /// server's `--max-txn-ops`. Default: [`DEFAULT_MAX_BATCH`].
     pub max_batch: usize,
     /// Largest total size of keys and values in one `Txn`; a batch over it
     /// is split. Default: [`DEFAULT_MAX_TXN_BYTES`].

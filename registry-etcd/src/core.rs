@@ -1,6 +1,7 @@
-//! [`Inner`]: the etcd client and the state shared by a registry, its clones
-//! and its watch streams: connecting, reads at one revision, `Txn` writes,
-//! per-node leases, the probe.
+//! [`Keyspace`]: the registry's keys in etcd, shared by a registry, its
+//! clones and its watch streams: the client and the key layout, the leases
+//! of the nodes that own keys, and the requests (connecting, reads at one
+//! revision, `Txn` writes, leases, the probe).
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -11,7 +12,7 @@ use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, Error as EtcdError, GetOptions, PutOptions, Txn,
     TxnOp,
 };
-use registry_api::{Endpoint, EndpointKey, Error, Op, Result};
+use registry_api::{Endpoint, EndpointKey, Error, Op, Result, Snapshot, Version};
 use tokio::sync::{Mutex, MutexGuard};
 use tracing::{debug, info, warn};
 
@@ -19,9 +20,9 @@ use crate::config::EtcdConfig;
 use crate::error;
 use crate::layout::{self, Layout};
 
-/// The client, settings and lease bookkeeping of one registry (shared by
-/// its clones and watch streams).
-pub(crate) struct Inner {
+/// The client, settings, key layout and lease bookkeeping of one registry
+/// (shared by its clones and watch streams).
+pub(crate) struct Keyspace {
     pub(crate) client: Client,
     pub(crate) cfg: EtcdConfig,
     pub(crate) layout: Layout,
@@ -44,20 +45,21 @@ struct NodeState {
     monitored: bool,
 }
 
-/// One op ready to go into a `Txn`.
-struct Prepared {
+/// An op with its etcd key and, for a registration, its encoded value:
+/// ready to go into a `Txn`.
+struct EncodedOp {
     op: Op,
     key: String,
     value: Option<Vec<u8>>,
 }
 
-impl Prepared {
+impl EncodedOp {
     fn size(&self) -> usize {
         self.key.len() + self.value.as_ref().map_or(0, Vec::len) + 16
     }
 }
 
-impl Inner {
+impl Keyspace {
     /// Connect to etcd and check that it answers (see
     /// `EtcdRegistry::connect`).
     pub(crate) async fn connect(cfg: EtcdConfig) -> Result<Arc<Self>> {
@@ -89,24 +91,24 @@ impl Inner {
             .await
             .map_err(|e| error::map(e, &what))?;
         let layout = Layout::new(cfg.normalized_prefix());
-        let inner = Arc::new(Inner {
+        let keyspace = Arc::new(Keyspace {
             client,
             cfg,
             layout,
             nodes: Mutex::new(Nodes::default()),
         });
         // One cheap read: a wrong address or password fails here, not later.
-        let root = inner.layout.root().to_string();
-        let mut kv = inner.client.kv_client();
-        inner
+        let root = keyspace.layout.root().to_string();
+        let mut kv = keyspace.client.kv_client();
+        keyspace
             .timed(kv.get(
                 root.clone(),
                 Some(GetOptions::new().with_prefix().with_count_only()),
             ))
             .await
             .map_err(|e| error::map(e, format!("{what}: read {root}")))?;
-        info!(endpoints = ?inner.cfg.endpoints, prefix = %inner.cfg.normalized_prefix(), "connected to etcd");
-        Ok(inner)
+        info!(endpoints = ?keyspace.cfg.endpoints, prefix = %keyspace.cfg.normalized_prefix(), "connected to etcd");
+        Ok(keyspace)
     }
 
     /// The lease currently attached to `node`'s endpoints, if any.
@@ -119,37 +121,28 @@ impl Inner {
             .and_then(|s| s.lease)
     }
 
-    fn prepare(&self, op: Op) -> Result<Prepared> {
+    fn encode(&self, op: Op) -> Result<EncodedOp> {
         let key = self.layout.key(&op.key());
         let value = match &op {
             Op::Register(ep) => Some(layout::encode(ep)?),
             Op::Deregister(_) => None,
         };
-        Ok(Prepared { op, key, value })
+        Ok(EncodedOp { op, key, value })
     }
 
-    /// Write already validated ops: net effect per key, in `Txn` chunks.
+    /// Write already validated ops: their net effect per key
+    /// ([`Op::net`]), in `Txn` chunks of at most `max_batch` ops and
+    /// `max_txn_bytes`.
     pub(crate) async fn commit(self: &Arc<Self>, ops: Vec<Op>) -> Result<()> {
-        let mut index: HashMap<EndpointKey, usize> = HashMap::new();
-        let mut net: Vec<Op> = Vec::with_capacity(ops.len());
-        for op in ops {
-            match index.get(&op.key()) {
-                Some(&i) => net[i] = op,
-                None => {
-                    index.insert(op.key(), net.len());
-                    net.push(op);
-                }
-            }
-        }
-        let prepared = net
+        let encoded = Op::net(ops)
             .into_iter()
-            .map(|op| self.prepare(op))
+            .map(|op| self.encode(op))
             .collect::<Result<Vec<_>>>()?;
         let max_ops = self.cfg.max_batch.max(1);
         let max_bytes = self.cfg.max_txn_bytes;
-        let mut chunk: Vec<Prepared> = Vec::new();
+        let mut chunk: Vec<EncodedOp> = Vec::new();
         let mut bytes = 0;
-        for p in prepared {
+        for p in encoded {
             if !chunk.is_empty() && (chunk.len() >= max_ops || bytes + p.size() > max_bytes) {
                 self.commit_chunk(std::mem::take(&mut chunk)).await?;
                 bytes = 0;
@@ -164,7 +157,7 @@ impl Inner {
     }
 
     /// One `Txn`. Retries once when a lease turned out to be gone.
-    async fn commit_chunk(self: &Arc<Self>, chunk: Vec<Prepared>) -> Result<()> {
+    async fn commit_chunk(self: &Arc<Self>, chunk: Vec<EncodedOp>) -> Result<()> {
         let what = describe(&chunk);
         // Forget deregistered keys first, so that a lease recovery running
         // at the same time does not write them again.
@@ -264,7 +257,7 @@ impl Nodes {
     }
 }
 
-impl Inner {
+impl Keyspace {
     /// Run one etcd request with the request timeout; a timeout is
     /// reported as etcd's `DeadlineExceeded`.
     pub(crate) async fn timed<T>(
@@ -320,6 +313,15 @@ impl Inner {
             )));
         }
         Ok(())
+    }
+
+    /// Every endpoint, read at one revision (the snapshot's version).
+    pub(crate) async fn snapshot(&self) -> Result<Snapshot> {
+        let (revision, eps) = self.read_range(self.layout.root()).await?;
+        Ok(Snapshot::from_endpoints(
+            Version(u64::try_from(revision).unwrap_or(0)),
+            eps,
+        ))
     }
 
     /// Every endpoint under `prefix`, read in pages at one revision.
@@ -471,12 +473,12 @@ impl Inner {
 /// disappears (revoked, or expired while etcd was unreachable) although the
 /// node heartbeats, grant a new one and write its endpoints again. Ends
 /// when the registry is dropped.
-fn monitor(inner: Weak<Inner>, node: String) -> futures::future::BoxFuture<'static, ()> {
+fn monitor(keyspace: Weak<Keyspace>, node: String) -> futures::future::BoxFuture<'static, ()> {
     // Boxed with an explicit type: `regrant` spawns this, and this calls
     // `regrant`, a cycle the compiler cannot prove `Send` through otherwise.
     Box::pin(async move {
         loop {
-            let (every, alive_for) = match inner.upgrade() {
+            let (every, alive_for) = match keyspace.upgrade() {
                 Some(i) => {
                     let ttl = i.cfg.lease_ttl.max(Duration::from_secs(1));
                     ((ttl / 3).max(Duration::from_millis(200)), ttl * 3 / 4)
@@ -484,8 +486,10 @@ fn monitor(inner: Weak<Inner>, node: String) -> futures::future::BoxFuture<'stat
                 None => return,
             };
             tokio::time::sleep(every).await;
-            let Some(inner) = inner.upgrade() else { return };
-            let mut nodes = inner.nodes.lock().await;
+            let Some(keyspace) = keyspace.upgrade() else {
+                return;
+            };
+            let mut nodes = keyspace.nodes.lock().await;
             let Some(st) = nodes.by_node.get(&node) else {
                 continue;
             };
@@ -496,8 +500,8 @@ fn monitor(inner: Weak<Inner>, node: String) -> futures::future::BoxFuture<'stat
             let lost = match st.lease {
                 None => true,
                 Some(id) => {
-                    let mut lease = inner.client.lease_client();
-                    match inner.timed(lease.time_to_live(id, None)).await {
+                    let mut lease = keyspace.client.lease_client();
+                    match keyspace.timed(lease.time_to_live(id, None)).await {
                         Ok(r) => r.ttl() <= 0,
                         Err(e) => {
                             debug!(node, error = %e, "cannot check the lease");
@@ -508,7 +512,7 @@ fn monitor(inner: Weak<Inner>, node: String) -> futures::future::BoxFuture<'stat
             };
             if lost {
                 warn!(node, "lease of a live node is gone; granting a new one");
-                if let Err(e) = inner.regrant(&mut nodes, &node).await {
+                if let Err(e) = keyspace.regrant(&mut nodes, &node).await {
                     warn!(node, error = %e, "could not restore the node's endpoints; will retry");
                     if let Some(st) = nodes.by_node.get_mut(&node) {
                         st.lease = None;
@@ -532,7 +536,7 @@ async fn timed<T>(
     }
 }
 
-fn describe(chunk: &[Prepared]) -> String {
+fn describe(chunk: &[EncodedOp]) -> String {
     match chunk {
         [one] => match &one.op {
             Op::Register(_) => format!("register {}", error::short(&one.key)),

@@ -248,9 +248,9 @@ mod tests {
             ),
         ];
         for (err, kind) in cases {
-            let e = map(err, "put /aether/services/api/a");
+            let e = map(err, "put /registry/services/api/a");
             assert_eq!(e.kind(), kind, "{e}");
-            assert!(e.to_string().contains("/aether/services/api/a"), "{e}");
+            assert!(e.to_string().contains("/registry/services/api/a"), "{e}");
         }
     }
 
@@ -313,7 +313,7 @@ mod tests {
             ),
         ];
         for (err, kind) in cases {
-            let e = map(err, "put /aether/services/api/a");
+            let e = map(err, "put /registry/services/api/a");
             assert_eq!(e.kind(), kind, "{e}");
             assert_eq!(
                 e.is_retryable(),
@@ -337,7 +337,7 @@ mod tests {
     #[test]
     fn quotes_are_short() {
         let long = "x".repeat(10_000);
-        let e = corrupt(&format!("/aether/services/s/{long}"), &long);
+        let e = corrupt(&format!("/registry/services/s/{long}"), &long);
         assert!(e.to_string().len() < 2 * QUOTE_MAX + 100, "{e}");
         assert_eq!(short("abc"), "abc");
         assert_eq!(short(&long).chars().count(), QUOTE_MAX + 1);

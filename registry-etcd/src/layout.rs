@@ -177,18 +177,18 @@ mod tests {
             assert_eq!(unescape(&escape(s)).as_deref(), Some(s), "{s}");
             assert!(!escape(s).contains('/'), "{s}");
         }
-        let l = Layout::new("/aether");
+        let l = Layout::new("/registry");
         let foo = l.service_prefix("foo");
         for other in ["foo_other", "foo/bar", "fo", "foo-"] {
             let k = l.key(&EndpointKey::new(other, "x"));
             assert!(!k.starts_with(&foo), "{k} is under {foo}");
         }
         let k = EndpointKey::new("foo/bar", "id/with%slash");
-        assert_eq!(l.key(&k), "/aether/services/foo%2Fbar/id%2Fwith%25slash");
+        assert_eq!(l.key(&k), "/registry/services/foo%2Fbar/id%2Fwith%25slash");
         assert_eq!(l.parse(l.key(&k).as_bytes()), Some(k));
-        assert_eq!(l.parse(b"/aether/services/a/b/c"), None);
+        assert_eq!(l.parse(b"/registry/services/a/b/c"), None);
         assert_eq!(l.parse(b"/other/services/a/b"), None);
-        assert_eq!(l.parse(b"/aether/services/a%zz/b"), None);
+        assert_eq!(l.parse(b"/registry/services/a%zz/b"), None);
     }
 
     #[test]

@@ -13,14 +13,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBuilder};
 use etcd_client::{EventType, WatchOptions};
 use futures::{stream, StreamExt};
-use registry_api::{Error, Event, EventStream, Result, Snapshot, Version};
+use registry_api::{Error, Event, EventStream, Result, Version};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use crate::core::Inner;
+use crate::core::Keyspace;
 use crate::error;
 use crate::layout;
 
@@ -29,10 +28,10 @@ const BUFFER: usize = 256;
 
 /// Start a watch. The task that reads etcd starts on the first poll (so
 /// `watch()` needs no runtime) and ends when the stream is dropped.
-pub(crate) fn watch(inner: Arc<Inner>, from: Option<Version>) -> EventStream {
+pub(crate) fn watch(keyspace: Arc<Keyspace>, from: Option<Version>) -> EventStream {
     stream::once(async move {
         let (tx, rx) = mpsc::channel(BUFFER);
-        tokio::spawn(run(inner, from, tx));
+        tokio::spawn(run(keyspace, from, tx));
         stream::unfold(
             rx,
             |mut rx| async move { rx.recv().await.map(|ev| (ev, rx)) },
@@ -52,7 +51,7 @@ enum Outcome {
 }
 
 struct Watcher {
-    inner: Arc<Inner>,
+    keyspace: Arc<Keyspace>,
     tx: mpsc::Sender<Result<Event>>,
     /// Every change up to this revision has been delivered.
     last: i64,
@@ -63,18 +62,17 @@ struct Watcher {
     connected: bool,
 }
 
+/// The first and the longest delay before reconnecting.
+const RETRY_MIN: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(5);
+
 fn backoff() -> impl Iterator<Item = Duration> {
-    ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(100))
-        .with_max_delay(Duration::from_secs(5))
-        .with_jitter()
-        .without_max_times()
-        .build()
+    registry_api::backend::backoff(RETRY_MIN, RETRY_MAX)
 }
 
-async fn run(inner: Arc<Inner>, from: Option<Version>, tx: mpsc::Sender<Result<Event>>) {
+async fn run(keyspace: Arc<Keyspace>, from: Option<Version>, tx: mpsc::Sender<Result<Event>>) {
     let mut w = Watcher {
-        inner,
+        keyspace,
         tx,
         last: from.map_or(0, |v| i64::try_from(v.0).unwrap_or(i64::MAX)),
         need_snapshot: from.is_none(),
@@ -94,7 +92,7 @@ async fn run(inner: Arc<Inner>, from: Option<Version>, tx: mpsc::Sender<Result<E
                 if w.connected {
                     delays = backoff();
                 }
-                let delay = delays.next().unwrap_or(Duration::from_secs(5));
+                let delay = delays.next().unwrap_or(RETRY_MAX);
                 warn!(error = %e, ?delay, last = w.last, "etcd watch interrupted; reporting it and reconnecting");
                 // The consumer learns of the failure now, and of the
                 // recovery from the fresh snapshot the next session starts
@@ -123,7 +121,7 @@ impl Watcher {
     }
 
     async fn session(&mut self) -> Result<Outcome> {
-        let root = self.inner.layout.root().to_string();
+        let root = self.keyspace.layout.root().to_string();
         if self.check_from {
             // A revision from the future (another cluster, a wiped etcd):
             // watching from it would skip changes, so start over.
@@ -138,8 +136,8 @@ impl Watcher {
             }
         }
         if self.need_snapshot {
-            let (revision, eps) = self.inner.read_range(&root).await?;
-            let snap = Snapshot::from_endpoints(Version(u64::try_from(revision).unwrap_or(0)), eps);
+            let snap = self.keyspace.snapshot().await?;
+            let revision = i64::try_from(snap.version().0).unwrap_or(i64::MAX);
             if !self.send(Event::Snapshot(snap)).await {
                 return Ok(Outcome::Closed);
             }
@@ -150,9 +148,9 @@ impl Watcher {
             .with_prefix()
             .with_start_revision(self.last.saturating_add(1))
             .with_progress_notify();
-        let mut client = self.inner.client.watch_client();
+        let mut client = self.keyspace.client.watch_client();
         let ws = self
-            .inner
+            .keyspace
             .timed(client.watch(root.clone(), Some(opts)))
             .await
             .map_err(|e| {
@@ -164,7 +162,7 @@ impl Watcher {
         // Keep the sender: closing it would end the watch on etcd's side.
         let (mut requests, mut responses) = ws.split();
         let every = self
-            .inner
+            .keyspace
             .cfg
             .progress_interval
             .max(Duration::from_millis(100));
@@ -222,7 +220,7 @@ impl Watcher {
                 let version = Version(u64::try_from(kv.mod_revision()).unwrap_or(0));
                 let event = match ev.event_type() {
                     EventType::Put => {
-                        match layout::decode(&self.inner.layout, kv.key(), kv.value()) {
+                        match layout::decode(&self.keyspace.layout, kv.key(), kv.value()) {
                             Ok(endpoint) if kv.create_revision() == kv.mod_revision() => {
                                 Some(Event::Added { version, endpoint })
                             }
@@ -234,7 +232,7 @@ impl Watcher {
                         }
                     }
                     EventType::Delete => self
-                        .inner
+                        .keyspace
                         .layout
                         .parse(kv.key())
                         .map(|key| Event::Removed { version, key }),
@@ -250,9 +248,9 @@ impl Watcher {
     }
 
     async fn current_revision(&self, root: &str) -> Result<i64> {
-        let mut kv = self.inner.client.kv_client();
+        let mut kv = self.keyspace.client.kv_client();
         let resp = self
-            .inner
+            .keyspace
             .timed(
                 kv.get(
                     root.to_string(),

@@ -80,11 +80,11 @@ async fn prefix_isolation_and_escaping() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn batch_is_chunked_at_max_batch_and_applies_the_net_effect() {
+async fn batch_over_max_batch_is_refused_and_one_within_is_one_txn_of_its_net_effect() {
     let etcd = Etcd::start().await;
-    let reg = connect(config(&etcd.url()).with_max_batch(4)).await;
-    assert_eq!(reg.max_batch(), 4);
-    let svc = unique("chunks");
+    let reg = connect(config(&etcd.url()).with_max_batch(22)).await;
+    assert_eq!(reg.max_batch(), 22);
+    let svc = unique("batch");
     let mut ops: Vec<Op> = (0..18)
         .map(|i| Op::Register(ep(&svc, &format!("k{i:02}"), 100 + i)))
         .collect();
@@ -95,10 +95,15 @@ async fn batch_is_chunked_at_max_batch_and_applies_the_net_effect() {
     ops.push(Op::Register(ep(&svc, "k01", 3)));
     ops.push(Op::Deregister(EndpointKey::new(&svc, "k02")));
     let before = reg.snapshot().await.expect("snapshot").version();
+    // One op more than max_batch: refused, nothing written.
+    let mut too_many = ops.clone();
+    too_many.push(Op::Register(ep(&svc, "k99", 9)));
+    registry_api::testing::assert_kind(reg.apply(too_many).await, ErrorKind::InvalidInput);
+    assert_eq!(reg.snapshot().await.expect("snapshot").version(), before);
     reg.apply(ops).await.expect("apply");
     let after = reg.snapshot().await.expect("snapshot").version();
-    // 18 distinct keys in Txns of at most 4: 5 Txns, one revision each.
-    assert_eq!(after.0 - before.0, 5, "revisions {before} -> {after}");
+    // 18 distinct keys within max_batch: one Txn, one revision.
+    assert_eq!(after.0 - before.0, 1, "revisions {before} -> {after}");
     let mut want: Vec<_> = (3..18)
         .map(|i| ep(&svc, &format!("k{i:02}"), 100 + i))
         .collect();

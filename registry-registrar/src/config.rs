@@ -64,7 +64,7 @@ impl std::str::FromStr for Ack {
 pub trait Direct: Registry + Heartbeat {}
 impl<T: Registry + Heartbeat> Direct for T {}
 
-/// The registrar proposal's "optional fallback to direct registry": when no
+/// Writing to the backend directly while no registrar answers: when no
 /// registrar replica has answered for `after`, [`crate::RegistrarClient`]
 /// sends its writes and heartbeats to `backend` directly (reads go on from
 /// its cache), and switches back — re-asserting its endpoints through the

@@ -1,13 +1,15 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
-mod client;
+mod backend;
 mod config;
-mod convert;
+mod core;
+mod error;
+mod layout;
 mod overlay;
-mod raw;
+mod rpc;
 pub mod tls;
-mod writes;
+mod watch;
 
 /// The generated protobuf and gRPC code.
 #[allow(missing_docs, clippy::all, clippy::pedantic, clippy::unwrap_used)]
@@ -28,12 +30,11 @@ pub mod proto {
     }
 }
 
-pub use client::{Refusal, RegistrarClient};
+pub use crate::core::Refusal;
+pub use backend::RegistrarClient;
 pub use config::{Ack, ClientConfig, Direct, Fallback};
-pub use convert::{
-    endpoint_from_proto, endpoint_to_proto, error_from_status, key_from_parts, status_from_error,
-    Token,
-};
+pub use error::{error_from_status, status_from_error};
+pub use layout::{endpoint_from_proto, endpoint_to_proto, key_from_parts, Token};
 pub use overlay::{Overlay, DEFAULT_HOLD};
-pub use raw::Raw;
+pub use rpc::RpcClient;
 pub use tls::TlsFiles;

@@ -8,15 +8,15 @@ use std::time::SystemTime;
 
 use async_trait::async_trait;
 use registry_api::{
-    backend::{check_name, validate_endpoint, validate_ops},
+    backend::{check_batch, check_name, validate_endpoint},
     Batch, Capabilities, Endpoint, EndpointKey, EventStream, Heartbeat, Op, Registry, Result,
     Snapshot, Version, Watch,
 };
 
 use crate::config::SqliteConfig;
-use crate::core::Inner;
-use crate::liveness::{NodeRecord, SweepReport};
-use crate::open;
+use crate::core::Database;
+use crate::liveness::{sweep_loop, NodeRecord, SqliteSweepReport};
+use crate::watch::poll_log;
 
 /// A registry in one SQLite file; see the crate documentation.
 ///
@@ -25,7 +25,7 @@ use crate::open;
 /// stop when the last clone is dropped or [`SqliteRegistry::close`] is called.
 #[derive(Clone)]
 pub struct SqliteRegistry {
-    inner: Arc<Inner>,
+    db: Arc<Database>,
 }
 
 impl SqliteRegistry {
@@ -47,9 +47,12 @@ impl SqliteRegistry {
     /// or its mount is read-only), and a file without our
     /// `application_id` (new, or from a previous release) is marked.
     pub async fn open(cfg: SqliteConfig) -> Result<Self> {
-        Ok(Self {
-            inner: open::open(cfg).await?,
-        })
+        let db = Database::open(cfg).await?;
+        db.spawn(poll_log(Arc::downgrade(&db), db.cfg.poll_interval));
+        if let Some(every) = db.cfg.sweep_interval {
+            db.spawn(sweep_loop(Arc::downgrade(&db), every));
+        }
+        Ok(Self { db })
     }
 
     /// [`SqliteRegistry::open`] with the default settings at `path`.
@@ -59,17 +62,17 @@ impl SqliteRegistry {
 
     /// The database file.
     pub fn path(&self) -> &Path {
-        &self.inner.cfg.path
+        &self.db.cfg.path
     }
 
     /// The settings this registry was opened with.
     pub fn config(&self) -> &SqliteConfig {
-        &self.inner.cfg
+        &self.db.cfg
     }
 
     /// The version of the latest change in the file (from any process).
     pub async fn version(&self) -> Result<Version> {
-        self.inner.version().await
+        self.db.version().await
     }
 
     /// The latest version this handle knows of without reading the file:
@@ -77,74 +80,74 @@ impl SqliteRegistry {
     /// processes (the poller runs while a watch is open). Parked watchers
     /// wake when it moves.
     pub fn known_version(&self) -> Version {
-        Version(*self.inner.notify.borrow())
+        Version(*self.db.notify.borrow())
     }
 
     /// Trim the change log to its last `keep` changes now (writes trim it
     /// to `log_len` by themselves). Watches resumed from before the trimmed
     /// part get a fresh snapshot. Versions are unaffected.
     pub async fn compact(&self, keep: u64) -> Result<()> {
-        self.inner.compact(keep).await
+        self.db.compact(keep).await
     }
 
-    /// Register a node with its address and role (the seed's
-    /// `/nodes/register`): it is healthy and seen now. A later
+    /// Register a node with its address and role: it is healthy and seen
+    /// now. A later
     /// [`Heartbeat::heartbeat`] keeps it alive.
     pub async fn register_node(&self, id: &str, address: &str, role: &str) -> Result<()> {
         check_name("node", id, true)?;
         check_name("address", address, false)?;
         check_name("role", role, false)?;
         let role = if role.is_empty() { "compute" } else { role };
-        self.inner.beat(id, Some((address, role))).await
+        self.db.beat(id, Some((address, role))).await
     }
 
     /// Every node the liveness tables know, ordered by id.
     pub async fn nodes(&self) -> Result<Vec<NodeRecord>> {
-        self.inner.nodes(None).await
+        self.db.nodes(None).await
     }
 
     /// One node, if known.
     pub async fn node(&self, id: &str) -> Result<Option<NodeRecord>> {
-        Ok(self.inner.nodes(Some(id)).await?.pop())
+        Ok(self.db.nodes(Some(id)).await?.pop())
     }
 
     /// Run the liveness sweep now, at the configured clock's time.
-    pub async fn sweep(&self) -> Result<SweepReport> {
-        self.inner.sweep_at(self.inner.cfg.clock.now()).await
+    pub async fn sweep(&self) -> Result<SqliteSweepReport> {
+        self.db.sweep_at(self.db.cfg.clock.now()).await
     }
 
     /// Run the liveness sweep as if the time were `now`: nodes silent for
     /// at least `suspect_after` are marked unhealthy with their endpoints;
     /// nodes silent for at least `remove_after` are removed with their
     /// endpoints. One transaction.
-    pub async fn sweep_at(&self, now: SystemTime) -> Result<SweepReport> {
-        self.inner.sweep_at(now).await
+    pub async fn sweep_at(&self, now: SystemTime) -> Result<SqliteSweepReport> {
+        self.db.sweep_at(now).await
     }
 
     /// `PRAGMA integrity_check`: `["ok"]` for a sound file, otherwise the
     /// problems SQLite found.
     pub async fn integrity_check(&self) -> Result<Vec<String>> {
-        self.inner.integrity_check().await
+        self.db.integrity_check().await
     }
 
     /// Stop the background tasks and close every connection, waiting for
     /// them to finish. Later calls on any clone fail with `Unavailable`.
     pub async fn close(&self) {
-        self.inner.close().await;
+        self.db.close().await;
     }
 }
 
 impl fmt::Display for SqliteRegistry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Sqlite({})", self.inner.cfg.path.display())
+        write!(f, "Sqlite({})", self.db.cfg.path.display())
     }
 }
 
 impl fmt::Debug for SqliteRegistry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SqliteRegistry")
-            .field("path", &self.inner.cfg.path)
-            .field("revision", &*self.inner.notify.borrow())
+            .field("path", &self.db.cfg.path)
+            .field("revision", &*self.db.notify.borrow())
             .finish()
     }
 }
@@ -154,7 +157,7 @@ impl Registry for SqliteRegistry {
     async fn register(&self, endpoint: Endpoint) -> Result<()> {
         validate_endpoint(&endpoint)?;
         let what = format!("register {}", endpoint.key());
-        self.inner
+        self.db
             .commit_ops(vec![Op::Register(endpoint)], &what)
             .await
             .map(drop)
@@ -162,18 +165,18 @@ impl Registry for SqliteRegistry {
 
     async fn deregister(&self, key: &EndpointKey) -> Result<()> {
         let what = format!("deregister {key}");
-        self.inner
+        self.db
             .commit_ops(vec![Op::Deregister(key.clone())], &what)
             .await
             .map(drop)
     }
 
     async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
-        self.inner.list(service).await
+        self.db.list(service).await
     }
 
     async fn snapshot(&self) -> Result<Snapshot> {
-        self.inner.snapshot().await
+        self.db.snapshot().await
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -182,7 +185,7 @@ impl Registry for SqliteRegistry {
             .with_resumable_watch(true)
             .with_atomic_writes(true)
             .with_isolated_reads(true)
-            .with_max_batch(self.inner.cfg.max_batch)
+            .with_max_batch(self.db.cfg.max_batch)
             .with_native_liveness(true)
     }
 
@@ -193,23 +196,26 @@ impl Registry for SqliteRegistry {
     /// IMMEDIATE`, a no-op `UPDATE`, `ROLLBACK`). A full disk is not
     /// detected: only a real write finds it (as a transient `Unavailable`).
     async fn probe(&self) -> Result<()> {
-        self.inner.probe().await
+        self.db.probe().await
     }
 }
 
 #[async_trait]
 impl Batch for SqliteRegistry {
+    /// The batch rule first ([`check_batch`]): more than `max_batch` ops, or
+    /// an invalid op, are refused and nothing is written. Then one
+    /// transaction.
     async fn apply(&self, ops: Vec<Op>) -> Result<()> {
-        validate_ops(&ops)?;
+        check_batch(&ops, self.db.cfg.max_batch)?;
         if ops.is_empty() {
             return Ok(());
         }
         let what = format!("apply a batch of {} ops", ops.len());
-        self.inner.commit_ops(ops, &what).await.map(drop)
+        self.db.commit_ops(ops, &what).await.map(drop)
     }
 
     fn max_batch(&self) -> usize {
-        self.inner.cfg.max_batch
+        self.db.cfg.max_batch
     }
 }
 
@@ -221,7 +227,7 @@ impl Heartbeat for SqliteRegistry {
     /// unhealthy (not those registered unhealthy by their owner).
     async fn heartbeat(&self, node: &str) -> Result<()> {
         check_name("node", node, true)?;
-        self.inner.beat(node, None).await
+        self.db.beat(node, None).await
     }
 }
 
@@ -240,12 +246,12 @@ impl Watch for SqliteRegistry {
     /// file could not be read within `poll_interval`). Closing the registry
     /// ends its streams after one `Err` item.
     fn watch(&self, from: Option<Version>) -> EventStream {
-        crate::watch::watch(&self.inner, from)
+        crate::watch::watch(&self.db, from)
     }
 }
 
-/// SqliteRegistry implements all four traits: [`registry_api::stack::stack`] wraps it as its capabilities call
-/// for.
+/// SqliteRegistry implements all four traits, with a native watch and
+/// liveness: [`registry_api::stack::stack`] adds nothing around it.
 impl registry_api::stack::IntoStack for SqliteRegistry {
     fn into_stack(
         self,

@@ -107,7 +107,7 @@ pub struct SqliteConfig {
     pub remove_after: Duration,
     /// How often the liveness sweep runs in the background; `None` turns
     /// the background sweep off (call [`crate::SqliteRegistry::sweep`]
-    /// yourself). Default: `Some(10 s)`, as in the seed.
+    /// yourself). Default: `Some(10 s)`.
     pub sweep_interval: Option<Duration>,
     /// How long a write waits for another process holding the write lock
     /// before failing with a retryable `Unavailable`. Default: 5 s.
@@ -116,9 +116,9 @@ pub struct SqliteConfig {
     /// serialized and use one more connection of their own. At least 1.
     /// Default: 4.
     pub max_connections: u32,
-    /// Largest batch [`registry_api::Batch::apply`] promises to apply
-    /// atomically (every batch is one transaction, whatever its size).
-    /// Default: 100 000.
+    /// Most ops one [`registry_api::Batch::apply`] takes; a larger batch is
+    /// refused with `InvalidInput` naming `ops` (the batch rule). Every
+    /// batch is one transaction. Default: 100 000.
     pub max_batch: usize,
     /// Where liveness reads the time. Default: [`SystemClock`].
     pub clock: Arc<dyn Clock>,
@@ -239,7 +239,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn defaults_follow_the_seed() {
+    fn defaults() {
         let cfg = SqliteConfig::default();
         assert_eq!(cfg.path, PathBuf::from("registry.db"));
         assert_eq!(cfg.suspect_after, Duration::from_secs(30));

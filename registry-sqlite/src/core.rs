@@ -1,25 +1,47 @@
-//! The shared state of a registry (pool, settings, notification channel,
-//! background tasks), its transactions, and the endpoint reads and
-//! writes.
+//! [`Database`]: the registry's SQLite file, shared by every clone of a
+//! [`crate::SqliteRegistry`] (connection pools, settings, the notification
+//! channel, background tasks): opening it safely, its counters, and the
+//! endpoint reads and writes. Transactions are [`crate::tx::Tx`]; liveness
+//! and the change log's watch add their methods in their own modules.
+//!
+//! Opening, in order:
+//! 1. the path: a directory, or a file without the SQLite header, is
+//!    refused before SQLite opens it;
+//! 2. an existing file is inspected through a read-only connection that
+//!    sets no pragma: a file that is another application's SQLite
+//!    database is refused before anything could switch it to WAL or add
+//!    a table to it;
+//! 3. the pools connect (WAL mode, `synchronous = NORMAL`);
+//! 4. one write transaction checks and migrates the file
+//!    ([`crate::layout::prepare`]);
+//! 5. liveness is recomputed from `last_seen`. The registry then starts its
+//!    background tasks (the change-log poller and the liveness sweep).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::io::Read;
 use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
 
-use registry_api::{Endpoint, EndpointKey, Error, ErrorKind, Op, Result, Snapshot, Version};
-use sqlx::pool::PoolConnection;
-use sqlx::sqlite::{SqliteConnection, SqlitePool};
-use sqlx::Sqlite;
-use tokio::sync::{watch, Mutex, MutexGuard};
+use registry_api::{Endpoint, EndpointKey, Error, Op, Result, Snapshot, Version};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteSynchronous,
+};
+use sqlx::{ConnectOptions, Connection};
+use tokio::sync::{watch, Mutex};
 use tokio::task::JoinHandle;
 
 use crate::config::SqliteConfig;
-use crate::error::{check_writable, corrupt, map_sqlx, refine_write};
+use crate::error::{check_writable, corrupt, io, map_sqlx, refine_write};
 use crate::layout::{
-    decode, delete_rows, encode, load_rows, log_rows, store_rows, to_i64, to_u64, EpRow, TOUCH_META,
+    decode, delete_rows, encode, load_rows, log_rows, prepare, store_rows, to_i64, to_u64,
+    touch_meta, EpRow, Found,
 };
+use crate::tx::Tx;
 
 /// What every clone of a [`crate::SqliteRegistry`] shares.
-pub(crate) struct Inner {
+pub(crate) struct Database {
     /// Connections for reads (`cfg.max_connections` of them).
     pub(crate) readers: SqlitePool,
     /// The one connection writes use. Its own pool, so that a write never
@@ -37,200 +59,7 @@ pub(crate) struct Inner {
     pub(crate) tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
 }
 
-/// One transaction on one pooled connection, ended explicitly by
-/// [`Tx::end`] (commit when the work inside succeeded, roll back when it
-/// failed) or [`Tx::discard`] (roll back).
-///
-/// `BEGIN`, `COMMIT` and `ROLLBACK` are plain statements here rather than
-/// sqlx's `Transaction`, because sqlx 0.9 keeps its own transaction depth
-/// beside SQLite's: when a `COMMIT` fails with `FULL` or `IOERR`, SQLite
-/// has already rolled the transaction back, `Transaction::commit` returns
-/// the error with the transaction still marked open, the `ROLLBACK` its
-/// drop queues then fails ("no transaction is active"), the depth stays
-/// at 1, and the connection goes back to the pool refusing every later
-/// `begin_with` ("attempted to call begin_with at non-zero transaction
-/// depth") until a restart.
-///
-/// The rules, so that no connection returns to its pool inside a
-/// transaction or in a state that outlives the failure's cause:
-/// - a failed `BEGIN` starts no transaction: the connection goes back,
-///   unless the failure was permanent (below);
-/// - after a failed statement or `COMMIT`, `ROLLBACK` is run. The
-///   connection is closed instead of going back when that fails too
-///   (SQLite may have rolled back by itself, or not: the state is
-///   unknown), and when the failure was permanent (`Unauthorized`: the
-///   connection may be one SQLite opened read-only; `Internal`: it may
-///   cache a corrupt page). The pool opens a fresh one when needed, which
-///   sees the file as it is by then;
-/// - a `Tx` dropped before it ended (its future was cancelled, also while
-///   `BEGIN` was on its way) closes its connection, which rolls back
-///   whatever was open.
-pub(crate) struct Tx<'a> {
-    conn: PoolConnection<Sqlite>,
-    path: &'a Path,
-    /// From just before `BEGIN` until it fails or a `COMMIT`/`ROLLBACK`
-    /// succeeds: while set, dropping the `Tx` closes the connection.
-    open: bool,
-    write: bool,
-    /// The in-process write lock, held by write transactions.
-    _guard: Option<MutexGuard<'a, ()>>,
-}
-
-impl<'a> Tx<'a> {
-    async fn begin(
-        pool: &SqlitePool,
-        path: &'a Path,
-        guard: Option<MutexGuard<'a, ()>>,
-        what: &str,
-    ) -> Result<Tx<'a>> {
-        let write = guard.is_some();
-        let refine = |e: Error| if write { refine_write(e, path) } else { e };
-        let conn = pool
-            .acquire()
-            .await
-            .map_err(|e| refine(map_sqlx(e, path, what)))?;
-        let begin = if write { "BEGIN IMMEDIATE" } else { "BEGIN" };
-        // Open from before BEGIN is sent: dropped while waiting for it
-        // (cancelled), the connection may be inside the transaction.
-        let mut tx = Tx {
-            conn,
-            path,
-            open: true,
-            write,
-            _guard: guard,
-        };
-        if let Err(e) = sqlx::raw_sql(begin).execute(&mut *tx.conn).await {
-            // SQLite starts no transaction when BEGIN fails, so the
-            // connection may go back to the pool; not after a permanent
-            // failure, though: `BEGIN IMMEDIATE` answers READONLY on a
-            // connection whose WAL SQLite could only open read-only, and
-            // it would stay so.
-            tx.open = false;
-            let e = refine(map_sqlx(e, path, what));
-            if is_permanent(&e) {
-                tx.close_connection(&e);
-            }
-            return Err(e);
-        }
-        Ok(tx)
-    }
-
-    /// The connection, inside the transaction.
-    pub(crate) fn conn(&mut self) -> &mut SqliteConnection {
-        &mut self.conn
-    }
-
-    /// Commit if `res` is `Ok`, roll back if it is an error; `res`, or the
-    /// error `COMMIT` met (after which the transaction is rolled back).
-    pub(crate) async fn end<T>(mut self, res: Result<T>, what: &str) -> Result<T> {
-        let value = match res {
-            Ok(v) => v,
-            Err(e) => {
-                let e = self.refine(e);
-                self.roll_back(&e).await;
-                return Err(e);
-            }
-        };
-        match sqlx::raw_sql("COMMIT").execute(&mut *self.conn).await {
-            Ok(_) => {
-                self.open = false;
-                Ok(value)
-            }
-            Err(e) => {
-                let e = self.refine(map_sqlx(e, self.path, what));
-                self.roll_back(&e).await;
-                Err(e)
-            }
-        }
-    }
-
-    /// Roll back, whatever `res` says (a probe changes nothing); `res`, or
-    /// the error `ROLLBACK` met.
-    pub(crate) async fn discard<T>(mut self, res: Result<T>, what: &str) -> Result<T> {
-        let res = res.map_err(|e| self.refine(e));
-        match &res {
-            Err(e) => self.roll_back(e).await,
-            Ok(_) => {
-                if let Err(e) = sqlx::raw_sql("ROLLBACK").execute(&mut *self.conn).await {
-                    let e = self.refine(map_sqlx(e, self.path, what));
-                    self.close_connection(&e);
-                    return Err(e);
-                }
-                self.open = false;
-            }
-        }
-        res
-    }
-
-    fn refine(&self, e: Error) -> Error {
-        if self.write {
-            refine_write(e, self.path)
-        } else {
-            e
-        }
-    }
-
-    /// After `cause`: `ROLLBACK`, and close the connection when that fails
-    /// or `cause` is permanent (see the rules above).
-    async fn roll_back(&mut self, cause: &Error) {
-        match sqlx::raw_sql("ROLLBACK").execute(&mut *self.conn).await {
-            Ok(_) => {
-                self.open = false;
-                if is_permanent(cause) {
-                    self.close_connection(cause);
-                }
-            }
-            Err(e) => {
-                tracing::debug!(path = %self.path.display(), error = %e, "ROLLBACK after a failure failed");
-                self.close_connection(cause);
-            }
-        }
-    }
-
-    /// Take the connection out of its pool: it is closed when this `Tx`
-    /// drops, and the pool opens a fresh one when needed.
-    fn close_connection(&mut self, cause: &Error) {
-        tracing::info!(
-            path = %self.path.display(),
-            error = %cause,
-            "closing a database connection after a failure; the next transaction gets a fresh one"
-        );
-        self.conn.close_on_drop();
-        self.open = false;
-    }
-}
-
-/// A failure after which a connection must not be reused: it may be one
-/// SQLite opened read-only (`Unauthorized`), or cache a corrupt page
-/// (`Internal`).
-fn is_permanent(e: &Error) -> bool {
-    matches!(e.kind(), ErrorKind::Unauthorized | ErrorKind::Internal)
-}
-
-impl Drop for Tx<'_> {
-    fn drop(&mut self) {
-        if self.open {
-            // Cancelled between BEGIN and its end: closing the connection
-            // rolls back whatever is open.
-            tracing::debug!(path = %self.path.display(), "transaction abandoned; closing its connection");
-            self.conn.close_on_drop();
-        }
-    }
-}
-
-/// Run [`TOUCH_META`]: the write check of `probe` and of the open.
-pub(crate) async fn touch_meta(conn: &mut SqliteConnection, path: &Path, what: &str) -> Result<()> {
-    let done = sqlx::query(TOUCH_META)
-        .execute(conn)
-        .await
-        .map_err(|e| map_sqlx(e, path, what))?;
-    match done.rows_affected() {
-        1 => Ok(()),
-        _ => Err(corrupt(path, what, "meta.revision is missing")),
-    }
-}
-
-impl Drop for Inner {
+impl Drop for Database {
     fn drop(&mut self) {
         let tasks = self.tasks.get_mut().unwrap_or_else(|p| p.into_inner());
         for t in tasks.drain(..) {
@@ -239,9 +68,93 @@ impl Drop for Inner {
     }
 }
 
-impl Inner {
-    /// The shared state around a freshly connected pool.
-    pub(crate) fn new(readers: SqlitePool, writer: SqlitePool, cfg: SqliteConfig) -> Self {
+/// The first 16 bytes of every SQLite database file.
+const SQLITE_HEADER: &[u8; 16] = b"SQLite format 3\0";
+
+impl Database {
+    /// Open (creating if needed) the database at `cfg.path`, check it,
+    /// migrate it and recompute liveness: steps 1 to 5 of the module docs.
+    /// No background task runs yet ([`Database::spawn`]).
+    pub(crate) async fn open(cfg: SqliteConfig) -> Result<Arc<Database>> {
+        Self::open_with(cfg, |opts| opts).await
+    }
+
+    /// [`Database::open`], with the connection options adjusted by `tweak`
+    /// (tests cap the file's size with `max_page_count`).
+    async fn open_with(
+        cfg: SqliteConfig,
+        tweak: impl FnOnce(SqliteConnectOptions) -> SqliteConnectOptions,
+    ) -> Result<Arc<Database>> {
+        cfg.check()?;
+        let path = cfg.path.clone();
+        // Every step is there to write: an I/O error at open is checked
+        // against the file's writability like one on a write.
+        let refine = |e| refine_write(e, &path);
+        if precheck(&path)? {
+            inspect(&path, cfg.busy_timeout).await.map_err(refine)?;
+        }
+        let opts = SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            // In WAL mode, NORMAL keeps every committed transaction across a
+            // crash of the process; a power loss may lose the last commits
+            // but never corrupts the file.
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(cfg.busy_timeout);
+        let opts = tweak(opts);
+        let acquire_timeout = cfg.busy_timeout.max(Duration::from_secs(5)) * 2;
+        let readers = SqlitePoolOptions::new()
+            .max_connections(cfg.max_connections)
+            .acquire_timeout(acquire_timeout)
+            .connect_with(opts.clone())
+            .await
+            .map_err(|e| refine(map_sqlx(e, &path, "connect to the registry database")))?;
+        // Opened by the first write (the open's own, just below).
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(acquire_timeout)
+            .connect_lazy_with(opts);
+        let db = Arc::new(Database::new(readers, writer, cfg));
+        if let Err(e) = db.start().await {
+            db.close().await;
+            return Err(e);
+        }
+        Ok(db)
+    }
+
+    /// Steps 4 and 5 of the module docs.
+    async fn start(&self) -> Result<()> {
+        let what = "open the registry database";
+        let mut tx = self.write_tx(what).await?;
+        let res = prepare(tx.conn(), &self.cfg.path, what).await;
+        tx.end(res, what).await?;
+        let revision = self.version().await?;
+        self.bump(revision.0);
+        // Node status is recomputed from last_seen: whoever was silent
+        // while nobody had the file open is marked or removed now.
+        let report = self.sweep_at(self.cfg.clock.now()).await?;
+        tracing::info!(
+            path = %self.cfg.path.display(),
+            %revision,
+            suspected = report.nodes.suspected.len(),
+            removed = report.nodes.removed.len(),
+            "opened SQLite registry"
+        );
+        Ok(())
+    }
+
+    /// Run `task` until the database is dropped or closed.
+    pub(crate) fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        let handle = tokio::spawn(task);
+        self.tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(handle);
+    }
+
+    /// The shared state around freshly made pools.
+    fn new(readers: SqlitePool, writer: SqlitePool, cfg: SqliteConfig) -> Self {
         let (notify, _) = watch::channel(0);
         Self {
             readers,
@@ -372,7 +285,7 @@ impl Inner {
         Ok(Version(rev))
     }
 
-    /// The work of [`Inner::commit_ops`] inside its transaction: the
+    /// The work of [`Database::commit_ops`] inside its transaction: the
     /// revisions before and after.
     async fn apply_ops(
         &self,
@@ -442,30 +355,6 @@ impl Inner {
         log_rows(conn, &self.cfg.path, &log, what).await?;
         self.finish(conn, start, floor, rev, what).await?;
         Ok((start, rev))
-    }
-
-    /// Record that `nodes` were seen now: new ones are admitted healthy; a
-    /// known one keeps its status (an unhealthy one recovers at the next
-    /// sweep, which revives its endpoints).
-    async fn seen(
-        &self,
-        conn: &mut SqliteConnection,
-        nodes: &BTreeSet<String>,
-        what: &str,
-    ) -> Result<()> {
-        let now = crate::layout::millis(self.cfg.clock.now());
-        for node in nodes {
-            sqlx::query(
-                "INSERT INTO nodes (id, status, last_seen) VALUES (?1, 'healthy', ?2) \
-                 ON CONFLICT (id) DO UPDATE SET last_seen = excluded.last_seen",
-            )
-            .bind(node)
-            .bind(now)
-            .execute(&mut *conn)
-            .await
-            .map_err(|e| self.map(e, what))?;
-        }
-        Ok(())
     }
 
     pub(crate) async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
@@ -550,5 +439,134 @@ impl Inner {
         self.writer.close().await;
         self.readers.close().await;
         self.notify.send_modify(|_| {});
+    }
+}
+
+/// Refuse, without writing anything, a path SQLite must not open.
+/// `true` when a non-empty file is there (to be inspected).
+fn precheck(path: &Path) -> Result<bool> {
+    let p = path.display();
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => Err(Error::invalid(
+            "path",
+            format!("{p} is a directory, not an SQLite database file"),
+        )),
+        Ok(m) if m.len() > 0 => {
+            let mut head = Vec::with_capacity(16);
+            std::fs::File::open(path)
+                .and_then(|f| f.take(16).read_to_end(&mut head))
+                .map_err(|e| io(path, "cannot read the registry database", e))?;
+            if head.as_slice() == SQLITE_HEADER {
+                Ok(true)
+            } else {
+                Err(Error::invalid(
+                    "path",
+                    format!(
+                        "{p} is not an SQLite database (it does not start with the SQLite \
+                         header); the file was left untouched"
+                    ),
+                ))
+            }
+        }
+        Ok(_) => Ok(false),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let parent = match path.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d,
+                _ => return Ok(false),
+            };
+            match std::fs::metadata(parent) {
+                Ok(m) if m.is_dir() => Ok(false),
+                Ok(_) => Err(Error::invalid(
+                    "path",
+                    format!("cannot create {p}: {} is not a directory", parent.display()),
+                )),
+                Err(e) => Err(io(path, "cannot create the registry database", e)),
+            }
+        }
+        Err(e) => Err(io(path, "cannot read the registry database", e)),
+    }
+}
+/// Step 2 of the module docs: look at an existing file through a read-only connection that
+/// sets no pragma (no WAL switch, nothing written), and refuse it unless
+/// it is ours.
+async fn inspect(path: &Path, busy_timeout: Duration) -> Result<()> {
+    let what = "inspect the database file before opening it";
+    let mut conn = SqliteConnectOptions::new()
+        .filename(path)
+        .read_only(true)
+        .create_if_missing(false)
+        .busy_timeout(busy_timeout)
+        .connect()
+        .await
+        .map_err(|e| map_sqlx(e, path, what))?;
+    let found = Found::read(&mut conn, path, what).await;
+    if let Err(e) = conn.close().await {
+        tracing::debug!(path = %path.display(), error = %e, "closing the inspection connection");
+    }
+    found?.check_ours(path).map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use registry_api::ErrorKind;
+
+    /// The disk-full path where no tmpfs can be mounted: the writer's
+    /// connections cap the file with `max_page_count`, which SQLite
+    /// reports as `FULL` on the statement that needs a new page (the
+    /// tmpfs test in tests/faults.rs meets it on `COMMIT`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_full_file_fails_writes_transiently_and_they_succeed_once_it_may_grow() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("registry.db");
+        let cfg = SqliteConfig::new(&path).with_sweep_interval(None);
+        let db = Database::open_with(cfg, |o| o.pragma("max_page_count", "40"))
+            .await
+            .expect("open");
+        let padded = |i: usize| {
+            let mut e = Endpoint::new("fill", format!("e{i:04}"), "127.0.0.1", 80);
+            for l in 0..8 {
+                e = e.with_label(format!("pad{l}"), "x".repeat(1000));
+            }
+            e
+        };
+        let mut acked = Vec::new();
+        let mut failures = 0;
+        for i in 0..1_000 {
+            match db.commit_ops(vec![Op::Register(padded(i))], "fill").await {
+                Ok(_) => acked.push(padded(i)),
+                Err(e) => {
+                    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+                    assert!(e.to_string().contains("full"), "{e}");
+                    assert!(e.to_string().contains(&path.display().to_string()), "{e}");
+                    failures += 1;
+                    if failures == 5 {
+                        break;
+                    }
+                }
+            }
+        }
+        assert_eq!(failures, 5, "40 pages never filled");
+        // "Space is freed": the writer's connection (the pool holds one)
+        // may grow the file again.
+        {
+            let mut conn = db.writer.acquire().await.expect("the writer");
+            sqlx::raw_sql("PRAGMA max_page_count = 1000000")
+                .execute(&mut *conn)
+                .await
+                .expect("raise the cap");
+        }
+        for i in 1_000..1_005 {
+            db.commit_ops(vec![Op::Register(padded(i))], "after")
+                .await
+                .expect("a write once the file may grow");
+            acked.push(padded(i));
+        }
+        let snap = db.snapshot().await.expect("snapshot");
+        for e in &acked {
+            assert!(snap.list("fill").contains(e), "{} is gone", e.key());
+        }
+        assert_eq!(db.integrity_check().await.expect("check"), vec!["ok"]);
+        db.close().await;
     }
 }

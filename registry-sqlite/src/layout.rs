@@ -1,5 +1,6 @@
-//! The on-disk layout: the schema, as an ordered list of migrations
-//! applied on open, and how rows encode endpoints and changes.
+//! The on-disk layout: the file's owner mark and schema (an ordered list
+//! of migrations, checked and applied on open), and how rows encode
+//! endpoints and changes.
 //!
 //! `schema_version` holds the number of every migration applied. A
 //! migration is never edited once released; a change is a new entry.
@@ -31,6 +32,18 @@ pub(crate) const OUR_TABLES: &[&str] = &["meta", "schema_version"];
 /// SQLite had to open read-only), and with an error when `meta` is
 /// missing or unreadable. It affects exactly one row.
 pub(crate) const TOUCH_META: &str = "UPDATE meta SET value = value WHERE key = 'revision'";
+
+/// Run [`TOUCH_META`]: the write check of `probe` and of the open.
+pub(crate) async fn touch_meta(conn: &mut SqliteConnection, path: &Path, what: &str) -> Result<()> {
+    let done = sqlx::query(TOUCH_META)
+        .execute(conn)
+        .await
+        .map_err(|e| map_sqlx(e, path, what))?;
+    match done.rows_affected() {
+        1 => Ok(()),
+        _ => Err(corrupt(path, what, "meta.revision is missing")),
+    }
+}
 
 /// Migration `i + 1` is `MIGRATIONS[i]`.
 pub(crate) const MIGRATIONS: &[&str] = &[
@@ -78,6 +91,152 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     "#,
 ];
 
+/// The most problems `PRAGMA quick_check` reports at open. The check
+/// reads every page (its cost grows with the file, a few milliseconds per
+/// megabyte), but stops collecting problems at this many; one is enough
+/// to refuse the file.
+pub(crate) const QUICK_CHECK_LIMIT: u32 = 100;
+
+/// What a database file says about its owner.
+pub(crate) struct Found {
+    application_id: i32,
+    /// Its tables, SQLite's own (`sqlite_…`) left out.
+    tables: Vec<String>,
+}
+
+impl Found {
+    pub(crate) async fn read(conn: &mut SqliteConnection, path: &Path, what: &str) -> Result<Self> {
+        let application_id: i32 = sqlx::query_scalar("PRAGMA application_id")
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| map_sqlx(e, path, what))?;
+        let tables: Vec<String> = sqlx::query_scalar(
+            "SELECT name FROM sqlite_master WHERE type = 'table' \
+             AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY name",
+        )
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(|e| map_sqlx(e, path, what))?;
+        Ok(Self {
+            application_id,
+            tables,
+        })
+    }
+
+    /// Whether the file is ours; `Ok(true)` when it still has to be
+    /// marked (an empty database, or one written by a release before
+    /// `application_id` was set), `Ok(false)` when it is marked already.
+    /// Another application's database is refused, naming the path.
+    pub(crate) fn check_ours(&self, path: &Path) -> Result<bool> {
+        let p = path.display();
+        match self.application_id {
+            APPLICATION_ID => Ok(false),
+            0 if self.tables.is_empty() => Ok(true),
+            0 if OUR_TABLES
+                .iter()
+                .all(|t| self.tables.iter().any(|have| have == t)) =>
+            {
+                Ok(true)
+            }
+            0 => {
+                let mut shown = self.tables.iter().take(5).cloned().collect::<Vec<_>>();
+                if self.tables.len() > shown.len() {
+                    shown.push("…".into());
+                }
+                Err(Error::invalid(
+                    "path",
+                    format!(
+                        "{p} is another application's SQLite database (its tables: {}; no \
+                         registry-sqlite schema); the file was left untouched",
+                        shown.join(", ")
+                    ),
+                ))
+            }
+            other => Err(Error::invalid(
+                "path",
+                format!(
+                    "{p} belongs to another application (its application_id is {other:#010x}, \
+                     registry-sqlite files have {APPLICATION_ID:#010x}); the file was left \
+                     untouched"
+                ),
+            )),
+        }
+    }
+}
+
+/// Inside the open's write transaction: `PRAGMA quick_check`, the
+/// ownership check again under the lock, the migrations the file lacks, a
+/// no-op write to `meta` (`BEGIN IMMEDIATE` alone succeeds on a file SQLite
+/// could only open read-only), and our `application_id` on an unmarked
+/// file.
+pub(crate) async fn prepare(conn: &mut SqliteConnection, path: &Path, what: &str) -> Result<()> {
+    let checking = format!("{what}: PRAGMA quick_check({QUICK_CHECK_LIMIT})");
+    let problems: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+        "PRAGMA quick_check({QUICK_CHECK_LIMIT})"
+    )))
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(|e| map_sqlx(e, path, &checking))?;
+    if problems != ["ok"] {
+        let shown: Vec<&str> = problems.iter().take(3).map(String::as_str).collect();
+        return Err(Error::internal(format!(
+            "{checking} on {}: the file is corrupt: {} problem(s) found: {}; restore it from \
+             a backup (nothing was written)",
+            path.display(),
+            problems.len(),
+            shown.join("; ")
+        )));
+    }
+    let owner = format!("{what}: check who owns the file");
+    let unmarked = Found::read(conn, path, &owner).await?.check_ours(path)?;
+    migrate(conn, path).await?;
+    // BEGIN IMMEDIATE alone succeeds on a file SQLite had to open
+    // read-only (an immutable file, a read-only mount); a write does not.
+    touch_meta(conn, path, &format!("{what}: a no-op write to meta")).await?;
+    if unmarked {
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "PRAGMA application_id = {APPLICATION_ID}"
+        )))
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| map_sqlx(e, path, what))?;
+        tracing::info!(path = %path.display(), application_id = APPLICATION_ID, "marked the file as a registry-sqlite database");
+    }
+    Ok(())
+}
+
+/// Apply every migration the file lacks.
+async fn migrate(conn: &mut SqliteConnection, path: &Path) -> Result<()> {
+    let what = "migrate the schema";
+    let err = |e| map_sqlx(e, path, what);
+    sqlx::query("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY)")
+        .execute(&mut *conn)
+        .await
+        .map_err(err)?;
+    let have: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(version), 0) FROM schema_version")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(err)?;
+    let known = MIGRATIONS.len() as i64;
+    if have > known {
+        return Err(Error::internal(format!(
+            "{}: schema version {have} was written by a newer registry-sqlite (this one knows \
+             up to {known})",
+            path.display()
+        )));
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(have as usize) {
+        sqlx::raw_sql(*sql).execute(&mut *conn).await.map_err(err)?;
+        sqlx::query("INSERT INTO schema_version (version) VALUES (?1)")
+            .bind(i as i64 + 1)
+            .execute(&mut *conn)
+            .await
+            .map_err(err)?;
+        tracing::info!(path = %path.display(), version = i + 1, "applied schema migration");
+    }
+    Ok(())
+}
+
 /// The endpoint columns written on every change. Reads take only
 /// `endpoint` (the whole endpoint as JSON): decoding one column is several
 /// times cheaper than nine; the others are there for SQL queries (by node,
@@ -87,7 +246,6 @@ macro_rules! ep_cols {
         "service, id, address, port, protocol, cluster, node, health, endpoint"
     };
 }
-pub(crate) use ep_cols;
 
 /// `endpoint` (JSON).
 pub(crate) type EpRow = (String,);
@@ -295,4 +453,35 @@ pub(crate) fn to_u64(v: i64) -> u64 {
 /// A revision as stored, saturating.
 pub(crate) fn to_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ownership() {
+        let p = Path::new("/x/r.db");
+        assert!(!found(APPLICATION_ID, &["anything"])
+            .check_ours(p)
+            .expect("ours"));
+        assert!(found(0, &[]).check_ours(p).expect("empty"));
+        let previous = ["changes", "endpoints", "meta", "nodes", "schema_version"];
+        assert!(found(0, &previous).check_ours(p).expect("previous release"));
+        let err = found(0, &["invoices", "meta"])
+            .check_ours(p)
+            .expect_err("foreign");
+        assert!(err.to_string().contains("/x/r.db") && err.to_string().contains("invoices"));
+        let err = found(0x1234, &previous)
+            .check_ours(p)
+            .expect_err("marked by another");
+        assert!(err.to_string().contains("0x00001234"), "{err}");
+    }
+
+    fn found(id: i32, tables: &[&str]) -> Found {
+        Found {
+            application_id: id,
+            tables: tables.iter().map(|t| t.to_string()).collect(),
+        }
+    }
 }

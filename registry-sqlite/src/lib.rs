@@ -7,9 +7,9 @@ mod core;
 mod error;
 mod layout;
 mod liveness;
-mod open;
+mod tx;
 mod watch;
 
 pub use backend::SqliteRegistry;
 pub use config::{Clock, ManualClock, SqliteConfig, SystemClock, DEFAULT_PATH};
-pub use liveness::{NodeRecord, SweepReport};
+pub use liveness::{NodeRecord, SqliteSweepReport};

@@ -1,18 +1,29 @@
-//! Liveness: the node table, heartbeats and sweeps.
+//! Liveness kept in the file: the `nodes` table, heartbeats and sweeps.
+//!
+//! This is not `registry_api::liveness::Liveness` (which keeps nodes in
+//! memory and is what `stack()` adds to backends without liveness): here
+//! nodes, their `last_seen` and the endpoints liveness marked unhealthy
+//! are rows of the file, so they survive restarts (status is recomputed on
+//! open), are shared by every process using the file, and change in the
+//! same transactions as the endpoints and the change log. A node is seen
+//! when it heartbeats, is registered with its address, or registers an
+//! endpoint.
 
+use std::collections::BTreeSet;
 use std::sync::Weak;
 use std::time::{Duration, SystemTime};
 
+use registry_api::liveness::SweepReport;
 use registry_api::{Endpoint, EndpointKey, Health, Result};
 use sqlx::sqlite::SqliteConnection;
 
-use crate::core::Inner;
+use crate::core::Database;
 use crate::error::corrupt;
 use crate::layout::{
-    decode, duration_ms, encode, ep_cols, from_millis, millis, to_i64, EpRow, EpRowSuspended,
+    decode, duration_ms, encode, from_millis, log_rows, millis, store_rows, EpRow, EpRowSuspended,
 };
 
-/// A node as the liveness tables hold it (the seed's `Node`).
+/// A node as the `nodes` table holds it.
 #[non_exhaustive]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeRecord {
@@ -28,14 +39,15 @@ pub struct NodeRecord {
     pub last_seen: SystemTime,
 }
 
-/// What one liveness sweep changed.
+/// What one sweep of the `nodes` table changed: the nodes, as the generic
+/// liveness reports them, and what only a persisted node table adds.
 #[non_exhaustive]
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SweepReport {
-    /// Nodes newly marked unhealthy.
-    pub suspected: Vec<String>,
-    /// Nodes removed, with all their endpoints.
-    pub removed: Vec<String>,
+pub struct SqliteSweepReport {
+    /// Nodes newly marked unhealthy (`suspected`) and removed with all their
+    /// endpoints (`removed`). `held` is always false: this sweep has no
+    /// self-preservation.
+    pub nodes: SweepReport,
     /// Nodes found unhealthy although their last heartbeat is recent (the
     /// clock moved back); marked healthy again.
     pub recovered: Vec<String>,
@@ -45,31 +57,32 @@ pub struct SweepReport {
     pub endpoints_removed: usize,
 }
 
-impl SweepReport {
+impl SqliteSweepReport {
     /// Whether the sweep changed nothing.
     pub fn is_empty(&self) -> bool {
-        self.suspected.is_empty()
-            && self.removed.is_empty()
+        self.nodes.suspected.is_empty()
+            && self.nodes.removed.is_empty()
             && self.recovered.is_empty()
             && self.endpoints_changed == 0
             && self.endpoints_removed == 0
     }
 }
 
-pub(crate) async fn sweep_loop(inner: Weak<Inner>, every: Duration) {
+/// Sweep every `every` until the database is dropped.
+pub(crate) async fn sweep_loop(db: Weak<Database>, every: Duration) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await; // the first tick is immediate; open already swept
     loop {
         tick.tick().await;
-        let Some(inner) = inner.upgrade() else { return };
-        if let Err(e) = inner.sweep_at(inner.cfg.clock.now()).await {
+        let Some(db) = db.upgrade() else { return };
+        if let Err(e) = db.sweep_at(db.cfg.clock.now()).await {
             tracing::warn!(error = %e, "liveness sweep failed");
         }
     }
 }
 
-impl Inner {
+impl Database {
     /// The stored endpoint with `key` and its `suspended` flag.
     pub(crate) async fn get(
         &self,
@@ -120,28 +133,11 @@ impl Inner {
             None => "added",
         };
         *rev += 1;
-        let whole = encode(&ep)?;
-        sqlx::query(concat!(
-            "INSERT OR REPLACE INTO endpoints (",
-            ep_cols!(),
-            ", suspended, revision) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
-        ))
-        .bind(&ep.service)
-        .bind(&ep.id)
-        .bind(&ep.address)
-        .bind(i64::from(ep.port))
-        .bind(ep.protocol.as_str())
-        .bind(&ep.cluster)
-        .bind(&ep.node)
-        .bind(ep.health.as_str())
-        .bind(&whole)
-        .bind(i64::from(suspended))
-        .bind(to_i64(*rev))
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| self.map(e, &what()))?;
-        self.log(conn, *rev, kind, &key, Some(whole), &what())
-            .await?;
+        let path = &self.cfg.path;
+        let what = what();
+        let json = encode(&ep)?;
+        store_rows(conn, path, &[(ep, suspended, *rev)], &what).await?;
+        log_rows(conn, path, &[(*rev, kind, key, Some(json))], &what).await?;
         Ok(true)
     }
 
@@ -163,31 +159,9 @@ impl Inner {
             return Ok(false);
         }
         *rev += 1;
-        self.log(conn, *rev, "removed", key, None, &what()).await?;
+        let entry = (*rev, "removed", key.clone(), None);
+        log_rows(conn, &self.cfg.path, &[entry], &what()).await?;
         Ok(true)
-    }
-
-    pub(crate) async fn log(
-        &self,
-        conn: &mut SqliteConnection,
-        rev: u64,
-        kind: &str,
-        key: &EndpointKey,
-        endpoint: Option<String>,
-        what: &str,
-    ) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO changes (revision, kind, service, id, endpoint) VALUES (?1, ?2, ?3, ?4, ?5)",
-        )
-        .bind(to_i64(rev))
-        .bind(kind)
-        .bind(&key.service)
-        .bind(&key.id)
-        .bind(endpoint)
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| self.map(e, what))?;
-        Ok(())
     }
 
     /// Endpoints of `node` matching `filter` (an SQL condition chosen among
@@ -207,6 +181,30 @@ impl Inner {
         rows.into_iter()
             .map(|r| decode(&self.cfg.path, r))
             .collect()
+    }
+
+    /// Record that `nodes` were seen now: new ones are admitted healthy; a
+    /// known one keeps its status (an unhealthy one recovers at the next
+    /// sweep, which revives its endpoints).
+    pub(crate) async fn seen(
+        &self,
+        conn: &mut SqliteConnection,
+        nodes: &BTreeSet<String>,
+        what: &str,
+    ) -> Result<()> {
+        let now = millis(self.cfg.clock.now());
+        for node in nodes {
+            sqlx::query(
+                "INSERT INTO nodes (id, status, last_seen) VALUES (?1, 'healthy', ?2) \
+                 ON CONFLICT (id) DO UPDATE SET last_seen = excluded.last_seen",
+            )
+            .bind(node)
+            .bind(now)
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| self.map(e, what))?;
+        }
+        Ok(())
     }
 
     /// Bring back the endpoints liveness marked unhealthy.
@@ -251,7 +249,7 @@ impl Inner {
         Ok(())
     }
 
-    pub(crate) async fn sweep_at(&self, now: SystemTime) -> Result<SweepReport> {
+    pub(crate) async fn sweep_at(&self, now: SystemTime) -> Result<SqliteSweepReport> {
         let what = "liveness sweep";
         let now = millis(now);
         let suspect_at = now.saturating_sub(duration_ms(self.cfg.suspect_after));
@@ -263,8 +261,8 @@ impl Inner {
         if !report.is_empty() {
             tracing::info!(
                 path = %self.cfg.path.display(),
-                suspected = ?report.suspected,
-                removed = ?report.removed,
+                suspected = ?report.nodes.suspected,
+                removed = ?report.nodes.removed,
                 recovered = ?report.recovered,
                 endpoints_changed = report.endpoints_changed,
                 endpoints_removed = report.endpoints_removed,
@@ -274,7 +272,7 @@ impl Inner {
         Ok(report)
     }
 
-    /// The work of [`Inner::beat`] inside its transaction: the node's
+    /// The work of [`Database::beat`] inside its transaction: the node's
     /// previous status, the endpoints revived, the new revision.
     async fn beat_in(
         &self,
@@ -315,7 +313,7 @@ impl Inner {
         Ok((known, revived, rev))
     }
 
-    /// The work of [`Inner::sweep_at`] inside its transaction: the report
+    /// The work of [`Database::sweep_at`] inside its transaction: the report
     /// and the new revision.
     async fn sweep_in(
         &self,
@@ -323,20 +321,20 @@ impl Inner {
         suspect_at: i64,
         remove_at: i64,
         what: &str,
-    ) -> Result<(SweepReport, u64)> {
-        let mut report = SweepReport::default();
+    ) -> Result<(SqliteSweepReport, u64)> {
+        let mut report = SqliteSweepReport::default();
         let (start, floor) = self.counters(conn, what).await?;
         let mut rev = start;
         let ids = |sql: &'static str, at: i64| sqlx::query_scalar::<_, String>(sql).bind(at);
 
-        report.removed = ids(
+        report.nodes.removed = ids(
             "SELECT id FROM nodes WHERE last_seen <= ?1 ORDER BY id",
             remove_at,
         )
         .fetch_all(&mut *conn)
         .await
         .map_err(|e| self.map(e, what))?;
-        for node in &report.removed {
+        for node in &report.nodes.removed {
             let what = format!("remove silent node {node}");
             let keys: Vec<(String, String)> =
                 sqlx::query_as("SELECT service, id FROM endpoints WHERE node = ?1")
@@ -355,14 +353,14 @@ impl Inner {
                 .map_err(|e| self.map(e, &what))?;
         }
 
-        report.suspected = ids(
+        report.nodes.suspected = ids(
             "SELECT id FROM nodes WHERE status = 'healthy' AND last_seen <= ?1 ORDER BY id",
             suspect_at,
         )
         .fetch_all(&mut *conn)
         .await
         .map_err(|e| self.map(e, what))?;
-        for node in &report.suspected {
+        for node in &report.nodes.suspected {
             let what = format!("mark silent node {node} unhealthy");
             sqlx::query("UPDATE nodes SET status = 'unhealthy' WHERE id = ?1")
                 .bind(node)

@@ -13,12 +13,13 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+use backon::ExponentialBackoff;
 use futures::stream::{self, StreamExt};
+use registry_api::backend::backoff;
 use registry_api::{Event, EventStream, Result, Snapshot, Version};
 use tokio::sync::watch;
 
-use crate::core::Inner;
+use crate::core::Database;
 use crate::layout::{decode_change, to_i64, ChangeRow};
 
 /// Changes read from the log per query while a watch catches up.
@@ -33,29 +34,29 @@ pub(crate) const RETRY_MAX: Duration = Duration::from_secs(5);
 /// Wake the watchers of this handle when another process changed the
 /// file, and when the log cannot be read any more (so that they try, and
 /// report the failure on their streams instead of waiting silently).
-pub(crate) async fn poll_log(inner: Weak<Inner>, every: Duration) {
+pub(crate) async fn poll_log(db: Weak<Database>, every: Duration) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failing = false;
     loop {
         tick.tick().await;
-        let Some(inner) = inner.upgrade() else { return };
-        if inner.notify.receiver_count() == 0 {
+        let Some(db) = db.upgrade() else { return };
+        if db.notify.receiver_count() == 0 {
             continue;
         }
-        match inner.version().await {
+        match db.version().await {
             Ok(v) => {
                 if failing {
-                    tracing::info!(path = %inner.cfg.path.display(), "the change log can be read again");
+                    tracing::info!(path = %db.cfg.path.display(), "the change log can be read again");
                 }
                 failing = false;
-                inner.bump(v.0);
+                db.bump(v.0);
             }
             Err(e) => {
                 tracing::warn!(error = %e, "polling the change log failed");
                 if !failing {
                     failing = true;
-                    inner.notify.send_modify(|_| {});
+                    db.notify.send_modify(|_| {});
                 }
             }
         }
@@ -67,7 +68,7 @@ enum Catchup {
     Changes(Vec<Event>),
 }
 
-impl Inner {
+impl Database {
     /// What a watcher at `from` needs next.
     async fn catch_up(&self, from: Option<u64>) -> Result<Catchup> {
         let Some(from) = from else {
@@ -108,7 +109,7 @@ impl Inner {
 }
 
 struct WatchState {
-    inner: Weak<Inner>,
+    db: Weak<Database>,
     rx: watch::Receiver<u64>,
     last: Option<u64>,
     pending: VecDeque<Event>,
@@ -119,13 +120,7 @@ struct WatchState {
 
 /// The delays between a failing watch's attempts.
 fn retry_delays() -> ExponentialBackoff {
-    ExponentialBuilder::default()
-        .with_min_delay(RETRY_MIN)
-        .with_max_delay(RETRY_MAX)
-        .with_factor(2.0)
-        .with_jitter()
-        .without_max_times()
-        .build()
+    backoff(RETRY_MIN, RETRY_MAX)
 }
 
 impl WatchState {
@@ -150,7 +145,7 @@ impl WatchState {
                     }
                 }
             }
-            let inner = self.inner.upgrade()?;
+            let db = self.db.upgrade()?;
             // Mark the current notification seen before reading, so a
             // commit after the read wakes us again.
             self.rx.borrow_and_update();
@@ -160,26 +155,26 @@ impl WatchState {
             } else {
                 self.last
             };
-            match inner.catch_up(from).await {
+            match db.catch_up(from).await {
                 Err(e) => {
-                    if inner.readers.is_closed() {
+                    if db.readers.is_closed() {
                         // Closed: this failure is the last item.
                         self.done = true;
                     } else {
-                        tracing::warn!(path = %inner.cfg.path.display(), error = %e, "a watch could not read the change log; it will retry");
+                        tracing::warn!(path = %db.cfg.path.display(), error = %e, "a watch could not read the change log; it will retry");
                         self.retry.get_or_insert_with(retry_delays);
                     }
                     return Some(Err(e));
                 }
                 Ok(Catchup::Snapshot(s)) => {
                     if self.retry.take().is_some() {
-                        tracing::info!(path = %inner.cfg.path.display(), version = %s.version(), "a watch recovered; sending a fresh snapshot");
+                        tracing::info!(path = %db.cfg.path.display(), version = %s.version(), "a watch recovered; sending a fresh snapshot");
                     }
                     self.pending.push_back(Event::Snapshot(s));
                 }
                 Ok(Catchup::Changes(evs)) if !evs.is_empty() => self.pending.extend(evs),
                 Ok(Catchup::Changes(_)) => {
-                    drop(inner);
+                    drop(db);
                     if self.rx.changed().await.is_err() {
                         // The registry was dropped.
                         return None;
@@ -190,12 +185,12 @@ impl WatchState {
     }
 }
 
-/// A native watch of `inner`'s change log; see [`registry_api::Watch`] on
+/// A native watch of `db`'s change log; see [`registry_api::Watch`] on
 /// [`crate::SqliteRegistry`].
-pub(crate) fn watch(inner: &Arc<Inner>, from: Option<Version>) -> EventStream {
+pub(crate) fn watch(db: &Arc<Database>, from: Option<Version>) -> EventStream {
     let state = WatchState {
-        inner: Arc::downgrade(inner),
-        rx: inner.notify.subscribe(),
+        db: Arc::downgrade(db),
+        rx: db.notify.subscribe(),
         last: from.map(|v| v.0),
         pending: VecDeque::new(),
         retry: None,

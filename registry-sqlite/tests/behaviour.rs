@@ -374,11 +374,11 @@ async fn liveness_unhealthy_at_30s_pruned_at_5min_readmitted_by_heartbeat() {
     // 29 s of silence: nothing happens.
     clock.advance(sec(29));
     reg.heartbeat("n2").await.expect("n2 stays alive");
-    assert!(reg.sweep().await.expect("sweep").suspected.is_empty());
+    assert!(reg.sweep().await.expect("sweep").nodes.suspected.is_empty());
     // 30 s: n1 and its healthy endpoints are marked unhealthy.
     clock.advance(sec(1));
     let report = reg.sweep().await.expect("sweep");
-    assert_eq!(report.suspected, vec!["n1"]);
+    assert_eq!(report.nodes.suspected, vec!["n1"]);
     assert_eq!(report.endpoints_changed, 2);
     let n1 = reg.node("n1").await.expect("node").expect("n1 known");
     assert_eq!(
@@ -420,16 +420,19 @@ async fn liveness_unhealthy_at_30s_pruned_at_5min_readmitted_by_heartbeat() {
     // Silent again: unhealthy after 30 s, removed at 5 min, with its endpoints.
     clock.advance(sec(30));
     reg.heartbeat("n2").await.expect("n2");
-    assert_eq!(reg.sweep().await.expect("sweep").suspected, vec!["n1"]);
+    assert_eq!(
+        reg.sweep().await.expect("sweep").nodes.suspected,
+        vec!["n1"]
+    );
     clock.advance(sec(269));
     reg.heartbeat("n2").await.expect("n2");
     assert!(
-        reg.sweep().await.expect("sweep").removed.is_empty(),
+        reg.sweep().await.expect("sweep").nodes.removed.is_empty(),
         "removed before 5 min"
     );
     clock.advance(sec(1));
     let report = reg.sweep().await.expect("sweep");
-    assert_eq!(report.removed, vec!["n1"]);
+    assert_eq!(report.nodes.removed, vec!["n1"]);
     assert_eq!(report.endpoints_removed, 3);
     assert_eq!(
         health_of(&reg.list("api").await.expect("list")),

@@ -59,7 +59,7 @@ async fn on_sqlite_pruned_then_back_then_gone() {
         .sweep_at(SystemTime::now() + Duration::from_secs(600))
         .await
         .unwrap();
-    assert_eq!(report.removed, vec![e.node.clone()]);
+    assert_eq!(report.nodes.removed, vec![e.node.clone()]);
     eventually("the endpoint back after the prune", || async {
         present(&*reg, &e).await.then_some(())
     })
@@ -193,13 +193,13 @@ async fn a_killed_service_turns_unhealthy_then_goes_on_sqlite() {
     // Silent for 31 s, as the sweeper sees it: unhealthy; for 5 min: gone.
     let now = SystemTime::now();
     let report = reg.sweep_at(now + Duration::from_secs(31)).await.unwrap();
-    assert_eq!(report.suspected, vec![node.clone()]);
+    assert_eq!(report.nodes.suspected, vec![node.clone()]);
     assert_eq!(
         reg.list("announced").await.unwrap()[0].health,
         Health::Unhealthy
     );
     let report = reg.sweep_at(now + Duration::from_secs(301)).await.unwrap();
-    assert_eq!(report.removed, vec![node]);
+    assert_eq!(report.nodes.removed, vec![node]);
     assert!(reg.list("announced").await.unwrap().is_empty());
 }
 

@@ -313,8 +313,9 @@ async fn hundred_drops_registrar_stream() {
         None,
         futures::future::pending(),
     ));
-    let raw =
-        registry_registrar::Raw::connect(registry_registrar::ClientConfig::new(url, "drops", "n"))
-            .unwrap();
+    let raw = registry_registrar::RpcClient::connect(registry_registrar::ClientConfig::new(
+        url, "drops", "n",
+    ))
+    .unwrap();
     hundred_drops(raw).await;
 }

@@ -32,7 +32,7 @@ use registry_api::{
     Batch, Capabilities, Endpoint, EndpointKey, Event, EventStream, Heartbeat, Op, Registry,
     Result, Snapshot, Watch,
 };
-use registry_registrar::{ClientConfig, Raw, RegistrarClient};
+use registry_registrar::{ClientConfig, RegistrarClient, RpcClient};
 
 #[derive(Parser, Debug)]
 #[command(about = "Bounded load test of one registrar on loopback")]
@@ -127,7 +127,7 @@ async fn fan_out(args: &Args) -> std::result::Result<(), Box<dyn std::error::Err
     let rss_before = rss_bytes();
     let mut streams = Vec::with_capacity(args.agents);
     for i in 0..args.agents {
-        let raw = Raw::connect(ClientConfig::new(
+        let raw = RpcClient::connect(ClientConfig::new(
             server.url.clone(),
             "load",
             format!("agent-{i}"),
@@ -343,7 +343,7 @@ async fn backend_load(args: &Args) -> std::result::Result<(), Box<dyn std::error
     let server = start(backend, RegistrarConfig::new("load")).await?;
     let mut streams = Vec::new();
     for i in 0..agents {
-        let raw = Raw::connect(ClientConfig::new(
+        let raw = RpcClient::connect(ClientConfig::new(
             server.url.clone(),
             "load",
             format!("agent-{i}"),
@@ -388,7 +388,7 @@ async fn cold_start(args: &Args) -> std::result::Result<(), Box<dyn std::error::
     let server = start(Arc::new(mem), RegistrarConfig::new("load")).await?;
     server.registrar.state().wait_until_ready().await;
     // Baseline: one plain ListAllEndpoints call (the proxy path).
-    let raw = Raw::connect(ClientConfig::new(server.url.clone(), "load", "proxy"))?;
+    let raw = RpcClient::connect(ClientConfig::new(server.url.clone(), "load", "proxy"))?;
     let t = Instant::now();
     let direct = raw.snapshot().await?.len();
     let direct_time = t.elapsed();

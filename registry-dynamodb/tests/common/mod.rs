@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use registry_api::polling::{Polling, PollingConfig};
 use registry_api::testing::unique;
 use registry_api::{
     Batch, Capabilities, Endpoint, EndpointKey, EventStream, Op, Registry, Result, Snapshot,
@@ -45,9 +46,13 @@ pub fn config(url: &str) -> DynamoDbConfig {
         .with_watch_history(64)
 }
 
-/// A registry on a table of its own, holding the server it uses.
+/// A registry on a table of its own, holding the server it uses. Its
+/// watch is the registry's own on a table with a stream, and `Polling`
+/// over it on one without (as `registry_api::stack::stack` wraps it).
 pub struct Harness {
-    pub reg: DynamoDbRegistry,
+    pub reg: Arc<DynamoDbRegistry>,
+    /// `Polling` over `reg` when the table has no stream.
+    pub polled: Option<Polling<Arc<DynamoDbRegistry>>>,
     pub cfg: DynamoDbConfig,
     pub moto: Arc<MotoServer>,
     /// Running the conformance suite (see `capabilities`).
@@ -75,8 +80,16 @@ impl Harness {
             .await
             .expect("connect");
         assert_eq!(reg.watches_stream(), stream, "watch mode of {reg}");
+        let reg = Arc::new(reg);
+        let polled = (!stream).then(|| {
+            let polling = PollingConfig::default()
+                .with_interval(cfg.poll_interval)
+                .with_history(cfg.watch_history);
+            Polling::with_config(Arc::clone(&reg), polling).expect("polling config")
+        });
         Harness {
             reg,
+            polled,
             cfg,
             moto,
             conformance: false,
@@ -111,7 +124,10 @@ impl Registry for Harness {
         self.reg.snapshot().await
     }
     fn capabilities(&self) -> Capabilities {
-        self.reg.capabilities()
+        match &self.polled {
+            Some(p) => p.capabilities(),
+            None => self.reg.capabilities(),
+        }
     }
 }
 
@@ -127,7 +143,10 @@ impl Batch for Harness {
 
 impl Watch for Harness {
     fn watch(&self, from: Option<Version>) -> EventStream {
-        self.reg.watch(from)
+        match &self.polled {
+            Some(p) => p.watch(from),
+            None => self.reg.watch(from),
+        }
     }
 }
 

@@ -204,18 +204,19 @@ pub struct ServeArgs {
     /// etcd endpoints, comma-separated (`--registry-backend=etcd`).
     #[arg(long, default_value = "http://127.0.0.1:2379", value_delimiter = ',')]
     pub etcd_endpoints: Vec<String>,
-    /// Key prefix in etcd.
-    #[arg(long, default_value = "/aether")]
+    /// Key prefix in etcd (earlier releases defaulted to `/aether`).
+    #[arg(long, default_value = "/registry")]
     pub etcd_prefix: String,
-    /// The DynamoDB table (`--registry-backend=dynamodb`).
-    #[arg(long, default_value = "aether-registry")]
+    /// The DynamoDB table (`--registry-backend=dynamodb`; earlier releases
+    /// defaulted to `aether-registry`).
+    #[arg(long, default_value = "registry")]
     pub dynamodb_table: String,
     /// Create the DynamoDB table (on-demand, with a stream) if it is missing.
     #[arg(long)]
     pub dynamodb_create_table: bool,
     /// The Cloud Map namespace (`--registry-backend=cloudmap`); created as an
-    /// HTTP namespace if missing.
-    #[arg(long, default_value = "aether")]
+    /// HTTP namespace if missing (earlier releases defaulted to `aether`).
+    #[arg(long, default_value = "registry")]
     pub cloudmap_namespace: String,
     /// AWS region for DynamoDB and Cloud Map (default: the AWS chain's).
     #[arg(long, env = "AWS_REGION")]

@@ -4,12 +4,12 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use registry_api::{Endpoint, EndpointKey, Event, Health, Registry, Watch};
-use registry_registrar::{Ack, ClientConfig, Raw};
+use registry_registrar::{Ack, ClientConfig, RpcClient};
 
 use crate::cli::{Cli, DeregisterArgs, LsArgs, RegisterArgs, WatchArgs};
 
 /// A plain client of the registrar at `--address`.
-fn client(cli: &Cli, ack: Option<Ack>) -> Result<Raw, String> {
+fn client(cli: &Cli, ack: Option<Ack>) -> Result<RpcClient, String> {
     let mut cfg = ClientConfig::new(cli.address.clone(), "operator", "registrar-cli")
         .with_timeouts(Duration::from_secs(5), Duration::from_secs(10));
     if let Some(ack) = ack {
@@ -18,7 +18,7 @@ fn client(cli: &Cli, ack: Option<Ack>) -> Result<Raw, String> {
     if let Some(files) = cli.tls.client_files()? {
         cfg = cfg.with_tls(files);
     }
-    Raw::connect(cfg).map_err(|e| format!("registrar {}: {e}", cli.address))
+    RpcClient::connect(cfg).map_err(|e| format!("registrar {}: {e}", cli.address))
 }
 
 fn endpoint_line(e: &Endpoint) -> String {

@@ -1,12 +1,11 @@
-//! Conversions between the protobuf messages and `registry_api`'s model,
-//! the resume token, and the one mapping between `registry_api::Error` and
-//! gRPC statuses (both directions).
+//! How an endpoint travels on the registrar's wire: the protobuf
+//! messages of `aether.registry.v1` and `aether.registrar.v1` as
+//! `registry_api`'s model, and the resume token `<epoch>.<sequence>`.
 
 use std::fmt;
 use std::str::FromStr;
 
-use registry_api::{Endpoint, EndpointKey, Error, ErrorKind, Health, Protocol, Version};
-use tonic::{Code, Status};
+use registry_api::{Endpoint, EndpointKey, Error, Health, Protocol, Version};
 
 use crate::proto::registry::v1::{service, service_endpoint, ServiceEndpoint};
 
@@ -149,65 +148,6 @@ pub fn key_from_parts(service_name: String, id: String) -> Result<EndpointKey, E
     Ok(EndpointKey::new(service_name, id))
 }
 
-/// Our error as a gRPC status (server side).
-pub fn status_from_error(e: &Error) -> Status {
-    let msg = e.to_string();
-    match e.kind() {
-        ErrorKind::InvalidInput => Status::invalid_argument(msg),
-        ErrorKind::NotFound => Status::not_found(msg),
-        ErrorKind::Conflict => Status::aborted(msg),
-        ErrorKind::Unavailable => Status::unavailable(msg),
-        ErrorKind::Throttled | ErrorKind::Overloaded => Status::resource_exhausted(msg),
-        ErrorKind::Unauthorized => Status::permission_denied(msg),
-        _ => Status::internal(msg),
-    }
-}
-
-/// The chain of causes below a status (why a connection failed), as
-/// `": cause: cause"`, without repeats.
-fn causes(s: &Status) -> String {
-    let mut out = String::new();
-    let mut seen = vec![s.message().to_string()];
-    let mut next = std::error::Error::source(s);
-    while let Some(e) = next {
-        let text = e.to_string();
-        if !seen.iter().any(|t| t.contains(&text)) {
-            out.push_str(": ");
-            out.push_str(&text);
-            seen.push(text);
-        }
-        next = e.source();
-    }
-    out
-}
-
-/// A gRPC status as our error (client side); `addr` is the registrar's
-/// address, named in connection errors.
-pub fn error_from_status(s: &Status, addr: &str) -> Error {
-    let msg = s.message().to_string();
-    match s.code() {
-        Code::InvalidArgument | Code::OutOfRange => {
-            // The server's message is already "invalid <field>: <reason>".
-            let body = msg.strip_prefix("invalid ").unwrap_or(&msg);
-            match body.split_once(": ") {
-                Some((field, reason)) => Error::invalid(field, reason),
-                None => Error::invalid("request", msg),
-            }
-        }
-        Code::NotFound => Error::not_found(msg),
-        Code::Aborted | Code::AlreadyExists | Code::FailedPrecondition => Error::conflict(msg),
-        Code::ResourceExhausted => Error::overloaded(format!("registrar {addr}: {msg}")),
-        Code::PermissionDenied | Code::Unauthenticated => {
-            Error::unauthorized(format!("registrar {addr}: {msg}"))
-        }
-        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
-            Error::unavailable(format!("registrar {addr}: {msg}{}", causes(s)))
-                .with_source(s.clone())
-        }
-        _ => Error::internal(format!("registrar {addr}: {msg}")).with_source(s.clone()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,18 +185,5 @@ mod tests {
                 .starts_with("invalid endpoint.service_name:"),
             "{err}"
         );
-    }
-
-    #[test]
-    fn statuses_and_errors_map_both_ways() {
-        let e = Error::invalid("endpoint.port", "0 is not a port");
-        let s = status_from_error(&e);
-        assert_eq!(s.code(), Code::InvalidArgument);
-        let back = error_from_status(&s, "127.0.0.1:1");
-        assert_eq!(back.to_string(), e.to_string());
-        let s = Status::unavailable("connection refused");
-        let back = error_from_status(&s, "127.0.0.1:9");
-        assert_eq!(back.kind(), ErrorKind::Unavailable);
-        assert!(back.to_string().contains("127.0.0.1:9"));
     }
 }

@@ -7,34 +7,20 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use registry_api::{
-    backend::validate_ops,
+    backend::check_batch,
     cached::{CachedConfig, CachedRegistry},
-    Batch, Capabilities, Endpoint, EndpointKey, Error, EventStream, Heartbeat, Op, Registry,
-    Result, Snapshot, Version, Watch,
+    Batch, Capabilities, Endpoint, EndpointKey, EventStream, Heartbeat, Op, Registry, Result,
+    Snapshot, Version, Watch,
 };
 use tokio::sync::broadcast;
 
 use crate::config::{Ack, ClientConfig};
+use crate::core::{reconcile_loop, ClientState, Refusal, Writes};
 use crate::overlay::Overlay;
-use crate::raw::Raw;
-use crate::writes::{reconcile_loop, Writes};
+use crate::rpc::RpcClient;
 
-/// A write of this client that the backend refused after the registrar
-/// acknowledged it (optimistic mode): the registrar undid it and said why
-/// on the watch stream.
-#[derive(Debug, Clone)]
-pub struct Refusal {
-    /// The key written.
-    pub key: EndpointKey,
-    /// The refused write.
-    pub op: Op,
-    /// Why the backend refused it.
-    pub error: Error,
-    /// Whether this client sends it again: yes unless the write itself was
-    /// at fault ([`Error::is_request_fault`]), in which case the client
-    /// stops asserting it and its local cache shows the registrar's value.
-    pub retrying: bool,
-}
+/// The most ops one [`Batch::apply`] call takes (they are sent one by one).
+const MAX_BATCH: usize = 1000;
 
 /// The agent's registry backend (`--registry-backend=registrar`).
 ///
@@ -44,7 +30,7 @@ pub struct Refusal {
 /// - Writes are validated, applied to the local cache at once, then sent.
 ///   In optimistic mode ([`Ack::Optimistic`], the default) a write the
 ///   registrar cannot be reached for is kept (bounded by `max_pending`,
-///   then [`Error::Overloaded`]) and re-sent when it is back; other errors
+///   then [`registry_api::Error::Overloaded`]) and re-sent when it is back; other errors
 ///   undo the local change and are returned. In durable mode
 ///   ([`Ack::Durable`]) a write returns once the backend committed it, and
 ///   any error (unreachable included) undoes it and is returned.
@@ -75,17 +61,8 @@ pub struct Refusal {
 /// # Ok(()) }
 /// ```
 pub struct RegistrarClient {
-    inner: Arc<Inner>,
+    state: Arc<ClientState>,
     reconciler: tokio::task::JoinHandle<()>,
-}
-
-/// What the client and its reconcile task share.
-pub(crate) struct Inner {
-    pub(crate) cache: CachedRegistry<Raw>,
-    pub(crate) overlay: Overlay,
-    pub(crate) writes: Writes,
-    pub(crate) cfg: ClientConfig,
-    pub(crate) refusals: broadcast::Sender<Refusal>,
 }
 
 impl RegistrarClient {
@@ -95,18 +72,18 @@ impl RegistrarClient {
     /// as `Unavailable` errors and a cache that waits. Must be called
     /// inside a Tokio runtime.
     pub fn connect(cfg: ClientConfig) -> Result<Self> {
-        let raw = Raw::connect(cfg.clone())?;
-        let connected = raw.connected.subscribe();
-        let stream_refusals = raw.refusals.subscribe();
+        let rpc = RpcClient::connect(cfg.clone())?;
+        let connected = rpc.connected.subscribe();
+        let stream_refusals = rpc.refusals.subscribe();
         let (cache, overlay) = Overlay::cache(
-            raw,
+            rpc,
             CachedConfig::default()
                 .with_write_wait(Duration::ZERO)
                 .with_history(cfg.history)
                 .with_reconnect(cfg.reconnect.0, cfg.reconnect.1)
                 .with_metrics_prefix("agent_registrar"),
         )?;
-        let inner = Arc::new(Inner {
+        let state = Arc::new(ClientState {
             cache,
             overlay,
             writes: Writes::new(cfg.max_pending),
@@ -114,87 +91,61 @@ impl RegistrarClient {
             cfg,
         });
         let reconciler = tokio::spawn(reconcile_loop(
-            Arc::downgrade(&inner),
+            Arc::downgrade(&state),
             connected,
             stream_refusals,
         ));
-        Ok(Self { inner, reconciler })
+        Ok(Self { state, reconciler })
     }
 
-    /// The local cache (age, readiness, the raw client).
-    pub fn cache(&self) -> &CachedRegistry<Raw> {
-        &self.inner.cache
+    /// The local cache (age, readiness, the [`RpcClient`] under it).
+    pub fn cache(&self) -> &CachedRegistry<RpcClient> {
+        &self.state.cache
     }
 
     /// Writes waiting for the registrar to come back (or to accept them).
     pub fn pending_writes(&self) -> usize {
-        self.inner.writes.pending_len()
+        self.state.writes.pending_len()
     }
 
     /// Endpoints this client registered and still holds.
     pub fn owned(&self) -> Vec<Endpoint> {
-        self.inner.writes.owned_endpoints()
+        self.state.writes.owned_endpoints()
     }
 
     /// The refusals of this client's writes, as they arrive.
     pub fn refusals(&self) -> broadcast::Receiver<Refusal> {
-        self.inner.refusals.subscribe()
+        self.state.refusals.subscribe()
     }
 
     /// Whether writes and heartbeats currently go to the fallback backend.
     pub fn is_falling_back(&self) -> bool {
-        self.inner.writes.falling_back()
+        self.state.writes.falling_back()
     }
 
     /// Apply `op` locally, record it, send it; undo on an error returned.
     async fn write(&self, op: Op) -> Result<()> {
-        let inner = &self.inner;
+        let state = &self.state;
         let key = op.key();
-        let previous_local = inner
+        let previous_local = state
             .cache
             .store()
             .snapshot()
             .and_then(|s| s.get(&key).cloned());
-        let previous_owned = inner.writes.own(&op);
-        inner.overlay.apply(std::slice::from_ref(&op));
-        let queue = inner.cfg.ack == Ack::Optimistic;
-        match inner.send(&op, queue).await {
+        let previous_owned = state.writes.own(&op);
+        state.overlay.apply(std::slice::from_ref(&op));
+        let queue = state.cfg.ack == Ack::Optimistic;
+        match state.send(&op, queue).await {
             Ok(()) => Ok(()),
             Err(e) => {
-                inner.writes.restore(&key, previous_owned);
+                state.writes.restore(&key, previous_owned);
                 let undo = match previous_local {
                     Some(ep) => Op::Register(ep),
                     None => Op::Deregister(key),
                 };
-                inner.overlay.undo(&[undo]);
+                state.overlay.undo(&[undo]);
                 Err(e)
             }
-        }
-    }
-}
-
-impl Inner {
-    /// Send one write to the registrar, or to the fallback backend while
-    /// falling back. With `queue`, an unreachable registrar keeps the write
-    /// pending (Ok) while there is room.
-    pub(crate) async fn send(&self, op: &Op, queue: bool) -> Result<()> {
-        let key = op.key();
-        let res = match (&self.cfg.fallback, self.writes.falling_back()) {
-            (Some(f), true) => match op {
-                Op::Register(e) => f.backend.register(e.clone()).await,
-                Op::Deregister(k) => f.backend.deregister(k).await,
-            },
-            _ => self.cache.get_ref().send(op, self.cfg.ack).await,
-        };
-        match res {
-            Ok(()) => {
-                self.writes.sent(op);
-                Ok(())
-            }
-            Err(e) if queue && e.kind() == registry_api::ErrorKind::Unavailable => {
-                self.writes.queue(key, &e)
-            }
-            Err(e) => Err(e),
         }
     }
 }
@@ -207,14 +158,14 @@ impl Drop for RegistrarClient {
 
 impl fmt::Display for RegistrarClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.inner.cache, f)
+        fmt::Display::fmt(&self.state.cache, f)
     }
 }
 
 impl fmt::Debug for RegistrarClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RegistrarClient")
-            .field("cache", &self.inner.cache)
+            .field("cache", &self.state.cache)
             .field("pending", &self.pending_writes())
             .field("falling_back", &self.is_falling_back())
             .finish()
@@ -231,28 +182,30 @@ impl Registry for RegistrarClient {
         self.write(Op::Deregister(key.clone())).await
     }
     async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
-        self.inner.cache.list(service).await
+        self.state.cache.list(service).await
     }
     async fn snapshot(&self) -> Result<Snapshot> {
-        self.inner.cache.snapshot().await
+        self.state.cache.snapshot().await
     }
     fn capabilities(&self) -> Capabilities {
         Capabilities::default()
             .with_native_watch(true)
             .with_resumable_watch(true)
             .with_native_liveness(true)
-            .with_max_batch(1000)
+            .with_max_batch(MAX_BATCH)
     }
     async fn probe(&self) -> Result<()> {
-        self.inner.cache.get_ref().probe().await
+        self.state.cache.get_ref().probe().await
     }
 }
 
 #[async_trait]
 impl Batch for RegistrarClient {
-    /// Not atomic: the ops are sent one by one, in order.
+    /// Not atomic: the ops are sent one by one, in order. The batch rule
+    /// first ([`check_batch`]): more than `max_batch` (1,000) ops, or an
+    /// invalid op, are refused naming `ops`, and nothing is sent.
     async fn apply(&self, ops: Vec<Op>) -> Result<()> {
-        validate_ops(&ops)?;
+        check_batch(&ops, MAX_BATCH)?;
         for op in ops {
             self.write(op).await?;
         }
@@ -262,16 +215,28 @@ impl Batch for RegistrarClient {
 
 impl Watch for RegistrarClient {
     fn watch(&self, from: Option<Version>) -> EventStream {
-        self.inner.cache.watch(from)
+        self.state.cache.watch(from)
     }
 }
 
 #[async_trait]
 impl Heartbeat for RegistrarClient {
     async fn heartbeat(&self, node: &str) -> Result<()> {
-        match (&self.inner.cfg.fallback, self.inner.writes.falling_back()) {
+        match (&self.state.cfg.fallback, self.state.writes.falling_back()) {
             (Some(f), true) => f.backend.heartbeat(node).await,
-            _ => self.inner.cache.get_ref().heartbeat(node).await,
+            _ => self.state.cache.get_ref().heartbeat(node).await,
         }
+    }
+}
+
+/// RegistrarClient implements all four traits, with the registrar's
+/// watch and liveness: [`registry_api::stack::stack`] wraps it as its
+/// capabilities call for.
+impl registry_api::stack::IntoStack for RegistrarClient {
+    fn into_stack(
+        self,
+        cfg: &registry_api::stack::StackConfig,
+    ) -> registry_api::Result<std::sync::Arc<dyn registry_api::stack::Stack>> {
+        registry_api::stack::full(self, cfg)
     }
 }

@@ -1,10 +1,12 @@
-//! The item layout: one item per endpoint, in plain attributes that any AWS
-//! tool can read and write (see the crate README for the table).
+//! How an endpoint is stored: one item per endpoint, in plain attributes
+//! that any AWS tool can read and write (see the crate README for the
+//! table), and a DynamoDB Streams image read back as such an item.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aws_sdk_dynamodb::types::AttributeValue;
+use aws_sdk_dynamodbstreams::types::AttributeValue as StreamValue;
 use registry_api::{Endpoint, EndpointKey, Error, Health, Protocol};
 
 /// Partition key: the service name.
@@ -162,6 +164,27 @@ pub(crate) fn decode(item: &Item) -> Result<Endpoint, Error> {
     Ok(e)
 }
 
+/// A Streams image as a DynamoDB item (the two SDKs have their own types).
+pub(crate) fn from_stream_image(image: &HashMap<String, StreamValue>) -> Item {
+    image.iter().map(|(k, v)| (k.clone(), value(v))).collect()
+}
+
+fn value(v: &StreamValue) -> AttributeValue {
+    match v {
+        StreamValue::S(s) => AttributeValue::S(s.clone()),
+        StreamValue::N(n) => AttributeValue::N(n.clone()),
+        StreamValue::Bool(b) => AttributeValue::Bool(*b),
+        StreamValue::Null(n) => AttributeValue::Null(*n),
+        StreamValue::B(b) => AttributeValue::B(b.clone()),
+        StreamValue::Ss(v) => AttributeValue::Ss(v.clone()),
+        StreamValue::Ns(v) => AttributeValue::Ns(v.clone()),
+        StreamValue::Bs(v) => AttributeValue::Bs(v.clone()),
+        StreamValue::L(v) => AttributeValue::L(v.iter().map(value).collect()),
+        StreamValue::M(m) => AttributeValue::M(from_stream_image(m)),
+        _ => AttributeValue::Null(true),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,5 +222,24 @@ mod tests {
         item.insert("port".into(), AttributeValue::N("70000".into()));
         let err = decode(&item).expect_err("port out of range");
         assert!(err.to_string().contains("svc/a"), "{err}");
+    }
+
+    #[test]
+    fn stream_images_convert_to_items() {
+        let image = HashMap::from([
+            ("service".to_string(), StreamValue::S("s".into())),
+            ("id".to_string(), StreamValue::S("a".into())),
+            ("address".to_string(), StreamValue::S("h".into())),
+            ("port".to_string(), StreamValue::N("80".into())),
+            (
+                "labels".to_string(),
+                StreamValue::M(HashMap::from([(
+                    "k".to_string(),
+                    StreamValue::S("v".into()),
+                )])),
+            ),
+        ]);
+        let e = decode(&from_stream_image(&image)).expect("decode");
+        assert_eq!(e, Endpoint::new("s", "a", "h", 80).with_label("k", "v"));
     }
 }

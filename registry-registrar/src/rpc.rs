@@ -1,28 +1,25 @@
-//! [`Raw`]: the plain RPC client of the registrar, and the decoder of its
-//! watch stream.
+//! [`RpcClient`]: the registrar's gRPC API as a `Registry + Watch +
+//! Heartbeat`, without a cache: every call is one RPC (its watch is in
+//! [`crate::watch`]).
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::stream::{self, StreamExt};
 use registry_api::{
-    Capabilities, Endpoint, EndpointKey, Error, Event, EventStream, Heartbeat, Op, Registry,
-    Result, Snapshot, Version, Watch,
+    Capabilities, Endpoint, EndpointKey, Error, Heartbeat, Op, Registry, Result, Snapshot,
 };
 use tokio::sync::{broadcast, watch};
 use tonic::transport::{Channel, Endpoint as TonicEndpoint};
 
 use crate::config::{Ack, ClientConfig};
-use crate::convert::{
-    endpoint_from_proto, endpoint_to_proto, error_from_status, key_from_parts, Token,
-};
-use crate::proto::registrar::v1::endpoint_event::EventType;
+use crate::error::error_from_status;
+use crate::layout::{endpoint_from_proto, endpoint_to_proto, Token};
 use crate::proto::registrar::v1::registrar_client::RegistrarClient as Grpc;
 use crate::proto::registrar::v1::{
-    AckMode, EndpointEvent, HeartbeatRequest, ListAllEndpointsRequest, RegisterEndpointRequest,
-    UnregisterEndpointRequest, WatchEndpointsRequest, WriteRefusal,
+    AckMode, HeartbeatRequest, ListAllEndpointsRequest, RegisterEndpointRequest,
+    UnregisterEndpointRequest,
 };
 use crate::tls::{self, TlsFiles};
 
@@ -40,11 +37,14 @@ pub(crate) struct StreamRefusal {
     pub(crate) error: Error,
 }
 
-/// The plain RPC client: every call goes to the registrar.
-pub struct Raw {
-    grpc: Grpc<Channel>,
+/// The registrar's plain gRPC client: every call is one RPC to the
+/// registrar, nothing is cached or retried ([`crate::RegistrarClient`]
+/// builds its cache on it). `Registry`, `Watch` (the `WatchEndpoints`
+/// stream, resumed with the registrar's epoch) and `Heartbeat`.
+pub struct RpcClient {
+    pub(crate) grpc: Grpc<Channel>,
     channel: Channel,
-    cfg: ClientConfig,
+    pub(crate) cfg: ClientConfig,
     /// The epoch of the last snapshot received.
     pub(crate) epoch: Arc<watch::Sender<Option<u64>>>,
     /// Counts streams that delivered their first event.
@@ -53,9 +53,9 @@ pub struct Raw {
     pub(crate) refusals: broadcast::Sender<StreamRefusal>,
 }
 
-impl Raw {
-    /// A plain client for the registrar in `cfg` (no cache): every call is
-    /// an RPC. Connects lazily; fails only for an address that is not a URL
+impl RpcClient {
+    /// A client for the registrar in `cfg` (no cache): every call is an
+    /// RPC. Connects lazily; fails only for an address that is not a URL
     /// and for TLS files that cannot be loaded.
     pub fn connect(cfg: ClientConfig) -> Result<Self> {
         cfg.validate()?;
@@ -81,7 +81,7 @@ impl Raw {
         let grpc = Grpc::new(channel.clone())
             .max_decoding_message_size(256 * 1024 * 1024)
             .max_encoding_message_size(64 * 1024 * 1024);
-        Ok(Raw {
+        Ok(RpcClient {
             grpc,
             channel,
             cfg,
@@ -212,20 +212,22 @@ fn tls_channel(cfg: &ClientConfig, files: &TlsFiles) -> Result<Channel> {
     Ok(endpoint.connect_with_connector_lazy(svc))
 }
 
-impl fmt::Display for Raw {
+impl fmt::Display for RpcClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Registrar({})", self.cfg.address)
     }
 }
 
-impl fmt::Debug for Raw {
+impl fmt::Debug for RpcClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Raw").field("config", &self.cfg).finish()
+        f.debug_struct("RpcClient")
+            .field("config", &self.cfg)
+            .finish()
     }
 }
 
 #[async_trait]
-impl Registry for Raw {
+impl Registry for RpcClient {
     async fn register(&self, endpoint: Endpoint) -> Result<()> {
         self.send(&Op::Register(endpoint), self.cfg.ack).await
     }
@@ -258,7 +260,7 @@ impl Registry for Raw {
 /// The registrar's `Registrar` service name in the gRPC health service.
 const SERVICE_NAME: &str = "aether.registrar.v1.Registrar";
 
-impl Raw {
+impl RpcClient {
     /// Ask the registrar's gRPC health service whether it serves: `Ok` when
     /// it does, `Unavailable` when it is unreachable or not ready (its
     /// backend refuses writes, it is starting or shutting down).
@@ -281,7 +283,7 @@ impl Raw {
 }
 
 #[async_trait]
-impl Heartbeat for Raw {
+impl Heartbeat for RpcClient {
     async fn heartbeat(&self, node: &str) -> Result<()> {
         registry_api::backend::check_name("node", node, true)?;
         let mut grpc = self.grpc.clone();
@@ -290,139 +292,5 @@ impl Heartbeat for Raw {
         };
         self.call("Heartbeat", grpc.heartbeat(req)).await?;
         Ok(())
-    }
-}
-
-/// Turns the registrar's events into ours, assembling chunked snapshots.
-struct Decoder {
-    buffered: Vec<Endpoint>,
-    epoch: Arc<watch::Sender<Option<u64>>>,
-    connected: Arc<watch::Sender<u64>>,
-    refusals: broadcast::Sender<StreamRefusal>,
-    addr: String,
-    announced: bool,
-}
-
-impl Decoder {
-    fn decode(&mut self, ev: EndpointEvent) -> Result<Option<Event>> {
-        let token: Token = ev.version.parse()?;
-        let out = match EventType::try_from(ev.r#type) {
-            Ok(EventType::FullSnapshot) => {
-                for (i, p) in ev.snapshot_endpoints.into_iter().enumerate() {
-                    self.buffered.push(endpoint_from_proto(
-                        p,
-                        &format!("snapshot_endpoints[{i}]."),
-                    )?);
-                }
-                if !ev.snapshot_last {
-                    return Ok(None);
-                }
-                self.epoch.send_replace(Some(token.epoch));
-                let eps = std::mem::take(&mut self.buffered);
-                Event::Snapshot(Snapshot::from_endpoints(token.version, eps))
-            }
-            Ok(kind) => {
-                if *self.epoch.borrow() != Some(token.epoch) {
-                    return Err(Error::internal(format!(
-                        "registrar sent version {token} of another epoch without a snapshot"
-                    )));
-                }
-                let p = ev.endpoint.ok_or_else(|| {
-                    Error::internal("registrar sent an event without an endpoint")
-                })?;
-                let event = match kind {
-                    EventType::EndpointRemoved => Event::Removed {
-                        version: token.version,
-                        key: key_from_parts(p.service_name, p.id)?,
-                    },
-                    EventType::EndpointAdded => Event::Added {
-                        version: token.version,
-                        endpoint: endpoint_from_proto(p, "endpoint.")?,
-                    },
-                    _ => Event::Updated {
-                        version: token.version,
-                        endpoint: endpoint_from_proto(p, "endpoint.")?,
-                    },
-                };
-                if let Some(r) = ev.refusal {
-                    self.refusal(r, &event)?;
-                }
-                event
-            }
-            Err(_) => {
-                return Err(Error::internal(format!(
-                    "registrar sent unknown event type {}",
-                    ev.r#type
-                )))
-            }
-        };
-        if !self.announced {
-            self.announced = true;
-            self.connected.send_modify(|n| *n += 1);
-        }
-        Ok(Some(out))
-    }
-}
-
-impl Decoder {
-    /// Hand a refusal carried by `event` (its undo) to the client.
-    fn refusal(&self, r: WriteRefusal, event: &Event) -> Result<()> {
-        let restored = match event {
-            Event::Added { endpoint, .. } | Event::Updated { endpoint, .. } => {
-                Op::Register(endpoint.clone())
-            }
-            Event::Removed { key, .. } => Op::Deregister(key.clone()),
-            Event::Snapshot(_) => return Ok(()),
-        };
-        let refused = match r.refused {
-            Some(p) => Op::Register(endpoint_from_proto(p, "refusal.refused.")?),
-            None => Op::Deregister(restored.key()),
-        };
-        let status = tonic::Status::new(tonic::Code::from(r.code), r.message);
-        let error = error_from_status(&status, &self.addr);
-        // No receiver (no client listening) is fine.
-        let _ = self.refusals.send(StreamRefusal {
-            refused,
-            restored,
-            error,
-        });
-        Ok(())
-    }
-}
-
-impl Watch for Raw {
-    fn watch(&self, from: Option<Version>) -> EventStream {
-        let last_version = match (from, *self.epoch.borrow()) {
-            (Some(version), Some(epoch)) => Token { epoch, version }.to_string(),
-            _ => String::new(),
-        };
-        let req = WatchEndpointsRequest {
-            cluster_name: self.cfg.cluster_name.clone(),
-            node_name: self.cfg.node_name.clone(),
-            last_version,
-        };
-        let mut grpc = self.grpc.clone();
-        let addr = self.cfg.address.clone();
-        let mut decoder = Decoder {
-            buffered: Vec::new(),
-            epoch: Arc::clone(&self.epoch),
-            connected: Arc::clone(&self.connected),
-            refusals: self.refusals.clone(),
-            addr: self.cfg.address.clone(),
-            announced: false,
-        };
-        stream::once(async move { grpc.watch_endpoints(req).await })
-            .flat_map(move |res| match res {
-                Ok(resp) => resp.into_inner().boxed(),
-                Err(status) => stream::once(async move { Err(status) }).boxed(),
-            })
-            .filter_map(move |item| {
-                let out = match item {
-                    Ok(ev) => decoder.decode(ev).transpose(),
-                    Err(status) => Some(Err(error_from_status(&status, &addr))),
-                };
-                futures::future::ready(out)
-            })
-            .boxed()
     }
 }

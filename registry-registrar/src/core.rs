@@ -1,18 +1,72 @@
-//! What a [`crate::RegistrarClient`] wrote and still asserts, and the task
-//! that re-sends it: after the registrar was unreachable or restarted,
-//! after a refusal whose cause was not the write itself, and to the
-//! fallback backend while no registrar answers.
+//! [`ClientState`]: what a [`crate::RegistrarClient`] and its reconcile
+//! task share (the cache over the [`RpcClient`], the overlay of local
+//! writes, what the client asserts, the settings), and that task: it
+//! re-sends what the client wrote after the registrar was unreachable or
+//! restarted, after a refusal whose cause was not the write itself, and to
+//! the fallback backend while no registrar answers.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use registry_api::{Endpoint, EndpointKey, Error, Op, Result};
+use registry_api::cached::CachedRegistry;
+use registry_api::{Endpoint, EndpointKey, Error, ErrorKind, Op, Registry, Result};
 use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 
-use crate::client::{Inner, Refusal};
-use crate::raw::StreamRefusal;
+use crate::config::ClientConfig;
+use crate::overlay::Overlay;
+use crate::rpc::{RpcClient, StreamRefusal};
+
+/// A write of this client that the backend refused after the registrar
+/// acknowledged it (optimistic mode): the registrar undid it and said why
+/// on the watch stream.
+#[derive(Debug, Clone)]
+pub struct Refusal {
+    /// The key written.
+    pub key: EndpointKey,
+    /// The refused write.
+    pub op: Op,
+    /// Why the backend refused it.
+    pub error: Error,
+    /// Whether this client sends it again: yes unless the write itself was
+    /// at fault ([`Error::is_request_fault`]), in which case the client
+    /// stops asserting it and its local cache shows the registrar's value.
+    pub retrying: bool,
+}
+
+/// What a [`crate::RegistrarClient`] and its reconcile task share.
+pub(crate) struct ClientState {
+    pub(crate) cache: CachedRegistry<RpcClient>,
+    pub(crate) overlay: Overlay,
+    pub(crate) writes: Writes,
+    pub(crate) cfg: ClientConfig,
+    pub(crate) refusals: broadcast::Sender<Refusal>,
+}
+
+impl ClientState {
+    /// Send one write to the registrar, or to the fallback backend while
+    /// falling back. With `queue`, an unreachable registrar keeps the write
+    /// pending (Ok) while there is room.
+    pub(crate) async fn send(&self, op: &Op, queue: bool) -> Result<()> {
+        let key = op.key();
+        let res = match (&self.cfg.fallback, self.writes.falling_back()) {
+            (Some(f), true) => match op {
+                Op::Register(e) => f.backend.register(e.clone()).await,
+                Op::Deregister(k) => f.backend.deregister(k).await,
+            },
+            _ => self.cache.get_ref().send(op, self.cfg.ack).await,
+        };
+        match res {
+            Ok(()) => {
+                self.writes.sent(op);
+                Ok(())
+            }
+            Err(e) if queue && e.kind() == ErrorKind::Unavailable => self.writes.queue(key, &e),
+            Err(e) => Err(e),
+        }
+    }
+}
 
 /// The desired value of each key this client wrote (`None`: removed), the
 /// keys not yet accepted, and whether writes go to the fallback backend.
@@ -131,11 +185,11 @@ impl Writes {
 /// the registrar and the fallback backend, and handle refusals read from
 /// the stream.
 pub(crate) async fn reconcile_loop(
-    inner: Weak<Inner>,
+    state: Weak<ClientState>,
     mut connected: watch::Receiver<u64>,
     mut refusals: broadcast::Receiver<StreamRefusal>,
 ) {
-    let (retry, started) = match inner.upgrade() {
+    let (retry, started) = match state.upgrade() {
         Some(i) => (i.cfg.retry_interval, Instant::now()),
         None => return,
     };
@@ -149,8 +203,8 @@ pub(crate) async fn reconcile_loop(
                 if changed.is_err() {
                     return;
                 }
-                let Some(inner) = inner.upgrade() else { return };
-                let epoch = *inner.cache.get_ref().epoch.borrow();
+                let Some(state) = state.upgrade() else { return };
+                let epoch = *state.cache.get_ref().epoch.borrow();
                 let restarted = last_epoch.is_some() && epoch.is_some() && epoch != last_epoch;
                 if epoch.is_some() {
                     last_epoch = epoch;
@@ -159,7 +213,7 @@ pub(crate) async fn reconcile_loop(
                     tracing::info!("registrar restarted; re-asserting this agent's endpoints");
                     reassert = true;
                 }
-                if inner.writes.falling_back.swap(false, Ordering::AcqRel) {
+                if state.writes.falling_back.swap(false, Ordering::AcqRel) {
                     tracing::info!("a registrar answers again; writes go through it, re-asserting this agent's endpoints");
                     metrics::gauge!("agent_registrar_fallback_active").set(0.0);
                     reassert = true;
@@ -177,21 +231,21 @@ pub(crate) async fn reconcile_loop(
                 Err(broadcast::error::RecvError::Closed) => return,
             },
         };
-        let Some(inner) = inner.upgrade() else { return };
-        inner.cache.store().record_metrics();
+        let Some(state) = state.upgrade() else { return };
+        state.cache.store().record_metrics();
         if let Some(r) = refusal {
-            on_refusal(&inner, r);
+            on_refusal(&state, r);
         }
-        if maybe_fall_back(&inner, started) {
+        if maybe_fall_back(&state, started) {
             reassert = true;
         }
-        let ops = inner.writes.ops(reassert);
+        let ops = state.writes.ops(reassert);
         for op in ops {
-            match inner.send(&op, true).await {
+            match state.send(&op, true).await {
                 Ok(()) => {}
                 Err(e) if e.is_request_fault() => {
                     tracing::warn!(key = %op.key(), error = %e, "a re-sent write was refused; no longer asserting it");
-                    inner.writes.give_up(&op.key());
+                    state.writes.give_up(&op.key());
                 }
                 Err(e) => {
                     tracing::warn!(key = %op.key(), error = %e, "re-sending a write failed; will retry")
@@ -204,8 +258,8 @@ pub(crate) async fn reconcile_loop(
 /// A refusal read from the stream: report it if it concerns what this
 /// client wants now, then re-send it, or give it up when the write itself
 /// was at fault.
-fn on_refusal(inner: &Inner, r: StreamRefusal) {
-    if !inner.writes.wants(&r.refused) {
+fn on_refusal(state: &ClientState, r: StreamRefusal) {
+    if !state.writes.wants(&r.refused) {
         return;
     }
     let key = r.refused.key();
@@ -217,12 +271,12 @@ fn on_refusal(inner: &Inner, r: StreamRefusal) {
     .increment(1);
     tracing::warn!(%key, error = %r.error, retrying, "the backend refused a write the registrar had acknowledged");
     if retrying {
-        inner.writes.mark_pending(key.clone());
+        state.writes.mark_pending(key.clone());
     } else {
-        inner.writes.give_up(&key);
-        inner.overlay.undo(std::slice::from_ref(&r.restored));
+        state.writes.give_up(&key);
+        state.overlay.undo(std::slice::from_ref(&r.restored));
     }
-    let _ = inner.refusals.send(Refusal {
+    let _ = state.refusals.send(Refusal {
         key,
         op: r.refused,
         error: r.error,
@@ -237,14 +291,14 @@ fn kind_label(e: &Error) -> String {
 /// Start falling back when no registrar answered for the configured time
 /// (the cache's stream has been down that long, or never came up); returns
 /// whether it just started.
-fn maybe_fall_back(inner: &Arc<Inner>, started: Instant) -> bool {
-    let Some(f) = &inner.cfg.fallback else {
+fn maybe_fall_back(state: &Arc<ClientState>, started: Instant) -> bool {
+    let Some(f) = &state.cfg.fallback else {
         return false;
     };
-    if inner.writes.falling_back() {
+    if state.writes.falling_back() {
         return false;
     }
-    let silent = inner.cache.cache_age().unwrap_or_else(|| started.elapsed());
+    let silent = state.cache.cache_age().unwrap_or_else(|| started.elapsed());
     if silent < f.after {
         return false;
     }
@@ -254,6 +308,6 @@ fn maybe_fall_back(inner: &Arc<Inner>, started: Instant) -> bool {
         "no registrar answered; writes and heartbeats go to the backend directly"
     );
     metrics::gauge!("agent_registrar_fallback_active").set(1.0);
-    inner.writes.falling_back.store(true, Ordering::Release);
+    state.writes.falling_back.store(true, Ordering::Release);
     true
 }

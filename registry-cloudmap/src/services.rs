@@ -1,0 +1,184 @@
+//! The namespace's services: our service names as Cloud Map services
+//! (found, checked to be in this namespace, created on the first
+//! registration) and the cache of their ids.
+
+use aws_sdk_servicediscovery::operation::create_service::CreateServiceError;
+use aws_sdk_servicediscovery::types::{
+    FilterCondition, HealthCheckCustomConfig, ServiceFilter, ServiceFilterName, ServiceTypeOption,
+};
+use futures::stream::{self, StreamExt, TryStreamExt};
+use registry_api::{Error, ErrorKind, Result};
+
+use crate::core::{lock, request_id, Namespace};
+use crate::error;
+use crate::layout;
+
+/// A service of the namespace: our name, Cloud Map id and Cloud Map name.
+#[derive(Debug, Clone)]
+pub(crate) struct ServiceRef {
+    pub(crate) name: String,
+    pub(crate) id: String,
+    pub(crate) cm_name: String,
+}
+
+impl Namespace {
+    /// Every service of the namespace we can map back to our names; also
+    /// refreshes the name → id cache.
+    pub(crate) async fn list_services(&self) -> Result<Vec<ServiceRef>> {
+        let target = format!("namespace {}", self.cfg.namespace);
+        let filter = ServiceFilter::builder()
+            .name(ServiceFilterName::NamespaceId)
+            .values(&self.namespace_id)
+            .condition(FilterCondition::Eq)
+            .build()
+            .map_err(|e| Error::internal(format!("building the ListServices filter: {e}")))?;
+        let mut token = None;
+        let mut found = Vec::new();
+        loop {
+            self.throttle().await;
+            let out = self
+                .client
+                .list_services()
+                .filters(filter.clone())
+                .set_next_token(token)
+                .send()
+                .await
+                .map_err(|e| error::from_sdk(e, self.call("ListServices", &target)))?;
+            for s in out.services() {
+                let (Some(id), Some(cm_name)) = (s.id(), s.name()) else {
+                    continue;
+                };
+                match layout::service_from_cloud_map(cm_name, s.description()) {
+                    Some(name) => found.push(ServiceRef {
+                        name,
+                        id: id.to_string(),
+                        cm_name: cm_name.to_string(),
+                    }),
+                    None => tracing::warn!(
+                        service = %cm_name,
+                        "skipping a Cloud Map service whose hashed name does not match its description"
+                    ),
+                }
+            }
+            match out.next_token() {
+                Some(t) => token = Some(t.to_string()),
+                None => break,
+            }
+        }
+        let found = self.in_namespace(found).await?;
+        *lock(&self.services) = found
+            .iter()
+            .map(|s| (s.name.clone(), s.id.clone()))
+            .collect();
+        Ok(found)
+    }
+
+    /// The services that really are in this namespace. `ListServices` may
+    /// ignore its namespace filter (moto does) and its answer does not say
+    /// the namespace, so each service id is checked once with `GetService`
+    /// (a service never moves) and the answer remembered.
+    pub(crate) async fn in_namespace(&self, services: Vec<ServiceRef>) -> Result<Vec<ServiceRef>> {
+        let unknown: Vec<String> = {
+            let known = lock(&self.service_namespaces);
+            services
+                .iter()
+                .filter(|s| !known.contains_key(&s.id))
+                .map(|s| s.id.clone())
+                .collect()
+        };
+        let checked: Vec<(String, bool)> = stream::iter(unknown)
+            .map(|id| async move {
+                let target = format!("service id {id}");
+                self.throttle().await;
+                let res = self.client.get_service().id(&id).send().await;
+                match res {
+                    Ok(out) => {
+                        let ns = out.service().and_then(|s| s.namespace_id());
+                        Ok((id, ns == Some(self.namespace_id.as_str())))
+                    }
+                    Err(e) => match error::from_sdk(e, self.call("GetService", &target)) {
+                        // Deleted since it was listed.
+                        e if e.kind() == ErrorKind::NotFound => Ok((id, false)),
+                        e => Err(e),
+                    },
+                }
+            })
+            .buffer_unordered(self.cfg.concurrency.max(1))
+            .try_collect()
+            .await?;
+        let mut known = lock(&self.service_namespaces);
+        known.extend(checked);
+        Ok(services
+            .into_iter()
+            .filter(|s| known.get(&s.id).copied().unwrap_or(false))
+            .collect())
+    }
+
+    pub(crate) fn cached_service(&self, service: &str) -> Option<String> {
+        lock(&self.services).get(service).cloned()
+    }
+
+    /// The Cloud Map id of `service`, created when `create` is set and it
+    /// does not exist; `None` when it does not exist and `create` is not set.
+    pub(crate) async fn service_id(&self, service: &str, create: bool) -> Result<Option<String>> {
+        if let Some(id) = self.cached_service(service) {
+            return Ok(Some(id));
+        }
+        let _guard = self.lock_key(format!("service\0{service}")).await;
+        if let Some(id) = self.cached_service(service) {
+            return Ok(Some(id));
+        }
+        if let Some(s) = self
+            .list_services()
+            .await?
+            .into_iter()
+            .find(|s| s.name == service)
+        {
+            return Ok(Some(s.id));
+        }
+        if !create {
+            return Ok(None);
+        }
+        let cm_name = layout::service_name(service);
+        let target = format!("service {service}");
+        self.throttle().await;
+        let mut req = self
+            .client
+            .create_service()
+            .name(&cm_name)
+            .namespace_id(&self.namespace_id)
+            .creator_request_id(request_id("svc"));
+        if cm_name != service {
+            req = req.description(service);
+        }
+        if self.dns_namespace {
+            req = req.r#type(ServiceTypeOption::Http);
+        }
+        if self.cfg.custom_health {
+            req = req.health_check_custom_config(HealthCheckCustomConfig::builder().build());
+        }
+        let id = match req.send().await {
+            Ok(out) => out
+                .service()
+                .and_then(|s| s.id())
+                .map(str::to_string)
+                .ok_or_else(|| error::missing("CreateService", "Service.Id", &target))?,
+            Err(e) => match e.as_service_error() {
+                Some(CreateServiceError::ServiceAlreadyExists(exists))
+                    if exists.service_id().is_some() =>
+                {
+                    exists.service_id().unwrap_or_default().to_string()
+                }
+                _ => return Err(error::from_sdk(e, self.call("CreateService", &target))),
+            },
+        };
+        tracing::debug!(%service, cloud_map_name = %cm_name, service_id = %id, "Cloud Map service ready");
+        lock(&self.service_namespaces).insert(id.clone(), true);
+        lock(&self.services).insert(service.to_string(), id.clone());
+        Ok(Some(id))
+    }
+
+    pub(crate) fn forget_service(&self, service: &str) {
+        lock(&self.services).remove(service);
+    }
+}
