@@ -137,7 +137,7 @@ async fn limits_at_cloud_map_sizes() {
     big.labels.insert(key.clone(), "v".into());
     assert_eq!(
         field_of(reg.register(big.clone()).await, "key past"),
-        format!("labels[{key:?}]")
+        format!("labels[{}]", registry_api::backend::quote(&key))
     );
 
     // Total attribute size: exactly Cloud Map's 5,000 characters, then one more.
