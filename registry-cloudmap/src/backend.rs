@@ -10,7 +10,7 @@ use aws_sdk_servicediscovery::config::{BehaviorVersion, Region};
 use aws_sdk_servicediscovery::Client;
 use futures::stream::{self, StreamExt};
 use registry_api::{
-    backend::validate_ops, Batch, Capabilities, Endpoint, EndpointKey, Error, Op, Registry, Result,
+    backend::check_batch, Batch, Capabilities, Endpoint, EndpointKey, Op, Registry, Result,
     Snapshot,
 };
 
@@ -125,6 +125,7 @@ impl Registry for CloudMapRegistry {
             .with_atomic_writes(false)
             .with_max_batch(MAX_BATCH)
             .with_max_labels(mapping::MAX_LABELS)
+            .with_max_encoded_len(mapping::MAX_ENCODED_LEN)
     }
 
     /// A read only (`GetNamespace`): Cloud Map has no write without a
@@ -144,13 +145,7 @@ impl Batch for CloudMapRegistry {
     /// writes fail, the others may have been applied and the first error
     /// is returned.
     async fn apply(&self, ops: Vec<Op>) -> Result<()> {
-        validate_ops(&ops)?;
-        if ops.len() > MAX_BATCH {
-            return Err(Error::invalid(
-                "ops",
-                format!("{} ops, more than max_batch {MAX_BATCH}", ops.len()),
-            ));
-        }
+        check_batch(&ops, MAX_BATCH)?;
         let mut net: BTreeMap<EndpointKey, Prepared> = BTreeMap::new();
         for (i, op) in ops.into_iter().enumerate() {
             let prepared = match op {

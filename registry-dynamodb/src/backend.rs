@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use registry_api::{
-    backend::validate_ops,
+    backend::check_batch,
     polling::{Polling, PollingConfig},
     Batch, Capabilities, Endpoint, EndpointKey, Error, EventStream, Op, Registry, Result, Snapshot,
     Version, Watch,
@@ -98,7 +98,7 @@ impl DynamoDbRegistry {
     /// within 10 minutes, so a caller that retries after a lost answer
     /// (even from another process) passes the same token again.
     pub async fn apply_with_token(&self, ops: Vec<Op>, token: &str) -> Result<()> {
-        validate_ops(&ops)?;
+        check_batch(&ops, MAX_TRANSACTION_ITEMS)?;
         if token.is_empty() || token.len() > 36 {
             return Err(Error::invalid(
                 "token",
@@ -201,12 +201,12 @@ impl Registry for DynamoDbRegistry {
 
 #[async_trait]
 impl Batch for DynamoDbRegistry {
-    /// Validates every op, merges ops on one key to their net effect (a
-    /// later op wins: DynamoDB refuses two actions on one item), and writes
-    /// chunks of 100 as one `TransactWriteItems` each, each with its own
-    /// `ClientRequestToken` (kept across the SDK's retries of that call).
-    /// Up to 100 distinct keys are all-or-nothing; larger batches are
-    /// atomic per chunk, and a failure leaves the earlier chunks applied.
+    /// Refuses more than 100 ops (the batch rule: `InvalidInput` naming
+    /// `ops`, nothing written) and any invalid op, merges ops on one key to
+    /// their net effect (a later op wins: DynamoDB refuses two actions on
+    /// one item), and writes them as one `TransactWriteItems` with its own
+    /// `ClientRequestToken` (kept across the SDK's retries of that call):
+    /// all-or-nothing.
     async fn apply(&self, ops: Vec<Op>) -> Result<()> {
         self.core.apply(ops).await
     }

@@ -15,7 +15,7 @@ use aws_sdk_dynamodb::operation::describe_table::DescribeTableError;
 use aws_sdk_dynamodb::types::{Delete, Put, TableDescription, TableStatus, TransactWriteItem};
 use futures::future::try_join_all;
 use registry_api::{
-    backend::validate_ops, Capabilities, Endpoint, EndpointKey, Error, Op, Result, Snapshot,
+    backend::check_batch, Capabilities, Endpoint, EndpointKey, Error, Op, Result, Snapshot,
     Version,
 };
 
@@ -399,16 +399,15 @@ impl Core {
             .with_resumable_watch(true)
     }
 
-    /// Validated ops, merged per key, in transactions of at most 100.
+    /// At most 100 valid ops (the batch rule: more are refused, nothing
+    /// written), merged per key, in one transaction.
     pub(crate) async fn apply_ops(&self, ops: Vec<Op>) -> Result<()> {
-        validate_ops(&ops)?;
+        check_batch(&ops, MAX_TRANSACTION_ITEMS)?;
         let ops = net_ops(ops);
-        let mut ops = ops.into_iter().peekable();
-        while ops.peek().is_some() {
-            let chunk: Vec<Op> = ops.by_ref().take(MAX_TRANSACTION_ITEMS).collect();
-            self.transact(chunk, &new_token()).await?;
+        if ops.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        self.transact(ops, &new_token()).await
     }
 }
 

@@ -1,5 +1,5 @@
-//! DynamoDB-specific behaviour against moto: transaction chunking and
-//! merging, idempotency tokens, error mapping, TTL filtering, liveness.
+//! DynamoDB-specific behaviour against moto: the batch rule, transactions
+//! and merging, idempotency tokens, error mapping, TTL filtering, liveness.
 
 #![allow(clippy::unwrap_used)]
 
@@ -24,8 +24,10 @@ use registry_dynamodb::aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWr
 use registry_dynamodb::{DynamoDbConfig, DynamoDbRegistry};
 use registry_tests::MotoServer;
 
+/// The batch rule: 101 ops are refused before anything is sent; 100 ops
+/// are one transaction, with a token of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn batch_of_250_ops_is_three_transactions_all_applied() {
+async fn batch_over_100_ops_is_refused_and_100_are_one_transaction() {
     let moto = common::shared_moto();
     let proxy = RecordingProxy::start(moto.url()).await;
     let cfg = config(&proxy.url);
@@ -33,34 +35,39 @@ async fn batch_of_250_ops_is_three_transactions_all_applied() {
         .await
         .unwrap();
     let reg = DynamoDbRegistry::connect(cfg).await.unwrap();
+    assert_eq!(reg.max_batch(), 100);
     let svc = unique("big-batch");
-    let eps: Vec<Endpoint> = (0..250u16)
+    let eps: Vec<Endpoint> = (0..200u16)
         .map(|i| ep(&svc, &format!("e{i:03}"), 1000 + i))
         .collect();
-    assert_eq!(proxy.count(TRANSACT_TARGET), 0);
-    reg.apply(eps.iter().cloned().map(Op::Register).collect())
+    let register = |eps: &[Endpoint]| -> Vec<Op> { eps.iter().cloned().map(Op::Register).collect() };
+    let err = reg.apply(register(&eps[..101])).await.unwrap_err();
+    registry_api::testing::expect_invalid::<()>(Err(err), "ops", "101 ops");
+    assert_eq!(proxy.count(TRANSACT_TARGET), 0, "a refused batch was sent");
+    assert!(reg.list(&svc).await.unwrap().is_empty());
+    let err = reg
+        .apply_with_token(register(&eps[..101]), "token-1")
         .await
-        .unwrap();
-    assert_eq!(
-        proxy.count(TRANSACT_TARGET),
-        3,
-        "250 ops should take 3 TransactWriteItems"
-    );
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    assert_eq!(proxy.count(TRANSACT_TARGET), 0, "a refused batch was sent");
+
+    reg.apply(register(&eps[..100])).await.unwrap();
+    assert_eq!(proxy.count(TRANSACT_TARGET), 1, "100 ops, one transaction");
+    reg.apply(register(&eps[100..])).await.unwrap();
+    assert_eq!(proxy.count(TRANSACT_TARGET), 2);
     let tokens = proxy.string_fields("ClientRequestToken");
-    assert_eq!(tokens.len(), 3, "one token per transaction: {tokens:?}");
-    assert!(
-        tokens[0] != tokens[1] && tokens[1] != tokens[2] && tokens[0] != tokens[2],
-        "{tokens:?}"
-    );
+    assert_eq!(tokens.len(), 2, "one token per transaction: {tokens:?}");
+    assert_ne!(tokens[0], tokens[1]);
     assert_eq!(reg.list(&svc).await.unwrap(), eps);
     assert_eq!(reg.snapshot().await.unwrap().list(&svc), eps);
 
-    // 100 distinct keys fit one transaction, however many ops name them.
-    let mut ops: Vec<Op> = eps[..100].iter().cloned().map(Op::Register).collect();
-    ops.extend(eps[..100].iter().map(|e| Op::Deregister(e.key())));
+    // Ops on one key are merged: 100 ops on 50 keys are one transaction.
+    let mut ops = register(&eps[..50]);
+    ops.extend(eps[..50].iter().map(|e| Op::Deregister(e.key())));
     reg.apply(ops).await.unwrap();
-    assert_eq!(proxy.count(TRANSACT_TARGET), 4);
-    assert_eq!(reg.list(&svc).await.unwrap(), eps[100..].to_vec());
+    assert_eq!(proxy.count(TRANSACT_TARGET), 3);
+    assert_eq!(reg.list(&svc).await.unwrap(), eps[50..].to_vec());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use etcd_client::Client;
 use registry_api::{
-    backend::{check_name, validate_ops},
+    backend::{check_batch, check_name},
     Batch, Capabilities, Endpoint, EndpointKey, EventStream, Heartbeat, Op, Registry, Result,
     Snapshot, Version, Watch,
 };
@@ -31,14 +31,17 @@ use crate::core::Inner;
 ///   consumer learns the source is healthy again and misses nothing). It
 ///   ends only when the consumer drops it or etcd refuses it for good (a
 ///   last `Err` item says why).
-/// - `apply()` writes the net effect of the batch per key (a later op on a
-///   key wins) in one `Txn` per [`EtcdConfig::max_batch`] operations (and
-///   [`EtcdConfig::max_txn_bytes`] bytes); each `Txn` is atomic.
+/// - `apply()` refuses more than [`EtcdConfig::max_batch`] ops
+///   (`InvalidInput` naming `ops`, nothing written), and writes the net
+///   effect of the batch per key (a later op on a key wins) in one `Txn`,
+///   or one per [`EtcdConfig::max_txn_bytes`] bytes when it is larger;
+///   each `Txn` is atomic.
 /// - An endpoint with a non-empty `node` is attached to that node's lease
 ///   (one per node, granted on first use, TTL [`EtcdConfig::lease_ttl`]).
 ///   `heartbeat(node)` keeps the lease alive: when a node stops
 ///   heartbeating, etcd deletes its endpoints one TTL after the last
-///   heartbeat. When the lease is lost while the node is alive (revoked,
+///   heartbeat, and its next heartbeat is `NotFound` (as is one of a node
+///   that owns no endpoint here): it registers again. When the lease is lost while the node is alive (revoked,
 ///   or expired while etcd was down), the registry grants a new one and
 ///   writes that node's endpoints again by itself.
 ///
@@ -153,8 +156,10 @@ impl Watch for EtcdRegistry {
 
 #[async_trait]
 impl Batch for EtcdRegistry {
+    /// The batch rule first ([`check_batch`]): more than
+    /// [`EtcdConfig::max_batch`] ops are refused and nothing is written.
     async fn apply(&self, ops: Vec<Op>) -> Result<()> {
-        validate_ops(&ops)?;
+        check_batch(&ops, self.inner.cfg.max_batch)?;
         if ops.is_empty() {
             return Ok(());
         }

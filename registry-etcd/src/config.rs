@@ -46,8 +46,8 @@ pub struct EtcdConfig {
     /// by etcd this long after its last heartbeat. Whole seconds, at least
     /// 1 s. Default: [`DEFAULT_LEASE_TTL`].
     pub lease_ttl: Duration,
-    /// Largest number of operations in one `Txn`; a bigger batch is split.
-    /// Must not exceed the server's `--max-txn-ops`. Default:
+    /// Most ops one `apply` takes (and so in one `Txn`); a bigger batch is
+    /// refused with `InvalidInput` naming `ops`. Must not exceed the server's `--max-txn-ops`. Default:
     /// [`DEFAULT_MAX_BATCH`].
     pub max_batch: usize,
     /// Largest total size of keys and values in one `Txn`; a batch over it

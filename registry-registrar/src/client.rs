@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use registry_api::{
-    backend::validate_ops,
+    backend::check_batch,
     cached::{CachedConfig, CachedRegistry},
     Batch, Capabilities, Endpoint, EndpointKey, Error, EventStream, Heartbeat, Op, Registry,
     Result, Snapshot, Version, Watch,
@@ -18,6 +18,9 @@ use crate::config::{Ack, ClientConfig};
 use crate::overlay::Overlay;
 use crate::raw::Raw;
 use crate::writes::{reconcile_loop, Writes};
+
+/// The most ops one [`Batch::apply`] call takes (they are sent one by one).
+const MAX_BATCH: usize = 1000;
 
 /// A write of this client that the backend refused after the registrar
 /// acknowledged it (optimistic mode): the registrar undid it and said why
@@ -241,7 +244,7 @@ impl Registry for RegistrarClient {
             .with_native_watch(true)
             .with_resumable_watch(true)
             .with_native_liveness(true)
-            .with_max_batch(1000)
+            .with_max_batch(MAX_BATCH)
     }
     async fn probe(&self) -> Result<()> {
         self.inner.cache.get_ref().probe().await
@@ -250,9 +253,11 @@ impl Registry for RegistrarClient {
 
 #[async_trait]
 impl Batch for RegistrarClient {
-    /// Not atomic: the ops are sent one by one, in order.
+    /// Not atomic: the ops are sent one by one, in order. The batch rule
+    /// first: more than `max_batch` (1,000) ops are refused, naming `ops`,
+    /// and nothing is sent.
     async fn apply(&self, ops: Vec<Op>) -> Result<()> {
-        validate_ops(&ops)?;
+        check_batch(&ops, MAX_BATCH)?;
         for op in ops {
             self.write(op).await?;
         }

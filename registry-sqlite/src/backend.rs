@@ -8,7 +8,7 @@ use std::time::SystemTime;
 
 use async_trait::async_trait;
 use registry_api::{
-    backend::{check_name, validate_endpoint, validate_ops},
+    backend::{check_batch, check_name, validate_endpoint},
     Batch, Capabilities, Endpoint, EndpointKey, EventStream, Heartbeat, Op, Registry, Result,
     Snapshot, Version, Watch,
 };
@@ -199,8 +199,10 @@ impl Registry for SqliteRegistry {
 
 #[async_trait]
 impl Batch for SqliteRegistry {
+    /// The batch rule first ([`check_batch`]): more than `max_batch` ops
+    /// are refused, and nothing is written.
     async fn apply(&self, ops: Vec<Op>) -> Result<()> {
-        validate_ops(&ops)?;
+        check_batch(&ops, self.inner.cfg.max_batch)?;
         if ops.is_empty() {
             return Ok(());
         }
@@ -215,10 +217,12 @@ impl Batch for SqliteRegistry {
 
 #[async_trait]
 impl Heartbeat for SqliteRegistry {
-    /// Record that `node` is alive now: creates its node row if unknown
-    /// (a node pruned earlier is re-admitted, without its old endpoints),
-    /// marks it healthy, and revives the endpoints liveness had marked
-    /// unhealthy (not those registered unhealthy by their owner).
+    /// Record that `node` is alive now: marks it healthy (creating its
+    /// node row on its first heartbeat), and revives the endpoints
+    /// liveness had marked unhealthy (not those registered unhealthy by
+    /// their owner). `NotFound` for a node that owns no endpoint and has no
+    /// node row (never registered, or removed by liveness with its
+    /// endpoints): it should register again.
     async fn heartbeat(&self, node: &str) -> Result<()> {
         check_name("node", node, true)?;
         self.inner.beat(node, None).await
