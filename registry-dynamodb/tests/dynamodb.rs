@@ -578,10 +578,13 @@ async fn stream_watch_sees_batches_and_other_writers() {
     let eps: Vec<Endpoint> = (0..150u16)
         .map(|i| ep(&svc, &format!("e{i:03}"), 1 + i))
         .collect();
-    h.reg
-        .apply(eps.iter().cloned().map(Op::Register).collect())
-        .await
-        .unwrap();
+    // Two batches (at most 100 ops each), two transactions.
+    for chunk in eps.chunks(100) {
+        h.reg
+            .apply(chunk.iter().cloned().map(Op::Register).collect())
+            .await
+            .unwrap();
+    }
     let seen = follow_until(&mut w, &mut state, &svc, &eps).await;
     assert_eq!(seen.len(), 150, "each endpoint added once");
     // A second registry on the same table (another process) writes; this
