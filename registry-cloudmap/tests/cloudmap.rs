@@ -10,12 +10,12 @@ use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
 use common::{config, connect, harness, raw, start_moto};
-use registry_tests::MotoServer;
 use registry_api::testing::{ep, eventually, unique};
 use registry_api::{Batch, Endpoint, Error, ErrorKind, Op, Registry};
 use registry_cloudmap::aws_sdk_servicediscovery::types::CustomHealthStatus;
 use registry_cloudmap::aws_sdk_servicediscovery::types::HealthStatusFilter;
 use registry_cloudmap::{mapping, ReadMode, WriteMode};
+use registry_tests::MotoServer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_discover_instances_sees_standard_attributes() {
@@ -563,8 +563,10 @@ fn the_size_limit_fits_cloud_maps_attributes() {
         if room == 0 {
             break;
         }
-        e.labels
-            .insert(format!("k{i:02}"), "v".repeat(room.min(MAX_LABEL_VALUE_LEN)));
+        e.labels.insert(
+            format!("k{i:02}"),
+            "v".repeat(room.min(MAX_LABEL_VALUE_LEN)),
+        );
     }
     assert_eq!(encoded_len(&e), mapping::MAX_ENCODED_LEN);
     assert!(

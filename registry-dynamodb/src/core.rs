@@ -15,8 +15,7 @@ use aws_sdk_dynamodb::operation::describe_table::DescribeTableError;
 use aws_sdk_dynamodb::types::{Delete, Put, TableDescription, TableStatus, TransactWriteItem};
 use futures::future::try_join_all;
 use registry_api::{
-    backend::check_batch, Capabilities, Endpoint, EndpointKey, Error, Op, Result, Snapshot,
-    Version,
+    backend::check_batch, Capabilities, Endpoint, EndpointKey, Error, Op, Result, Snapshot, Version,
 };
 
 use crate::config::DynamoDbConfig;

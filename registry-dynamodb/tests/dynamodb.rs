@@ -40,7 +40,8 @@ async fn batch_over_100_ops_is_refused_and_100_are_one_transaction() {
     let eps: Vec<Endpoint> = (0..200u16)
         .map(|i| ep(&svc, &format!("e{i:03}"), 1000 + i))
         .collect();
-    let register = |eps: &[Endpoint]| -> Vec<Op> { eps.iter().cloned().map(Op::Register).collect() };
+    let register =
+        |eps: &[Endpoint]| -> Vec<Op> { eps.iter().cloned().map(Op::Register).collect() };
     let err = reg.apply(register(&eps[..101])).await.unwrap_err();
     registry_api::testing::expect_invalid::<()>(Err(err), "ops", "101 ops");
     assert_eq!(proxy.count(TRANSACT_TARGET), 0, "a refused batch was sent");

@@ -447,7 +447,11 @@ impl Inner {
             ))
         };
         let mut nodes = self.nodes.lock().await;
-        let Some(st) = nodes.by_node.get_mut(node).filter(|st| !st.endpoints.is_empty()) else {
+        let Some(st) = nodes
+            .by_node
+            .get_mut(node)
+            .filter(|st| !st.endpoints.is_empty())
+        else {
             debug!(node, "heartbeat from a node without endpoints here");
             return Err(unknown("no endpoint of this node is registered here"));
         };
@@ -473,7 +477,9 @@ impl Inner {
                                 nodes.owner.remove(key);
                             }
                         }
-                        Err(unknown("its lease expired after it went silent for longer than the TTL"))
+                        Err(unknown(
+                            "its lease expired after it went silent for longer than the TTL",
+                        ))
                     }
                     Err(e) if error::is_lease_not_found(&e) => {
                         warn!(

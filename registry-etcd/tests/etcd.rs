@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use common::{addr, client, compact, config, restart, start_etcd, Proxy};
 use registry_api::testing::{
-    ep, eventually, expect_invalid, follow_until, next_event, next_for, next_for_with, next_item, service_state,
-    unique, wait_limit, OnErr,
+    ep, eventually, expect_invalid, follow_until, next_event, next_for, next_for_with, next_item,
+    service_state, unique, wait_limit, OnErr,
 };
 use registry_api::{Batch, EndpointKey, ErrorKind, Event, Heartbeat, Op, Registry, Watch};
 use registry_etcd::etcd_client::{GetOptions, PutOptions};
@@ -157,7 +157,10 @@ async fn silent_nodes_lose_their_endpoints_and_heartbeating_ones_keep_them() {
     );
     // Removed by liveness: its next heartbeat is NotFound and writes
     // nothing back; the node registers again.
-    let err = reg.heartbeat("dead").await.expect_err("heartbeat of a removed node");
+    let err = reg
+        .heartbeat("dead")
+        .await
+        .expect_err("heartbeat of a removed node");
     assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
     assert!(!reg
         .list(&svc)
@@ -166,7 +169,9 @@ async fn silent_nodes_lose_their_endpoints_and_heartbeating_ones_keep_them() {
         .iter()
         .any(|e| e.node == "dead"));
     reg.register(dead[0].clone()).await.expect("register again");
-    reg.heartbeat("dead").await.expect("heartbeat after registering");
+    reg.heartbeat("dead")
+        .await
+        .expect("heartbeat after registering");
     assert!(reg.list(&svc).await.expect("list").contains(&dead[0]));
 }
 
@@ -252,7 +257,14 @@ async fn compaction_while_a_watch_is_disconnected_sends_a_fresh_snapshot() {
 
     // The cut is reported (as failures), then a fresh snapshot follows.
     let mut errors = OnErr::count();
-    match next_for_with(&mut w, &svc, &mut errors, "a fresh snapshot after compaction").await {
+    match next_for_with(
+        &mut w,
+        &svc,
+        &mut errors,
+        "a fresh snapshot after compaction",
+    )
+    .await
+    {
         Event::Snapshot(s) => state = s,
         other => panic!("history was compacted, but the watch sent {other:?}"),
     }
@@ -489,7 +501,8 @@ async fn records_that_are_not_endpoints_are_skipped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn progress_notifications_do_not_disturb_an_idle_watch() {
     let etcd = start_etcd().await;
-    let reg = connect(config(etcd.endpoint()).with_progress_interval(Duration::from_millis(50))).await;
+    let reg =
+        connect(config(etcd.endpoint()).with_progress_interval(Duration::from_millis(50))).await;
     let svc = unique("progress");
     let mut w = reg.watch(None);
     let Event::Snapshot(mut state) = next_event(&mut w, "the first snapshot").await else {

@@ -41,7 +41,13 @@ async fn make() -> Guarded<RegistrarClient> {
     )
     .expect("client");
     client.cache().wait_until_ready().await;
-    Guarded::new(client, Server { stop: Some(stop), task: server })
+    Guarded::new(
+        client,
+        Server {
+            stop: Some(stop),
+            task: server,
+        },
+    )
 }
 
 /// The registrar's server task: asked to stop, and aborted, on drop.

@@ -354,7 +354,10 @@ async fn liveness_unhealthy_at_30s_pruned_at_5min_readmitted_by_heartbeat() {
         .expect("register node");
     // A node unknown so far (no endpoint, no node row) is not admitted by
     // a heartbeat: its client must register first.
-    let err = reg.heartbeat("n2").await.expect_err("heartbeat of unknown n2");
+    let err = reg
+        .heartbeat("n2")
+        .await
+        .expect_err("heartbeat of unknown n2");
     assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
     assert!(reg.node("n2").await.expect("node").is_none());
     for (id, node) in [("a1", "n1"), ("a2", "n1"), ("b1", "n2")] {
@@ -455,7 +458,9 @@ async fn liveness_unhealthy_at_30s_pruned_at_5min_readmitted_by_heartbeat() {
     reg.register(ep("api", "a1", 80).with_node("n1"))
         .await
         .expect("re-register");
-    reg.heartbeat("n1").await.expect("heartbeat after registering");
+    reg.heartbeat("n1")
+        .await
+        .expect("heartbeat after registering");
     let n1 = reg.node("n1").await.expect("node").expect("re-admitted");
     assert_eq!((n1.status, n1.last_seen), (Health::Healthy, clock.now()));
     assert_eq!(reg.list("api").await.expect("list").len(), 2);

@@ -64,7 +64,6 @@ pub async fn batch_invalid_op_writes_nothing<R: Batch + ?Sized>(reg: &R) {
     assert_eq!(reg.list(&svc).await.expect("list"), vec![keep]);
 }
 
-
 /// A batch of `max_batch + 1` ops is refused with `InvalidInput` naming
 /// `ops`, and nothing of it is written (not split, not applied whole); a
 /// batch of exactly `max_batch` ops is applied. `max_batch()` agrees with
@@ -124,7 +123,11 @@ pub async fn batch_over_max_is_refused<R: Batch + ?Sized>(reg: &R) {
         .await
         .expect("a batch of exactly max_batch ops");
     let got = reg.list(&svc).await.expect("list");
-    assert_eq!(got.len(), max - 1, "a batch of max_batch ops was not applied whole");
+    assert_eq!(
+        got.len(),
+        max - 1,
+        "a batch of max_batch ops was not applied whole"
+    );
     assert!(!got.contains(&keep), "the batch's first op was not applied");
 }
 

@@ -229,7 +229,6 @@ pub async fn invalid_input_names_field<R: Registry + ?Sized>(reg: &R) {
     );
 }
 
-
 /// Values exactly at each limit are stored; one past is refused naming the
 /// field. The label count and the total size are the backend's
 /// (`Capabilities::max_labels`, `max_encoded_len`: Cloud Map's are smaller
@@ -335,7 +334,8 @@ pub(super) fn endpoint_of_size(mut e: Endpoint, size: usize, max_labels: usize) 
     while encoded_len(&e) < size && e.labels.len() < max_labels {
         let key = format!("f{i:02}");
         let room = size.saturating_sub(encoded_len(&e) + key.len());
-        e.labels.insert(key, "v".repeat(room.min(MAX_LABEL_VALUE_LEN)));
+        e.labels
+            .insert(key, "v".repeat(room.min(MAX_LABEL_VALUE_LEN)));
         i += 1;
     }
     e

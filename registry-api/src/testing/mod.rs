@@ -41,21 +41,20 @@ pub use batch::{
 };
 pub use checks::{
     concurrent_writers_lose_nothing, deregister_removes, deregister_unknown_is_ok,
-    invalid_input_names_field, limits_accepted_and_one_past_rejected,
-    list_is_scoped_to_service, list_unknown_service_is_empty, register_is_upsert,
-    roundtrip_preserves_all_fields, snapshot_has_everything_and_versions_grow,
+    invalid_input_names_field, limits_accepted_and_one_past_rejected, list_is_scoped_to_service,
+    list_unknown_service_is_empty, register_is_upsert, roundtrip_preserves_all_fields,
+    snapshot_has_everything_and_versions_grow,
 };
 pub use faulty::Faulty;
 pub use guarded::Guarded;
 pub use heartbeat::{heartbeat_of_an_owner_succeeds, heartbeat_unknown_node_is_not_found};
 pub use suite::{probe, run_all};
 pub use support::{
-    assert_kind, ep, eventually, expect_invalid, first_snapshot, follow_until,
-    follow_until_with, next_event, next_event_with, next_for, next_for_with, next_item,
-    overflow_history, service_state, skip, unique, wait_limit, Kind, OnErr,
+    assert_kind, ep, eventually, expect_invalid, first_snapshot, follow_until, follow_until_with,
+    next_event, next_event_with, next_for, next_for_with, next_item, overflow_history,
+    service_state, skip, unique, wait_limit, Kind, OnErr,
 };
 pub use watch::{
     two_watchers_agree, watch_delivers_changes_in_order_once,
-    watch_fresh_snapshot_when_history_gone, watch_resume_loses_nothing,
-    watch_starts_with_snapshot,
+    watch_fresh_snapshot_when_history_gone, watch_resume_loses_nothing, watch_starts_with_snapshot,
 };

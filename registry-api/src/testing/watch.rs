@@ -223,4 +223,3 @@ pub async fn two_watchers_agree<R: Registry + Watch + ?Sized>(reg: &R) {
         );
     }
 }
-

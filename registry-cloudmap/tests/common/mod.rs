@@ -6,9 +6,9 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use registry_api::polling::{Polling, PollingConfig};
+use registry_api::testing::Guarded;
 use registry_cloudmap::aws_sdk_servicediscovery::config::{BehaviorVersion, Credentials, Region};
 use registry_cloudmap::{CloudMapConfig, CloudMapRegistry};
-use registry_api::testing::Guarded;
 use registry_tests::MotoServer;
 
 /// Deltas the polling hub keeps; `lose_history` writes more than this.
