@@ -4,6 +4,8 @@
 //! Map's smaller limits (24 labels, 4,700 bytes) are in its capabilities,
 //! and the checks read them from there.
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use common::{harness, Harness, HISTORY};

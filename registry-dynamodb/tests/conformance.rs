@@ -3,6 +3,8 @@
 //! on tables without (polling every 50 ms), the two ways this backend
 //! watches. Each check gets a table of its own on one shared moto server.
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use common::Harness;
