@@ -23,7 +23,7 @@ where
 /// Whether a registry's type implements [`Heartbeat`], decided where the
 /// type is known (in the expansion of
 /// [`conformance_tests!`](crate::conformance_tests)): `(&HeartbeatOf(&reg)).get()`
-/// with [`Implements`] and [`Lacks`] in scope is `Some` exactly when it
+/// with [`Implements`](probe::Implements) and [`Lacks`](probe::Lacks) in scope is `Some` exactly when it
 /// does (method resolution tries `Implements` before the auto-referenced
 /// `Lacks`).
 #[doc(hidden)]
