@@ -379,6 +379,8 @@ impl<R: Registry> Heartbeat for Liveness<R> {
 #[async_trait]
 impl<R: Batch> Batch for Liveness<R> {
     async fn apply(&self, ops: Vec<Op>) -> Result<()> {
+        // The batch rule before the sweeper notes any node as seen.
+        crate::backend::check_batch(&ops, self.inner.max_batch())?;
         for op in &ops {
             if let Op::Register(e) = op {
                 if !e.node.is_empty() {

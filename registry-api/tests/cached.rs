@@ -202,10 +202,7 @@ mod cached_memory {
         c
     }
     async fn lose_history(reg: &Reg) {
-        let svc = registry_api::testing::unique("filler");
-        for i in 0..70u16 {
-            reg.register(ep(&svc, &format!("f{i}"), 1)).await.unwrap();
-        }
+        registry_api::testing::overflow_history(reg, 70).await;
     }
     registry_api::conformance_tests!(make, lose_history);
 }
@@ -223,10 +220,7 @@ mod cached_coalescing_memory {
         c
     }
     async fn lose_history(reg: &Reg) {
-        let svc = registry_api::testing::unique("filler");
-        for i in 0..70u16 {
-            reg.register(ep(&svc, &format!("f{i}"), 1)).await.unwrap();
-        }
+        registry_api::testing::overflow_history(reg, 70).await;
     }
     registry_api::conformance_tests!(make, lose_history);
 }
@@ -244,17 +238,7 @@ mod polling_memory {
         .unwrap()
     }
     async fn lose_history(reg: &Reg) {
-        let svc = registry_api::testing::unique("filler");
-        let mut w = reg.watch(None);
-        let mut state = match next_event(&mut w, "snapshot").await {
-            Event::Snapshot(s) => s,
-            other => panic!("{other:?}"),
-        };
-        let eps: Vec<_> = (0..70u16).map(|i| ep(&svc, &format!("f{i}"), 1)).collect();
-        for e in &eps {
-            reg.register(e.clone()).await.unwrap();
-        }
-        registry_api::testing::follow_until(&mut w, &mut state, &svc, &eps).await;
+        registry_api::testing::overflow_history(reg, 70).await;
     }
     registry_api::conformance_tests!(make, lose_history);
 }
@@ -447,10 +431,7 @@ mod cached_memory_local_versions {
         c
     }
     async fn lose_history(reg: &Reg) {
-        let svc = registry_api::testing::unique("filler");
-        for i in 0..70u16 {
-            reg.register(ep(&svc, &format!("f{i}"), 1)).await.unwrap();
-        }
+        registry_api::testing::overflow_history(reg, 70).await;
     }
     registry_api::conformance_tests!(make, lose_history);
 }

@@ -127,6 +127,7 @@ impl Registry for CloudMapRegistry {
             .with_atomic_writes(false)
             .with_max_batch(MAX_BATCH)
             .with_max_labels(layout::MAX_LABELS)
+            .with_max_encoded_len(layout::MAX_ENCODED_LEN)
     }
 
     /// A read only (`GetNamespace`): Cloud Map has no write without a

@@ -24,6 +24,15 @@ pub const MAX_ATTRIBUTE_VALUE_LEN: usize = 1024;
 /// Largest sum of the lengths of all keys and values of one instance's
 /// attributes.
 pub const MAX_ATTRIBUTES_LEN: usize = 5000;
+/// Largest endpoint this backend stores, as measured by
+/// [`registry_api::limits::encoded_len`] (its `Capabilities::max_encoded_len`):
+/// Cloud Map's [`MAX_ATTRIBUTES_LEN`] less what the attribute names and the
+/// fixed fields add to an endpoint of printable ASCII (at most 277
+/// characters with [`MAX_LABELS`] labels), so that every such endpoint up
+/// to this size fits. Escaped characters take three, so an endpoint with
+/// many of them can still exceed [`MAX_ATTRIBUTES_LEN`] below this size;
+/// it is refused too, naming `endpoint`.
+pub const MAX_ENCODED_LEN: usize = 4_700;
 /// Longest Cloud Map instance id.
 pub const MAX_INSTANCE_ID_LEN: usize = 64;
 /// Longest Cloud Map service name.
@@ -165,6 +174,16 @@ pub fn encode(ep: &Endpoint) -> Result<HashMap<String, String>> {
                 "{} labels, more than the limit of {MAX_LABELS} in Cloud Map ({MAX_CUSTOM_ATTRIBUTES} \
                  custom attributes per instance, {RESERVED_ATTRIBUTES} kept for the endpoint's own fields)",
                 ep.labels.len()
+            ),
+        ));
+    }
+    let len = registry_api::limits::encoded_len(ep);
+    if len > MAX_ENCODED_LEN {
+        return Err(Error::invalid(
+            "endpoint",
+            format!(
+                "encoded size is {len} bytes, larger than the limit of {MAX_ENCODED_LEN} in \
+                 Cloud Map ({MAX_ATTRIBUTES_LEN} characters of attributes per instance)"
             ),
         ));
     }

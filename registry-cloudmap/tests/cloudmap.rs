@@ -9,17 +9,18 @@ mod common;
 use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
-use common::{config, connect, start_moto, Harness};
+use common::{config, connect, harness, raw, start_moto};
 use registry_api::testing::{ep, eventually, unique};
 use registry_api::{Batch, Endpoint, Error, ErrorKind, Op, Registry};
 use registry_cloudmap::aws_sdk_servicediscovery::types::CustomHealthStatus;
 use registry_cloudmap::aws_sdk_servicediscovery::types::HealthStatusFilter;
 use registry_cloudmap::{layout, ReadMode, WriteMode};
+use registry_tests::MotoServer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_discover_instances_sees_standard_attributes() {
-    let h = Harness::start().await;
-    let reg = h.raw();
+    let h = harness().await;
+    let reg = raw(&h);
     assert_eq!(reg.to_string(), format!("CloudMap({})", reg.namespace()));
     let v4 = Endpoint::new("web", "pod-a", "10.1.2.3", 8080).with_label("zone", "eu-west-1a");
     let v6 = Endpoint::new("web", "pod-b", "2001:db8::7", 8443);
@@ -73,7 +74,7 @@ async fn plain_discover_instances_sees_standard_attributes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thirty_one_labels_is_invalid_input_naming_the_limit() {
-    let h = Harness::start().await;
+    let h = harness().await;
     let svc = unique("labels");
     let mut e = ep(&svc, "a", 1);
     for i in 0..31 {
@@ -135,11 +136,12 @@ async fn wait_mode_polls_the_operation_and_fire_and_forget_does_not() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn moto_killed_is_unavailable_naming_the_endpoint() {
-    let mut h = Harness::start().await;
+    let mut h = harness().await;
     let svc = unique("dead");
     h.register(ep(&svc, "a", 1)).await.unwrap();
-    let url = h.moto.url().to_string();
-    h.moto.kill();
+    let moto = h.guard_mut::<MotoServer>().expect("the moto fixture");
+    let url = moto.url().to_string();
+    moto.kill();
     let errors = [
         h.register(ep(&svc, "b", 2)).await.unwrap_err(),
         h.deregister(&ep(&svc, "a", 1).key()).await.unwrap_err(),
@@ -323,8 +325,8 @@ async fn batch_is_not_atomic_and_keeps_to_the_rate_limit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn odd_names_and_foreign_instances() {
-    let h = Harness::start().await;
-    let reg = h.raw();
+    let h = harness().await;
+    let reg = raw(&h);
     // Names Cloud Map can't hold verbatim are hashed and read back unchanged.
     let odd = Endpoint::new("Payments/EU", "pod with:ü", "10.0.0.1", 80);
     let err = reg.register(odd.clone()).await.unwrap_err();
@@ -527,4 +529,86 @@ async fn probe_reads_the_namespace_and_reports_it_missing() {
     moto.kill();
     let err = reg.probe().await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+}
+
+/// The sum of the lengths of an endpoint's attribute keys and values.
+fn attributes_len(e: &Endpoint) -> usize {
+    layout::encode(e)
+        .unwrap()
+        .iter()
+        .map(|(k, v)| k.len() + v.len())
+        .sum()
+}
+
+/// `max_encoded_len` (4,700) is what Cloud Map's 5,000 characters of
+/// attributes hold for any endpoint of printable ASCII: the largest
+/// overhead (every reserved attribute present, 24 labels, most of them
+/// with empty values) still fits.
+#[test]
+fn the_size_limit_fits_cloud_maps_attributes() {
+    use registry_api::limits::{encoded_len, MAX_LABEL_VALUE_LEN, MAX_NAME_LEN};
+    // Every optional attribute present: a host name, a hashed id, a node,
+    // the longest protocol and health names, a five-digit port.
+    let mut e = Endpoint::new("s", "i".repeat(MAX_NAME_LEN), "host.example", 65535)
+        .with_node("n")
+        .with_protocol(registry_api::Protocol::Grpc)
+        .with_health(registry_api::Health::Unhealthy);
+    // Labels with empty values (stored as `%`), then values that fill the
+    // rest up to exactly the size limit.
+    for i in 0..layout::MAX_LABELS {
+        e.labels.insert(format!("k{i:02}"), String::new());
+    }
+    for i in 0..layout::MAX_LABELS {
+        let room = layout::MAX_ENCODED_LEN - encoded_len(&e);
+        if room == 0 {
+            break;
+        }
+        e.labels.insert(
+            format!("k{i:02}"),
+            "v".repeat(room.min(MAX_LABEL_VALUE_LEN)),
+        );
+    }
+    assert_eq!(encoded_len(&e), layout::MAX_ENCODED_LEN);
+    assert!(
+        attributes_len(&e) <= layout::MAX_ATTRIBUTES_LEN,
+        "{} characters of attributes",
+        attributes_len(&e)
+    );
+}
+
+/// Below the size limit, escaped characters (three each) can still take
+/// the attributes past 5,000 characters: refused naming `endpoint`; exactly
+/// 5,000 is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn escaped_attributes_past_5000_characters_are_refused() {
+    use registry_api::limits::encoded_len;
+    const LABEL_PREFIX: usize = "label.".len();
+    let h = harness().await;
+    let svc = unique("escaped");
+    let mut full = ep(&svc, "full", 3);
+    // Values of spaces (`%20` each in Cloud Map), leaving 20 to 31
+    // characters of room...
+    for i in 0.. {
+        let room = layout::MAX_ATTRIBUTES_LEN - attributes_len(&full);
+        let key = format!("f{i:02}");
+        let spaces = (room.saturating_sub(20 + LABEL_PREFIX + key.len()) / 3).min(341);
+        if spaces == 0 {
+            break;
+        }
+        full.labels.insert(key, " ".repeat(spaces));
+    }
+    // ...then one label of plain characters up to exactly 5,000.
+    let room = layout::MAX_ATTRIBUTES_LEN - attributes_len(&full);
+    full.labels
+        .insert("zz".into(), "v".repeat(room - LABEL_PREFIX - 2));
+    assert_eq!(attributes_len(&full), layout::MAX_ATTRIBUTES_LEN);
+    assert!(encoded_len(&full) < layout::MAX_ENCODED_LEN);
+    h.register(full.clone())
+        .await
+        .expect("attributes at the limit");
+    let mut over = full.clone();
+    over.labels.get_mut("zz").unwrap().push(' ');
+    assert!(encoded_len(&over) < layout::MAX_ENCODED_LEN);
+    registry_api::testing::expect_invalid(h.register(over).await, "endpoint", "5,003 characters");
+    assert_eq!(h.list(&svc).await.unwrap(), vec![full]);
 }

@@ -1,48 +1,36 @@
-//! The registry-api conformance suite against moto: once on tables with a
-//! stream (native watch) and once on tables without (`Polling` every 50 ms,
-//! as `registry_api::stack::stack` wraps such a registry).
-//! Each check gets a table of its own on one shared moto server.
+//! The registry-api conformance suite against moto, the only place it runs
+//! for this backend: once on tables with a stream (native watch) and once
+//! on tables without (`Polling` every 50 ms, as `registry_api::stack::stack`
+//! wraps such a registry), the two ways this backend is watched. Each check
+//! gets a table of its own on one shared moto server.
 
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
 use common::Harness;
-use registry_api::testing::{ep, follow_until, next_event, unique};
-use registry_api::{Batch, Endpoint, Event, Op, Watch};
+use registry_api::polling::Polling;
+use registry_api::testing::{overflow_history, Guarded};
+use registry_api::{Registry, Watch};
+use registry_dynamodb::DynamoDbRegistry;
 
-/// Push more changes than the watch history holds, and wait until the
-/// watch has seen them: the older versions can no longer be resumed.
-async fn lose_history(h: &Harness) {
-    let svc = unique("filler");
-    let eps: Vec<Endpoint> = (0..70u16).map(|i| ep(&svc, &format!("f{i}"), 1)).collect();
-    h.reg
-        .apply(eps.iter().cloned().map(Op::Register).collect())
-        .await
-        .unwrap();
-    let mut w = h.watch(None);
-    let Event::Snapshot(mut state) = next_event(&mut w, "snapshot").await else {
-        panic!("watch(None) did not start with a snapshot");
-    };
-    follow_until(&mut w, &mut state, &svc, &eps).await;
+/// More changes than the watch history (64) holds, seen by a watch.
+async fn lose_history<R: Registry + Watch>(reg: &R) {
+    overflow_history(reg, 70).await;
 }
 
 mod with_stream {
     use super::*;
-    async fn make() -> Harness {
-        let mut h = Harness::new(true).await;
-        h.conformance = true;
-        h
+    async fn make() -> Guarded<DynamoDbRegistry> {
+        Harness::new(true).await.guarded()
     }
     registry_api::conformance_tests!(make, super::lose_history);
 }
 
 mod polling {
     use super::*;
-    async fn make() -> Harness {
-        let mut h = Harness::new(false).await;
-        h.conformance = true;
-        h
+    async fn make() -> Guarded<Polling<DynamoDbRegistry>> {
+        Harness::new(false).await.polled()
     }
     registry_api::conformance_tests!(make, super::lose_history);
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use common::{config, Harness, RecordingProxy, TRANSACT_TARGET};
 use futures::StreamExt;
+use registry_api::polling::{Polling, PollingConfig};
 use registry_api::testing::{
     assert_kind, ep, eventually, follow_until, next_event, unique, wait_limit,
 };
@@ -42,16 +43,15 @@ async fn batch_over_100_ops_is_refused_and_100_are_one_transaction() {
         .collect();
     let register =
         |eps: &[Endpoint]| -> Vec<Op> { eps.iter().cloned().map(Op::Register).collect() };
-    assert_kind(
-        reg.apply(register(&eps[..101])).await,
-        ErrorKind::InvalidInput,
-    );
+    let err = reg.apply(register(&eps[..101])).await.unwrap_err();
+    registry_api::testing::expect_invalid::<()>(Err(err), "ops", "101 ops");
     assert_eq!(proxy.count(TRANSACT_TARGET), 0, "a refused batch was sent");
     assert!(reg.list(&svc).await.unwrap().is_empty());
-    assert_kind(
-        reg.apply_with_token(register(&eps[..101]), "token-1").await,
-        ErrorKind::InvalidInput,
-    );
+    let err = reg
+        .apply_with_token(register(&eps[..101]), "token-1")
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
     assert_eq!(proxy.count(TRANSACT_TARGET), 0, "a refused batch was sent");
 
     reg.apply(register(&eps[..100])).await.unwrap();
@@ -417,7 +417,12 @@ async fn a_polled_table_reports_failed_polls() {
     assert!(own.next().await.is_none(), "the refusal ends the stream");
     let svc = unique("polled");
     h.reg.register(ep(&svc, "a", 1)).await.unwrap();
-    let mut w = h.watch(None);
+    let polling = PollingConfig::default()
+        .with_interval(h.cfg.poll_interval)
+        .with_history(h.cfg.watch_history);
+    let second = DynamoDbRegistry::connect(h.cfg.clone()).await.unwrap();
+    let polled = Polling::with_config(second, polling).unwrap();
+    let mut w = polled.watch(None);
     let Event::Snapshot(mut state) = next_event(&mut w, "snapshot").await else {
         panic!("no snapshot first");
     };

@@ -40,7 +40,8 @@ use crate::core::Keyspace;
 ///   (one per node, granted on first use, TTL [`EtcdConfig::lease_ttl`]).
 ///   `heartbeat(node)` keeps the lease alive: when a node stops
 ///   heartbeating, etcd deletes its endpoints one TTL after the last
-///   heartbeat. When the lease is lost while the node is alive (revoked,
+///   heartbeat, and its next heartbeat is `NotFound` (as is one of a node
+///   that owns no endpoint here): it registers again. When the lease is lost while the node is alive (revoked,
 ///   or expired while etcd was down), the registry grants a new one and
 ///   writes that node's endpoints again by itself.
 ///

@@ -436,19 +436,53 @@ impl Keyspace {
     }
 
     /// One keep-alive for `node`'s lease, granting a new lease when it is
-    /// gone.
+    /// gone while the node was alive.
+    ///
+    /// `NotFound` (the rule of `registry_api::Heartbeat`: the node should
+    /// register again) for a node that owns no endpoint through this
+    /// registry, and for one whose lease expired because it was silent for
+    /// longer than the TTL: etcd removed its endpoints, as liveness does.
     pub(crate) async fn keep_alive(self: &Arc<Self>, node: &str) -> Result<()> {
-        let mut nodes = self.nodes.lock().await;
-        let Some(st) = nodes.by_node.get_mut(node) else {
-            debug!(node, "heartbeat from a node without endpoints here");
-            return Ok(());
+        let unknown = |why: &str| {
+            Error::not_found(format!(
+                "node {node:?}: {why}; register its endpoints again"
+            ))
         };
+        let mut nodes = self.nodes.lock().await;
+        let Some(st) = nodes
+            .by_node
+            .get_mut(node)
+            .filter(|st| !st.endpoints.is_empty())
+        else {
+            debug!(node, "heartbeat from a node without endpoints here");
+            return Err(unknown("no endpoint of this node is registered here"));
+        };
+        let silent = st.last_seen.elapsed();
         st.last_seen = Instant::now();
         match st.lease {
             Some(id) => {
                 let mut lease = self.client.lease_client();
                 match self.timed(lease.keep_alive(id)).await {
                     Ok(_) => Ok(()),
+                    Err(e) if error::is_lease_not_found(&e) && silent > self.cfg.lease_ttl => {
+                        // Silent past the TTL: etcd expired the lease and
+                        // deleted the endpoints. Forget them rather than
+                        // write them again behind the node's back.
+                        info!(
+                            node,
+                            lease = format!("{id:x}"),
+                            silent_ms = silent.as_millis() as u64,
+                            "lease expired after the node went silent"
+                        );
+                        if let Some(st) = nodes.by_node.remove(node) {
+                            for key in st.endpoints.keys() {
+                                nodes.owner.remove(key);
+                            }
+                        }
+                        Err(unknown(
+                            "its lease expired after it went silent for longer than the TTL",
+                        ))
+                    }
                     Err(e) if error::is_lease_not_found(&e) => {
                         warn!(
                             node,
@@ -463,8 +497,7 @@ impl Keyspace {
                     )),
                 }
             }
-            None if !st.endpoints.is_empty() => self.regrant(&mut nodes, node).await.map(drop),
-            None => Ok(()),
+            None => self.regrant(&mut nodes, node).await.map(drop),
         }
     }
 }

@@ -1,31 +1,24 @@
-//! The registry-api conformance suite against a real etcd: each check gets
-//! an etcd of its own, because `lose_history` compacts the whole server.
+//! The registry-api conformance suite against a real etcd (the
+//! `registry_tests` fixture), the only place it runs for this backend:
+//! each check gets an etcd of its own, because `lose_history` compacts the
+//! whole server.
 
-mod common;
-
-use common::{Etcd, Harness};
 use registry_api::testing::Guarded;
 use registry_etcd::EtcdRegistry;
+use registry_tests::EtcdServer;
 
 async fn make() -> Guarded<EtcdRegistry> {
-    let h = Harness::start().await;
-    Guarded::new(h.reg, h.etcd)
+    registry_tests::registries::etcd()
+        .await
+        .expect("a registry on a fixture etcd (apt-get install etcd-server)")
 }
 
-/// Compact etcd at its current revision.
-async fn lose_history(h: &Guarded<EtcdRegistry>) {
-    h.guard::<Etcd>().expect("the etcd fixture").compact().await;
+/// Compact etcd past every change made so far.
+async fn lose_history(reg: &Guarded<EtcdRegistry>) {
+    let etcd = reg.guard::<EtcdServer>().expect("the etcd fixture");
+    registry_tests::registries::compact_etcd(etcd.endpoint())
+        .await
+        .expect("compact");
 }
 
 registry_api::conformance_tests!(make, lose_history);
-
-/// The whole suite on one registry, checks one after the other.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn run_all_on_one_registry() {
-    let h = make().await;
-    registry_api::testing::run_all(&h, || lose_history(&h)).await;
-    let snap = registry_api::Registry::snapshot(&h)
-        .await
-        .expect("snapshot");
-    assert!(snap.len() > 100, "only {} endpoints", snap.len());
-}

@@ -1,13 +1,14 @@
-//! etcd-specific behaviour against a real etcd: key layout, chunked
-//! batches, leases, compaction and restarts during a watch.
+//! etcd-specific behaviour against a real etcd (the `registry_tests`
+//! fixture): key layout, the batch rule, leases, compaction and restarts during a watch.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{config, next_item, next_ok_for, Etcd, Proxy};
+use common::{addr, client, compact, config, restart, start_etcd, Proxy};
 use registry_api::testing::{
-    ep, eventually, follow_until, next_event, next_for, service_state, unique, wait_limit,
+    ep, eventually, expect_invalid, follow_until, next_event, next_for, next_for_with, next_item,
+    service_state, unique, wait_limit, OnErr,
 };
 use registry_api::{Batch, EndpointKey, ErrorKind, Event, Heartbeat, Op, Registry, Watch};
 use registry_etcd::etcd_client::{GetOptions, PutOptions};
@@ -19,8 +20,8 @@ async fn connect(cfg: EtcdConfig) -> EtcdRegistry {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prefix_isolation_and_escaping() {
-    let etcd = Etcd::start().await;
-    let cfg = config(&etcd.url());
+    let etcd = start_etcd().await;
+    let cfg = config(etcd.endpoint());
     let prefix = cfg.prefix.clone();
     let reg = connect(cfg).await;
     assert_eq!(reg.to_string(), format!("Etcd({prefix})"));
@@ -42,7 +43,7 @@ async fn prefix_isolation_and_escaping() {
     }
 
     // The stored keys: one escaped segment per name.
-    let mut raw = etcd.client().await;
+    let mut raw = client(&etcd).await;
     let resp = raw
         .get(
             format!("{prefix}/services/foo/"),
@@ -69,7 +70,7 @@ async fn prefix_isolation_and_escaping() {
 
     // A registry whose prefix extends ours sees none of it, and we see
     // none of its.
-    let other = connect(config(&etcd.url()).with_prefix(format!("{prefix}_other"))).await;
+    let other = connect(config(etcd.endpoint()).with_prefix(format!("{prefix}_other"))).await;
     assert!(other.snapshot().await.expect("snapshot").is_empty());
     other.register(ep("foo", "y", 9)).await.expect("register");
     assert_eq!(reg.list("foo").await.expect("list").len(), 2);
@@ -81,8 +82,8 @@ async fn prefix_isolation_and_escaping() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batch_over_max_batch_is_refused_and_one_within_is_one_txn_of_its_net_effect() {
-    let etcd = Etcd::start().await;
-    let reg = connect(config(&etcd.url()).with_max_batch(22)).await;
+    let etcd = start_etcd().await;
+    let reg = connect(config(etcd.endpoint()).with_max_batch(22)).await;
     assert_eq!(reg.max_batch(), 22);
     let svc = unique("batch");
     let mut ops: Vec<Op> = (0..18)
@@ -98,8 +99,9 @@ async fn batch_over_max_batch_is_refused_and_one_within_is_one_txn_of_its_net_ef
     // One op more than max_batch: refused, nothing written.
     let mut too_many = ops.clone();
     too_many.push(Op::Register(ep(&svc, "k99", 9)));
-    registry_api::testing::assert_kind(reg.apply(too_many).await, ErrorKind::InvalidInput);
+    expect_invalid(reg.apply(too_many).await, "ops", "23 ops, max_batch 22");
     assert_eq!(reg.snapshot().await.expect("snapshot").version(), before);
+    assert!(reg.list(&svc).await.expect("list").is_empty());
     reg.apply(ops).await.expect("apply");
     let after = reg.snapshot().await.expect("snapshot").version();
     // 18 distinct keys within max_batch: one Txn, one revision.
@@ -114,9 +116,9 @@ async fn batch_over_max_batch_is_refused_and_one_within_is_one_txn_of_its_net_ef
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_nodes_lose_their_endpoints_and_heartbeating_ones_keep_them() {
-    let etcd = Etcd::start().await;
+    let etcd = start_etcd().await;
     let ttl = Duration::from_secs(2);
-    let reg = connect(config(&etcd.url()).with_lease_ttl(ttl)).await;
+    let reg = connect(config(etcd.endpoint()).with_lease_ttl(ttl)).await;
     let svc = unique("lease");
     let dead = [
         ep(&svc, "d1", 1).with_node("dead"),
@@ -153,12 +155,30 @@ async fn silent_nodes_lose_their_endpoints_and_heartbeating_ones_keep_them() {
         gone >= ttl / 2,
         "dead endpoints vanished after {gone:?}, before the TTL"
     );
+    // Removed by liveness: its next heartbeat is NotFound and writes
+    // nothing back; the node registers again.
+    let err = reg
+        .heartbeat("dead")
+        .await
+        .expect_err("heartbeat of a removed node");
+    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+    assert!(!reg
+        .list(&svc)
+        .await
+        .expect("list")
+        .iter()
+        .any(|e| e.node == "dead"));
+    reg.register(dead[0].clone()).await.expect("register again");
+    reg.heartbeat("dead")
+        .await
+        .expect("heartbeat after registering");
+    assert!(reg.list(&svc).await.expect("list").contains(&dead[0]));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_lease_is_granted_again_and_the_endpoints_rewritten() {
-    let etcd = Etcd::start().await;
-    let reg = connect(config(&etcd.url()).with_lease_ttl(Duration::from_secs(3))).await;
+    let etcd = start_etcd().await;
+    let reg = connect(config(etcd.endpoint()).with_lease_ttl(Duration::from_secs(3))).await;
     let svc = unique("lost");
     let (a, b) = (
         ep(&svc, "a", 1).with_node("n"),
@@ -166,7 +186,7 @@ async fn a_lost_lease_is_granted_again_and_the_endpoints_rewritten() {
     );
     reg.register(a.clone()).await.expect("register a");
     reg.register(b.clone()).await.expect("register b");
-    let mut raw = etcd.client().await;
+    let mut raw = client(&etcd).await;
 
     // 1. Revoked behind our back; the node goes on heartbeating.
     let first = reg.lease_of("n").await.expect("lease");
@@ -215,10 +235,10 @@ async fn a_lost_lease_is_granted_again_and_the_endpoints_rewritten() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compaction_while_a_watch_is_disconnected_sends_a_fresh_snapshot() {
-    let etcd = Etcd::start().await;
-    let proxy = Proxy::start(etcd.addr()).await;
+    let etcd = start_etcd().await;
+    let proxy = Proxy::start(addr(&etcd)).await;
     let cfg = config(&proxy.url()).with_request_timeout(Duration::from_secs(2));
-    let writer = connect(config(&etcd.url()).with_prefix(cfg.prefix.clone())).await;
+    let writer = connect(config(etcd.endpoint()).with_prefix(cfg.prefix.clone())).await;
     let reg = connect(cfg).await;
     let svc = unique("compacted");
     let mut w = reg.watch(None);
@@ -232,12 +252,12 @@ async fn compaction_while_a_watch_is_disconnected_sends_a_fresh_snapshot() {
     proxy.cut();
     writer.register(b.clone()).await.expect("register b");
     writer.deregister(&a.key()).await.expect("deregister a");
-    etcd.compact().await;
+    compact(&etcd).await;
     proxy.restore();
 
     // The cut is reported (as failures), then a fresh snapshot follows.
-    let mut errors = 0;
-    match next_ok_for(
+    let mut errors = OnErr::count();
+    match next_for_with(
         &mut w,
         &svc,
         &mut errors,
@@ -266,8 +286,8 @@ async fn compaction_while_a_watch_is_disconnected_sends_a_fresh_snapshot() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_reports_etcd_killed_then_sends_a_fresh_snapshot_and_goes_on() {
-    let mut etcd = Etcd::start().await;
-    let reg = connect(config(&etcd.url()).with_request_timeout(Duration::from_secs(2))).await;
+    let mut etcd = start_etcd().await;
+    let reg = connect(config(etcd.endpoint()).with_request_timeout(Duration::from_secs(2))).await;
     let svc = unique("restart");
     let mut w = reg.watch(None);
     let Event::Snapshot(mut state) = next_event(&mut w, "the first snapshot").await else {
@@ -289,7 +309,7 @@ async fn a_watch_reports_etcd_killed_then_sends_a_fresh_snapshot_and_goes_on() {
         Ok(ev) => panic!("etcd is down, but the watch sent {ev:?}"),
     };
     assert!(err.is_retryable(), "{err}");
-    etcd.restart().await;
+    restart(&mut etcd);
 
     // After the failures: a fresh snapshot (holding what was written
     // before), then the changes.
@@ -333,12 +353,12 @@ async fn a_watch_reports_etcd_killed_then_sends_a_fresh_snapshot_and_goes_on() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probe_writes_nothing_and_reports_an_outage() {
-    let mut etcd = Etcd::start().await;
-    let cfg = config(&etcd.url())
+    let mut etcd = start_etcd().await;
+    let cfg = config(etcd.endpoint())
         .with_request_timeout(Duration::from_secs(2))
         .with_connect_timeout(Duration::from_secs(1));
     let reg = connect(cfg.clone()).await;
-    let mut raw = etcd.client().await;
+    let mut raw = client(&etcd).await;
     let before = raw
         .get("/", Some(GetOptions::new().with_prefix().with_count_only()))
         .await
@@ -363,7 +383,7 @@ async fn probe_writes_nothing_and_reports_an_outage() {
     etcd.kill();
     let err = reg.probe().await.expect_err("probe while etcd is down");
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
-    etcd.restart().await;
+    restart(&mut etcd);
     eventually("the probe to pass after the restart", || async {
         reg.probe().await.ok()
     })
@@ -373,10 +393,10 @@ async fn probe_writes_nothing_and_reports_an_outage() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probe_of_a_read_only_user_is_unauthorized() {
     use registry_etcd::etcd_client::{Permission, PermissionType};
-    let etcd = Etcd::start().await;
-    let cfg = config(&etcd.url());
+    let etcd = start_etcd().await;
+    let cfg = config(etcd.endpoint());
     let prefix = cfg.prefix.clone();
-    let mut raw = etcd.client().await;
+    let mut raw = client(&etcd).await;
     raw.user_add("root", "root-pw", None)
         .await
         .expect("add root");
@@ -440,8 +460,8 @@ async fn connecting_to_nothing_is_unavailable_and_names_the_endpoint() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_that_are_not_endpoints_are_skipped() {
-    let etcd = Etcd::start().await;
-    let cfg = config(&etcd.url());
+    let etcd = start_etcd().await;
+    let cfg = config(etcd.endpoint());
     let prefix = cfg.prefix.clone();
     let reg = connect(cfg).await;
     let svc = unique("corrupt");
@@ -449,7 +469,7 @@ async fn records_that_are_not_endpoints_are_skipped() {
     let Event::Snapshot(mut state) = next_event(&mut w, "the first snapshot").await else {
         panic!("watch(None) did not start with a snapshot");
     };
-    let mut raw = etcd.client().await;
+    let mut raw = client(&etcd).await;
     let base = format!("{prefix}/services/{svc}");
     for (key, value) in [
         (format!("{base}/garbage"), "not json".to_string()),
@@ -480,8 +500,9 @@ async fn records_that_are_not_endpoints_are_skipped() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn progress_notifications_do_not_disturb_an_idle_watch() {
-    let etcd = Etcd::start().await;
-    let reg = connect(config(&etcd.url()).with_progress_interval(Duration::from_millis(50))).await;
+    let etcd = start_etcd().await;
+    let reg =
+        connect(config(etcd.endpoint()).with_progress_interval(Duration::from_millis(50))).await;
     let svc = unique("progress");
     let mut w = reg.watch(None);
     let Event::Snapshot(mut state) = next_event(&mut w, "the first snapshot").await else {
@@ -489,7 +510,7 @@ async fn progress_notifications_do_not_disturb_an_idle_watch() {
     };
     // Changes outside the prefix move etcd's revision; the watch gets
     // progress notifications for them while it sees no event.
-    let mut raw = etcd.client().await;
+    let mut raw = client(&etcd).await;
     for i in 0..5 {
         raw.put(format!("/elsewhere/{i}"), "x", None::<PutOptions>)
             .await
@@ -517,8 +538,8 @@ async fn progress_notifications_do_not_disturb_an_idle_watch() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn user_and_password_are_used_and_refusals_are_unauthorized() {
-    let etcd = Etcd::start().await;
-    let mut raw = etcd.client().await;
+    let etcd = start_etcd().await;
+    let mut raw = client(&etcd).await;
     raw.user_add("root", "root-pw", None)
         .await
         .expect("add root");
@@ -527,18 +548,18 @@ async fn user_and_password_are_used_and_refusals_are_unauthorized() {
         .expect("grant root");
     raw.auth_enable().await.expect("enable auth");
 
-    let reg = connect(config(&etcd.url()).with_user("root", "root-pw")).await;
+    let reg = connect(config(etcd.endpoint()).with_user("root", "root-pw")).await;
     let svc = unique("auth");
     reg.register(ep(&svc, "a", 1))
         .await
         .expect("register as root");
     assert_eq!(reg.list(&svc).await.expect("list").len(), 1);
 
-    let err = EtcdRegistry::connect(config(&etcd.url()).with_user("root", "wrong"))
+    let err = EtcdRegistry::connect(config(etcd.endpoint()).with_user("root", "wrong"))
         .await
         .expect_err("wrong password");
     assert_eq!(err.kind(), ErrorKind::Unauthorized, "{err}");
-    let err = EtcdRegistry::connect(config(&etcd.url()))
+    let err = EtcdRegistry::connect(config(etcd.endpoint()))
         .await
         .expect_err("no user while auth is on");
     assert_eq!(err.kind(), ErrorKind::Unauthorized, "{err}");

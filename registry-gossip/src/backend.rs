@@ -177,13 +177,17 @@ impl Batch for GossipRegistry {
 #[async_trait]
 impl Heartbeat for GossipRegistry {
     /// SWIM is the liveness signal: this succeeds for this node and for
-    /// every live member, and fails with `NotFound` for any other node.
+    /// every live member, and for a node that owns an endpoint here (the
+    /// `node` of an endpoint; its endpoints live as long as the member that
+    /// wrote them). Any other node is `NotFound` (the rule of
+    /// `registry_api::Heartbeat`): it should register again.
     async fn heartbeat(&self, node: &str) -> Result<()> {
-        let known = self
+        let member = self
             .driver
             .lock()
             .machine
             .is_member(&NodeId::new(node.to_string()));
+        let known = member || self.driver.hub.current().iter().any(|e| e.node == node);
         if known {
             Ok(())
         } else {

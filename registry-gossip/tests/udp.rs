@@ -182,6 +182,12 @@ async fn heartbeat_is_swim_membership() {
     a.heartbeat("b").await.unwrap();
     let err = a.heartbeat("nobody").await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound);
+    // A node that owns an endpoint here is known too (the rule of
+    // `registry_api::Heartbeat`), though it is not a member.
+    a.register(ep("svc", "owned", 1).with_node("owner"))
+        .await
+        .unwrap();
+    a.heartbeat("owner").await.unwrap();
     assert_eq!(a.to_string(), format!("Gossip({})", a.local_addr()));
 }
 

@@ -221,10 +221,12 @@ impl Batch for SqliteRegistry {
 
 #[async_trait]
 impl Heartbeat for SqliteRegistry {
-    /// Record that `node` is alive now: creates its node row if unknown
-    /// (a node pruned earlier is re-admitted, without its old endpoints),
-    /// marks it healthy, and revives the endpoints liveness had marked
-    /// unhealthy (not those registered unhealthy by their owner).
+    /// Record that `node` is alive now: marks it healthy (creating its
+    /// node row on its first heartbeat), and revives the endpoints
+    /// liveness had marked unhealthy (not those registered unhealthy by
+    /// their owner). `NotFound` for a node that owns no endpoint and has no
+    /// node row (never registered, or removed by liveness with its
+    /// endpoints): it should register again.
     async fn heartbeat(&self, node: &str) -> Result<()> {
         check_name("node", node, true)?;
         self.db.beat(node, None).await

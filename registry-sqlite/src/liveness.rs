@@ -14,7 +14,7 @@ use std::sync::Weak;
 use std::time::{Duration, SystemTime};
 
 use registry_api::liveness::SweepReport;
-use registry_api::{Endpoint, EndpointKey, Health, Result};
+use registry_api::{Endpoint, EndpointKey, Error, Health, Result};
 use sqlx::sqlite::SqliteConnection;
 
 use crate::core::Database;
@@ -239,7 +239,16 @@ impl Database {
         let now = millis(self.cfg.clock.now());
         let mut tx = self.write_tx(&what).await?;
         let res = self.beat_in(tx.conn(), node, info, now, &what).await;
-        let (known, revived, rev) = tx.end(res, &what).await?;
+        // A heartbeat admits no unknown node (one that owns no endpoint
+        // and has no node row: never registered, or removed by liveness):
+        // `NotFound` tells its client to register again (the rule of
+        // `registry_api::Heartbeat`, checked by the conformance suite).
+        let Some((known, revived, rev)) = tx.end(res, &what).await? else {
+            return Err(Error::not_found(format!(
+                "node {node:?}: no endpoint of this node is registered \
+                 (never registered, or removed by liveness); register again"
+            )));
+        };
         self.bump(rev);
         match known.as_deref() {
             None => tracing::info!(node, "node admitted"),
@@ -281,13 +290,24 @@ impl Database {
         info: Option<(&str, &str)>,
         now: i64,
         what: &str,
-    ) -> Result<(Option<String>, usize, u64)> {
+    ) -> Result<Option<(Option<String>, usize, u64)>> {
         let (start, floor) = self.counters(conn, what).await?;
         let known: Option<String> = sqlx::query_scalar("SELECT status FROM nodes WHERE id = ?1")
             .bind(node)
             .fetch_optional(&mut *conn)
             .await
             .map_err(|e| self.map(e, what))?;
+        if known.is_none() && info.is_none() {
+            let owns: Option<i64> =
+                sqlx::query_scalar("SELECT 1 FROM endpoints WHERE node = ?1 LIMIT 1")
+                    .bind(node)
+                    .fetch_optional(&mut *conn)
+                    .await
+                    .map_err(|e| self.map(e, what))?;
+            if owns.is_none() {
+                return Ok(None);
+            }
+        }
         let q = match info {
             None => sqlx::query(
                 "INSERT INTO nodes (id, status, last_seen) VALUES (?1, 'healthy', ?2) \
@@ -310,7 +330,7 @@ impl Database {
         let mut rev = start;
         let revived = self.revive(conn, &mut rev, node, what).await?;
         self.finish(conn, start, floor, rev, what).await?;
-        Ok((known, revived, rev))
+        Ok(Some((known, revived, rev)))
     }
 
     /// The work of [`Database::sweep_at`] inside its transaction: the report

@@ -352,12 +352,20 @@ async fn liveness_unhealthy_at_30s_pruned_at_5min_readmitted_by_heartbeat() {
     reg.register_node("n1", "10.0.0.1", "compute")
         .await
         .expect("register node");
-    reg.heartbeat("n2").await.expect("heartbeat n2");
+    // A node unknown so far (no endpoint, no node row) is not admitted by
+    // a heartbeat: its client must register first.
+    let err = reg
+        .heartbeat("n2")
+        .await
+        .expect_err("heartbeat of unknown n2");
+    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+    assert!(reg.node("n2").await.expect("node").is_none());
     for (id, node) in [("a1", "n1"), ("a2", "n1"), ("b1", "n2")] {
         reg.register(ep("api", id, 80).with_node(node))
             .await
             .expect("register");
     }
+    reg.heartbeat("n2").await.expect("heartbeat n2");
     // Registered unhealthy by its owner: liveness must not revive it.
     reg.register(
         ep("api", "a3", 80)
@@ -441,15 +449,23 @@ async fn liveness_unhealthy_at_30s_pruned_at_5min_readmitted_by_heartbeat() {
     assert!(reg.node("n1").await.expect("node").is_none());
     assert_eq!(reg.nodes().await.expect("nodes").len(), 1);
 
-    // A heartbeat after pruning re-admits the node, without its old
-    // endpoints; its owner registers them again.
-    reg.heartbeat("n1").await.expect("heartbeat after pruning");
-    let n1 = reg.node("n1").await.expect("node").expect("re-admitted");
-    assert_eq!((n1.status, n1.last_seen), (Health::Healthy, clock.now()));
+    // A heartbeat after pruning is `NotFound` and admits nothing: its
+    // owner registers its endpoints again, and then heartbeats.
+    let err = reg
+        .heartbeat("n1")
+        .await
+        .expect_err("heartbeat after pruning");
+    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+    assert!(reg.node("n1").await.expect("node").is_none());
     assert_eq!(reg.list("api").await.expect("list").len(), 1);
     reg.register(ep("api", "a1", 80).with_node("n1"))
         .await
         .expect("re-register");
+    reg.heartbeat("n1")
+        .await
+        .expect("heartbeat after registering");
+    let n1 = reg.node("n1").await.expect("node").expect("re-admitted");
+    assert_eq!((n1.status, n1.last_seen), (Health::Healthy, clock.now()));
     assert_eq!(reg.list("api").await.expect("list").len(), 2);
 }
 
@@ -460,14 +476,14 @@ async fn on_open_node_status_is_recomputed_from_last_seen() {
     let clock = ManualClock::new(t0());
     let open_at = |c: &ManualClock| SqliteRegistry::open(cfg(&path).with_clock(c.clone()));
     let reg = open_at(&clock).await.expect("open");
-    reg.heartbeat("n1").await.expect("heartbeat");
-    reg.heartbeat("n2").await.expect("heartbeat");
     reg.register(ep("api", "a", 1).with_node("n1"))
         .await
         .expect("register");
     reg.register(ep("api", "b", 2).with_node("n2"))
         .await
         .expect("register");
+    reg.heartbeat("n1").await.expect("heartbeat");
+    reg.heartbeat("n2").await.expect("heartbeat");
     reg.close().await;
     drop(reg);
 
@@ -517,10 +533,10 @@ async fn the_background_sweep_runs_by_itself() {
     )
     .await
     .expect("open");
-    reg.heartbeat("n1").await.expect("heartbeat");
     reg.register(ep("api", "a", 1).with_node("n1"))
         .await
         .expect("register");
+    reg.heartbeat("n1").await.expect("heartbeat");
     clock.advance(Duration::from_secs(31));
     eventually("the sweeper to mark n1 unhealthy", || async {
         let eps = reg.list("api").await.expect("list");

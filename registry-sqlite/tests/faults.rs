@@ -70,8 +70,10 @@ async fn a_full_disk_fails_writes_transiently_and_they_succeed_once_space_is_fre
         .expect("open on the tmpfs");
     let mut acked: Vec<Endpoint> = Vec::new();
     for i in 0..5 {
-        reg.register(padded(i)).await.expect("register with space");
-        acked.push(padded(i));
+        // The first belongs to `full-node`, whose heartbeat is tried below.
+        let e = padded(i).with_node(if i == 0 { "full-node" } else { "" });
+        reg.register(e.clone()).await.expect("register with space");
+        acked.push(e);
     }
     let ballast = mnt.path().join("ballast");
     fill(&ballast);
@@ -238,7 +240,10 @@ async fn a_store_made_read_only_while_open_refuses_writes_for_good_and_loses_not
     }
     let path = dir.path().join("registry.db");
     let reg = SqliteRegistry::open(cfg(&path)).await.expect("open");
-    let mut acked: Vec<Endpoint> = (0..5).map(|i| ep("ro", &format!("a{i}"), 1 + i)).collect();
+    // Owned by `n1`, whose heartbeat is tried below.
+    let mut acked: Vec<Endpoint> = (0..5)
+        .map(|i| ep("ro", &format!("a{i}"), 1 + i).with_node("n1"))
+        .collect();
     for e in &acked {
         reg.register(e.clone())
             .await

@@ -193,7 +193,10 @@ impl EtcdServer {
                     SocketAddr::from(([127, 0, 0, 1], client)),
                     START_LIMIT,
                 )?);
-                Ok(())
+                // The port answers before the member has elected itself
+                // leader; wait for that too, so that the first request
+                // after a (re)start does not fail.
+                wait_healthy(SocketAddr::from(([127, 0, 0, 1], client)), START_LIMIT)
             }
         }
     }
@@ -220,4 +223,39 @@ impl crate::Fixture for EtcdServer {
     fn start_process() -> Result<Self, FixtureError> {
         Self::start_process()
     }
+}
+
+/// Wait until etcd's `/health` on `addr` says `"health":"true"` (it has a
+/// leader), at most `limit`.
+fn wait_healthy(addr: SocketAddr, limit: Duration) -> Result<(), FixtureError> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if healthy(addr) {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(FixtureError::NotReady {
+                program: "etcd".into(),
+                addr,
+                detail: format!("/health did not say true within {limit:?}"),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Whether `/health` on `addr` answers `"health":"true"`.
+fn healthy(addr: SocketAddr) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+    let req = format!("GET /health HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    if s.write_all(req.as_bytes()).is_err() {
+        return false;
+    }
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    body.contains("\"health\":\"true\"")
 }

@@ -37,6 +37,33 @@ pub async fn etcd() -> Result<Guarded<registry_etcd::EtcdRegistry>, FixtureError
     Ok(Guarded::new(reg, server))
 }
 
+/// Make the fixture etcd at `endpoint` forget its history: one write
+/// outside every registry's prefix, then a compaction at its revision, so
+/// that a watch from any earlier revision gets a fresh snapshot. The one
+/// "lose history" of etcd's tests.
+#[cfg(feature = "etcd")]
+pub async fn compact_etcd(endpoint: &str) -> Result<(), FixtureError> {
+    use registry_etcd::etcd_client::{Client, CompactionOptions};
+    let failed = |what: &'static str| {
+        move |e: registry_etcd::etcd_client::Error| FixtureError::Registry {
+            what: format!("{what} on the fixture etcd"),
+            source: registry_api::Error::unavailable(e.to_string()),
+        }
+    };
+    let mut c = Client::connect([endpoint], None)
+        .await
+        .map_err(failed("connecting"))?;
+    let resp = c
+        .put("/compaction-filler", "x", None)
+        .await
+        .map_err(failed("the filler write"))?;
+    let rev = resp.header().map_or(0, |h| h.revision());
+    c.compact(rev, Some(CompactionOptions::new().with_physical()))
+        .await
+        .map_err(failed("compacting"))?;
+    Ok(())
+}
+
 /// A `DynamoDbRegistry` on a new table (with a stream when `with_stream`,
 /// watched natively; otherwise polled every 50 ms) on a fixture moto.
 #[cfg(feature = "dynamodb")]

@@ -424,8 +424,12 @@ impl<B: Batch> Registry for Coalescing<B> {
 
 #[async_trait]
 impl<B: Batch> Batch for Coalescing<B> {
+    /// The batch rule first: more than `max_batch` (the queue's capacity)
+    /// ops can never fit, so they are `InvalidInput`, like an invalid op;
+    /// a batch that fits but finds the queue too full is `Overloaded`.
     async fn apply(&self, ops: Vec<Op>) -> Result<()> {
-        self.submit(ops).map(drop)
+        crate::backend::check_batch(&ops, self.shared.cfg.capacity)?;
+        self.enqueue(ops).map(drop)
     }
     fn max_batch(&self) -> usize {
         self.shared.cfg.capacity

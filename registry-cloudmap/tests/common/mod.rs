@@ -6,6 +6,7 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use registry_api::polling::{Polling, PollingConfig};
+use registry_api::testing::Guarded;
 use registry_cloudmap::aws_sdk_servicediscovery::config::{BehaviorVersion, Credentials, Region};
 use registry_cloudmap::{CloudMapConfig, CloudMapRegistry};
 use registry_tests::MotoServer;
@@ -46,41 +47,30 @@ pub fn start_moto() -> MotoServer {
     MotoServer::start().expect("moto_server (pip install 'moto[server]')")
 }
 
-/// A registry behind `Polling`, owning its emulator.
-pub struct Harness {
-    pub reg: Polling<CloudMapRegistry>,
-    pub moto: MotoServer,
+/// A registry behind `Polling`, owning its emulator (the one wrapper,
+/// `Guarded`; `guard_mut::<MotoServer>()` reaches the server).
+pub type Harness = Guarded<Polling<CloudMapRegistry>>;
+
+/// A harness on a fresh emulator and namespace.
+pub async fn harness() -> Harness {
+    harness_with(|c| c).await
 }
 
-impl Harness {
-    pub async fn start() -> Harness {
-        Self::with(|c| c).await
-    }
-
-    pub async fn with(f: impl FnOnce(CloudMapConfig) -> CloudMapConfig) -> Harness {
-        let moto = start_moto();
-        let raw = connect(f(config(&moto))).await;
-        let reg = Polling::with_config(
-            raw,
-            PollingConfig::default()
-                .with_interval(INTERVAL)
-                .with_history(HISTORY),
-        )
-        .unwrap();
-        Harness { reg, moto }
-    }
-
-    /// The backend under the `Polling`.
-    pub fn raw(&self) -> &CloudMapRegistry {
-        self.reg.get_ref()
-    }
+/// [`harness`] with the settings changed by `f`.
+pub async fn harness_with(f: impl FnOnce(CloudMapConfig) -> CloudMapConfig) -> Harness {
+    let moto = start_moto();
+    let raw = connect(f(config(&moto))).await;
+    let reg = Polling::with_config(
+        raw,
+        PollingConfig::default()
+            .with_interval(INTERVAL)
+            .with_history(HISTORY),
+    )
+    .expect("polling");
+    Guarded::new(reg, moto)
 }
 
-/// The harness reads as its registry (`h.register(..)`, `h.watch(..)`);
-/// pass `&*h` where a `Registry` is expected.
-impl std::ops::Deref for Harness {
-    type Target = Polling<CloudMapRegistry>;
-    fn deref(&self) -> &Self::Target {
-        &self.reg
-    }
+/// The backend under the `Polling`.
+pub fn raw(h: &Harness) -> &CloudMapRegistry {
+    h.get_ref().get_ref()
 }

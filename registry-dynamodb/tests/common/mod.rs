@@ -7,13 +7,8 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use registry_api::polling::{Polling, PollingConfig};
-use registry_api::testing::unique;
-use registry_api::{
-    Batch, Capabilities, Endpoint, EndpointKey, EventStream, Op, Registry, Result, Snapshot,
-    Version, Watch,
-};
+use registry_api::testing::{unique, Guarded};
 use registry_dynamodb::{DynamoDbConfig, DynamoDbRegistry};
 use registry_tests::MotoServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -46,17 +41,14 @@ pub fn config(url: &str) -> DynamoDbConfig {
         .with_watch_history(64)
 }
 
-/// A registry on a table of its own, holding the server it uses. Its
-/// watch is the registry's own on a table with a stream, and `Polling`
-/// over it on one without (as `registry_api::stack::stack` wraps it).
+/// A registry on a table of its own, with its settings and the server it
+/// uses. Not a registry itself: tests call `h.reg`, and [`Harness::guarded`]
+/// makes the one wrapper (`Guarded`) where a registry owning its fixture
+/// is needed.
 pub struct Harness {
-    pub reg: Arc<DynamoDbRegistry>,
-    /// `Polling` over `reg` when the table has no stream.
-    pub polled: Option<Polling<Arc<DynamoDbRegistry>>>,
+    pub reg: DynamoDbRegistry,
     pub cfg: DynamoDbConfig,
     pub moto: Arc<MotoServer>,
-    /// Running the conformance suite (see `capabilities`).
-    pub conformance: bool,
 }
 
 impl Harness {
@@ -80,73 +72,22 @@ impl Harness {
             .await
             .expect("connect");
         assert_eq!(reg.watches_stream(), stream, "watch mode of {reg}");
-        let reg = Arc::new(reg);
-        let polled = (!stream).then(|| {
-            let polling = PollingConfig::default()
-                .with_interval(cfg.poll_interval)
-                .with_history(cfg.watch_history);
-            Polling::with_config(Arc::clone(&reg), polling).expect("polling config")
-        });
-        Harness {
-            reg,
-            polled,
-            cfg,
-            moto,
-            conformance: false,
-        }
+        Harness { reg, cfg, moto }
     }
-}
 
-impl std::fmt::Display for Harness {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.reg.fmt(f)
+    /// The registry, keeping the shared server alive as long as it lives.
+    pub fn guarded(self) -> Guarded<DynamoDbRegistry> {
+        Guarded::new(self.reg, self.moto)
     }
-}
 
-impl std::fmt::Debug for Harness {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Debug::fmt(&self.reg, f)
-    }
-}
-
-#[async_trait]
-impl Registry for Harness {
-    async fn register(&self, endpoint: Endpoint) -> Result<()> {
-        self.reg.register(endpoint).await
-    }
-    async fn deregister(&self, key: &EndpointKey) -> Result<()> {
-        self.reg.deregister(key).await
-    }
-    async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
-        self.reg.list(service).await
-    }
-    async fn snapshot(&self) -> Result<Snapshot> {
-        self.reg.snapshot().await
-    }
-    fn capabilities(&self) -> Capabilities {
-        match &self.polled {
-            Some(p) => p.capabilities(),
-            None => self.reg.capabilities(),
-        }
-    }
-}
-
-#[async_trait]
-impl Batch for Harness {
-    async fn apply(&self, ops: Vec<Op>) -> Result<()> {
-        self.reg.apply(ops).await
-    }
-    fn max_batch(&self) -> usize {
-        self.reg.max_batch()
-    }
-}
-
-impl Watch for Harness {
-    fn watch(&self, from: Option<Version>) -> EventStream {
-        match &self.polled {
-            Some(p) => p.watch(from),
-            None => self.reg.watch(from),
-        }
+    /// The registry of a table without a stream as `registry_api::stack`
+    /// wraps it: polled (every `poll_interval`), keeping the server alive.
+    pub fn polled(self) -> Guarded<Polling<DynamoDbRegistry>> {
+        let polling = PollingConfig::default()
+            .with_interval(self.cfg.poll_interval)
+            .with_history(self.cfg.watch_history);
+        let polled = Polling::with_config(self.reg, polling).expect("polling settings");
+        Guarded::new(polled, self.moto)
     }
 }
 

@@ -1,199 +1,50 @@
-//! Test fixtures: a real `etcd` as a local process on free loopback ports,
-//! a TCP proxy that can cut connections, and a registry that owns its etcd.
+//! Test helpers over the shared fixture (`registry_tests::EtcdServer`, a
+//! real etcd on loopback): starting, restarting and reaching it, a config
+//! under a prefix of its own, and a TCP proxy that can cut connections.
 #![allow(dead_code)]
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use registry_etcd::etcd_client::{Client, CompactionOptions, PutOptions};
-use registry_etcd::{EtcdConfig, EtcdRegistry};
+use registry_etcd::etcd_client::Client;
+use registry_etcd::EtcdConfig;
+pub use registry_tests::EtcdServer;
 
-/// How long etcd may take to answer after a start.
-const START_LIMIT: Duration = Duration::from_secs(30);
-
-/// One etcd server on loopback with its own data directory. Killed on
-/// drop; also killed when the test process dies, however it dies: etcd runs
-/// under a small shell that kills it when its standard input (a pipe from
-/// this process) closes.
-pub struct Etcd {
-    dir: tempfile::TempDir,
-    client_port: u16,
-    peer_port: u16,
-    child: Option<(Child, ChildStdin)>,
+/// A fresh etcd of this test's own.
+pub async fn start_etcd() -> EtcdServer {
+    EtcdServer::start_async()
+        .await
+        .expect("start etcd (apt-get install etcd-server)")
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind a free loopback port")
-        .port()
+/// Start `etcd` again on its port and data after [`EtcdServer::kill`]
+/// (blocking this runtime worker while it comes up).
+pub fn restart(etcd: &mut EtcdServer) {
+    tokio::task::block_in_place(|| etcd.restart()).expect("restart etcd");
 }
 
-impl Etcd {
-    /// Start a fresh etcd and wait until it answers.
-    pub async fn start() -> Etcd {
-        let dir = tempfile::tempdir().expect("temp dir for etcd");
-        let mut etcd = Etcd {
-            dir,
-            client_port: free_port(),
-            peer_port: free_port(),
-            child: None,
-        };
-        etcd.spawn().await;
-        etcd
-    }
-
-    /// `http://127.0.0.1:<port>`.
-    pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
-    }
-
-    /// The client address.
-    pub fn addr(&self) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], self.client_port))
-    }
-
-    fn log_path(&self) -> PathBuf {
-        self.dir.path().join("etcd.log")
-    }
-
-    async fn spawn(&mut self) {
-        let peer = format!("http://127.0.0.1:{}", self.peer_port);
-        let data = self.dir.path().join("data");
-        let args = [
-            "--name".to_string(),
-            "test".to_string(),
-            "--data-dir".to_string(),
-            data.display().to_string(),
-            "--listen-client-urls".to_string(),
-            self.url(),
-            "--advertise-client-urls".to_string(),
-            self.url(),
-            "--listen-peer-urls".to_string(),
-            peer.clone(),
-            "--initial-advertise-peer-urls".to_string(),
-            peer.clone(),
-            "--initial-cluster".to_string(),
-            format!("test={peer}"),
-            "--logger".to_string(),
-            "zap".to_string(),
-            "--log-level".to_string(),
-            "warn".to_string(),
-        ];
-        let script = r#"log="$1"; shift
-etcd "$@" >>"$log" 2>&1 &
-pid=$!
-read _ignored
-kill -9 "$pid" 2>/dev/null
-wait "$pid" 2>/dev/null
-exit 0"#;
-        let mut child = Command::new("sh")
-            .arg("-c")
-            .arg(script)
-            .arg("etcd-wrapper")
-            .arg(self.log_path())
-            .args(&args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start etcd (is the `etcd` binary on PATH? Debian: etcd-server)");
-        let stdin = child.stdin.take().expect("piped stdin");
-        self.child = Some((child, stdin));
-        self.wait_ready().await;
-    }
-
-    async fn wait_ready(&mut self) {
-        let deadline = Instant::now() + START_LIMIT;
-        loop {
-            if self.healthy() {
-                return;
-            }
-            if let Some((child, _)) = &mut self.child {
-                if let Ok(Some(status)) = child.try_wait() {
-                    panic!("etcd exited with {status}: {}", self.log());
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "etcd did not answer within {START_LIMIT:?}: {}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// Whether `/health` answers `true` (etcd has a leader).
-    fn healthy(&self) -> bool {
-        let Ok(mut s) = TcpStream::connect_timeout(&self.addr(), Duration::from_millis(200)) else {
-            return false;
-        };
-        let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
-        let req = format!(
-            "GET /health HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nConnection: close\r\n\r\n",
-            self.client_port
-        );
-        if s.write_all(req.as_bytes()).is_err() {
-            return false;
-        }
-        let mut body = String::new();
-        let _ = s.read_to_string(&mut body);
-        body.contains("\"health\":\"true\"")
-    }
-
-    /// The last lines etcd logged.
-    pub fn log(&self) -> String {
-        let text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(20)..].join("\n")
-    }
-
-    /// Kill etcd with SIGKILL and wait until it is gone.
-    pub fn kill(&mut self) {
-        if let Some((mut child, stdin)) = self.child.take() {
-            drop(stdin); // the wrapper kills etcd with SIGKILL and waits for it
-            let _ = child.wait();
-        }
-    }
-
-    /// Start etcd again on the same data directory and ports.
-    pub async fn restart(&mut self) {
-        self.kill();
-        self.spawn().await;
-    }
-
-    /// A raw etcd client, for doing things behind the registry's back.
-    pub async fn client(&self) -> Client {
-        Client::connect([self.url()], None)
-            .await
-            .expect("raw etcd client")
-    }
-
-    /// Compact etcd's history at its current revision, after one write
-    /// outside every test prefix so that the compaction revision is past
-    /// every change made so far.
-    pub async fn compact(&self) {
-        let mut c = self.client().await;
-        let resp = c
-            .put("/filler", "x", None::<PutOptions>)
-            .await
-            .expect("filler write");
-        let rev = resp.header().expect("header").revision();
-        c.compact(rev, Some(CompactionOptions::new().with_physical()))
-            .await
-            .expect("compact");
-    }
+/// The client address of `etcd`.
+pub fn addr(etcd: &EtcdServer) -> SocketAddr {
+    etcd.endpoint()
+        .trim_start_matches("http://")
+        .parse()
+        .expect("the fixture's endpoint is http://ip:port")
 }
 
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        self.kill();
-    }
+/// A raw etcd client, for doing things behind the registry's back.
+pub async fn client(etcd: &EtcdServer) -> Client {
+    Client::connect([etcd.endpoint()], None)
+        .await
+        .expect("raw etcd client")
+}
+
+/// Compact `etcd`'s history past every change made so far.
+pub async fn compact(etcd: &EtcdServer) {
+    registry_tests::registries::compact_etcd(etcd.endpoint())
+        .await
+        .expect("compact etcd");
 }
 
 /// A config for `url` under a prefix of its own.
@@ -266,56 +117,5 @@ impl Drop for Proxy {
     fn drop(&mut self) {
         self.accept.abort();
         self.cut();
-    }
-}
-
-/// A registry with an etcd of its own (for the conformance suite, whose
-/// history check compacts the whole server).
-pub struct Harness {
-    pub reg: EtcdRegistry,
-    pub etcd: Etcd,
-}
-
-impl Harness {
-    pub async fn start() -> Harness {
-        let etcd = Etcd::start().await;
-        let reg = EtcdRegistry::connect(config(&etcd.url()))
-            .await
-            .expect("connect to the test etcd");
-        Harness { reg, etcd }
-    }
-}
-
-/// The next item of `w` within [`registry_api::testing::wait_limit`]:
-/// `Ok(event)` or the failure the watch reported. Panics on timeout or on
-/// the end of the stream.
-pub async fn next_item(
-    w: &mut registry_api::EventStream,
-    what: &str,
-) -> registry_api::Result<registry_api::Event> {
-    use futures::StreamExt;
-    let limit = registry_api::testing::wait_limit();
-    match tokio::time::timeout(limit, w.next()).await {
-        Ok(Some(item)) => item,
-        Ok(None) => panic!("watch ended while waiting for {what}"),
-        Err(_) => panic!("timed out after {limit:?} waiting for {what}"),
-    }
-}
-
-/// The next event of `w` that concerns `service` (a snapshot always does),
-/// counting the failures reported on the way in `errors`.
-pub async fn next_ok_for(
-    w: &mut registry_api::EventStream,
-    service: &str,
-    errors: &mut usize,
-    what: &str,
-) -> registry_api::Event {
-    loop {
-        match next_item(w, what).await {
-            Err(_) => *errors += 1,
-            Ok(ev @ registry_api::Event::Snapshot(_)) => return ev,
-            Ok(ev) if ev.key().is_some_and(|k| k.service == service) => return ev,
-            Ok(_) => {}
-        }
     }
 }
