@@ -12,8 +12,8 @@ use futures::{Stream, StreamExt};
 use tower::discover::Change;
 
 use crate::error::Result;
-use crate::model::{Endpoint, EndpointKey, Event, Health, Version};
-use crate::snapshot::Snapshot;
+use crate::model::{Endpoint, EndpointKey, Health, Version};
+use crate::snapshot::{Event, Snapshot};
 use crate::traits::{EventStream, Watch};
 
 type MakeFn<S> = Box<dyn Fn(&Endpoint) -> S + Send>;

@@ -29,6 +29,6 @@ pub mod testing;
 
 pub use capabilities::Capabilities;
 pub use error::{Error, ErrorKind, Result};
-pub use model::{Endpoint, EndpointKey, Event, Health, Op, Protocol, Version};
-pub use snapshot::Snapshot;
+pub use model::{Endpoint, EndpointKey, Health, Op, Protocol, Version};
+pub use snapshot::{Event, Snapshot};
 pub use traits::{Batch, EventStream, Heartbeat, Registry, Watch};

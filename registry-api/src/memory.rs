@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use crate::backend::{check_batch, Hub};
 use crate::capabilities::Capabilities;
 use crate::error::{Error, Result};
-use crate::model::{Endpoint, EndpointKey, Event, Health, Op, Version};
-use crate::snapshot::Snapshot;
+use crate::model::{Endpoint, EndpointKey, Health, Op, Version};
+use crate::snapshot::{Event, Snapshot};
 use crate::traits::{Batch, EventStream, Heartbeat, Registry, Watch};
 
 /// Default number of changes kept for resuming watches.

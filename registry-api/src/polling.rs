@@ -10,8 +10,8 @@ use async_trait::async_trait;
 use crate::backend::{check_count, check_duration, diff, Hub, VersionClock};
 use crate::capabilities::Capabilities;
 use crate::error::Result;
-use crate::model::{Endpoint, EndpointKey, Event, Op, Version};
-use crate::snapshot::Snapshot;
+use crate::model::{Endpoint, EndpointKey, Op, Version};
+use crate::snapshot::{Event, Snapshot};
 use crate::traits::{Batch, EventStream, Heartbeat, Registry, Watch};
 
 /// Settings of [`Polling`].

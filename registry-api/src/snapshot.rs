@@ -1,11 +1,13 @@
-//! [`Snapshot`]: the whole registry at one version, immutable and cheap to clone.
+//! [`Snapshot`]: the whole registry at one version, immutable and cheap to
+//! clone; and [`Event`], a change that brings a consumer from one snapshot to
+//! the next.
 
 use std::fmt;
 use std::ops::Bound;
 
 use imbl::OrdMap;
 
-use crate::model::{Endpoint, EndpointKey, Event, Version};
+use crate::model::{Endpoint, EndpointKey, Version};
 
 /// Every endpoint at one [`Version`].
 ///
@@ -169,5 +171,78 @@ impl fmt::Debug for Snapshot {
 impl FromIterator<Endpoint> for Snapshot {
     fn from_iter<I: IntoIterator<Item = Endpoint>>(iter: I) -> Self {
         Snapshot::from_endpoints(Version::ZERO, iter)
+    }
+}
+
+/// One item of a watch stream.
+///
+/// A stream starts with [`Event::Snapshot`] unless it resumed from a version
+/// whose history is still held; it sends a fresh `Snapshot` whenever the
+/// source lost history, so a consumer never has to guess.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// The whole state at `version`; replaces everything the consumer held.
+    Snapshot(Snapshot),
+    /// An endpoint that did not exist before.
+    Added {
+        /// Version of this change.
+        version: Version,
+        /// The new endpoint.
+        endpoint: Endpoint,
+    },
+    /// An existing endpoint changed; carries its new value.
+    Updated {
+        /// Version of this change.
+        version: Version,
+        /// The endpoint as it is now.
+        endpoint: Endpoint,
+    },
+    /// An endpoint was removed.
+    Removed {
+        /// Version of this change.
+        version: Version,
+        /// The key that is gone.
+        key: EndpointKey,
+    },
+}
+
+impl Event {
+    /// The same change at another version (a snapshot keeps its own).
+    pub fn with_version(self, version: Version) -> Event {
+        match self {
+            Event::Added { endpoint, .. } => Event::Added { version, endpoint },
+            Event::Updated { endpoint, .. } => Event::Updated { version, endpoint },
+            Event::Removed { key, .. } => Event::Removed { version, key },
+            snap @ Event::Snapshot(_) => snap,
+        }
+    }
+
+    /// The version this event brings the consumer to.
+    pub fn version(&self) -> Version {
+        match self {
+            Event::Snapshot(s) => s.version(),
+            Event::Added { version, .. }
+            | Event::Updated { version, .. }
+            | Event::Removed { version, .. } => *version,
+        }
+    }
+
+    /// The key a delta is about; `None` for a snapshot.
+    pub fn key(&self) -> Option<EndpointKey> {
+        match self {
+            Event::Snapshot(_) => None,
+            Event::Added { endpoint, .. } | Event::Updated { endpoint, .. } => Some(endpoint.key()),
+            Event::Removed { key, .. } => Some(key.clone()),
+        }
+    }
+
+    /// Short name of the variant: `snapshot`, `added`, `updated`, `removed`.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Event::Snapshot(_) => "snapshot",
+            Event::Added { .. } => "added",
+            Event::Updated { .. } => "updated",
+            Event::Removed { .. } => "removed",
+        }
     }
 }

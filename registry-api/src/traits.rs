@@ -10,8 +10,8 @@ use futures::stream::BoxStream;
 
 use crate::capabilities::Capabilities;
 use crate::error::Result;
-use crate::model::{Endpoint, EndpointKey, Event, Op, Version};
-use crate::snapshot::Snapshot;
+use crate::model::{Endpoint, EndpointKey, Op, Version};
+use crate::snapshot::{Event, Snapshot};
 
 /// A stream of watch events, `'static` so it can be moved into a task.
 pub type EventStream = BoxStream<'static, Result<Event>>;

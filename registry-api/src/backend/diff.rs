@@ -1,7 +1,6 @@
 //! [`diff`]: the events between two snapshots.
 
-use crate::model::Event;
-use crate::snapshot::Snapshot;
+use crate::snapshot::{Event, Snapshot};
 
 /// The events that turn `old` into `new`, each at `new`'s version, ordered
 /// by key.

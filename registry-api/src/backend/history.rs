@@ -2,8 +2,8 @@
 
 use std::collections::VecDeque;
 
-use crate::model::{Event, Version};
-use crate::snapshot::Snapshot;
+use crate::model::Version;
+use crate::snapshot::{Event, Snapshot};
 
 /// The last `cap` deltas, and the version from which they are complete.
 #[derive(Debug)]

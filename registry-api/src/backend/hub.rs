@@ -11,8 +11,8 @@ use tokio::sync::{mpsc, watch};
 
 use super::history::History;
 use crate::error::{Error, Result};
-use crate::model::{Event, Version};
-use crate::snapshot::Snapshot;
+use crate::model::Version;
+use crate::snapshot::{Event, Snapshot};
 use crate::traits::EventStream;
 
 /// The current state of a registry plus its live subscribers.

@@ -18,8 +18,8 @@ pub use writer::{UpstreamFilter, Writer};
 use crate::backend::{check_count, check_duration, resume_with_backoff, Hub};
 use crate::capabilities::Capabilities;
 use crate::error::Result;
-use crate::model::{Endpoint, EndpointKey, Event, Op, Version};
-use crate::snapshot::Snapshot;
+use crate::model::{Endpoint, EndpointKey, Op, Version};
+use crate::snapshot::{Event, Snapshot};
 use crate::traits::{Batch, EventStream, Heartbeat, Registry, Watch};
 
 /// Settings of [`CachedRegistry`].

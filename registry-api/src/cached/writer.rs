@@ -4,8 +4,7 @@
 use std::sync::{Arc, Mutex};
 
 use crate::backend::{diff, Hub, VersionClock};
-use crate::model::Event;
-use crate::snapshot::Snapshot;
+use crate::snapshot::{Event, Snapshot};
 
 /// Decides what of the inner registry's news reaches the cache. An
 /// optimistic overlay (the registrar's) uses it to keep its own writes over

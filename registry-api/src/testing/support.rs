@@ -10,8 +10,8 @@ use futures::StreamExt;
 use rand::RngExt;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::model::{Endpoint, Event};
-use crate::snapshot::Snapshot;
+use crate::model::Endpoint;
+use crate::snapshot::{Event, Snapshot};
 use crate::traits::{EventStream, Registry, Watch};
 
 /// How long a check waits for a condition before it fails. Override with

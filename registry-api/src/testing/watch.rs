@@ -4,7 +4,8 @@
 use std::future::Future;
 
 use super::support::{ep, follow_until, next_event, next_for, skip, unique};
-use crate::model::{Endpoint, EndpointKey, Event, Op, Version};
+use crate::model::{Endpoint, EndpointKey, Op, Version};
+use crate::snapshot::Event;
 use crate::traits::{Registry, Watch};
 
 /// A watch from `None` starts with a snapshot holding what exists.
