@@ -1,24 +1,25 @@
 //! [`Keyspace`]: the registry's keys in etcd, shared by a registry, its
-//! clones and its watch streams: the client and the key layout, the leases
-//! of the nodes that own keys, and the requests (connecting, reads at one
-//! revision, `Txn` writes, leases, the probe).
+//! clones and its watch streams: the client and the key layout, and the
+//! requests (connecting, reads at one revision, `Txn` writes, the probe).
+//! The leases of the nodes that own keys are in [`crate::leases`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, Error as EtcdError, GetOptions, PutOptions, Txn,
     TxnOp,
 };
-use registry_api::{Endpoint, EndpointKey, Error, Op, Result, Snapshot, Version};
-use tokio::sync::{Mutex, MutexGuard};
+use registry_api::{Endpoint, Error, Op, Result, Snapshot, Version};
+use tokio::sync::Mutex;
 use tracing::{debug, info, warn};
 
 use crate::config::EtcdConfig;
 use crate::error;
 use crate::layout::{self, Layout};
+use crate::leases::Nodes;
 
 /// The client, settings, key layout and lease bookkeeping of one registry
 /// (shared by its clones and watch streams).
@@ -26,23 +27,7 @@ pub(crate) struct Keyspace {
     pub(crate) client: Client,
     pub(crate) cfg: EtcdConfig,
     pub(crate) layout: Layout,
-    nodes: Mutex<Nodes>,
-}
-
-/// What this registry wrote for each node, so that it can write it again
-/// under a new lease.
-#[derive(Default)]
-struct Nodes {
-    by_node: HashMap<String, NodeState>,
-    owner: HashMap<EndpointKey, String>,
-}
-
-struct NodeState {
-    lease: Option<i64>,
-    endpoints: BTreeMap<EndpointKey, Endpoint>,
-    /// Last register or heartbeat for this node.
-    last_seen: Instant,
-    monitored: bool,
+    pub(crate) nodes: Mutex<Nodes>,
 }
 
 /// An op with its etcd key and, for a registration, its encoded value:
@@ -109,16 +94,6 @@ impl Keyspace {
             .map_err(|e| error::map(e, format!("{what}: read {root}")))?;
         info!(endpoints = ?keyspace.cfg.endpoints, prefix = %keyspace.cfg.normalized_prefix(), "connected to etcd");
         Ok(keyspace)
-    }
-
-    /// The lease currently attached to `node`'s endpoints, if any.
-    pub(crate) async fn lease_of(&self, node: &str) -> Option<i64> {
-        self.nodes
-            .lock()
-            .await
-            .by_node
-            .get(node)
-            .and_then(|s| s.lease)
     }
 
     fn encode(&self, op: Op) -> Result<EncodedOp> {
@@ -201,11 +176,7 @@ impl Keyspace {
                     warn!(%what, "a node's lease is gone; granting a new one and retrying");
                     let mut nodes = self.nodes.lock().await;
                     for (node, id) in &leases {
-                        if let Some(st) = nodes.by_node.get_mut(node) {
-                            if st.lease == Some(*id) {
-                                st.lease = None;
-                            }
-                        }
+                        nodes.lease_gone(node, *id);
                     }
                     retried = true;
                 }
@@ -219,41 +190,6 @@ impl Keyspace {
             }
         }
         Ok(())
-    }
-}
-
-impl Nodes {
-    fn forget(&mut self, key: &EndpointKey) {
-        if let Some(node) = self.owner.remove(key) {
-            if let Some(st) = self.by_node.get_mut(&node) {
-                st.endpoints.remove(key);
-            }
-        }
-    }
-
-    fn remember(&mut self, ep: Endpoint) {
-        let key = ep.key();
-        if self.owner.get(&key).is_some_and(|n| *n != ep.node) {
-            self.forget(&key);
-        }
-        if ep.node.is_empty() {
-            return;
-        }
-        self.owner.insert(key.clone(), ep.node.clone());
-        let st = self.state(&ep.node);
-        st.last_seen = Instant::now();
-        st.endpoints.insert(key, ep);
-    }
-
-    fn state(&mut self, node: &str) -> &mut NodeState {
-        self.by_node
-            .entry(node.to_string())
-            .or_insert_with(|| NodeState {
-                lease: None,
-                endpoints: BTreeMap::new(),
-                last_seen: Instant::now(),
-                monitored: false,
-            })
     }
 }
 
@@ -372,188 +308,6 @@ impl Keyspace {
             return Ok((revision, out));
         }
     }
-
-    /// The lease of `node`, granted (and the node's endpoints written again
-    /// under it) when it has none.
-    async fn ensure_lease(self: &Arc<Self>, node: &str) -> Result<i64> {
-        let mut nodes = self.nodes.lock().await;
-        if let Some(id) = nodes.by_node.get(node).and_then(|s| s.lease) {
-            return Ok(id);
-        }
-        self.regrant(&mut nodes, node).await
-    }
-
-    /// Grant a new lease for `node` and write every endpoint we hold for it
-    /// under that lease.
-    async fn regrant(
-        self: &Arc<Self>,
-        nodes: &mut MutexGuard<'_, Nodes>,
-        node: &str,
-    ) -> Result<i64> {
-        let ttl = self.cfg.lease_ttl_secs();
-        let mut lease = self.client.lease_client();
-        let grant = self
-            .timed(lease.grant(ttl, None))
-            .await
-            .map_err(|e| error::map(e, format!("grant a lease for node {node}")))?;
-        let id = grant.id();
-        let st = nodes.state(node);
-        st.lease = Some(id);
-        let endpoints: Vec<Endpoint> = st.endpoints.values().cloned().collect();
-        let spawn_monitor = !st.monitored;
-        st.monitored = true;
-        if spawn_monitor {
-            tokio::spawn(monitor(Arc::downgrade(self), node.to_string()));
-        }
-        info!(
-            node,
-            lease = format!("{id:x}"),
-            ttl,
-            endpoints = endpoints.len(),
-            "granted lease"
-        );
-        for chunk in endpoints.chunks(self.cfg.max_batch.max(1)) {
-            let mut ops = Vec::with_capacity(chunk.len());
-            for ep in chunk {
-                let value = layout::encode(ep)?;
-                ops.push(TxnOp::put(
-                    self.layout.key(&ep.key()),
-                    value,
-                    Some(PutOptions::new().with_lease(id)),
-                ));
-            }
-            let mut kv = self.client.kv_client();
-            self.timed(kv.txn(Txn::new().and_then(ops)))
-                .await
-                .map_err(|e| {
-                    error::map(
-                        e,
-                        format!("write the endpoints of node {node} under lease {id:x}"),
-                    )
-                })?;
-        }
-        Ok(id)
-    }
-
-    /// One keep-alive for `node`'s lease, granting a new lease when it is
-    /// gone while the node was alive.
-    ///
-    /// `NotFound` (the rule of `registry_api::Heartbeat`: the node should
-    /// register again) for a node that owns no endpoint through this
-    /// registry, and for one whose lease expired because it was silent for
-    /// longer than the TTL: etcd removed its endpoints, as liveness does.
-    pub(crate) async fn keep_alive(self: &Arc<Self>, node: &str) -> Result<()> {
-        let unknown = |why: &str| {
-            Error::not_found(format!(
-                "node {node:?}: {why}; register its endpoints again"
-            ))
-        };
-        let mut nodes = self.nodes.lock().await;
-        let Some(st) = nodes
-            .by_node
-            .get_mut(node)
-            .filter(|st| !st.endpoints.is_empty())
-        else {
-            debug!(node, "heartbeat from a node without endpoints here");
-            return Err(unknown("no endpoint of this node is registered here"));
-        };
-        let silent = st.last_seen.elapsed();
-        st.last_seen = Instant::now();
-        match st.lease {
-            Some(id) => {
-                let mut lease = self.client.lease_client();
-                match self.timed(lease.keep_alive(id)).await {
-                    Ok(_) => Ok(()),
-                    Err(e) if error::is_lease_not_found(&e) && silent > self.cfg.lease_ttl => {
-                        // Silent past the TTL: etcd expired the lease and
-                        // deleted the endpoints. Forget them rather than
-                        // write them again behind the node's back.
-                        info!(
-                            node,
-                            lease = format!("{id:x}"),
-                            silent_ms = silent.as_millis() as u64,
-                            "lease expired after the node went silent"
-                        );
-                        if let Some(st) = nodes.by_node.remove(node) {
-                            for key in st.endpoints.keys() {
-                                nodes.owner.remove(key);
-                            }
-                        }
-                        Err(unknown(
-                            "its lease expired after it went silent for longer than the TTL",
-                        ))
-                    }
-                    Err(e) if error::is_lease_not_found(&e) => {
-                        warn!(
-                            node,
-                            lease = format!("{id:x}"),
-                            "lease lost; granting a new one"
-                        );
-                        self.regrant(&mut nodes, node).await.map(drop)
-                    }
-                    Err(e) => Err(error::map(
-                        e,
-                        format!("keep-alive of lease {id:x} of node {node}"),
-                    )),
-                }
-            }
-            None => self.regrant(&mut nodes, node).await.map(drop),
-        }
-    }
-}
-
-/// Watch over one node's lease while the node is alive: when the lease
-/// disappears (revoked, or expired while etcd was unreachable) although the
-/// node heartbeats, grant a new one and write its endpoints again. Ends
-/// when the registry is dropped.
-fn monitor(keyspace: Weak<Keyspace>, node: String) -> futures::future::BoxFuture<'static, ()> {
-    // Boxed with an explicit type: `regrant` spawns this, and this calls
-    // `regrant`, a cycle the compiler cannot prove `Send` through otherwise.
-    Box::pin(async move {
-        loop {
-            let (every, alive_for) = match keyspace.upgrade() {
-                Some(i) => {
-                    let ttl = i.cfg.lease_ttl.max(Duration::from_secs(1));
-                    ((ttl / 3).max(Duration::from_millis(200)), ttl * 3 / 4)
-                }
-                None => return,
-            };
-            tokio::time::sleep(every).await;
-            let Some(keyspace) = keyspace.upgrade() else {
-                return;
-            };
-            let mut nodes = keyspace.nodes.lock().await;
-            let Some(st) = nodes.by_node.get(&node) else {
-                continue;
-            };
-            if st.endpoints.is_empty() || st.last_seen.elapsed() > alive_for {
-                // Nothing to protect, or the node went silent: let it expire.
-                continue;
-            }
-            let lost = match st.lease {
-                None => true,
-                Some(id) => {
-                    let mut lease = keyspace.client.lease_client();
-                    match keyspace.timed(lease.time_to_live(id, None)).await {
-                        Ok(r) => r.ttl() <= 0,
-                        Err(e) => {
-                            debug!(node, error = %e, "cannot check the lease");
-                            false
-                        }
-                    }
-                }
-            };
-            if lost {
-                warn!(node, "lease of a live node is gone; granting a new one");
-                if let Err(e) = keyspace.regrant(&mut nodes, &node).await {
-                    warn!(node, error = %e, "could not restore the node's endpoints; will retry");
-                    if let Some(st) = nodes.by_node.get_mut(&node) {
-                        st.lease = None;
-                    }
-                }
-            }
-        }
-    })
 }
 
 /// Run `fut` with a time limit; a timeout becomes etcd's `DeadlineExceeded`.

@@ -6,6 +6,7 @@ mod config;
 mod core;
 mod error;
 mod layout;
+mod leases;
 mod watch;
 
 pub use backend::EtcdRegistry;
