@@ -1,11 +1,16 @@
 //! Who is calling (the SPIFFE ID of the client certificate) and what it may
-//! write.
+//! do: the rule of the authorization [`Policy`] that matches it.
 
 use std::collections::BTreeSet;
 use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
 
+use registry_api::{Endpoint, Error};
 use registry_registrar::tls::spiffe_id;
 use tonic::{Request, Status};
+
+use crate::policy::{trust_domain_name, Policy, Rule};
 
 /// The default SPIFFE ID of an agent: `{trust_domain}` and `{node}` are
 /// replaced by the trust domain and the node name.
@@ -15,10 +20,13 @@ pub const DEFAULT_ID_PATTERN: &str = "spiffe://{trust_domain}/node/{node}";
 ///
 /// - Only IDs of `trust_domain` are accepted (`PERMISSION_DENIED`
 ///   otherwise).
-/// - An ID matching `id_pattern` names a node; that caller may write (and
-///   heartbeat) only endpoints of that node.
-/// - IDs listed in `admin_ids` (operators) may write any endpoint.
-/// - Any other ID of the trust domain may read (watch, list) only.
+/// - With a policy file ([`AuthzConfig::with_policy_file`]), its rules
+///   decide; see [`Policy`].
+/// - Without one: an ID matching `id_pattern` names a node; that caller
+///   may write (and heartbeat) only endpoints of that node in the
+///   registrar's own cluster. IDs listed in `admin_ids` (operators) may
+///   write any endpoint. Any ID of the trust domain may read (watch,
+///   list).
 #[non_exhaustive]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuthzConfig {
@@ -28,6 +36,8 @@ pub struct AuthzConfig {
     pub id_pattern: String,
     /// IDs that may write endpoints of any node.
     pub admin_ids: BTreeSet<String>,
+    /// A policy file (TOML) that replaces `id_pattern` and `admin_ids`.
+    pub policy_file: Option<PathBuf>,
 }
 
 impl AuthzConfig {
@@ -37,6 +47,7 @@ impl AuthzConfig {
             trust_domain: trust_domain.into(),
             id_pattern: DEFAULT_ID_PATTERN.to_string(),
             admin_ids: BTreeSet::new(),
+            policy_file: None,
         }
     }
 
@@ -51,46 +62,52 @@ impl AuthzConfig {
         self.admin_ids.insert(id.into());
         self
     }
+
+    /// Authorize by the rules of the policy file at `path` (see
+    /// [`Policy`]) instead of the ID pattern and admins.
+    pub fn with_policy_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.policy_file = Some(path.into());
+        self
+    }
 }
 
 /// A checked [`AuthzConfig`].
 #[derive(Debug, Clone)]
 pub(crate) struct Authz {
     domain_prefix: String,
-    before: String,
-    after: String,
-    admins: BTreeSet<String>,
+    policy: Policy,
 }
 
 impl Authz {
-    pub(crate) fn new(cfg: &AuthzConfig) -> registry_api::Result<Self> {
-        let td = cfg.trust_domain.trim_start_matches("spiffe://");
-        if td.is_empty() || td.contains('/') {
-            return Err(registry_api::Error::invalid(
-                "trust_domain",
-                format!("{:?} is not a trust domain name", cfg.trust_domain),
-            ));
-        }
-        let pattern = cfg.id_pattern.replace("{trust_domain}", td);
-        let mut parts = pattern.split("{node}");
-        let (Some(before), Some(after), None) = (parts.next(), parts.next(), parts.next()) else {
-            return Err(registry_api::Error::invalid(
-                "id_pattern",
-                format!("{:?} must contain {{node}} exactly once", cfg.id_pattern),
-            ));
+    /// Check `cfg` for a registrar of cluster `cluster` (what `{cluster}`
+    /// stands for); reads the policy file.
+    pub(crate) fn new(cfg: &AuthzConfig, cluster: &str) -> registry_api::Result<Self> {
+        let td = trust_domain_name(&cfg.trust_domain)?;
+        let policy = match &cfg.policy_file {
+            Some(path) => {
+                if cfg.id_pattern != DEFAULT_ID_PATTERN || !cfg.admin_ids.is_empty() {
+                    return Err(Error::invalid(
+                        "authz_policy",
+                        "a policy file replaces the ID pattern and the admin IDs: \
+                         write them as rules of the file",
+                    ));
+                }
+                Policy::load(path, td, cluster)?
+            }
+            None => {
+                if cfg.id_pattern.matches("{node}").count() != 1 {
+                    return Err(Error::invalid(
+                        "id_pattern",
+                        format!("{:?} must contain {{node}} exactly once", cfg.id_pattern),
+                    ));
+                }
+                Policy::builtin(td, &cfg.id_pattern, cfg.admin_ids.clone(), cluster)
+                    .map_err(|e| Error::invalid("id_pattern", e.to_string()))?
+            }
         };
-        let domain_prefix = format!("spiffe://{td}/");
-        if !before.starts_with(&domain_prefix) {
-            return Err(registry_api::Error::invalid(
-                "id_pattern",
-                format!("{pattern:?} is not an ID of the trust domain {td}"),
-            ));
-        }
         Ok(Self {
-            domain_prefix,
-            before: before.to_string(),
-            after: after.to_string(),
-            admins: cfg.admin_ids.clone(),
+            domain_prefix: format!("spiffe://{td}/"),
+            policy,
         })
     }
 
@@ -101,55 +118,65 @@ impl Authz {
                 self.domain_prefix
             )));
         }
-        if self.admins.contains(&id) {
-            return Ok(Caller::Admin(id));
+        match self.policy.find(&id) {
+            Some((rule, node)) => Ok(Caller::Id { id, node, rule }),
+            None => Err(Status::permission_denied(format!(
+                "{id}: no rule of the authorization policy matches this ID"
+            ))),
         }
-        let node = id
-            .strip_prefix(&self.before)
-            .and_then(|rest| rest.strip_suffix(&self.after))
-            .filter(|n| !n.is_empty() && !n.contains('/'))
-            .map(str::to_string);
-        Ok(match node {
-            Some(node) => Caller::Node { id, node },
-            None => Caller::Reader(id),
-        })
     }
 }
 
 /// The caller of one request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub(crate) enum Caller {
-    /// Authorization is off (plaintext, or mTLS without a trust domain).
+    /// Authorization is off (plaintext, or mTLS allowing any certificate).
     Anyone,
-    /// An operator: may write anything.
-    Admin(String),
-    /// The agent of `node`.
-    Node { id: String, node: String },
-    /// Another ID of the trust domain: reads only.
-    Reader(String),
+    /// A SPIFFE ID, the rule that matched it and the node it names.
+    Id {
+        id: String,
+        node: Option<String>,
+        rule: Arc<Rule>,
+    },
 }
 
 impl fmt::Display for Caller {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Caller::Anyone => f.write_str("anyone"),
-            Caller::Admin(id) | Caller::Reader(id) | Caller::Node { id, .. } => f.write_str(id),
+            Caller::Id { id, rule, .. } => write!(f, "{id} (rule {rule})"),
         }
     }
 }
 
 impl Caller {
-    /// May this caller write an endpoint of `node`?
-    pub(crate) fn may_write(&self, node: &str) -> Result<(), Status> {
+    /// Is authorization off for this caller?
+    pub(crate) fn is_anyone(&self) -> bool {
+        matches!(self, Caller::Anyone)
+    }
+
+    /// May this caller watch and list?
+    pub(crate) fn may_read(&self) -> Result<(), Status> {
         match self {
-            Caller::Anyone | Caller::Admin(_) => Ok(()),
-            Caller::Node { node: own, .. } if own == node => Ok(()),
-            Caller::Node { id, node: own } => Err(Status::permission_denied(format!(
-                "{id} is the agent of node {own:?} and may not write endpoints of node {node:?}"
-            ))),
-            Caller::Reader(id) => Err(Status::permission_denied(format!(
-                "{id} names no node and is not an admin: it may only read"
-            ))),
+            Caller::Anyone => Ok(()),
+            Caller::Id { rule, .. } if rule.may_read() => Ok(()),
+            Caller::Id { id, rule, .. } => Err(rule.denied(id, "it allows no reads".into())),
+        }
+    }
+
+    /// May this caller write (register, or remove) `ep`?
+    pub(crate) fn may_write(&self, ep: &Endpoint) -> Result<(), Status> {
+        match self {
+            Caller::Anyone => Ok(()),
+            Caller::Id { id, node, rule } => rule.check_write(id, node.as_deref(), ep),
+        }
+    }
+
+    /// May this caller heartbeat for `node`?
+    pub(crate) fn may_heartbeat(&self, target: &str) -> Result<(), Status> {
+        match self {
+            Caller::Anyone => Ok(()),
+            Caller::Id { id, node, rule } => rule.check_heartbeat(id, node.as_deref(), target),
         }
     }
 }
@@ -160,13 +187,31 @@ pub(crate) struct Security {
     /// Connections are mTLS: a request without a client certificate is
     /// `UNAUTHENTICATED`.
     pub(crate) tls: bool,
-    /// Authorization by SPIFFE ID (needs `tls`).
+    /// Authorization by SPIFFE ID (needs `tls`); `None` with `tls`: any
+    /// certificate of the CA may do anything.
     pub(crate) authz: Option<Authz>,
 }
 
 impl Security {
-    /// Identify the caller of `req`.
+    /// Identify the caller of `req`: the one [`Security::authenticate`]
+    /// found, or found now.
     pub(crate) fn caller<T>(&self, req: &Request<T>) -> Result<Caller, Status> {
+        if let Some(c) = req.extensions().get::<Caller>() {
+            return Ok(c.clone());
+        }
+        self.identify(req)
+    }
+
+    /// Identify the caller from the request's headers and connection alone,
+    /// before its message is read (a tonic interceptor): an unauthenticated
+    /// or unauthorized peer costs no more than its headers.
+    pub(crate) fn authenticate(&self, mut req: Request<()>) -> Result<Request<()>, Status> {
+        let caller = self.identify(&req)?;
+        req.extensions_mut().insert(caller);
+        Ok(req)
+    }
+
+    fn identify<T>(&self, req: &Request<T>) -> Result<Caller, Status> {
         if !self.tls {
             return Ok(Caller::Anyone);
         }
@@ -189,31 +234,49 @@ impl Security {
     }
 }
 
+/// The interceptor that identifies every caller from its connection and
+/// headers before a request message is decoded; a refused caller costs no
+/// more than its headers.
+#[derive(Debug, Clone)]
+pub(crate) struct Authenticate(pub(crate) Arc<Security>);
+
+impl tonic::service::Interceptor for Authenticate {
+    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
+        self.0.authenticate(req)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use registry_api::testing::ep;
+
+    fn builtin() -> Authz {
+        Authz::new(
+            &AuthzConfig::new("example.org").with_admin("spiffe://example.org/ops/cli"),
+            "east",
+        )
+        .unwrap()
+    }
+
+    fn rule_of(c: &Caller) -> &str {
+        match c {
+            Caller::Id { rule, .. } => rule.name(),
+            Caller::Anyone => "anyone",
+        }
+    }
 
     #[test]
     fn ids_are_classified_by_pattern_domain_and_admins() {
-        let a =
-            Authz::new(&AuthzConfig::new("example.org").with_admin("spiffe://example.org/ops/cli"))
-                .unwrap();
-        assert_eq!(
-            a.classify("spiffe://example.org/node/n1".into()).unwrap(),
-            Caller::Node {
-                id: "spiffe://example.org/node/n1".into(),
-                node: "n1".into()
-            }
-        );
-        assert!(matches!(
-            a.classify("spiffe://example.org/ops/cli".into()).unwrap(),
-            Caller::Admin(_)
-        ));
-        assert!(matches!(
-            a.classify("spiffe://example.org/node/a/b".into()).unwrap(),
-            Caller::Reader(_)
-        ));
+        let a = builtin();
+        let n1 = a.classify("spiffe://example.org/node/n1".into()).unwrap();
+        assert_eq!(rule_of(&n1), "node");
+        assert!(matches!(&n1, Caller::Id { node: Some(n), .. } if n == "n1"));
+        let ops = a.classify("spiffe://example.org/ops/cli".into()).unwrap();
+        assert_eq!(rule_of(&ops), "admin");
+        let deep = a.classify("spiffe://example.org/node/a/b".into()).unwrap();
+        assert_eq!(rule_of(&deep), "trust-domain");
         let e = a.classify("spiffe://evil.org/node/n1".into()).unwrap_err();
         assert_eq!(e.code(), tonic::Code::PermissionDenied);
         // A look-alike domain is not the trust domain.
@@ -223,34 +286,54 @@ mod tests {
 
         let custom = Authz::new(
             &AuthzConfig::new("td").with_id_pattern("spiffe://{trust_domain}/ns/x/sa/agent-{node}"),
+            "east",
         )
         .unwrap();
         assert!(matches!(
             custom.classify("spiffe://td/ns/x/sa/agent-n7".into()).unwrap(),
-            Caller::Node { node, .. } if node == "n7"
+            Caller::Id { node: Some(node), .. } if node == "n7"
         ));
-        assert!(Authz::new(&AuthzConfig::new("td").with_id_pattern("spiffe://td/x")).is_err());
-        assert!(
-            Authz::new(&AuthzConfig::new("td").with_id_pattern("spiffe://other/{node}")).is_err()
+        let no_node = Authz::new(
+            &AuthzConfig::new("td").with_id_pattern("spiffe://td/x"),
+            "e",
         );
+        assert!(no_node.unwrap_err().to_string().contains("id_pattern"));
+        assert!(Authz::new(
+            &AuthzConfig::new("td").with_id_pattern("spiffe://other/{node}"),
+            "e"
+        )
+        .is_err());
+        let both = AuthzConfig::new("td")
+            .with_admin("spiffe://td/ops")
+            .with_policy_file("/nonexistent");
+        let e = Authz::new(&both, "e").unwrap_err().to_string();
+        assert!(e.contains("replaces"), "{e}");
     }
 
     #[test]
-    fn nodes_write_only_their_own() {
-        let n1 = Caller::Node {
-            id: "spiffe://td/node/n1".into(),
-            node: "n1".into(),
-        };
-        assert!(n1.may_write("n1").is_ok());
-        assert_eq!(
-            n1.may_write("n2").unwrap_err().code(),
-            tonic::Code::PermissionDenied
-        );
-        assert_eq!(
-            n1.may_write("").unwrap_err().code(),
-            tonic::Code::PermissionDenied
-        );
-        assert!(Caller::Admin("x".into()).may_write("n2").is_ok());
-        assert!(Caller::Reader("x".into()).may_write("n2").is_err());
+    fn nodes_write_only_their_own_node_in_their_own_cluster() {
+        let a = builtin();
+        let n1 = a.classify("spiffe://example.org/node/n1".into()).unwrap();
+        let own = ep("api", "1", 80).with_node("n1").with_cluster("east");
+        n1.may_write(&own).unwrap();
+        n1.may_heartbeat("n1").unwrap();
+        n1.may_read().unwrap();
+        let other_node = own.clone().with_node("n2");
+        let e = n1.may_write(&other_node).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied);
+        assert!(e.message().contains("rule \"node\""), "{}", e.message());
+        assert!(e.message().contains("node \"n2\""), "{}", e.message());
+        assert!(n1.may_write(&own.clone().with_node("")).is_err());
+        let e = n1.may_write(&own.clone().with_cluster("west")).unwrap_err();
+        assert!(e.message().contains("cluster \"west\""), "{}", e.message());
+        assert!(n1.may_heartbeat("n2").is_err());
+
+        let ops = a.classify("spiffe://example.org/ops/cli".into()).unwrap();
+        ops.may_write(&other_node.with_cluster("west")).unwrap();
+        let reader = a.classify("spiffe://example.org/ci/job".into()).unwrap();
+        reader.may_read().unwrap();
+        let e = reader.may_write(&own).unwrap_err();
+        assert!(e.message().contains("reads only"), "{}", e.message());
+        assert!(Caller::Anyone.may_write(&own).is_ok());
     }
 }

@@ -7,6 +7,7 @@ mod config;
 mod http;
 mod metered;
 mod monitor;
+mod policy;
 mod refusals;
 mod registrar;
 mod serve;
@@ -18,11 +19,12 @@ pub use backends::{open_backend, BackendKind, BackendOptions};
 pub use config::{Ack, RegistrarConfig};
 pub use http::health_router;
 pub use metered::{describe_metrics, SyncMetered};
+pub use policy::Policy;
 pub use refusals::Refusal;
 pub use registrar::Registrar;
 pub use registry_registrar::TlsFiles;
 pub use serve::{serve, serve_with, Bound, OpenPolicy, Opening, ServeOptions};
-pub use service::RegistrarService;
+pub use service::{RegistrarService, DEFAULT_MAX_REQUEST_BYTES};
 pub use status::{Readiness, Status};
 
 /// What the registrar needs of a backend: batches, a watch and heartbeats

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use registry_api::{
     cached::{CachedConfig, CachedRegistry},
     coalescing::{Coalescing, CoalescingConfig},
-    EndpointKey, Op, Registry, Result, Version,
+    Endpoint, EndpointKey, Op, Registry, Result, Version,
 };
 use registry_registrar::{Overlay, Token};
 
@@ -275,14 +275,14 @@ impl Registrar {
         }
     }
 
-    /// The node owning `key` now (from the state once it is ready, before
-    /// that from the backend); `None` when the endpoint does not exist.
-    pub async fn current_node(&self, key: &EndpointKey) -> Result<Option<String>> {
+    /// The endpoint stored under `key` now (from the state once it is
+    /// ready, before that from the backend); `None` when there is none.
+    pub async fn current(&self, key: &EndpointKey) -> Result<Option<Endpoint>> {
         if let Some(snap) = self.state.store().snapshot() {
-            return Ok(snap.get(key).map(|e| e.node.clone()));
+            return Ok(snap.get(key).cloned());
         }
         let eps = self.backend.list(&key.service).await?;
-        Ok(eps.into_iter().find(|e| e.has_key(key)).map(|e| e.node))
+        Ok(eps.into_iter().find(|e| e.has_key(key)))
     }
 
     /// Publish the gauges computed from the state:

@@ -13,6 +13,7 @@ use futures::StreamExt;
 use registry_api::{Error, Result};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tonic::service::interceptor::InterceptedService;
 
 use crate::auth;
 use crate::http::Slot;
@@ -35,11 +36,21 @@ pub struct Bound {
 pub struct ServeOptions {
     /// mTLS: the server's certificate and key, and the CA bundle agents'
     /// certificates must chain to; all re-read when the files change.
-    /// `None`: plaintext (logged as a warning).
+    /// `None`: plaintext, allowed only on a loopback address unless
+    /// `insecure`.
     pub tls: Option<TlsFiles>,
-    /// Authorization by SPIFFE ID (needs `tls`). `None` with `tls`: any
-    /// certificate of the CA may write any endpoint (logged as a warning).
+    /// Authorization by SPIFFE ID (needs `tls`). `None` with `tls` is
+    /// refused unless `any_certificate`.
     pub authz: Option<AuthzConfig>,
+    /// Serve plaintext gRPC on a non-loopback address (anyone who can
+    /// reach the port may write any endpoint).
+    pub insecure: bool,
+    /// With `tls` and no `authz`: let any certificate of the CA write any
+    /// endpoint.
+    pub any_certificate: bool,
+    /// The largest request message decoded; default
+    /// [`DEFAULT_MAX_REQUEST_BYTES`](crate::DEFAULT_MAX_REQUEST_BYTES).
+    pub max_request_bytes: usize,
     /// Longest TLS handshake. Default 10 s.
     pub handshake_timeout: Duration,
 }
@@ -49,13 +60,16 @@ impl Default for ServeOptions {
         Self {
             tls: None,
             authz: None,
+            insecure: false,
+            any_certificate: false,
+            max_request_bytes: crate::DEFAULT_MAX_REQUEST_BYTES,
             handshake_timeout: Duration::from_secs(10),
         }
     }
 }
 
 impl ServeOptions {
-    /// Plaintext, no authorization.
+    /// Plaintext, no authorization (on a loopback address only).
     pub fn plaintext() -> Self {
         Self::default()
     }
@@ -72,20 +86,48 @@ impl ServeOptions {
         self
     }
 
+    /// Allow plaintext gRPC on a non-loopback address.
+    pub fn allow_insecure(mut self) -> Self {
+        self.insecure = true;
+        self
+    }
+
+    /// With mTLS and no authorization, let any certificate of the CA
+    /// write any endpoint.
+    pub fn allow_any_certificate(mut self) -> Self {
+        self.any_certificate = true;
+        self
+    }
+
+    /// Decode request messages of at most `bytes`.
+    pub fn with_max_request_bytes(mut self, bytes: usize) -> Self {
+        self.max_request_bytes = bytes;
+        self
+    }
+
     /// Check the options as [`serve_with`] will: the certificate files
-    /// load, the authorization settings are valid and have TLS.
+    /// load, the authorization settings (and policy file) are valid and
+    /// have TLS, mTLS has authorization or allows any certificate.
     pub fn check(&self) -> Result<()> {
-        if let Some(a) = &self.authz {
-            auth::Authz::new(a)?;
-            if self.tls.is_none() {
-                return Err(Error::invalid(
-                    "authz",
-                    "authorization by SPIFFE ID needs TLS certificates",
-                ));
-            }
-        }
-        if let Some(files) = &self.tls {
-            registry_registrar::tls::server_config(files)?;
+        security(self, registry_api::Endpoint::DEFAULT_CLUSTER).map(drop)
+    }
+
+    /// Refuse plaintext on `listener` unless it is a loopback address or
+    /// `insecure` was given.
+    fn check_listener(&self, listener: &TcpListener) -> Result<()> {
+        let addr = listener
+            .local_addr()
+            .map_err(|e| Error::unavailable(format!("the gRPC listener: {e}")).with_source(e))?;
+        if self.tls.is_none() && !self.insecure && !addr.ip().is_loopback() {
+            return Err(Error::invalid(
+                "grpc_addr",
+                format!(
+                    "plaintext gRPC on {addr}, which is not a loopback address: anyone who \
+                     can reach it could write any endpoint. Give TLS certificates \
+                     (--tls-ca, --tls-cert, --tls-key), listen on 127.0.0.1 or [::1], or \
+                     accept the risk with --insecure"
+                ),
+            ));
         }
         Ok(())
     }
@@ -129,13 +171,13 @@ pub async fn serve_with(
     options: ServeOptions,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
-    let (security, acceptor) = security(&options)?;
+    let secured = security(&options, &registrar.config().cluster_name)?;
+    options.check_listener(&grpc)?;
     let stop = stop_signal(shutdown);
     let status = Arc::clone(registrar.status());
     let slot: Slot = Arc::new(OnceLock::from(Arc::clone(&registrar)));
     let health = HealthServer::start(health, status, slot, metrics);
-    let tls = (security, acceptor, options.handshake_timeout);
-    run_grpc(registrar, grpc, tls, stop, health).await
+    run_grpc(registrar, grpc, secured, stop, health).await
 }
 
 /// How [`Opening`] treats a backend it cannot open.
@@ -207,7 +249,8 @@ impl Opening {
             status,
         } = self;
         cfg.validate()?;
-        let (security, acceptor) = security(&options)?;
+        let secured = security(&options, &cfg.cluster_name)?;
+        options.check_listener(&grpc)?;
         let stop = stop_signal(shutdown);
         status.opening_failed(&Error::unavailable("opening"));
         let slot: Slot = Arc::new(OnceLock::new());
@@ -251,14 +294,26 @@ impl Opening {
         let registrar = Registrar::with_status(backend, cfg, status)?;
         let _ = slot.set(Arc::clone(&registrar));
         tracing::info!(backend = %registrar.backend(), epoch = registrar.epoch(), "backend open");
-        let tls = (security, acceptor, options.handshake_timeout);
-        run_grpc(registrar, grpc, tls, stop, health).await
+        run_grpc(registrar, grpc, secured, stop, health).await
     }
 }
 
-/// Check the options and log what the gRPC port will do.
-fn security(options: &ServeOptions) -> Result<(auth::Security, Option<tokio_rustls::TlsAcceptor>)> {
-    let authz = options.authz.as_ref().map(auth::Authz::new).transpose()?;
+/// How the gRPC port is secured: checked [`ServeOptions`].
+struct Secured {
+    security: auth::Security,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    handshake_timeout: Duration,
+    max_request_bytes: usize,
+}
+
+/// Check the options and log what the gRPC port will do; `cluster` is
+/// what `{cluster}` stands for in the authorization policy.
+fn security(options: &ServeOptions, cluster: &str) -> Result<Secured> {
+    let authz = options
+        .authz
+        .as_ref()
+        .map(|a| auth::Authz::new(a, cluster))
+        .transpose()?;
     let tls = match &options.tls {
         Some(files) => {
             let cfg = registry_registrar::tls::server_config(files)?;
@@ -276,6 +331,14 @@ fn security(options: &ServeOptions) -> Result<(auth::Security, Option<tokio_rust
                 "authorization by SPIFFE ID needs TLS certificates",
             ))
         }
+        (Some(_), None) if !options.any_certificate => {
+            return Err(Error::invalid(
+                "authz",
+                "mTLS without authorization would let any certificate of the CA write any \
+                 endpoint: give a trust domain (--trust-domain, and optionally \
+                 --authz-policy), or allow it explicitly (--allow-any-certificate)",
+            ))
+        }
         (Some(files), None) => tracing::warn!(
             ca = %files.ca.display(),
             "mTLS without a trust domain: any certificate of the CA may write any endpoint"
@@ -283,8 +346,7 @@ fn security(options: &ServeOptions) -> Result<(auth::Security, Option<tokio_rust
         (Some(files), Some(a)) => tracing::info!(
             ca = %files.ca.display(),
             trust_domain = %a.trust_domain,
-            id_pattern = %a.id_pattern,
-            admins = a.admin_ids.len(),
+            policy = ?a.policy_file,
             "mTLS with authorization by SPIFFE ID"
         ),
     }
@@ -292,7 +354,12 @@ fn security(options: &ServeOptions) -> Result<(auth::Security, Option<tokio_rust
         tls: tls.is_some(),
         authz,
     };
-    Ok((security, tls))
+    Ok(Secured {
+        security,
+        acceptor: tls,
+        handshake_timeout: options.handshake_timeout,
+        max_request_bytes: options.max_request_bytes,
+    })
 }
 
 /// `true` once `shutdown` resolved.
@@ -348,11 +415,7 @@ impl HealthServer {
 async fn run_grpc(
     registrar: Arc<Registrar>,
     grpc: TcpListener,
-    (security, acceptor, handshake_timeout): (
-        auth::Security,
-        Option<tokio_rustls::TlsAcceptor>,
-        Duration,
-    ),
+    secured: Secured,
     mut stop: watch::Receiver<bool>,
     health: HealthServer,
 ) -> Result<()> {
@@ -373,14 +436,26 @@ async fn run_grpc(
     let stopped = async move {
         let _ = stop_grpc.wait_for(|s| *s).await;
     };
+    let Secured {
+        security,
+        acceptor,
+        handshake_timeout,
+        max_request_bytes,
+    } = secured;
+    // Every caller is identified from its connection and headers before a
+    // message is decoded (the interceptor), then by the handlers.
+    let authenticate = auth::Authenticate(Arc::new(security.clone()));
+    let service = RegistrarService::new(Arc::clone(&registrar))
+        .with_security(security)
+        .with_max_request_bytes(max_request_bytes)
+        .into_server();
     let grpc_router = tonic::transport::Server::builder()
         .tcp_nodelay(true)
-        .add_service(health_service)
-        .add_service(
-            RegistrarService::new(Arc::clone(&registrar))
-                .with_security(security)
-                .into_server(),
-        );
+        .add_service(InterceptedService::new(
+            health_service,
+            authenticate.clone(),
+        ))
+        .add_service(InterceptedService::new(service, authenticate));
     let result = match acceptor {
         None => {
             // Without TCP_NODELAY on accepted sockets, small responses wait

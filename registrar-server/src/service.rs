@@ -29,7 +29,14 @@ use crate::Registrar;
 pub struct RegistrarService {
     registrar: Arc<Registrar>,
     security: Arc<Security>,
+    max_request_bytes: usize,
 }
+
+/// The largest request message the registrar decodes by default: 64 KiB,
+/// four times the largest valid endpoint
+/// ([`registry_api::limits::MAX_ENCODED_LEN`]). Larger requests are
+/// refused (`OUT_OF_RANGE`) before they are read whole.
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 64 * 1024;
 
 impl RegistrarService {
     /// Serve `registrar` without authentication (plaintext).
@@ -37,7 +44,15 @@ impl RegistrarService {
         Self {
             registrar,
             security: Arc::new(Security::default()),
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
         }
+    }
+
+    /// Decode request messages of at most `bytes` (default
+    /// [`DEFAULT_MAX_REQUEST_BYTES`]).
+    pub fn with_max_request_bytes(mut self, bytes: usize) -> Self {
+        self.max_request_bytes = bytes;
+        self
     }
 
     /// Authenticate (and authorize) requests as `security` says.
@@ -46,33 +61,34 @@ impl RegistrarService {
         self
     }
 
-    /// Refuse a write of `key` (to be owned by `new_node`, or removed)
-    /// unless `caller` may write both its new and its current node.
+    /// Refuse a write of `key` (to become `new`, or removed) unless
+    /// `caller` may write both `new` and the endpoint stored now.
     async fn authorize_write(
         &self,
         caller: &Caller,
         key: &registry_api::EndpointKey,
-        new_node: Option<&str>,
+        new: Option<&registry_api::Endpoint>,
     ) -> Result<(), Status> {
-        if *caller == Caller::Anyone {
+        if caller.is_anyone() {
             return Ok(());
         }
-        if let Some(node) = new_node {
-            caller.may_write(node)?;
+        if let Some(ep) = new {
+            caller.may_write(ep)?;
         }
-        if let Some(current) = self.registrar.current_node(key).await.map_err(status)? {
-            if Some(current.as_str()) != new_node {
+        if let Some(current) = self.registrar.current(key).await.map_err(status)? {
+            if Some(&current) != new {
                 caller.may_write(&current)?;
             }
         }
         Ok(())
     }
 
-    /// As a tonic service, with message limits large enough for big
-    /// registries (64 MiB).
+    /// As a tonic service: requests up to the request limit, responses
+    /// large enough for big registries (256 MiB).
     pub fn into_server(self) -> RegistrarServer<Self> {
+        let limit = self.max_request_bytes;
         RegistrarServer::new(self)
-            .max_decoding_message_size(64 * 1024 * 1024)
+            .max_decoding_message_size(limit)
             .max_encoding_message_size(256 * 1024 * 1024)
     }
 }
@@ -236,7 +252,7 @@ impl GrpcRegistrar for RegistrarService {
             .endpoint
             .ok_or_else(|| status(Error::invalid("endpoint", "missing")))?;
         let endpoint = endpoint_from_proto(proto, "endpoint.").map_err(status)?;
-        self.authorize_write(&caller, &endpoint.key(), Some(&endpoint.node))
+        self.authorize_write(&caller, &endpoint.key(), Some(&endpoint))
             .await?;
         let token = self
             .registrar
@@ -274,6 +290,7 @@ impl GrpcRegistrar for RegistrarService {
         request: Request<WatchEndpointsRequest>,
     ) -> Result<Response<Self::WatchEndpointsStream>, Status> {
         let caller = self.security.caller(&request)?;
+        caller.may_read()?;
         let req = request.into_inner();
         let from = self.registrar.resume_from(&req.last_version);
         tracing::debug!(
@@ -321,7 +338,7 @@ impl GrpcRegistrar for RegistrarService {
         &self,
         request: Request<ListAllEndpointsRequest>,
     ) -> Result<Response<ListAllEndpointsResponse>, Status> {
-        self.security.caller(&request)?;
+        self.security.caller(&request)?.may_read()?;
         let (endpoints, version) = match self.registrar.state().store().snapshot() {
             Some(snap) => (
                 snap.iter().map(endpoint_to_proto).collect(),
@@ -353,7 +370,7 @@ impl GrpcRegistrar for RegistrarService {
     ) -> Result<Response<HeartbeatResponse>, Status> {
         let caller = self.security.caller(&request)?;
         let req = request.into_inner();
-        caller.may_write(&req.node_name)?;
+        caller.may_heartbeat(&req.node_name)?;
         self.registrar
             .heartbeat(&req.node_name)
             .await

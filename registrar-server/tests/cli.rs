@@ -203,6 +203,56 @@ async fn bad_flags_exit_2_and_failures_name_the_address() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsafe_serving_is_refused_naming_the_flag_that_allows_it() {
+    // Plaintext on every interface: refused before the backend is opened.
+    let out = cli(&[
+        "serve",
+        "--grpc-addr",
+        "0.0.0.0:0",
+        "--health-addr",
+        "127.0.0.1:0",
+    ])
+    .await;
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert!(out.stderr.contains("--insecure"), "{}", out.stderr);
+    // A policy needs a trust domain; a policy file that does not parse
+    // is named.
+    let out = cli(&["serve", "--authz-policy", "p.toml"]).await;
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(out.stderr.contains("--trust-domain"), "{}", out.stderr);
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("authz.toml");
+    std::fs::write(&policy, "[[rule]]\nname = \"a\"\nids = \"oops\"\n").unwrap();
+    let pki = common::pki::Pki::new();
+    let f = &pki.server_files;
+    let p = |x: &std::path::Path| x.to_str().unwrap().to_string();
+    let (ca, cert, key, pol) = (
+        p(&f.ca),
+        p(f.identity.as_ref().unwrap().0.as_path()),
+        p(f.identity.as_ref().unwrap().1.as_path()),
+        p(&policy),
+    );
+    let tls = ["--tls-ca", &ca, "--tls-cert", &cert, "--tls-key", &key];
+    let out = cli(&[
+        &["serve"][..],
+        &tls,
+        &["--trust-domain", "example.org", "--authz-policy", &pol],
+    ]
+    .concat())
+    .await;
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert!(out.stderr.contains("authz.toml"), "{}", out.stderr);
+    // mTLS without authorization.
+    let out = cli(&[&["serve"][..], &tls].concat()).await;
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("--allow-any-certificate"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_over_mtls_with_an_admin_and_an_agent_identity() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
@@ -278,7 +328,7 @@ async fn cli_over_mtls_with_an_admin_and_an_agent_identity() {
     assert_eq!(out.code, 1);
     assert!(
         out.stderr
-            .contains("may not write endpoints of node \"n2\""),
+            .contains("rule \"node\": node \"n2\" is not allowed"),
         "{}",
         out.stderr
     );

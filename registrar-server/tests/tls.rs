@@ -7,10 +7,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
-use common::pki::{write_bundle, Ca};
+use common::pki::{write_bundle, Ca, Pki};
 use common::{start_with, Server};
 use registrar_server::{AuthzConfig, Backend, RegistrarConfig, ServeOptions, TlsFiles};
 use registry_api::testing::{ep, eventually};
@@ -27,47 +27,15 @@ fn memory() -> Arc<dyn Backend> {
     Arc::new(Liveness::new(MemoryRegistry::new()))
 }
 
-struct Pki {
-    dir: tempfile::TempDir,
-    ca: Ca,
-    server_files: TlsFiles,
-}
-
-impl Pki {
-    fn new() -> Pki {
-        let dir = tempfile::tempdir().unwrap();
-        let ca = Ca::new("test CA");
-        let bundle = write_bundle(dir.path(), "ca.pem", &[&ca]);
-        let (cert, key) = ca.server().write(dir.path(), "server");
-        Pki {
-            server_files: TlsFiles::new(bundle, cert, key),
-            dir,
-            ca,
-        }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    /// Files of an agent with SPIFFE ID `id` signed by `ca`, trusting the
-    /// test CA for the server.
-    fn agent(&self, ca: &Ca, name: &str, id: Option<&str>) -> TlsFiles {
-        let (cert, key) = ca.client(id).write(self.path(), name);
-        TlsFiles::new(self.ca_path(), cert, key)
-    }
-
-    fn ca_path(&self) -> PathBuf {
-        self.path().join("ca.pem")
-    }
-}
-
 async fn start_secure(pki: &Pki, authz: Option<AuthzConfig>) -> Server {
     let mut opts = ServeOptions::default().with_tls(pki.server_files.clone());
     if let Some(a) = authz {
         opts = opts.with_authz(a);
     }
-    start_with(memory(), RegistrarConfig::new("test"), opts).await
+    // The cluster of the test endpoints (`ep`): agents write endpoints of
+    // their own node in the registrar's own cluster.
+    let cfg = RegistrarConfig::new(registry_api::Endpoint::DEFAULT_CLUSTER);
+    start_with(memory(), cfg, opts).await
 }
 
 fn url(server: &Server) -> String {

@@ -7,6 +7,7 @@ use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair, KeyUsagePurpose, SanType,
 };
+use registrar_server::TlsFiles;
 
 pub struct Ca {
     issuer: CertifiedIssuer<'static, KeyPair>,
@@ -86,4 +87,40 @@ pub fn write_bundle(dir: &Path, name: &str, cas: &[&Ca]) -> PathBuf {
     let pem: String = cas.iter().map(|c| c.pem()).collect();
     std::fs::write(&path, pem).unwrap();
     path
+}
+
+/// A CA, its bundle and a server certificate in a temporary directory.
+pub struct Pki {
+    pub dir: tempfile::TempDir,
+    pub ca: Ca,
+    pub server_files: TlsFiles,
+}
+
+impl Pki {
+    pub fn new() -> Pki {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Ca::new("test CA");
+        let bundle = write_bundle(dir.path(), "ca.pem", &[&ca]);
+        let (cert, key) = ca.server().write(dir.path(), "server");
+        Pki {
+            server_files: TlsFiles::new(bundle, cert, key),
+            dir,
+            ca,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Files of an agent with SPIFFE ID `id` signed by `ca`, trusting the
+    /// test CA for the server.
+    pub fn agent(&self, ca: &Ca, name: &str, id: Option<&str>) -> TlsFiles {
+        let (cert, key) = ca.client(id).write(self.path(), name);
+        TlsFiles::new(self.ca_path(), cert, key)
+    }
+
+    pub fn ca_path(&self) -> PathBuf {
+        self.path().join("ca.pem")
+    }
 }

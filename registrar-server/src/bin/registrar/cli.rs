@@ -192,9 +192,18 @@ pub struct ServeArgs {
     /// not ready and retrying.
     #[arg(long)]
     pub fail_fast: bool,
-    /// gRPC address.
-    #[arg(long, default_value = "0.0.0.0:9443")]
-    pub grpc_addr: SocketAddr,
+    /// gRPC address. Default `127.0.0.1:9443` without TLS, `0.0.0.0:9443`
+    /// with it; plaintext on a non-loopback address needs --insecure.
+    #[arg(long)]
+    pub grpc_addr: Option<SocketAddr>,
+    /// Allow plaintext gRPC on a non-loopback address: anyone who can reach
+    /// the port may then write any endpoint.
+    #[arg(long)]
+    pub insecure: bool,
+    /// Largest request message, in bytes (1024 to 268435456); larger ones
+    /// are refused before they are read.
+    #[arg(long, default_value = "65536", value_parser = count_in(1024, 256 * 1024 * 1024))]
+    pub max_request_bytes: usize,
     /// Health and metrics address.
     #[arg(long, default_value = "0.0.0.0:8081")]
     pub health_addr: SocketAddr,
@@ -224,8 +233,9 @@ pub struct ServeArgs {
     /// AWS endpoint URL for DynamoDB and Cloud Map (an emulator, a VPC endpoint).
     #[arg(long, env = "AWS_ENDPOINT_URL")]
     pub aws_endpoint_url: Option<String>,
-    /// Authorize agents by SPIFFE ID in this trust domain (needs TLS):
-    /// an agent may write only endpoints of its own node.
+    /// Authorize agents by SPIFFE ID in this trust domain (needs TLS): by
+    /// default an agent may write only endpoints of its own node in this
+    /// registrar's cluster; see --authz-policy.
     #[arg(long, env = "REGISTRAR_TRUST_DOMAIN")]
     pub trust_domain: Option<String>,
     /// The SPIFFE ID of an agent; `{trust_domain}` and `{node}` are
@@ -236,6 +246,15 @@ pub struct ServeArgs {
     /// repeat for more.
     #[arg(long = "admin-id")]
     pub admin_ids: Vec<String>,
+    /// An authorization policy (TOML) mapping SPIFFE IDs to what they may
+    /// read and write; replaces --spiffe-id-pattern and --admin-id. Needs
+    /// --trust-domain.
+    #[arg(long, requires = "trust_domain", conflicts_with = "admin_ids")]
+    pub authz_policy: Option<PathBuf>,
+    /// With TLS and no --trust-domain: let any certificate of the CA write
+    /// any endpoint (refused otherwise).
+    #[arg(long, conflicts_with = "trust_domain")]
+    pub allow_any_certificate: bool,
     /// Test hook: a background task panics after this long, to check that
     /// a dead task makes the registrar not ready and exit non-zero.
     #[arg(long, hide = true, value_parser = duration_in(Duration::ZERO, HOUR))]
@@ -243,6 +262,18 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
+    /// The gRPC address: the flag's, or the default for the transport.
+    pub fn grpc_addr(&self, tls: bool) -> SocketAddr {
+        self.grpc_addr.unwrap_or_else(|| {
+            let ip = if tls {
+                std::net::Ipv4Addr::UNSPECIFIED
+            } else {
+                std::net::Ipv4Addr::LOCALHOST
+            };
+            SocketAddr::from((ip, 9443))
+        })
+    }
+
     /// The registrar's settings from the flags.
     pub fn registrar_config(&self) -> RegistrarConfig {
         let mut cfg = RegistrarConfig::new(self.cluster_name.clone())

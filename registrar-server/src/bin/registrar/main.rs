@@ -71,25 +71,36 @@ fn install_metrics() -> Result<metrics_exporter_prometheus::PrometheusHandle, St
 async fn run_serve(args: ServeArgs, tls: &TlsArgs) -> Result<(), String> {
     let tls_files = tls.server_files()?;
     let authz = args.trust_domain.as_ref().map(|td| {
-        args.admin_ids.iter().fold(
-            AuthzConfig::new(td.clone()).with_id_pattern(args.spiffe_id_pattern.clone()),
-            |a, id| a.with_admin(id.clone()),
-        )
+        let base = AuthzConfig::new(td.clone()).with_id_pattern(args.spiffe_id_pattern.clone());
+        let base = match &args.authz_policy {
+            Some(path) => base.with_policy_file(path),
+            None => base,
+        };
+        args.admin_ids
+            .iter()
+            .fold(base, |a, id| a.with_admin(id.clone()))
     });
-    let mut options = ServeOptions::default();
+    let grpc_addr = args.grpc_addr(tls_files.is_some());
+    let mut options = ServeOptions::default().with_max_request_bytes(args.max_request_bytes);
     if let Some(files) = tls_files {
         options = options.with_tls(files);
     }
     if let Some(authz) = authz {
         options = options.with_authz(authz);
     }
+    if args.insecure {
+        options = options.allow_insecure();
+    }
+    if args.allow_any_certificate {
+        options = options.allow_any_certificate();
+    }
     options.check().map_err(|e| e.to_string())?;
     let cfg = args.registrar_config();
     cfg.validate().map_err(|e| e.to_string())?;
     let metrics = install_metrics()?;
-    let grpc = tokio::net::TcpListener::bind(args.grpc_addr)
+    let grpc = tokio::net::TcpListener::bind(grpc_addr)
         .await
-        .map_err(|e| format!("cannot listen on {} (gRPC): {e}", args.grpc_addr))?;
+        .map_err(|e| format!("cannot listen on {grpc_addr} (gRPC): {e}"))?;
     let health = tokio::net::TcpListener::bind(args.health_addr)
         .await
         .map_err(|e| format!("cannot listen on {} (health): {e}", args.health_addr))?;
