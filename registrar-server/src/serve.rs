@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 
 use backon::BackoffBuilder;
 use futures::StreamExt;
-use registry_api::{Error, Result};
+use registry_api::{backend::check_duration, Error, Result};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -42,6 +42,18 @@ pub struct ServeOptions {
     pub authz: Option<AuthzConfig>,
     /// Longest TLS handshake. Default 10 s.
     pub handshake_timeout: Duration,
+    /// How often an HTTP/2 PING is sent on each connection, idle or not.
+    /// `None`: never. Default 30 s.
+    pub http2_keepalive_interval: Option<Duration>,
+    /// A connection whose peer has not answered a PING within this long is
+    /// closed, with its streams. Default 10 s. So a client that vanished
+    /// (powered off, partitioned, stopped) is dropped within interval +
+    /// timeout, instead of whenever TCP gives up (many minutes).
+    pub http2_keepalive_timeout: Duration,
+    /// TCP keepalive on accepted connections: idle time before the first
+    /// probe (the kernel's interval and count follow). `None`: off.
+    /// Default 60 s.
+    pub tcp_keepalive: Option<Duration>,
 }
 
 impl Default for ServeOptions {
@@ -50,6 +62,9 @@ impl Default for ServeOptions {
             tls: None,
             authz: None,
             handshake_timeout: Duration::from_secs(10),
+            http2_keepalive_interval: Some(Duration::from_secs(30)),
+            http2_keepalive_timeout: Duration::from_secs(10),
+            tcp_keepalive: Some(Duration::from_secs(60)),
         }
     }
 }
@@ -72,9 +87,26 @@ impl ServeOptions {
         self
     }
 
+    /// Set the HTTP/2 keepalive: a PING every `interval` (`None`: never),
+    /// the connection closed when one is not answered within `timeout`.
+    pub fn with_http2_keepalive(mut self, interval: Option<Duration>, timeout: Duration) -> Self {
+        self.http2_keepalive_interval = interval;
+        self.http2_keepalive_timeout = timeout;
+        self
+    }
+
+    /// Set the TCP keepalive idle time (`None`: off).
+    pub fn with_tcp_keepalive(mut self, idle: Option<Duration>) -> Self {
+        self.tcp_keepalive = idle;
+        self
+    }
+
     /// Check the options as [`serve_with`] will: the certificate files
-    /// load, the authorization settings are valid and have TLS.
+    /// load, the authorization settings are valid and have TLS, the
+    /// keepalive durations are in range (HTTP/2 interval and timeout 10 ms
+    /// to 1 h, TCP keepalive 1 s to 1 h).
     pub fn check(&self) -> Result<()> {
+        self.check_keepalive()?;
         if let Some(a) = &self.authz {
             auth::Authz::new(a)?;
             if self.tls.is_none() {
@@ -134,8 +166,15 @@ pub async fn serve_with(
     let status = Arc::clone(registrar.status());
     let slot: Slot = Arc::new(OnceLock::from(Arc::clone(&registrar)));
     let health = HealthServer::start(health, status, slot, metrics);
-    let tls = (security, acceptor, options.handshake_timeout);
-    run_grpc(registrar, grpc, tls, stop, health).await
+    run_grpc(
+        registrar,
+        grpc,
+        (security, acceptor),
+        &options,
+        stop,
+        health,
+    )
+    .await
 }
 
 /// How [`Opening`] treats a backend it cannot open.
@@ -251,13 +290,41 @@ impl Opening {
         let registrar = Registrar::with_status(backend, cfg, status)?;
         let _ = slot.set(Arc::clone(&registrar));
         tracing::info!(backend = %registrar.backend(), epoch = registrar.epoch(), "backend open");
-        let tls = (security, acceptor, options.handshake_timeout);
-        run_grpc(registrar, grpc, tls, stop, health).await
+        run_grpc(
+            registrar,
+            grpc,
+            (security, acceptor),
+            &options,
+            stop,
+            health,
+        )
+        .await
+    }
+}
+
+impl ServeOptions {
+    fn check_keepalive(&self) -> Result<()> {
+        let hour = Duration::from_secs(3600);
+        let ms10 = Duration::from_millis(10);
+        if let Some(d) = self.http2_keepalive_interval {
+            check_duration("http2_keepalive_interval", d, ms10, hour)?;
+        }
+        check_duration(
+            "http2_keepalive_timeout",
+            self.http2_keepalive_timeout,
+            ms10,
+            hour,
+        )?;
+        if let Some(d) = self.tcp_keepalive {
+            check_duration("tcp_keepalive", d, Duration::from_secs(1), hour)?;
+        }
+        Ok(())
     }
 }
 
 /// Check the options and log what the gRPC port will do.
 fn security(options: &ServeOptions) -> Result<(auth::Security, Option<tokio_rustls::TlsAcceptor>)> {
+    options.check_keepalive()?;
     let authz = options.authz.as_ref().map(auth::Authz::new).transpose()?;
     let tls = match &options.tls {
         Some(files) => {
@@ -348,11 +415,8 @@ impl HealthServer {
 async fn run_grpc(
     registrar: Arc<Registrar>,
     grpc: TcpListener,
-    (security, acceptor, handshake_timeout): (
-        auth::Security,
-        Option<tokio_rustls::TlsAcceptor>,
-        Duration,
-    ),
+    (security, acceptor): (auth::Security, Option<tokio_rustls::TlsAcceptor>),
+    options: &ServeOptions,
     mut stop: watch::Receiver<bool>,
     health: HealthServer,
 ) -> Result<()> {
@@ -375,6 +439,8 @@ async fn run_grpc(
     };
     let grpc_router = tonic::transport::Server::builder()
         .tcp_nodelay(true)
+        .http2_keepalive_interval(options.http2_keepalive_interval)
+        .http2_keepalive_timeout(Some(options.http2_keepalive_timeout))
         .add_service(health_service)
         .add_service(
             RegistrarService::new(Arc::clone(&registrar))
@@ -385,15 +451,16 @@ async fn run_grpc(
         None => {
             // Without TCP_NODELAY on accepted sockets, small responses wait
             // for delayed ACKs (tens of milliseconds per call).
-            let incoming =
-                tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true));
+            let incoming = tonic::transport::server::TcpIncoming::from(grpc)
+                .with_nodelay(Some(true))
+                .with_keepalive(options.tcp_keepalive);
             grpc_router
                 .serve_with_incoming_shutdown(incoming, stopped)
                 .await
         }
         Some(acceptor) => {
             let (tx, rx) = tokio::sync::mpsc::channel(64);
-            tokio::spawn(accept_tls(grpc, acceptor, tx, handshake_timeout));
+            tokio::spawn(accept_tls(grpc, acceptor, tx, options.clone()));
             let incoming =
                 tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, std::io::Error>);
             grpc_router
@@ -466,8 +533,9 @@ async fn accept_tls(
     listener: TcpListener,
     acceptor: tokio_rustls::TlsAcceptor,
     tx: tokio::sync::mpsc::Sender<TlsConn>,
-    timeout: Duration,
+    options: ServeOptions,
 ) {
+    let timeout = options.handshake_timeout;
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -483,6 +551,12 @@ async fn accept_tls(
             }
         };
         let _ = tcp.set_nodelay(true);
+        if let Some(idle) = options.tcp_keepalive {
+            let keepalive = socket2::TcpKeepalive::new().with_time(idle);
+            if let Err(e) = socket2::SockRef::from(&tcp).set_tcp_keepalive(&keepalive) {
+                tracing::warn!(%peer, error = %e, "cannot set TCP keepalive");
+            }
+        }
         let acceptor = acceptor.clone();
         let tx = tx.clone();
         tokio::spawn(async move {
