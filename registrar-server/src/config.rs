@@ -27,12 +27,17 @@ pub struct RegistrarConfig {
     /// Most writes queued; one more gets `RESOURCE_EXHAUSTED`. Default
     /// 10 000; 1 to 10 000 000.
     pub write_queue_capacity: usize,
-    /// Events buffered per agent stream before it is cut off. Default 1024.
+    /// Events buffered per agent stream before it is cut off with
+    /// `RESOURCE_EXHAUSTED` (the agent resumes from its last version).
+    /// Default 1024.
     pub agent_buffer: usize,
     /// Versions kept so a reconnecting agent gets only what it missed.
     /// Default 8192.
     pub history: usize,
-    /// Endpoints per `FULL_SNAPSHOT` message. Default 1000.
+    /// Endpoints per `FULL_SNAPSHOT` message. Default 1000. A stream
+    /// encodes its next chunk only when its client's flow-control window
+    /// takes it, so this is also what a stream holds of its snapshot in
+    /// encoded form beyond the window (about two chunks).
     pub snapshot_chunk: usize,
     /// When writes are acknowledged unless a request says otherwise.
     /// Default optimistic.
@@ -88,6 +93,12 @@ impl RegistrarConfig {
     /// Set `agent_buffer`.
     pub fn with_agent_buffer(mut self, n: usize) -> Self {
         self.agent_buffer = n;
+        self
+    }
+
+    /// Set `snapshot_chunk`.
+    pub fn with_snapshot_chunk(mut self, n: usize) -> Self {
+        self.snapshot_chunk = n;
         self
     }
 

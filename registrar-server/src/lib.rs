@@ -13,6 +13,7 @@ mod registrar;
 mod serve;
 mod service;
 mod status;
+mod stream;
 
 pub use auth::{AuthzConfig, DEFAULT_ID_PATTERN};
 pub use backends::{open_backend, BackendKind, BackendOptions};
@@ -26,6 +27,7 @@ pub use registry_registrar::TlsFiles;
 pub use serve::{serve, serve_with, Bound, OpenPolicy, Opening, ServeOptions};
 pub use service::{RegistrarService, DEFAULT_MAX_REQUEST_BYTES};
 pub use status::{Readiness, Status};
+pub use stream::WatchStats;
 
 /// What the registrar needs of a backend: batches, a watch and heartbeats
 /// ([`registry_api::stack::Stack`]). [`open_backend`] wraps each backend

@@ -194,6 +194,17 @@ pub fn describe_metrics() {
         "Events pushed to agents, by type"
     );
     describe_gauge!(
+        "registrar_snapshot_pending_endpoints",
+        Unit::Count,
+        "Endpoints of first snapshots that open watch streams have not encoded yet \
+         (encoded chunk by chunk as each agent reads)"
+    );
+    describe_counter!(
+        "registrar_snapshot_bytes_total",
+        Unit::Bytes,
+        "Encoded size of the FULL_SNAPSHOT messages sent to agents"
+    );
+    describe_gauge!(
         "registrar_cache_age_seconds",
         Unit::Seconds,
         "How stale the registrar's cache of the backend may be (0 while its watch delivers)"

@@ -15,6 +15,7 @@ use crate::config::{Ack, RegistrarConfig};
 use crate::metered::SyncMetered;
 use crate::refusals::{Refusal, Refusals};
 use crate::status::Status;
+use crate::stream::{StreamCounters, WatchStats};
 use crate::Backend;
 
 /// The registrar's state: one backend connection for the whole cluster.
@@ -49,6 +50,8 @@ pub struct Registrar {
     /// Clusters seen by `registrar_endpoint_count` (published as 0 when gone).
     counted: Mutex<BTreeMap<String, usize>>,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// What the agents' streams hold.
+    pub(crate) streams: Arc<StreamCounters>,
 }
 
 impl Registrar {
@@ -105,6 +108,7 @@ impl Registrar {
             refusals: Refusals::default(),
             counted: Mutex::new(BTreeMap::new()),
             tasks: Mutex::new(Vec::new()),
+            streams: Arc::default(),
         });
         let tasks = vec![
             tokio::spawn(count_endpoints(Arc::downgrade(&this))),
@@ -140,6 +144,13 @@ impl Registrar {
     /// The backend.
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.backend
+    }
+
+    /// Counters of the agents' `WatchEndpoints` streams: how many are open
+    /// and how much of their first snapshots they encoded (see the
+    /// README's section on streams).
+    pub fn watch_stats(&self) -> WatchStats {
+        self.streams.stats()
     }
 
     /// The registrar's health.

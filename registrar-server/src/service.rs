@@ -4,15 +4,14 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use futures::{Stream, StreamExt};
-use registry_api::{Error, Event, Op, Watch};
-use registry_registrar::proto::registrar::v1::endpoint_event::EventType;
+use registry_api::{Error, Op, Watch};
 use registry_registrar::proto::registrar::v1::registrar_server::{
     Registrar as GrpcRegistrar, RegistrarServer,
 };
 use registry_registrar::proto::registrar::v1::{
     AckMode, EndpointEvent, HeartbeatRequest, HeartbeatResponse, ListAllEndpointsRequest,
     ListAllEndpointsResponse, RegisterEndpointRequest, RegisterEndpointResponse,
-    UnregisterEndpointRequest, UnregisterEndpointResponse, WatchEndpointsRequest, WriteRefusal,
+    UnregisterEndpointRequest, UnregisterEndpointResponse, WatchEndpointsRequest,
 };
 use registry_registrar::{
     endpoint_from_proto, endpoint_to_proto, key_from_parts, status_from_error, Token,
@@ -21,7 +20,7 @@ use tonic::{Request, Response, Status};
 
 use crate::auth::{Caller, Security};
 use crate::config::Ack;
-use crate::refusals::Refusal;
+use crate::stream::AgentStream;
 use crate::Registrar;
 
 /// The gRPC face of a [`Registrar`].
@@ -97,95 +96,6 @@ fn status(e: Error) -> Status {
     status_from_error(&e)
 }
 
-/// Counts a connected agent while alive.
-struct AgentGuard;
-
-impl AgentGuard {
-    fn new() -> Self {
-        metrics::gauge!("registrar_connected_agents").increment(1.0);
-        AgentGuard
-    }
-}
-
-impl Drop for AgentGuard {
-    fn drop(&mut self) {
-        metrics::gauge!("registrar_connected_agents").decrement(1.0);
-    }
-}
-
-/// One event as protobuf messages (a snapshot in chunks); `refusal` is
-/// the refused write a delta undoes, if any.
-fn encode(ev: Event, epoch: u64, chunk: usize, refusal: Option<Refusal>) -> Vec<EndpointEvent> {
-    let version = Token {
-        epoch,
-        version: ev.version(),
-    }
-    .to_string();
-    let refusal = refusal.map(|r| WriteRefusal {
-        code: status_from_error(&r.error).code() as i32,
-        message: r.error.to_string(),
-        refused: match &r.op {
-            Op::Register(e) => Some(endpoint_to_proto(e)),
-            Op::Deregister(_) => None,
-        },
-    });
-    let delta = |ty: EventType, ep: registry_registrar::proto::registry::v1::ServiceEndpoint| {
-        EndpointEvent {
-            r#type: ty as i32,
-            service_name: ep.service_name.clone(),
-            protocol: ep.protocol,
-            endpoint: Some(ep),
-            version: version.clone(),
-            snapshot_endpoints: Vec::new(),
-            snapshot_last: false,
-            refusal: refusal.clone(),
-        }
-    };
-    match ev {
-        Event::Snapshot(s) => {
-            let all: Vec<_> = s.iter().map(endpoint_to_proto).collect();
-            let chunks: Vec<Vec<_>> = if all.is_empty() {
-                vec![Vec::new()]
-            } else {
-                all.chunks(chunk.max(1)).map(<[_]>::to_vec).collect()
-            };
-            let n = chunks.len();
-            chunks
-                .into_iter()
-                .enumerate()
-                .map(|(i, eps)| EndpointEvent {
-                    r#type: EventType::FullSnapshot as i32,
-                    service_name: String::new(),
-                    protocol: 0,
-                    endpoint: None,
-                    version: version.clone(),
-                    snapshot_endpoints: eps,
-                    snapshot_last: i + 1 == n,
-                    refusal: None,
-                })
-                .collect()
-        }
-        Event::Added { endpoint, .. } => vec![delta(
-            EventType::EndpointAdded,
-            endpoint_to_proto(&endpoint),
-        )],
-        Event::Updated { endpoint, .. } => {
-            vec![delta(
-                EventType::EndpointUpdated,
-                endpoint_to_proto(&endpoint),
-            )]
-        }
-        Event::Removed { key, .. } => {
-            let ep = registry_registrar::proto::registry::v1::ServiceEndpoint {
-                service_name: key.service,
-                id: key.id,
-                ..Default::default()
-            };
-            vec![delta(EventType::EndpointRemoved, ep)]
-        }
-    }
-}
-
 /// The metadata key that picks the acknowledgement of one write.
 pub const ACK_METADATA: &str = "x-registrar-ack";
 
@@ -224,16 +134,6 @@ fn ack_mode<T>(request: &Request<T>, field: i32) -> Result<Option<Ack>, Status> 
                 ))
             })
         }
-    }
-}
-
-fn type_label(ty: i32) -> &'static str {
-    match EventType::try_from(ty) {
-        Ok(EventType::FullSnapshot) => "full_snapshot",
-        Ok(EventType::EndpointAdded) => "endpoint_added",
-        Ok(EventType::EndpointRemoved) => "endpoint_removed",
-        Ok(EventType::EndpointUpdated) => "endpoint_updated",
-        Err(_) => "unknown",
     }
 }
 
@@ -301,36 +201,9 @@ impl GrpcRegistrar for RegistrarService {
             %caller,
             "agent watching"
         );
-        let epoch = self.registrar.epoch();
-        let chunk = self.registrar.config().snapshot_chunk;
-        let guard = AgentGuard::new();
-        let registrar = Arc::clone(&self.registrar);
-        let stream = self
-            .registrar
-            .state()
-            .watch(from)
-            .take_until(self.registrar.closing())
-            .flat_map(move |item| {
-                let _alive = &guard;
-                let out: Vec<Result<EndpointEvent, Status>> = match item {
-                    Ok(ev) => {
-                        let refusal = match &ev {
-                            Event::Snapshot(_) => None,
-                            delta => registrar.refusal_at(delta.version()),
-                        };
-                        encode(ev, epoch, chunk, refusal)
-                        .into_iter()
-                        .map(|m| {
-                            metrics::counter!("registrar_event_broadcast_total", "type" => type_label(m.r#type))
-                                .increment(1);
-                            Ok(m)
-                        })
-                        .collect()
-                    }
-                    Err(e) => vec![Err(status(e))],
-                };
-                futures::stream::iter(out)
-            });
+        let events = self.registrar.state().watch(from);
+        let stream = AgentStream::new(Arc::clone(&self.registrar), events)
+            .take_until(self.registrar.closing());
         Ok(Response::new(Box::pin(stream)))
     }
 

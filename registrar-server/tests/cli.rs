@@ -408,6 +408,8 @@ async fn metrics_have_the_nine_names_types_and_plausible_values() {
         ("registrar_write_batch_size", "histogram"),
         ("registrar_write_queue_depth", "gauge"),
         ("registrar_event_broadcast_total", "counter"),
+        ("registrar_snapshot_pending_endpoints", "gauge"),
+        ("registrar_snapshot_bytes_total", "counter"),
         // The registrar's own cache of the backend; agents export theirs as
         // agent_registrar_cache_age_seconds and
         // agent_registrar_stream_reconnects_total.
@@ -491,6 +493,15 @@ async fn out_of_range_values_exit_2_naming_the_flag() {
         ),
         (&["serve", "--probe-interval", "0s"], "--probe-interval"),
         (&["serve", "--drain-timeout=-1s"], "--drain-timeout"),
+        (
+            &["serve", "--http2-keepalive-interval", "0s"],
+            "--http2-keepalive-interval",
+        ),
+        (
+            &["serve", "--http2-keepalive-timeout", "2h"],
+            "--http2-keepalive-timeout",
+        ),
+        (&["serve", "--tcp-keepalive", "500ms"], "--tcp-keepalive"),
         (
             &["serve", "--write-queue-capacity", "0"],
             "--write-queue-capacity",

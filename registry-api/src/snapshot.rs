@@ -76,6 +76,33 @@ impl Snapshot {
         self.endpoints.values()
     }
 
+    /// The endpoints whose key comes after `key` (all of them for `None`),
+    /// ordered by key: a cursor for reading a snapshot in pieces. Costs
+    /// O(log n) to start, then O(1) per endpoint.
+    ///
+    /// ```
+    /// use registry_api::{Endpoint, Snapshot, Version};
+    /// let snap = Snapshot::from_endpoints(
+    ///     Version(1),
+    ///     ["a", "b", "c"].map(|id| Endpoint::new("api", id, "10.0.0.1", 80)),
+    /// );
+    /// let first: Vec<_> = snap.after(None).take(2).map(|e| e.key()).collect();
+    /// let rest: Vec<_> = snap.after(first.last()).map(|e| e.id.clone()).collect();
+    /// assert_eq!(rest, ["c"]);
+    /// ```
+    pub fn after<'a>(
+        &'a self,
+        key: Option<&EndpointKey>,
+    ) -> impl Iterator<Item = &'a Endpoint> + 'a {
+        let start = match key {
+            Some(k) => Bound::Excluded(k.clone()),
+            None => Bound::Unbounded,
+        };
+        self.endpoints
+            .range((start, Bound::Unbounded))
+            .map(|(_, v)| v)
+    }
+
     /// All keys, ordered.
     pub fn keys(&self) -> impl Iterator<Item = &EndpointKey> + '_ {
         self.endpoints.keys()

@@ -188,6 +188,19 @@ pub struct ServeArgs {
     /// below the orchestrator's grace period.
     #[arg(long, default_value = "20s", value_parser = duration_in(Duration::ZERO, HOUR))]
     pub drain_timeout: Duration,
+    /// How often the registrar PINGs each agent connection over HTTP/2
+    /// (1s to 1h).
+    #[arg(long, default_value = "30s", value_parser = duration_in(SECOND, HOUR))]
+    pub http2_keepalive_interval: Duration,
+    /// Close a connection (and its streams) whose peer has not answered a
+    /// PING within this long (1s to 1h): a vanished agent is dropped within
+    /// interval + timeout.
+    #[arg(long, default_value = "10s", value_parser = duration_in(SECOND, HOUR))]
+    pub http2_keepalive_timeout: Duration,
+    /// TCP keepalive on accepted connections: idle time before the first
+    /// probe (1s to 1h).
+    #[arg(long, default_value = "60s", value_parser = duration_in(SECOND, HOUR))]
+    pub tcp_keepalive: Duration,
     /// Exit at once when the backend cannot be opened, instead of running
     /// not ready and retrying.
     #[arg(long)]
@@ -303,6 +316,7 @@ impl ServeArgs {
 }
 
 const MS: Duration = Duration::from_millis(1);
+const SECOND: Duration = Duration::from_secs(1);
 const HOUR: Duration = Duration::from_secs(3600);
 const DAYS_30: Duration = Duration::from_secs(30 * 24 * 3600);
 

@@ -58,6 +58,8 @@ fn install_metrics() -> Result<metrics_exporter_prometheus::PrometheusHandle, St
     registrar_server::describe_metrics();
     // Present from the start, at zero, rather than after the first event.
     metrics::gauge!("registrar_connected_agents").increment(0.0);
+    metrics::gauge!("registrar_snapshot_pending_endpoints").increment(0.0);
+    metrics::counter!("registrar_snapshot_bytes_total").increment(0);
     metrics::gauge!("registrar_write_queue_depth").set(0.0);
     metrics::counter!("registrar_sync_errors_total").increment(0);
     metrics::counter!("registrar_stream_reconnects_total").increment(0);
@@ -81,7 +83,13 @@ async fn run_serve(args: ServeArgs, tls: &TlsArgs) -> Result<(), String> {
             .fold(base, |a, id| a.with_admin(id.clone()))
     });
     let grpc_addr = args.grpc_addr(tls_files.is_some());
-    let mut options = ServeOptions::default().with_max_request_bytes(args.max_request_bytes);
+    let mut options = ServeOptions::default()
+        .with_max_request_bytes(args.max_request_bytes)
+        .with_http2_keepalive(
+            Some(args.http2_keepalive_interval),
+            args.http2_keepalive_timeout,
+        )
+        .with_tcp_keepalive(Some(args.tcp_keepalive));
     if let Some(files) = tls_files {
         options = options.with_tls(files);
     }

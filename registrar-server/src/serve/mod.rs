@@ -19,7 +19,12 @@ use crate::auth;
 use crate::http::Slot;
 use crate::service::RegistrarService;
 use crate::status::Status;
-use crate::{AuthzConfig, Backend, Registrar, RegistrarConfig, TlsFiles};
+use crate::{Backend, Registrar, RegistrarConfig};
+
+mod options;
+
+use options::{security, Secured};
+pub use options::ServeOptions;
 
 /// Where a running registrar listens.
 #[derive(Debug, Clone, Copy)]
@@ -28,109 +33,6 @@ pub struct Bound {
     pub grpc: SocketAddr,
     /// The health and metrics address.
     pub health: SocketAddr,
-}
-
-/// How [`serve_with`] secures the gRPC port.
-#[non_exhaustive]
-#[derive(Debug, Clone)]
-pub struct ServeOptions {
-    /// mTLS: the server's certificate and key, and the CA bundle agents'
-    /// certificates must chain to; all re-read when the files change.
-    /// `None`: plaintext, allowed only on a loopback address unless
-    /// `insecure`.
-    pub tls: Option<TlsFiles>,
-    /// Authorization by SPIFFE ID (needs `tls`). `None` with `tls` is
-    /// refused unless `any_certificate`.
-    pub authz: Option<AuthzConfig>,
-    /// Serve plaintext gRPC on a non-loopback address (anyone who can
-    /// reach the port may write any endpoint).
-    pub insecure: bool,
-    /// With `tls` and no `authz`: let any certificate of the CA write any
-    /// endpoint.
-    pub any_certificate: bool,
-    /// The largest request message decoded; default
-    /// [`DEFAULT_MAX_REQUEST_BYTES`](crate::DEFAULT_MAX_REQUEST_BYTES).
-    pub max_request_bytes: usize,
-    /// Longest TLS handshake. Default 10 s.
-    pub handshake_timeout: Duration,
-}
-
-impl Default for ServeOptions {
-    fn default() -> Self {
-        Self {
-            tls: None,
-            authz: None,
-            insecure: false,
-            any_certificate: false,
-            max_request_bytes: crate::DEFAULT_MAX_REQUEST_BYTES,
-            handshake_timeout: Duration::from_secs(10),
-        }
-    }
-}
-
-impl ServeOptions {
-    /// Plaintext, no authorization (on a loopback address only).
-    pub fn plaintext() -> Self {
-        Self::default()
-    }
-
-    /// mTLS with `files`.
-    pub fn with_tls(mut self, files: TlsFiles) -> Self {
-        self.tls = Some(files);
-        self
-    }
-
-    /// Authorize by SPIFFE ID.
-    pub fn with_authz(mut self, authz: AuthzConfig) -> Self {
-        self.authz = Some(authz);
-        self
-    }
-
-    /// Allow plaintext gRPC on a non-loopback address.
-    pub fn allow_insecure(mut self) -> Self {
-        self.insecure = true;
-        self
-    }
-
-    /// With mTLS and no authorization, let any certificate of the CA
-    /// write any endpoint.
-    pub fn allow_any_certificate(mut self) -> Self {
-        self.any_certificate = true;
-        self
-    }
-
-    /// Decode request messages of at most `bytes`.
-    pub fn with_max_request_bytes(mut self, bytes: usize) -> Self {
-        self.max_request_bytes = bytes;
-        self
-    }
-
-    /// Check the options as [`serve_with`] will: the certificate files
-    /// load, the authorization settings (and policy file) are valid and
-    /// have TLS, mTLS has authorization or allows any certificate.
-    pub fn check(&self) -> Result<()> {
-        security(self, registry_api::Endpoint::DEFAULT_CLUSTER).map(drop)
-    }
-
-    /// Refuse plaintext on `listener` unless it is a loopback address or
-    /// `insecure` was given.
-    fn check_listener(&self, listener: &TcpListener) -> Result<()> {
-        let addr = listener
-            .local_addr()
-            .map_err(|e| Error::unavailable(format!("the gRPC listener: {e}")).with_source(e))?;
-        if self.tls.is_none() && !self.insecure && !addr.ip().is_loopback() {
-            return Err(Error::invalid(
-                "grpc_addr",
-                format!(
-                    "plaintext gRPC on {addr}, which is not a loopback address: anyone who \
-                     can reach it could write any endpoint. Give TLS certificates \
-                     (--tls-ca, --tls-cert, --tls-key), listen on 127.0.0.1 or [::1], or \
-                     accept the risk with --insecure"
-                ),
-            ));
-        }
-        Ok(())
-    }
 }
 
 /// Serve `registrar` on the two listeners until `shutdown` resolves, then
@@ -298,70 +200,6 @@ impl Opening {
     }
 }
 
-/// How the gRPC port is secured: checked [`ServeOptions`].
-struct Secured {
-    security: auth::Security,
-    acceptor: Option<tokio_rustls::TlsAcceptor>,
-    handshake_timeout: Duration,
-    max_request_bytes: usize,
-}
-
-/// Check the options and log what the gRPC port will do; `cluster` is
-/// what `{cluster}` stands for in the authorization policy.
-fn security(options: &ServeOptions, cluster: &str) -> Result<Secured> {
-    let authz = options
-        .authz
-        .as_ref()
-        .map(|a| auth::Authz::new(a, cluster))
-        .transpose()?;
-    let tls = match &options.tls {
-        Some(files) => {
-            let cfg = registry_registrar::tls::server_config(files)?;
-            Some(tokio_rustls::TlsAcceptor::from(Arc::new(cfg)))
-        }
-        None => None,
-    };
-    match (&options.tls, &options.authz) {
-        (None, None) => tracing::warn!(
-            "no certificates configured: serving plaintext gRPC without authentication"
-        ),
-        (None, Some(_)) => {
-            return Err(Error::invalid(
-                "authz",
-                "authorization by SPIFFE ID needs TLS certificates",
-            ))
-        }
-        (Some(_), None) if !options.any_certificate => {
-            return Err(Error::invalid(
-                "authz",
-                "mTLS without authorization would let any certificate of the CA write any \
-                 endpoint: give a trust domain (--trust-domain, and optionally \
-                 --authz-policy), or allow it explicitly (--allow-any-certificate)",
-            ))
-        }
-        (Some(files), None) => tracing::warn!(
-            ca = %files.ca.display(),
-            "mTLS without a trust domain: any certificate of the CA may write any endpoint"
-        ),
-        (Some(files), Some(a)) => tracing::info!(
-            ca = %files.ca.display(),
-            trust_domain = %a.trust_domain,
-            policy = ?a.policy_file,
-            "mTLS with authorization by SPIFFE ID"
-        ),
-    }
-    let security = auth::Security {
-        tls: tls.is_some(),
-        authz,
-    };
-    Ok(Secured {
-        security,
-        acceptor: tls,
-        handshake_timeout: options.handshake_timeout,
-        max_request_bytes: options.max_request_bytes,
-    })
-}
-
 /// `true` once `shutdown` resolved.
 fn stop_signal(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
@@ -439,18 +277,19 @@ async fn run_grpc(
     let Secured {
         security,
         acceptor,
-        handshake_timeout,
-        max_request_bytes,
+        options,
     } = secured;
     // Every caller is identified from its connection and headers before a
     // message is decoded (the interceptor), then by the handlers.
     let authenticate = auth::Authenticate(Arc::new(security.clone()));
     let service = RegistrarService::new(Arc::clone(&registrar))
         .with_security(security)
-        .with_max_request_bytes(max_request_bytes)
+        .with_max_request_bytes(options.max_request_bytes)
         .into_server();
     let grpc_router = tonic::transport::Server::builder()
         .tcp_nodelay(true)
+        .http2_keepalive_interval(options.http2_keepalive_interval)
+        .http2_keepalive_timeout(Some(options.http2_keepalive_timeout))
         .add_service(InterceptedService::new(
             health_service,
             authenticate.clone(),
@@ -460,15 +299,16 @@ async fn run_grpc(
         None => {
             // Without TCP_NODELAY on accepted sockets, small responses wait
             // for delayed ACKs (tens of milliseconds per call).
-            let incoming =
-                tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true));
+            let incoming = tonic::transport::server::TcpIncoming::from(grpc)
+                .with_nodelay(Some(true))
+                .with_keepalive(options.tcp_keepalive);
             grpc_router
                 .serve_with_incoming_shutdown(incoming, stopped)
                 .await
         }
         Some(acceptor) => {
             let (tx, rx) = tokio::sync::mpsc::channel(64);
-            tokio::spawn(accept_tls(grpc, acceptor, tx, handshake_timeout));
+            tokio::spawn(accept_tls(grpc, acceptor, tx, options));
             let incoming =
                 tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, std::io::Error>);
             grpc_router
@@ -541,8 +381,9 @@ async fn accept_tls(
     listener: TcpListener,
     acceptor: tokio_rustls::TlsAcceptor,
     tx: tokio::sync::mpsc::Sender<TlsConn>,
-    timeout: Duration,
+    options: ServeOptions,
 ) {
+    let timeout = options.handshake_timeout;
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -558,6 +399,12 @@ async fn accept_tls(
             }
         };
         let _ = tcp.set_nodelay(true);
+        if let Some(idle) = options.tcp_keepalive {
+            let keepalive = socket2::TcpKeepalive::new().with_time(idle);
+            if let Err(e) = socket2::SockRef::from(&tcp).set_tcp_keepalive(&keepalive) {
+                tracing::warn!(%peer, error = %e, "cannot set TCP keepalive");
+            }
+        }
         let acceptor = acceptor.clone();
         let tx = tx.clone();
         tokio::spawn(async move {

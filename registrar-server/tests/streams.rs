@@ -1,0 +1,361 @@
+//! What an agent stream costs the registrar (issue 16): a stream that stops
+//! reading holds a bounded part of its first snapshot, whatever the size of
+//! the registry, while healthy streams get every change in order; the
+//! snapshot's messages on the wire are unchanged; a connection whose peer
+//! stopped answering HTTP/2 PINGs is dropped with its stream.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use common::start;
+use prost::Message;
+use registrar_server::{serve_with, Backend, Registrar, RegistrarConfig, ServeOptions};
+use registry_api::testing::{ep, eventually};
+use registry_api::{memory::MemoryRegistry, Batch, EndpointKey, Op};
+use registry_registrar::proto::registrar::v1::endpoint_event::EventType;
+use registry_registrar::proto::registrar::v1::registrar_client::RegistrarClient as Grpc;
+use registry_registrar::proto::registrar::v1::{
+    EndpointEvent, RegisterEndpointRequest, WatchEndpointsRequest,
+};
+use registry_registrar::{endpoint_to_proto, Token};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tonic::transport::{Channel, Endpoint};
+use tonic::Streaming;
+
+/// Endpoints in the registry, and per `FULL_SNAPSHOT` message.
+const ENDPOINTS: usize = 20_000;
+const CHUNK: usize = 100;
+/// The HTTP/2 flow-control window the stuck clients advertise (the
+/// protocol's default), for their stream and their connection.
+const WINDOW: u32 = 65_535;
+/// What tonic gathers before handing bytes to hyper (its yield threshold).
+const TONIC_BATCH: u64 = 32 * 1024;
+
+async fn registry_of(n: usize) -> Arc<dyn Backend> {
+    let mem = MemoryRegistry::new();
+    let ops: Vec<Op> = (0..n)
+        .map(|i| Op::Register(ep(&format!("svc-{:05}", i / 10), &format!("ep-{i}"), 8080)))
+        .collect();
+    for batch in ops.chunks(1000) {
+        mem.apply(batch.to_vec()).await.unwrap();
+    }
+    Arc::new(mem)
+}
+
+fn watch_request(node: &str) -> WatchEndpointsRequest {
+    WatchEndpointsRequest {
+        cluster_name: "test".into(),
+        node_name: node.into(),
+        last_version: String::new(),
+    }
+}
+
+async fn next(stream: &mut Streaming<EndpointEvent>) -> EndpointEvent {
+    tokio::time::timeout(Duration::from_secs(30), stream.message())
+        .await
+        .expect("no message within 30 s")
+        .unwrap()
+        .expect("the stream ended")
+}
+
+/// Read a whole snapshot: its messages, checked against the proto's
+/// contract (chunks of `CHUNK` in key order, one version, only the last
+/// flagged).
+async fn read_snapshot(stream: &mut Streaming<EndpointEvent>) -> Vec<EndpointEvent> {
+    let mut msgs = Vec::new();
+    loop {
+        let m = next(stream).await;
+        assert_eq!(m.r#type, EventType::FullSnapshot as i32);
+        let last = m.snapshot_last;
+        msgs.push(m);
+        if last {
+            return msgs;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_messages_on_the_wire_are_chunks_in_key_order() {
+    let server = start(
+        registry_of(250).await,
+        RegistrarConfig::new("test").with_snapshot_chunk(CHUNK),
+    )
+    .await;
+    server.registrar.state().wait_until_ready().await;
+    let mut grpc = Grpc::connect(server.url()).await.unwrap();
+    let mut stream = grpc
+        .watch_endpoints(watch_request("reader"))
+        .await
+        .unwrap()
+        .into_inner();
+    let msgs = read_snapshot(&mut stream).await;
+    let sizes: Vec<usize> = msgs.iter().map(|m| m.snapshot_endpoints.len()).collect();
+    assert_eq!(sizes, [100, 100, 50]);
+    let flags: Vec<bool> = msgs.iter().map(|m| m.snapshot_last).collect();
+    assert_eq!(flags, [false, false, true]);
+    assert!(msgs.iter().all(|m| m.version == msgs[0].version));
+    // Exactly the registrar's state, in key order: the messages the
+    // registrar sent before snapshots were encoded lazily.
+    let snap = server.registrar.state().store().snapshot().unwrap();
+    let sent: Vec<_> = msgs
+        .into_iter()
+        .flat_map(|m| m.snapshot_endpoints)
+        .collect();
+    let expected: Vec<_> = snap.iter().map(endpoint_to_proto).collect();
+    assert_eq!(sent, expected);
+
+    // An empty registry is one message, flagged last.
+    let empty = start(registry_of(0).await, RegistrarConfig::new("test")).await;
+    empty.registrar.state().wait_until_ready().await;
+    let mut grpc = Grpc::connect(empty.url()).await.unwrap();
+    let mut stream = grpc
+        .watch_endpoints(watch_request("reader"))
+        .await
+        .unwrap()
+        .into_inner();
+    let msgs = read_snapshot(&mut stream).await;
+    assert_eq!(msgs.len(), 1);
+    assert!(msgs[0].snapshot_endpoints.is_empty());
+}
+
+/// A client that reads one message, then nothing: its HTTP/2 window
+/// (`WINDOW`) fills and stays full.
+async fn stuck_stream(url: &str, node: &str) -> (Channel, Streaming<EndpointEvent>) {
+    let channel = Endpoint::from_shared(url.to_string())
+        .unwrap()
+        .initial_stream_window_size(WINDOW)
+        .initial_connection_window_size(WINDOW)
+        .connect()
+        .await
+        .unwrap();
+    let mut stream = Grpc::new(channel.clone())
+        .watch_endpoints(watch_request(node))
+        .await
+        .unwrap()
+        .into_inner();
+    // The registrar has started encoding this stream's snapshot.
+    let first = next(&mut stream).await;
+    assert_eq!(first.r#type, EventType::FullSnapshot as i32);
+    (channel, stream)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_that_stop_reading_hold_a_bounded_part_of_the_snapshot() {
+    let server = start(
+        registry_of(ENDPOINTS).await,
+        RegistrarConfig::new("test").with_snapshot_chunk(CHUNK),
+    )
+    .await;
+    server.registrar.state().wait_until_ready().await;
+
+    // A healthy watcher first: its snapshot is the baseline of what a
+    // whole snapshot costs to encode.
+    let mut grpc = Grpc::connect(server.url()).await.unwrap();
+    let mut healthy = grpc
+        .watch_endpoints(watch_request("healthy"))
+        .await
+        .unwrap()
+        .into_inner();
+    let snapshot = read_snapshot(&mut healthy).await;
+    assert_eq!(snapshot.len(), ENDPOINTS / CHUNK);
+    let whole: u64 = snapshot.iter().map(|m| m.encoded_len() as u64).sum();
+    let largest = snapshot
+        .iter()
+        .map(|m| m.encoded_len() as u64)
+        .max()
+        .unwrap();
+    let before = server.registrar.watch_stats();
+    assert_eq!(before.snapshot_bytes, whole);
+
+    const STUCK: usize = 8;
+    let mut stuck = Vec::new();
+    for i in 0..STUCK {
+        stuck.push(stuck_stream(&server.url(), &format!("stuck-{i}")).await);
+    }
+
+    // Changes while they are stuck: the healthy watcher gets each, in
+    // order.
+    let version = snapshot[0].version.parse::<Token>().unwrap();
+    let mut last = version.version;
+    const CHANGES: usize = 300;
+    for i in 0..CHANGES {
+        let e = ep("churn", &format!("c-{i:04}"), 9000);
+        grpc.register_endpoint(RegisterEndpointRequest {
+            endpoint: Some(endpoint_to_proto(&e)),
+            ack: 0,
+        })
+        .await
+        .unwrap();
+    }
+    for i in 0..CHANGES {
+        let m = next(&mut healthy).await;
+        assert_eq!(m.r#type, EventType::EndpointAdded as i32, "change {i}");
+        let ep = m.endpoint.unwrap();
+        assert_eq!(
+            EndpointKey::new(ep.service_name, ep.id),
+            EndpointKey::new("churn", format!("c-{i:04}")),
+            "change {i} out of order"
+        );
+        let v = m.version.parse::<Token>().unwrap();
+        assert_eq!(v.epoch, version.epoch);
+        assert!(v.version > last, "change {i}: version went back");
+        last = v.version;
+    }
+
+    // Per stuck stream, what the registrar encoded of its snapshot: what
+    // the client's window took, plus what tonic and hyper hold (a batch
+    // each, every batch at most 32 KiB plus one chunk), plus the chunk
+    // being encoded. Eagerly encoded, it would be the whole snapshot.
+    let bound = u64::from(WINDOW) + 2 * (TONIC_BATCH + largest) + largest;
+    assert!(bound * 4 < whole, "the registry is too small to tell");
+    let stats = server.registrar.watch_stats();
+    assert_eq!(stats.streams, STUCK + 1);
+    let stuck_bytes = stats.snapshot_bytes - before.snapshot_bytes;
+    assert!(
+        stuck_bytes <= STUCK as u64 * bound,
+        "{STUCK} stuck streams encoded {stuck_bytes} bytes of their snapshots: more than \
+         {bound} each (a whole snapshot is {whole})"
+    );
+    // And the rest waits, unencoded, in the shared snapshot.
+    let encoded_endpoints = bound / (whole / ENDPOINTS as u64) + CHUNK as u64;
+    assert!(
+        stats.pending_endpoints >= STUCK as u64 * (ENDPOINTS as u64 - encoded_endpoints),
+        "{stats:?}"
+    );
+    drop(stuck);
+    eventually("the stuck streams to close", || async {
+        let s = server.registrar.watch_stats();
+        (s.streams == 1 && s.pending_endpoints == 0).then_some(())
+    })
+    .await;
+}
+
+/// A TCP stream that can be frozen: once frozen it neither reads nor
+/// writes, like a process that stopped (its kernel still ACKs).
+struct Freezable {
+    inner: tokio::net::TcpStream,
+    frozen: Arc<AtomicBool>,
+}
+
+impl AsyncRead for Freezable {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if self.frozen.load(Ordering::SeqCst) {
+            return Poll::Pending;
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Freezable {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        if self.frozen.load(Ordering::SeqCst) {
+            return Poll::Pending;
+        }
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        if self.frozen.load(Ordering::SeqCst) {
+            return Poll::Pending;
+        }
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        if self.frozen.load(Ordering::SeqCst) {
+            return Poll::Pending;
+        }
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+async fn start_serving(options: ServeOptions) -> (Arc<Registrar>, String) {
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", grpc.local_addr().unwrap());
+    let registrar = Registrar::new(registry_of(10).await, RegistrarConfig::new("test")).unwrap();
+    tokio::spawn(serve_with(
+        Arc::clone(&registrar),
+        grpc,
+        health,
+        None,
+        options,
+        std::future::pending(),
+    ));
+    registrar.state().wait_until_ready().await;
+    (registrar, url)
+}
+
+/// A watch over a connection that can be frozen.
+async fn freezable_watch(url: &str) -> (Arc<AtomicBool>, Streaming<EndpointEvent>) {
+    let frozen = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&frozen);
+    let connector = tower::service_fn(move |uri: tonic::transport::Uri| {
+        let flag = Arc::clone(&flag);
+        async move {
+            let addr = format!(
+                "{}:{}",
+                uri.host().unwrap_or("127.0.0.1"),
+                uri.port_u16().unwrap_or(80)
+            );
+            let inner = tokio::net::TcpStream::connect(addr).await?;
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(Freezable {
+                inner,
+                frozen: flag,
+            }))
+        }
+    });
+    let channel = Endpoint::from_shared(url.to_string())
+        .unwrap()
+        .connect_with_connector(connector)
+        .await
+        .unwrap();
+    let mut stream = Grpc::new(channel)
+        .watch_endpoints(watch_request("frozen"))
+        .await
+        .unwrap()
+        .into_inner();
+    let snap = read_snapshot(&mut stream).await;
+    assert_eq!(snap.len(), 1);
+    (frozen, stream)
+}
+
+/// With the HTTP/2 keepalive, a connection whose peer stops answering
+/// PINGs is closed and its stream freed, within about interval + timeout
+/// (checked here with a bounded wait, not a timing threshold). This proves
+/// the PING deadline is wired; a peer whose kernel also stopped answering
+/// is dropped by the same deadline, since it needs no TCP error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_stops_answering_pings_is_dropped_with_its_stream() {
+    let ms = Duration::from_millis;
+    let options = ServeOptions::default().with_http2_keepalive(Some(ms(200)), ms(200));
+    let (registrar, url) = start_serving(options).await;
+    let (frozen, _stream) = freezable_watch(&url).await;
+    assert_eq!(registrar.watch_stats().streams, 1);
+    frozen.store(true, Ordering::SeqCst);
+    let gone = tokio::time::timeout(Duration::from_secs(30), async {
+        while registrar.watch_stats().streams != 0 {
+            tokio::time::sleep(ms(20)).await;
+        }
+    })
+    .await;
+    assert!(
+        gone.is_ok(),
+        "the frozen peer's stream is still open after 30 s with a 200 ms keepalive"
+    );
+}
