@@ -23,8 +23,8 @@ use crate::{Backend, Registrar, RegistrarConfig};
 
 mod options;
 
-use options::{security, Secured};
 pub use options::ServeOptions;
+use options::{security, Secured};
 
 /// Where a running registrar listens.
 #[derive(Debug, Clone, Copy)]

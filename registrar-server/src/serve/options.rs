@@ -10,7 +10,7 @@ use tokio::net::TcpListener;
 use crate::auth;
 use crate::{AuthzConfig, TlsFiles};
 
-/// How [`serve_with`] secures the gRPC port.
+/// How [`serve_with`](super::serve_with) secures the gRPC port.
 #[non_exhaustive]
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
@@ -114,7 +114,7 @@ impl ServeOptions {
         self
     }
 
-    /// Check the options as [`serve_with`] will: the certificate files
+    /// Check the options as [`serve_with`](super::serve_with) will: the certificate files
     /// load, the authorization settings (and policy file) are valid and
     /// have TLS, mTLS has authorization or allows any certificate, the
     /// keepalive durations are in range (HTTP/2 interval and timeout 10 ms
@@ -161,7 +161,6 @@ impl ServeOptions {
         Ok(())
     }
 }
-
 
 /// How the gRPC port is secured: checked [`ServeOptions`].
 pub(super) struct Secured {

@@ -16,6 +16,14 @@
 //!    the backend itself.
 //! 3. cold start: a new agent on `--cold-endpoints` endpoints, vs reading
 //!    the backend's snapshot directly.
+//! 4. stuck streams: `--stuck-streams` streams that read one message and
+//!    then nothing (opened by a child process, so the figure is the
+//!    server's alone): the registrar's RSS growth per stream on an empty
+//!    registry (the baseline), on 5,000 and on `--stuck-endpoints`
+//!    endpoints, while a healthy watcher gets every change in order.
+//!
+//! `--phases stuck` (a comma list of `fanout,backend,cold,stuck`) runs
+//! only some phases.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -52,6 +60,25 @@ struct Args {
     /// Sync interval of the polling phase.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     sync_interval: Duration,
+    /// Streams that stop reading, for the stuck-streams phase.
+    #[arg(long, default_value_t = 1000)]
+    stuck_streams: usize,
+    /// Endpoints for the stuck-streams phase.
+    #[arg(long, default_value_t = 100_000)]
+    stuck_endpoints: usize,
+    /// Phases to run.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "fanout,backend,cold,stuck"
+    )]
+    phases: Vec<String>,
+    /// Internal: be the stuck clients of the server at this URL.
+    #[arg(long, hide = true)]
+    stuck_client: Option<String>,
+    /// Internal: measure stuck streams on a registry of this size.
+    #[arg(long, hide = true)]
+    stuck_size: Option<usize>,
 }
 
 fn now_micros() -> u64 {
@@ -369,20 +396,7 @@ async fn backend_load(args: &Args) -> std::result::Result<(), Box<dyn std::error
 /// Phase 3: cold start of an agent on many endpoints.
 async fn cold_start(args: &Args) -> std::result::Result<(), Box<dyn std::error::Error>> {
     let mem = MemoryRegistry::new();
-    let ops: Vec<Op> = (0..args.cold_endpoints)
-        .map(|i| {
-            Op::Register(
-                Endpoint::new(
-                    format!("svc-{}", i / 10),
-                    format!("ep-{i}"),
-                    "127.0.0.1",
-                    8080,
-                )
-                .with_node(format!("node-{}", i % 1000)),
-            )
-        })
-        .collect();
-    for chunk in ops.chunks(5000) {
+    for chunk in endpoints(args.cold_endpoints).chunks(5000) {
         mem.apply(chunk.to_vec()).await?;
     }
     let server = start(Arc::new(mem), RegistrarConfig::new("load")).await?;
@@ -405,12 +419,48 @@ async fn cold_start(args: &Args) -> std::result::Result<(), Box<dyn std::error::
     Ok(())
 }
 
+fn endpoints(n: usize) -> Vec<Op> {
+    (0..n)
+        .map(|i| {
+            Op::Register(
+                Endpoint::new(
+                    format!("svc-{}", i / 10),
+                    format!("ep-{i}"),
+                    "127.0.0.1",
+                    8080,
+                )
+                .with_node(format!("node-{}", i % 1000)),
+            )
+        })
+        .collect()
+}
+
+mod stuck;
+
 #[tokio::main]
 async fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
+    if let Some(url) = &args.stuck_client {
+        return stuck::client(url, args.stuck_streams).await;
+    }
+    if let Some(size) = args.stuck_size {
+        let per_stream = stuck::at(&args, size).await?;
+        println!("per-stream-kib {per_stream:.1}");
+        return Ok(());
+    }
     println!("registrar-load: {args:?}");
-    fan_out(&args).await?;
-    backend_load(&args).await?;
-    cold_start(&args).await?;
+    let run = |phase: &str| args.phases.iter().any(|p| p == phase);
+    if run("fanout") {
+        fan_out(&args).await?;
+    }
+    if run("backend") {
+        backend_load(&args).await?;
+    }
+    if run("cold") {
+        cold_start(&args).await?;
+    }
+    if run("stuck") {
+        stuck::phase(&args).await?;
+    }
     Ok(())
 }
