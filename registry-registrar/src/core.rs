@@ -248,7 +248,10 @@ pub(crate) async fn reconcile_loop(
                     state.writes.give_up(&op.key());
                 }
                 Err(e) => {
-                    tracing::warn!(key = %op.key(), error = %e, "re-sending a write failed; will retry")
+                    // Whatever the kind (a timeout, an overloaded registrar),
+                    // the next tick sends it again.
+                    tracing::warn!(key = %op.key(), error = %e, "re-sending a write failed; will retry");
+                    state.writes.mark_pending(op.key());
                 }
             }
         }
