@@ -35,8 +35,12 @@ pub(crate) struct Driver {
     pub(crate) addr: SocketAddr,
     /// This node's name.
     pub(crate) node: NodeId,
-    /// Time zero of the machine's clock.
+    /// When the driver started, on the monotonic clock.
     epoch: Instant,
+    /// The wall-clock time (since the UNIX epoch) at `epoch`: the machine's
+    /// clock is `wall_start + epoch.elapsed()`, so it never goes back and
+    /// is comparable across nodes (replay counters, entry timestamps).
+    wall_start: Duration,
     /// Wakes the timer task when the next deadline moved earlier.
     wake: Arc<Notify>,
     /// Largest batch accepted.
@@ -76,7 +80,14 @@ impl Driver {
                 .unwrap_or(0);
             t ^ u64::from(addr.port()).rotate_left(48)
         });
-        let machine = Machine::new(&config, addr, node.clone(), seed, Duration::ZERO)?;
+        let wall_start = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "the wall clock is before 1970; keyed datagrams will be refused as stale");
+                Duration::ZERO
+            });
+        let epoch = Instant::now();
+        let machine = Machine::new(&config, addr, node.clone(), seed, wall_start)?;
         let driver = Arc::new(Driver {
             state: Mutex::new(DriverState {
                 machine,
@@ -86,7 +97,8 @@ impl Driver {
             socket: Arc::new(socket),
             addr,
             node,
-            epoch: Instant::now(),
+            epoch,
+            wall_start,
             wake: Arc::new(Notify::new()),
             max_batch: config.max_batch.max(1),
             send_errors: AtomicU64::new(0),
@@ -110,7 +122,12 @@ impl Driver {
     }
 
     fn now(&self) -> Duration {
-        self.epoch.elapsed()
+        self.wall_start + self.epoch.elapsed()
+    }
+
+    /// The instant of the machine time `t`.
+    fn instant(&self, t: Duration) -> Instant {
+        self.epoch + t.saturating_sub(self.wall_start)
     }
 
     /// Datagrams the socket refused to send.
@@ -177,7 +194,7 @@ async fn timer_loop(driver: Weak<Driver>, wake: Arc<Notify>) {
                 return;
             };
             let next = driver.lock().machine.next_deadline();
-            next.map(|d| driver.epoch + d)
+            next.map(|d| driver.instant(d))
         };
         let far = Instant::now() + Duration::from_secs(3600);
         tokio::select! {

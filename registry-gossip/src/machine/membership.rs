@@ -31,7 +31,10 @@ pub fn dissemination_count(n: usize) -> u32 {
 }
 
 /// foca's broadcast handler: decodes an entry, merges it, and asks foca to
-/// keep disseminating it only when it was news.
+/// keep disseminating it only when it was news. Entries from another node
+/// (foca names a sender) go through the clock bound
+/// ([`Store::merge_remote`](super::store::Store::merge_remote)); this
+/// node's own writes (no sender) do not.
 struct EntryBroadcasts {
     store: StoreHandle,
 }
@@ -54,15 +57,16 @@ impl BroadcastHandler<GossipId> for EntryBroadcasts {
     fn receive_item(
         &mut self,
         data: &[u8],
-        _sender: Option<&GossipId>,
+        sender: Option<&GossipId>,
     ) -> Result<Option<BroadcastKey>, DecodeError> {
         let entry = layout::decode_entry(data)?;
         let key = entry.key.clone();
-        Ok(self
-            .store
-            .lock()
-            .merge(entry, false)
-            .then_some(BroadcastKey(key)))
+        let mut store = self.store.lock();
+        let news = match sender {
+            Some(_) => store.merge_remote(entry, false),
+            None => store.merge(entry, false),
+        };
+        Ok(news.then_some(BroadcastKey(key)))
     }
 }
 
