@@ -19,6 +19,8 @@
 //! Printed per N: gossip rounds (simulated time / gossip interval) and
 //! simulated time until all hold it, rounds / log2(N), and bytes sent per
 //! node in that window against the idle traffic of a window as long. A
+//! `DROPS` line sums what the receive path dropped over the run (replays,
+//! stale or skewed datagrams, answers capped for unconfirmed addresses). A
 //! `COST` line gives the datagrams handled in the whole run (forming,
 //! settling, idling, spreading) and the wall time spent inside
 //! `Machine::handle_datagram` per datagram (opening and checking the
@@ -230,6 +232,21 @@ fn measure(n: usize) -> Row {
     }
     let time = sim.now - start;
     let bytes = (sim.bytes_out() - before) as f64;
+    // What the receive path dropped over the whole run (all 0 unkeyed
+    // except the answer cap): legitimate traffic should lose little.
+    let sum = |f: fn(&registry_gossip::Stats) -> u64| -> u64 {
+        sim.nodes.iter().map(|m| f(&m.stats())).sum()
+    };
+    println!(
+        "DROPS N={n} keyed={} replays={} stale={} skewed={} misdirected={} answers_capped={} entries_refused={}",
+        keyed(),
+        sum(|s| s.replays),
+        sum(|s| s.stale),
+        sum(|s| s.skewed),
+        sum(|s| s.misdirected),
+        sum(|s| s.answers_capped),
+        sum(|s| s.entries_refused),
+    );
     Row {
         n,
         rounds: time.as_secs_f64() / interval.as_secs_f64(),

@@ -113,7 +113,7 @@ proptest! {
             if let Ok(f) = wire::open(packet, None) {
                 let _ = wire::decode_body(f.kind, f.body);
             }
-            let _ = wire::open(packet, Some(b"key"));
+            let _ = wire::open(packet, Some(&wire::FrameKey::new(b"key")));
         }
         for k in [Kind::Swim, Kind::Digest, Kind::Want, Kind::Push] {
             let _ = wire::decode_body(k, &bytes);
@@ -166,16 +166,21 @@ fn a_tag_from_another_key_fails() {
         dest: "127.0.0.1:1".parse().unwrap(),
         sender: "n",
     };
-    let sealed = wire::seal(Kind::Digest, b"body", Some((b"k1", &header))).unwrap();
-    assert!(wire::open(&sealed, Some(b"k1")).is_ok());
+    let sealed = wire::seal(
+        Kind::Digest,
+        b"body",
+        Some((&wire::FrameKey::new(b"k1"), &header)),
+    )
+    .unwrap();
+    assert!(wire::open(&sealed, Some(&wire::FrameKey::new(b"k1"))).is_ok());
     assert_eq!(
-        wire::open(&sealed, Some(b"k2")),
+        wire::open(&sealed, Some(&wire::FrameKey::new(b"k2"))),
         Err(wire::FrameError::BadTag)
     );
     let mut flipped = sealed.clone();
     flipped[4] ^= 1;
     assert_eq!(
-        wire::open(&flipped, Some(b"k1")),
+        wire::open(&flipped, Some(&wire::FrameKey::new(b"k1"))),
         Err(wire::FrameError::BadTag)
     );
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use registry_api::{Endpoint, EndpointKey, ErrorKind};
 use registry_gossip::crdt::micros;
-use registry_gossip::wire::{self, AeMessage, FrameHeader, Kind};
+use registry_gossip::wire::{self, AeMessage, FrameHeader, FrameKey, Kind};
 use registry_gossip::{Entry, GossipConfig, Machine, NodeId, Stamp};
 
 const KEY: &[u8] = b"replay-test-key";
@@ -180,7 +180,12 @@ fn sealed(msg: &AeMessage, to: SocketAddr, counter: u64) -> Vec<u8> {
         dest: to,
         sender: "tester",
     };
-    wire::seal(msg.kind(), &msg.encode().unwrap(), Some((KEY, &header))).unwrap()
+    wire::seal(
+        msg.kind(),
+        &msg.encode().unwrap(),
+        Some((&FrameKey::new(KEY), &header)),
+    )
+    .unwrap()
 }
 
 #[test]
@@ -326,7 +331,12 @@ fn answers_to_an_unconfirmed_address_are_at_most_twice_the_request() {
         dest: net.addrs[a],
         sender: "n1",
     };
-    let from_b = wire::seal(Kind::Digest, &empty.encode().unwrap(), Some((KEY, &header))).unwrap();
+    let from_b = wire::seal(
+        Kind::Digest,
+        &empty.encode().unwrap(),
+        Some((&FrameKey::new(KEY), &header)),
+    )
+    .unwrap();
     let answers = net.inject(a, net.addrs[b], &from_b);
     let pushed: usize = answers
         .iter()

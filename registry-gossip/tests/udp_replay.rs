@@ -9,7 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use registry_api::testing::{eventually, wait_limit};
 use registry_api::{Endpoint, Registry};
 use registry_gossip::crdt::micros;
-use registry_gossip::wire::{self, AeMessage, FrameHeader};
+use registry_gossip::wire::{self, AeMessage, FrameHeader, FrameKey};
 use registry_gossip::{Entry, GossipConfig, GossipRegistry, NodeId, Stamp};
 use tokio::net::UdpSocket;
 
@@ -26,7 +26,12 @@ fn frame(msg: &AeMessage, to: SocketAddr, counter: u64) -> Vec<u8> {
         dest: to,
         sender: "tester",
     };
-    wire::seal(msg.kind(), &msg.encode().unwrap(), Some((KEY, &header))).unwrap()
+    wire::seal(
+        msg.kind(),
+        &msg.encode().unwrap(),
+        Some((&FrameKey::new(KEY), &header)),
+    )
+    .unwrap()
 }
 
 /// The next datagram on `sock`, from `from`, opened with the key and
@@ -38,7 +43,7 @@ async fn answer(sock: &UdpSocket, from: SocketAddr) -> AeMessage {
         .expect("no answer")
         .unwrap();
     assert_eq!(src, from);
-    let f = wire::open(&buf[..n], Some(KEY)).unwrap();
+    let f = wire::open(&buf[..n], Some(&FrameKey::new(KEY))).unwrap();
     AeMessage::decode(f.kind, f.body).unwrap()
 }
 

@@ -30,7 +30,6 @@ mod stats;
 mod store;
 mod timers;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -70,9 +69,6 @@ pub struct Machine {
     replays: Replays,
     /// The counter of the last keyed datagram sealed.
     counter: u64,
-    /// Addresses of the active members, with their node names: where
-    /// answers may go uncapped.
-    member_addrs: HashMap<SocketAddr, NodeId>,
 }
 
 impl std::fmt::Debug for Machine {
@@ -118,7 +114,6 @@ impl Machine {
             settings,
             stats: Stats::default(),
             counter: 0,
-            member_addrs: HashMap::new(),
         };
         let first_ae = m.jitter(m.settings.ae_interval);
         m.schedule(first_ae, TimerKind::AntiEntropy);
@@ -376,12 +371,6 @@ impl Machine {
             if membership_changed {
                 let target = self.membership.retune();
                 self.store.lock().target = target;
-                self.member_addrs = self
-                    .membership
-                    .members()
-                    .into_iter()
-                    .map(|m| (m.addr, m.node))
-                    .collect();
             }
             while let Some((after, timer)) = self.membership.next_timer() {
                 self.schedule(after, TimerKind::Swim(timer));
@@ -399,7 +388,7 @@ impl Machine {
     /// Frame `body` for `to` and queue it. With a key the frame carries
     /// the next counter: one more than the last, and not behind the clock.
     fn emit(&mut self, to: SocketAddr, kind: Kind, body: &[u8]) {
-        let sealed = match self.settings.key.as_deref() {
+        let sealed = match self.settings.key.as_ref() {
             None => wire::seal(kind, body, None),
             Some(key) => {
                 self.counter = self.counter.saturating_add(1).max(micros(self.now));

@@ -35,7 +35,7 @@ impl Machine {
     ) {
         self.set_now(now);
         self.stats.datagrams_in += 1;
-        let frame = match wire::open(data, self.settings.key.as_deref()) {
+        let frame = match wire::open(data, self.settings.key.as_ref()) {
             Ok(f) => f,
             Err(e) => {
                 self.count_frame_error(from, &e);
@@ -150,8 +150,8 @@ impl Machine {
     /// Whether `from` is the address of an active member (named `sender`,
     /// when the datagram names one): answers to it are not capped.
     fn confirmed(&self, from: SocketAddr, sender: Option<&str>) -> bool {
-        self.member_addrs
-            .get(&from)
+        self.membership
+            .node_at(&from)
             .is_some_and(|node| sender.is_none_or(|s| node.as_str() == s))
     }
 

@@ -11,7 +11,7 @@ use crate::wire;
 #[derive(Debug, Clone)]
 pub(super) struct Settings {
     /// The shared authentication key, if datagrams are tagged.
-    pub(super) key: Option<Vec<u8>>,
+    pub(super) key: Option<wire::FrameKey>,
     /// Largest datagram, frame included.
     pub(super) max_packet: usize,
     /// Largest SWIM body: the datagram minus the frame.
@@ -66,7 +66,7 @@ impl Settings {
         let max_broadcast = swim_max.saturating_sub(3 * id_len + 64).max(64);
         let ttl = config.tombstone_ttl;
         Ok(Self {
-            key: config.auth_key.clone(),
+            key: config.auth_key.as_deref().map(wire::FrameKey::new),
             max_packet: config.max_packet_size,
             swim_max,
             ae_interval: config.anti_entropy_interval,

@@ -124,10 +124,26 @@ pub(crate) fn overhead(authenticated: bool, sender_len: usize) -> usize {
 
 type HmacSha256 = hmac::Hmac<sha2::Sha256>;
 
-fn mac(key: &[u8]) -> HmacSha256 {
-    // HMAC takes keys of any length; the error case cannot happen.
-    <HmacSha256 as KeyInit>::new_from_slice(key)
-        .unwrap_or_else(|_| unreachable!("HMAC accepts any key length"))
+/// A shared key, ready to tag and check datagrams: the keyed HMAC state is
+/// computed once, not per datagram.
+#[derive(Clone)]
+pub struct FrameKey(HmacSha256);
+
+impl FrameKey {
+    /// The key `key` (any length).
+    pub fn new(key: &[u8]) -> Self {
+        // HMAC takes keys of any length; the error case cannot happen.
+        Self(
+            <HmacSha256 as KeyInit>::new_from_slice(key)
+                .unwrap_or_else(|_| unreachable!("HMAC accepts any key length")),
+        )
+    }
+}
+
+impl std::fmt::Debug for FrameKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FrameKey(<hidden>)")
+    }
 }
 
 fn put_addr(w: &mut Writer, addr: SocketAddr) {
@@ -159,7 +175,7 @@ fn get_addr(r: &mut Reader<'_>) -> Result<SocketAddr, DecodeError> {
 pub fn seal(
     kind: Kind,
     body: &[u8],
-    auth: Option<(&[u8], &FrameHeader<'_>)>,
+    auth: Option<(&FrameKey, &FrameHeader<'_>)>,
 ) -> Result<Vec<u8>, EncodeError> {
     let Some((key, header)) = auth else {
         let mut out = Vec::with_capacity(FRAME_HEAD + body.len());
@@ -175,7 +191,7 @@ pub fn seal(
     put_addr(&mut w, header.dest);
     w.str8(header.sender)?;
     w.buf.extend_from_slice(body);
-    let mut m = mac(key);
+    let mut m = key.0.clone();
     m.update(&w.buf);
     let tag = m.finalize().into_bytes();
     w.buf.extend_from_slice(&tag[..TAG_LEN]);
@@ -184,7 +200,7 @@ pub fn seal(
 
 /// Check a datagram's frame, and with `key` its tag; returns its kind,
 /// replay header and body.
-pub fn open<'a>(packet: &'a [u8], key: Option<&[u8]>) -> Result<Frame<'a>, FrameError> {
+pub fn open<'a>(packet: &'a [u8], key: Option<&FrameKey>) -> Result<Frame<'a>, FrameError> {
     if packet.len() < FRAME_HEAD || packet[0] != MAGIC {
         return Err(FrameError::NotOurs);
     }
@@ -212,7 +228,7 @@ pub fn open<'a>(packet: &'a [u8], key: Option<&[u8]>) -> Result<Frame<'a>, Frame
         return Err(FrameError::BadTag);
     }
     let end = packet.len() - TAG_LEN;
-    let mut m = mac(key);
+    let mut m = key.0.clone();
     m.update(&packet[..end]);
     m.verify_truncated_left(&packet[end..])
         .map_err(|_| FrameError::BadTag)?;
@@ -240,6 +256,10 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
+    fn k() -> FrameKey {
+        FrameKey::new(b"k")
+    }
+
     fn header(counter: u64) -> FrameHeader<'static> {
         FrameHeader {
             counter,
@@ -251,10 +271,10 @@ mod tests {
     #[test]
     fn keyed_frames_roundtrip_and_authenticate_the_header() {
         let h = header(42);
-        let sealed = seal(Kind::Push, b"body", Some((b"k", &h))).unwrap();
+        let sealed = seal(Kind::Push, b"body", Some((&k(), &h))).unwrap();
         assert_eq!(sealed[1], VERSION_KEYED);
         assert_eq!(sealed.len(), overhead(true, 6) + 4);
-        let f = open(&sealed, Some(b"k")).unwrap();
+        let f = open(&sealed, Some(&k())).unwrap();
         assert_eq!(
             (f.kind, f.header, f.body),
             (Kind::Push, Some(h), &b"body"[..])
@@ -264,7 +284,7 @@ mod tests {
         for i in 0..sealed.len() {
             let mut bad = sealed.clone();
             bad[i] ^= 0x10;
-            assert!(open(&bad, Some(b"k")).is_err(), "byte {i} not covered");
+            assert!(open(&bad, Some(&k())).is_err(), "byte {i} not covered");
         }
     }
 
@@ -272,13 +292,13 @@ mod tests {
     fn versions_do_not_mix() {
         let plain = seal(Kind::Digest, b"x", None).unwrap();
         assert_eq!(
-            open(&plain, Some(b"k")),
+            open(&plain, Some(&k())),
             Err(FrameError::Version {
                 found: 1,
                 expected: 2
             })
         );
-        let keyed = seal(Kind::Digest, b"x", Some((b"k", &header(1)))).unwrap();
+        let keyed = seal(Kind::Digest, b"x", Some((&k(), &header(1)))).unwrap();
         assert_eq!(
             open(&keyed, None),
             Err(FrameError::Version {
@@ -298,6 +318,6 @@ mod tests {
             sender: &name,
             ..header(1)
         };
-        assert!(seal(Kind::Swim, b"", Some((b"k", &h))).is_err());
+        assert!(seal(Kind::Swim, b"", Some((&k(), &h))).is_err());
     }
 }

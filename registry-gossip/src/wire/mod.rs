@@ -20,7 +20,7 @@ mod identity;
 pub use self::buf::{DecodeError, EncodeError, Reader, Writer};
 pub use self::codec::{decode_body, swim_broadcasts, AeMessage, CodecError, WireCodec};
 pub use self::frame::{
-    open, seal, Frame, FrameError, FrameHeader, Kind, FRAME_HEAD, TAG_LEN, VERSION_KEYED,
+    open, seal, Frame, FrameError, FrameHeader, FrameKey, Kind, FRAME_HEAD, TAG_LEN, VERSION_KEYED,
     VERSION_PLAIN,
 };
 pub use self::identity::GossipId;
