@@ -83,7 +83,10 @@ impl std::fmt::Debug for Machine {
 
 impl Machine {
     /// A node listening at `addr` named `node`, at time `now`. Fails with
-    /// `InvalidInput` when the configuration cannot work.
+    /// `InvalidInput` when the configuration cannot work. `now`, here and
+    /// in every other call, is compared across nodes (entry timestamps,
+    /// and with a key the replay counters): every node of a cluster must
+    /// use the same clock, e.g. the time since the UNIX epoch.
     pub fn new(
         config: &GossipConfig,
         addr: SocketAddr,
