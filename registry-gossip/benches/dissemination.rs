@@ -11,10 +11,21 @@
 //! N = 16, 64, 256 and 512 (1024 did not finish within a couple of
 //! minutes, most of it in forming the membership; `GOSSIP_BENCH_SIZES=1024`
 //! runs it anyway). `GOSSIP_BENCH_NO_UDP=1` skips the loopback part.
+//! `GOSSIP_BENCH_KEYED=1` gives the simulated nodes a shared key, so every
+//! datagram is sealed and checked (tag, and whatever else the receive path
+//! checks); compare its `COST` lines with an unkeyed run for the per-datagram
+//! price of authentication.
 //!
 //! Printed per N: gossip rounds (simulated time / gossip interval) and
 //! simulated time until all hold it, rounds / log2(N), and bytes sent per
-//! node in that window against the idle traffic of a window as long.
+//! node in that window against the idle traffic of a window as long. A
+//! `DROPS` line sums what the receive path dropped over the run (replays,
+//! stale or skewed datagrams, answers capped for unconfirmed addresses). A
+//! `COST` line gives the datagrams handled in the whole run (forming,
+//! settling, idling, spreading) and the wall time spent inside
+//! `Machine::handle_datagram` per datagram (opening and checking the
+//! frame, foca, merging, sealing the answers): the receive path a
+//! per-datagram check adds to, without the simulation's own overhead.
 //!
 //! Then, on loopback UDP at N = 16 and 64, `GossipRegistry` (default
 //! timings) side by side with the `chitchat` crate (gossip interval 200 ms,
@@ -57,6 +68,9 @@ struct Sim {
     seq: u64,
     rng: SmallRng,
     config: GossipConfig,
+    /// Wall time spent inside `handle_datagram`, and how many calls.
+    recv_time: Duration,
+    recv_calls: u64,
 }
 
 impl Sim {
@@ -70,6 +84,8 @@ impl Sim {
             seq: 0,
             rng: SmallRng::seed_from_u64(seed),
             config,
+            recv_time: Duration::ZERO,
+            recv_calls: 0,
         }
     }
 
@@ -116,7 +132,10 @@ impl Sim {
         while self.flight.peek().is_some_and(|f| f.0.at <= now) {
             let Reverse(f) = self.flight.pop().unwrap();
             let from = self.addrs[f.from];
+            let t = Instant::now();
             self.nodes[f.to].handle_datagram(from, &f.data, now);
+            self.recv_time += t.elapsed();
+            self.recv_calls += 1;
             self.collect(f.to);
         }
         for i in 0..self.nodes.len() {
@@ -152,11 +171,21 @@ struct Row {
     idle_bytes_per_node: f64,
     formed_at: Duration,
     wall: Duration,
+    datagrams: u64,
+    recv_time: Duration,
+}
+
+/// Whether the simulated nodes share a key (`GOSSIP_BENCH_KEYED=1`).
+fn keyed() -> bool {
+    std::env::var_os("GOSSIP_BENCH_KEYED").is_some_and(|v| v != "0")
 }
 
 fn measure(n: usize) -> Row {
     let started = Instant::now();
-    let config = GossipConfig::new();
+    let mut config = GossipConfig::new();
+    if keyed() {
+        config = config.with_auth_key(b"bench-shared-key".to_vec());
+    }
     let interval = config.gossip_interval;
     let mut sim = Sim::new(n as u64, config);
     sim.add(None);
@@ -203,6 +232,21 @@ fn measure(n: usize) -> Row {
     }
     let time = sim.now - start;
     let bytes = (sim.bytes_out() - before) as f64;
+    // What the receive path dropped over the whole run (all 0 unkeyed
+    // except the answer cap): legitimate traffic should lose little.
+    let sum = |f: fn(&registry_gossip::Stats) -> u64| -> u64 {
+        sim.nodes.iter().map(|m| f(&m.stats())).sum()
+    };
+    println!(
+        "DROPS N={n} keyed={} replays={} stale={} skewed={} misdirected={} answers_capped={} entries_refused={}",
+        keyed(),
+        sum(|s| s.replays),
+        sum(|s| s.stale),
+        sum(|s| s.skewed),
+        sum(|s| s.misdirected),
+        sum(|s| s.answers_capped),
+        sum(|s| s.entries_refused),
+    );
     Row {
         n,
         rounds: time.as_secs_f64() / interval.as_secs_f64(),
@@ -211,6 +255,8 @@ fn measure(n: usize) -> Row {
         idle_bytes_per_node: idle_rate * time.as_secs_f64() / n as f64,
         formed_at,
         wall: started.elapsed(),
+        datagrams: sim.recv_calls,
+        recv_time: sim.recv_time,
     }
 }
 
@@ -259,6 +305,14 @@ fn main() {
             r.bytes_per_node,
             r.idle_bytes_per_node,
             r.bytes_per_node / r.idle_bytes_per_node.max(1.0)
+        );
+        println!(
+            "COST N={} keyed={} datagrams={} in-handle_datagram={:.2?} us/datagram={:.3}",
+            r.n,
+            keyed(),
+            r.datagrams,
+            r.recv_time,
+            r.recv_time.as_secs_f64() * 1e6 / r.datagrams.max(1) as f64
         );
     }
     if std::env::var_os("GOSSIP_BENCH_NO_UDP").is_none() {

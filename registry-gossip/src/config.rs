@@ -4,6 +4,16 @@ use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
+use crate::{error, wire};
+
+/// Longest default node name, `gossip-` and an IPv6 socket address with a
+/// scope id.
+const DEFAULT_NAME_MAX: usize = 7 + 64;
+
+/// Smallest `max_clock_skew`: replay counters and timestamps are in
+/// microseconds, and a real network needs some slack.
+const MIN_CLOCK_SKEW: Duration = Duration::from_millis(1);
+
 /// Configuration of one gossip node. Build with [`GossipConfig::new`] and
 /// the `with_*` methods; every field has a default that suits a LAN.
 #[non_exhaustive]
@@ -41,9 +51,21 @@ pub struct GossipConfig {
     /// How long a tombstone is kept after it was fully disseminated
     /// (default 1 hour).
     pub tombstone_ttl: Duration,
-    /// Shared key: when set, every datagram carries an HMAC-SHA256 tag and
-    /// datagrams without a valid one are dropped and counted.
+    /// Shared key: when set, every datagram carries an HMAC-SHA256 tag over
+    /// its body, its sender, its destination and a per-sender counter;
+    /// datagrams without a valid tag are dropped and counted, and so are
+    /// replays (see the crate docs, "Security").
     pub auth_key: Option<Vec<u8>>,
+    /// How far apart the nodes' wall clocks may be (default 60 s; `fast()`
+    /// 2 s). Two things are measured against it: an entry whose timestamp
+    /// is further ahead of this node's wall clock is refused (so one bad
+    /// timestamp cannot drag every node's clock forward), and with a key a
+    /// datagram whose counter (a wall-clock time in microseconds) is further
+    /// from this node's clock, either way, is dropped as stale. Must be at
+    /// least 1 ms and below half of `tombstone_ttl`, so that a datagram
+    /// sent before a tombstone was written is stale everywhere before the
+    /// tombstone can be collected.
+    pub max_clock_skew: Duration,
     /// Seed of the node's random choices (default: from the clock). Fix it
     /// for reproducible runs.
     pub rng_seed: Option<u64>,
@@ -70,6 +92,7 @@ impl Default for GossipConfig {
             anti_entropy_budget: 64 * 1024,
             tombstone_ttl: Duration::from_secs(3600),
             auth_key: None,
+            max_clock_skew: Duration::from_secs(60),
             rng_seed: None,
             watch_buffer: registry_api::backend::Hub::DEFAULT_BUFFER,
             watch_history: 4096,
@@ -85,7 +108,8 @@ impl GossipConfig {
     }
 
     /// Fast timings for tests on loopback: 100 ms probes, down after
-    /// 300 ms of suspicion, anti-entropy every second, tombstones kept 5 s.
+    /// 300 ms of suspicion, anti-entropy every second, tombstones kept 5 s,
+    /// clocks at most 2 s apart.
     pub fn fast() -> Self {
         Self {
             probe_period: Duration::from_millis(100),
@@ -94,8 +118,62 @@ impl GossipConfig {
             gossip_interval: Duration::from_millis(50),
             anti_entropy_interval: Duration::from_secs(1),
             tombstone_ttl: Duration::from_secs(5),
+            max_clock_skew: Duration::from_secs(2),
             ..Self::default()
         }
+    }
+
+    /// Check that the configuration can work. Fails with `InvalidInput`
+    /// naming the first field that cannot, and why. [`GossipRegistry::start`]
+    /// (and [`Machine::new`]) call it; the node name, which may come from the
+    /// bound address, is checked there.
+    ///
+    /// [`GossipRegistry::start`]: crate::GossipRegistry::start
+    /// [`Machine::new`]: crate::Machine::new
+    pub fn validate(&self) -> registry_api::Result<()> {
+        if self.probe_rtt.is_zero() || self.probe_rtt >= self.probe_period {
+            return Err(error::config(
+                "probe_rtt",
+                "must be above zero and below probe_period",
+            ));
+        }
+        if self.suspect_to_down_after.is_zero() || self.gossip_interval.is_zero() {
+            return Err(error::config(
+                "suspect_to_down_after",
+                "suspicion time and gossip interval must be above zero",
+            ));
+        }
+        if self.anti_entropy_interval.is_zero() {
+            return Err(error::config("anti_entropy_interval", "must be above zero"));
+        }
+        // The frame's replay header carries the node's name; before the
+        // node is named (it may be named after its address), assume the
+        // longest default name.
+        let name_len = self
+            .node_name
+            .as_ref()
+            .map_or(DEFAULT_NAME_MAX, String::len);
+        let overhead = wire::overhead(self.auth_key.is_some(), name_len);
+        if self.max_packet_size.saturating_sub(overhead) < 512 || self.max_packet_size > 65_000 {
+            return Err(error::config(
+                "max_packet_size",
+                format!(
+                    "{} bytes; must be {} to 65000",
+                    self.max_packet_size,
+                    512 + overhead
+                ),
+            ));
+        }
+        if self.max_clock_skew < MIN_CLOCK_SKEW || self.max_clock_skew * 2 >= self.tombstone_ttl {
+            return Err(error::config(
+                "max_clock_skew",
+                format!(
+                    "{:?}; must be at least {MIN_CLOCK_SKEW:?} and below half of tombstone_ttl ({:?})",
+                    self.max_clock_skew, self.tombstone_ttl
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Set the address to bind.
@@ -155,6 +233,11 @@ impl GossipConfig {
         self.watch_history = changes;
         self
     }
+    /// Set how far apart the nodes' wall clocks may be.
+    pub fn with_max_clock_skew(mut self, skew: Duration) -> Self {
+        self.max_clock_skew = skew;
+        self
+    }
     /// Set the largest SWIM datagram.
     pub fn with_max_packet_size(mut self, bytes: usize) -> Self {
         self.max_packet_size = bytes;
@@ -177,6 +260,7 @@ impl fmt::Debug for GossipConfig {
             .field("anti_entropy_budget", &self.anti_entropy_budget)
             .field("tombstone_ttl", &self.tombstone_ttl)
             .field("auth_key", &self.auth_key.as_ref().map(|_| "<hidden>"))
+            .field("max_clock_skew", &self.max_clock_skew)
             .field("rng_seed", &self.rng_seed)
             .field("watch_buffer", &self.watch_buffer)
             .field("watch_history", &self.watch_history)

@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::config::GossipConfig;
-use crate::crdt::NodeId;
+use crate::crdt::{micros, NodeId};
 use crate::error;
 use crate::machine::Machine;
 use crate::watch;
@@ -35,8 +35,14 @@ pub(crate) struct Driver {
     pub(crate) addr: SocketAddr,
     /// This node's name.
     pub(crate) node: NodeId,
-    /// Time zero of the machine's clock.
+    /// When the driver started, on the monotonic clock.
     epoch: Instant,
+    /// The wall-clock time (since the UNIX epoch, µs) at `epoch`: the
+    /// machine's clock is this plus `epoch.elapsed()`, comparable across
+    /// nodes (replay counters, entry timestamps). Moved forward when the
+    /// wall clock is stepped forward (e.g. NTP's first sync after boot);
+    /// backward steps are ignored, so the machine's clock never goes back.
+    wall_offset: AtomicU64,
     /// Wakes the timer task when the next deadline moved earlier.
     wake: Arc<Notify>,
     /// Largest batch accepted.
@@ -76,7 +82,12 @@ impl Driver {
                 .unwrap_or(0);
             t ^ u64::from(addr.port()).rotate_left(48)
         });
-        let machine = Machine::new(&config, addr, node.clone(), seed, Duration::ZERO)?;
+        let epoch = Instant::now();
+        let wall_start = wall_clock().unwrap_or_else(|| {
+            tracing::warn!("the wall clock is before 1970; other nodes will drop this node's datagrams and entries");
+            Duration::ZERO
+        });
+        let machine = Machine::new(&config, addr, node.clone(), seed, wall_start)?;
         let driver = Arc::new(Driver {
             state: Mutex::new(DriverState {
                 machine,
@@ -86,7 +97,8 @@ impl Driver {
             socket: Arc::new(socket),
             addr,
             node,
-            epoch: Instant::now(),
+            epoch,
+            wall_offset: AtomicU64::new(micros(wall_start)),
             wake: Arc::new(Notify::new()),
             max_batch: config.max_batch.max(1),
             send_errors: AtomicU64::new(0),
@@ -109,8 +121,22 @@ impl Driver {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The machine's clock: the wall clock, never going back.
     fn now(&self) -> Duration {
-        self.epoch.elapsed()
+        let elapsed = self.epoch.elapsed();
+        let mut offset = self.wall_offset.load(Ordering::Relaxed);
+        if let Some(wall) = wall_clock() {
+            let current = micros(wall.saturating_sub(elapsed));
+            offset = offset.max(current);
+            self.wall_offset.fetch_max(current, Ordering::Relaxed);
+        }
+        Duration::from_micros(offset) + elapsed
+    }
+
+    /// The instant of the machine time `t`.
+    fn instant(&self, t: Duration) -> Instant {
+        let offset = Duration::from_micros(self.wall_offset.load(Ordering::Relaxed));
+        self.epoch + t.saturating_sub(offset)
     }
 
     /// Datagrams the socket refused to send.
@@ -150,6 +176,13 @@ impl Driver {
     }
 }
 
+/// The time since the UNIX epoch; `None` before 1970.
+fn wall_clock() -> Option<Duration> {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()
+}
+
 async fn recv_loop(driver: Weak<Driver>, socket: Arc<UdpSocket>) {
     let mut buf = vec![0u8; 65_536];
     loop {
@@ -177,7 +210,7 @@ async fn timer_loop(driver: Weak<Driver>, wake: Arc<Notify>) {
                 return;
             };
             let next = driver.lock().machine.next_deadline();
-            next.map(|d| driver.epoch + d)
+            next.map(|d| driver.instant(d))
         };
         let far = Instant::now() + Duration::from_secs(3600);
         tokio::select! {

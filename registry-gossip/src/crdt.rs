@@ -15,16 +15,20 @@
 //!
 //! # The clock
 //!
-//! Timestamps come from a Lamport clock: every node's clock moves to the
-//! largest timestamp it has seen ([`Replica::merge`] does it on receive),
-//! and a local write takes `clock + 1`. A write made after a node has seen
-//! another write therefore always wins over it, whatever the nodes' wall
-//! clocks say, which is what makes a re-registration after an unregister
-//! win everywhere. A hybrid logical clock would also order concurrent
-//! writes by wall time, but needs synchronised clocks to mean anything and
-//! would make the simulation depend on time; concurrent writes (neither
-//! node had seen the other's) are ordered arbitrarily but identically on
-//! every node, by the tie-breaks above.
+//! Timestamps come from a Lamport clock kept near the wall clock: every
+//! node's clock moves to the largest timestamp it has seen ([`Replica::merge`]
+//! does it on receive), and a local write takes `max(clock, now) + 1`, `now`
+//! being the wall clock in microseconds since the UNIX epoch
+//! ([`Replica::tick_at`]). A write made after a node has seen another write
+//! therefore always wins over it, whatever the nodes' wall clocks say,
+//! which is what makes a re-registration after an unregister win
+//! everywhere; and a restarted node, whose clock starts at 0, still stamps
+//! its writes after its earlier run's. Because timestamps follow the wall
+//! clock, a bound on them means something: the machine refuses entries
+//! stamped further ahead of its own clock than `max_clock_skew`, so one bad
+//! timestamp (`u64::MAX`, say) cannot pin every clock at its maximum.
+//! Concurrent writes (neither node had seen the other's) are ordered by
+//! timestamp and then by the tie-breaks above, identically on every node.
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
@@ -188,6 +192,12 @@ impl Fnv {
     }
 }
 
+/// A time as microseconds, the unit of timestamps and of datagram
+/// counters; saturates at `u64::MAX`.
+pub fn micros(t: std::time::Duration) -> u64 {
+    u64::try_from(t.as_micros()).unwrap_or(u64::MAX)
+}
+
 /// The position of a key in anti-entropy's hash space.
 pub fn key_hash(key: &EndpointKey) -> u64 {
     let mut h = Fnv::new();
@@ -308,6 +318,14 @@ impl Replica {
 
     /// Advance the clock for a local write and return the new timestamp.
     pub fn tick(&mut self) -> u64 {
+        self.clock.tick()
+    }
+
+    /// Advance the clock for a local write made at wall-clock time `now`
+    /// (microseconds, see [`micros`]) and return the new timestamp:
+    /// `max(clock, now) + 1`.
+    pub fn tick_at(&mut self, now: u64) -> u64 {
+        self.clock.observe(now);
         self.clock.tick()
     }
 

@@ -107,11 +107,13 @@ proptest! {
     fn decoders_never_panic_on_arbitrary_bytes(bytes in prop::collection::vec(any::<u8>(), 0..600), kind in 0..5u8) {
         let mut framed = vec![b'G', 1, kind];
         framed.extend_from_slice(&bytes);
-        for packet in [&bytes[..], &framed[..]] {
-            if let Ok((k, body)) = wire::open(packet, None) {
-                let _ = wire::decode_body(k, body);
+        let mut keyed = vec![b'G', 2, kind];
+        keyed.extend_from_slice(&bytes);
+        for packet in [&bytes[..], &framed[..], &keyed[..]] {
+            if let Ok(f) = wire::open(packet, None) {
+                let _ = wire::decode_body(f.kind, f.body);
             }
-            let _ = wire::open(packet, Some(b"key"));
+            let _ = wire::open(packet, Some(&wire::FrameKey::new(b"key")));
         }
         for k in [Kind::Swim, Kind::Digest, Kind::Want, Kind::Push] {
             let _ = wire::decode_body(k, &bytes);
@@ -159,16 +161,26 @@ fn truncations_of_a_real_entry_are_errors() {
 
 #[test]
 fn a_tag_from_another_key_fails() {
-    let sealed = wire::seal(Kind::Digest, b"body", Some(b"k1"));
-    assert!(wire::open(&sealed, Some(b"k1")).is_ok());
+    let header = wire::FrameHeader {
+        counter: 1,
+        dest: "127.0.0.1:1".parse().unwrap(),
+        sender: "n",
+    };
+    let sealed = wire::seal(
+        Kind::Digest,
+        b"body",
+        Some((&wire::FrameKey::new(b"k1"), &header)),
+    )
+    .unwrap();
+    assert!(wire::open(&sealed, Some(&wire::FrameKey::new(b"k1"))).is_ok());
     assert_eq!(
-        wire::open(&sealed, Some(b"k2")),
+        wire::open(&sealed, Some(&wire::FrameKey::new(b"k2"))),
         Err(wire::FrameError::BadTag)
     );
     let mut flipped = sealed.clone();
     flipped[4] ^= 1;
     assert_eq!(
-        wire::open(&flipped, Some(b"k1")),
+        wire::open(&flipped, Some(&wire::FrameKey::new(b"k1"))),
         Err(wire::FrameError::BadTag)
     );
 }

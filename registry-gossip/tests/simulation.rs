@@ -279,8 +279,8 @@ fn cluster(seed: u64, n: usize, net: Net, config: GossipConfig) -> Sim {
 /// Writes from many nodes, conflicting writes to the same keys,
 /// deregistrations and re-registrations, then a partition that heals:
 /// every replica ends identical, and equal to what the writes imply.
-fn converges_with(seed: u64, n: usize) {
-    let mut sim = cluster(seed, n, LOSSY, sim_config());
+fn converges_with(seed: u64, n: usize, config: GossipConfig) {
+    let mut sim = cluster(seed, n, LOSSY, config);
     let mut want = BTreeMap::new();
     // Disjoint writes.
     for i in 0..n {
@@ -340,7 +340,17 @@ fn converges_with(seed: u64, n: usize) {
 #[test]
 fn converges_under_loss_duplication_reordering_and_partition() {
     for seed in 1..=4 {
-        converges_with(seed, 12);
+        converges_with(seed, 12, sim_config());
+    }
+}
+
+/// The same with a shared key: replay windows, counters and the answer cap
+/// let a lossy, duplicating, reordering network converge (duplicates are
+/// dropped as replays).
+#[test]
+fn keyed_converges_under_loss_duplication_reordering_and_partition() {
+    for seed in 5..=6 {
+        converges_with(seed, 12, sim_config().with_auth_key(b"sim".to_vec()));
     }
 }
 

@@ -115,11 +115,18 @@ async fn wrong_auth_key_is_dropped_and_counted() {
     .await;
     // A raw forged datagram: right framing, no valid tag.
     let raw = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    raw.send_to(b"G\x01\x00forged-without-a-tag-xxxxxxxx", a.local_addr())
+    raw.send_to(b"G\x02\x00forged-without-a-tag-xxxxxxxx", a.local_addr())
         .unwrap();
     let seen = a.stats().auth_failures;
     eventually("the forged datagram to be counted", || async {
         (a.stats().auth_failures > seen).then_some(())
+    })
+    .await;
+    // An unkeyed (version 1) datagram: dropped and counted as such.
+    let old = a.stats().version_mismatch;
+    raw.send_to(b"G\x01\x00old-format", a.local_addr()).unwrap();
+    eventually("the old-format datagram to be counted", || async {
+        (a.stats().version_mismatch > old).then_some(())
     })
     .await;
     assert!(mallory.members().is_empty());

@@ -198,7 +198,7 @@ impl AntiEntropy {
             }
             AeMessage::Push { entries } => {
                 for e in entries {
-                    if store.merge(e, true) {
+                    if store.merge_remote(e, true) {
                         stats.entries_repaired += 1;
                     }
                 }

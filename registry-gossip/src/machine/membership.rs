@@ -7,7 +7,7 @@
 //! nodes declared down, and turns foca's notifications into what the
 //! machine has to do about them ([`Notice`]).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::num::{NonZeroU8, NonZeroUsize};
 
@@ -31,7 +31,10 @@ pub fn dissemination_count(n: usize) -> u32 {
 }
 
 /// foca's broadcast handler: decodes an entry, merges it, and asks foca to
-/// keep disseminating it only when it was news.
+/// keep disseminating it only when it was news. Entries from another node
+/// (foca names a sender) go through the clock bound
+/// ([`Store::merge_remote`](super::store::Store::merge_remote)); this
+/// node's own writes (no sender) do not.
 struct EntryBroadcasts {
     store: StoreHandle,
 }
@@ -54,15 +57,16 @@ impl BroadcastHandler<GossipId> for EntryBroadcasts {
     fn receive_item(
         &mut self,
         data: &[u8],
-        _sender: Option<&GossipId>,
+        sender: Option<&GossipId>,
     ) -> Result<Option<BroadcastKey>, DecodeError> {
         let entry = layout::decode_entry(data)?;
         let key = entry.key.clone();
-        Ok(self
-            .store
-            .lock()
-            .merge(entry, false)
-            .then_some(BroadcastKey(key)))
+        let mut store = self.store.lock();
+        let news = match sender {
+            Some(_) => store.merge_remote(entry, false),
+            None => store.merge(entry, false),
+        };
+        Ok(news.then_some(BroadcastKey(key)))
     }
 }
 
@@ -125,6 +129,10 @@ pub(super) struct Membership {
     down: BTreeSet<NodeId>,
     /// Whether this node had a live member after the last notification.
     connected: bool,
+    /// The address of every active member, with its name, kept from
+    /// foca's notifications (a lookup per datagram must not walk the
+    /// member list).
+    addrs: HashMap<SocketAddr, NodeId>,
 }
 
 impl Membership {
@@ -152,6 +160,7 @@ impl Membership {
             seeds: Vec::new(),
             down: BTreeSet::new(),
             connected: false,
+            addrs: HashMap::new(),
         }
     }
 
@@ -175,6 +184,28 @@ impl Membership {
     /// Whether `node` is an active member other than this node.
     pub(super) fn has_member(&self, node: &NodeId) -> bool {
         self.foca.iter_members().any(|m| m.id().node == *node)
+    }
+
+    /// The name of the active member at `addr`, if any.
+    pub(super) fn node_at(&self, addr: &SocketAddr) -> Option<&NodeId> {
+        self.addrs.get(addr)
+    }
+
+    /// Forget `id`'s address unless another active identity still has it.
+    fn forget_addr(&mut self, id: &GossipId) {
+        if self.addrs.get(&id.addr) != Some(&id.node) {
+            return;
+        }
+        let successor = self
+            .foca
+            .iter_members()
+            .map(|m| m.id())
+            .find(|m| m.addr == id.addr)
+            .map(|m| m.node.clone());
+        match successor {
+            Some(node) => self.addrs.insert(id.addr, node),
+            None => self.addrs.remove(&id.addr),
+        };
     }
 
     /// Nodes declared down (and not seen again).
@@ -292,6 +323,7 @@ impl Membership {
         match note {
             OwnedNotification::MemberUp(id) => {
                 tracing::debug!(member = ?id, "member up");
+                self.addrs.insert(id.addr, id.node.clone());
                 self.down.remove(&id.node);
                 if !self.connected {
                     // We just (re)connected: catch up from this member now.
@@ -302,6 +334,7 @@ impl Membership {
             }
             OwnedNotification::MemberDown(id) => {
                 tracing::debug!(member = ?id, "member down");
+                self.forget_addr(&id);
                 self.connected = self.foca.num_members() > 0;
                 let still_up = self.has_member(&id.node);
                 if !still_up && id.node != self.foca.identity().node {
@@ -312,6 +345,10 @@ impl Membership {
             }
             OwnedNotification::Rename(old, new) => {
                 tracing::debug!(?old, ?new, "member renamed");
+                self.forget_addr(&old);
+                if self.foca.iter_members().any(|m| *m.id() == new) {
+                    self.addrs.insert(new.addr, new.node.clone());
+                }
                 self.down.remove(&new.node);
                 Notice::Changed
             }

@@ -12,10 +12,19 @@
 //! (`membership`), the entries this node asserts and the death tombstones
 //! of others (`ownership`), the digest exchange (`anti_entropy`), and the
 //! timers. The parts compute; the machine frames, sends and publishes.
+//! What comes in is checked in `receive`: the frame, and with a key its
+//! freshness (`replay`); answers to addresses that are not confirmed
+//! members are capped there too.
+//!
+//! With a key, `now` must be the same clock on every node, as the
+//! replay counters and the entry timestamps are compared with it across
+//! nodes: [`crate::GossipRegistry`] passes the time since the UNIX epoch.
 
 mod anti_entropy;
 mod membership;
 mod ownership;
+mod receive;
+mod replay;
 mod settings;
 mod stats;
 mod store;
@@ -31,16 +40,18 @@ use registry_api::{Endpoint, EndpointKey, Op};
 use self::anti_entropy::AntiEntropy;
 use self::membership::{Membership, Notice};
 use self::ownership::Ownership;
+use self::replay::Replays;
 use self::settings::Settings;
 use self::store::StoreHandle;
 use self::timers::{TimerKind, Timers};
 use crate::config::GossipConfig;
-use crate::crdt::{Change, Entry, NodeId, Replica};
+use crate::crdt::{micros, Change, Entry, NodeId, Replica};
 use crate::layout;
-use crate::wire::{self, AeMessage, GossipId, Kind};
+use crate::wire::{self, AeMessage, FrameHeader, GossipId, Kind};
 
 pub use self::membership::dissemination_count;
-pub use self::stats::Stats;
+pub use self::replay::Rejected;
+pub use self::stats::{describe_metrics, Stats, CAPPED_METRIC, DROPPED_METRIC, REFUSED_METRIC};
 
 /// One gossip node's protocol state. See the module docs.
 pub struct Machine {
@@ -54,6 +65,10 @@ pub struct Machine {
     outbox: Vec<(SocketAddr, Vec<u8>)>,
     settings: Settings,
     stats: Stats,
+    /// Replay windows of the senders of keyed datagrams.
+    replays: Replays,
+    /// The counter of the last keyed datagram sealed.
+    counter: u64,
 }
 
 impl std::fmt::Debug for Machine {
@@ -68,7 +83,10 @@ impl std::fmt::Debug for Machine {
 
 impl Machine {
     /// A node listening at `addr` named `node`, at time `now`. Fails with
-    /// `InvalidInput` when the configuration cannot work.
+    /// `InvalidInput` when the configuration cannot work. `now`, here and
+    /// in every other call, is compared across nodes (entry timestamps,
+    /// and with a key the replay counters): every node of a cluster must
+    /// use the same clock, e.g. the time since the UNIX epoch.
     pub fn new(
         config: &GossipConfig,
         addr: SocketAddr,
@@ -82,7 +100,7 @@ impl Machine {
             node: node.clone(),
             bump: 0,
         };
-        let store = StoreHandle::new(now);
+        let store = StoreHandle::new(now, settings.max_skew);
         let membership = Membership::new(identity, config, settings.swim_max, seed, store.clone());
         let anti_entropy =
             AntiEntropy::new(settings.max_packet, settings.overhead(), settings.ae_budget);
@@ -95,8 +113,10 @@ impl Machine {
             rng: SmallRng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15),
             now,
             outbox: Vec::new(),
+            replays: Replays::new(micros(settings.max_skew), replay::MAX_SENDERS),
             settings,
             stats: Stats::default(),
+            counter: 0,
         };
         let first_ae = m.jitter(m.settings.ae_interval);
         m.schedule(first_ae, TimerKind::AntiEntropy);
@@ -115,50 +135,6 @@ impl Machine {
         self.set_now(now);
         self.membership.remember_seed(seed);
         self.announce(seed);
-        self.pump();
-    }
-
-    /// Handle one datagram from `from`. Bad datagrams are dropped and
-    /// counted ([`Stats`]), never an error.
-    pub fn handle_datagram(&mut self, from: SocketAddr, data: &[u8], now: Duration) {
-        self.set_now(now);
-        self.stats.datagrams_in += 1;
-        let (kind, body) = match wire::open(data, self.settings.key.as_deref()) {
-            Ok(v) => v,
-            Err(wire::FrameError::BadTag) => {
-                self.stats.auth_failures += 1;
-                tracing::debug!(%from, "dropped a datagram that failed authentication");
-                return;
-            }
-            Err(e) => {
-                self.stats.malformed += 1;
-                tracing::debug!(%from, error = %e, "dropped a malformed datagram");
-                return;
-            }
-        };
-        match kind {
-            Kind::Swim => {
-                // foca reads what it needs; a bad entry stops it at that
-                // item. Check the whole body first so nothing half-applies.
-                if let Err(e) = wire::decode_body(kind, body) {
-                    self.stats.malformed += 1;
-                    tracing::debug!(%from, error = %e, "dropped a malformed SWIM datagram");
-                    return;
-                }
-                if let Err(e) = self.membership.handle_data(body) {
-                    self.stats.swim_errors += 1;
-                    tracing::trace!(%from, error = %e, "foca refused a datagram");
-                }
-            }
-            _ => match AeMessage::decode(kind, body) {
-                Ok(msg) => self.handle_anti_entropy(from, msg),
-                Err(e) => {
-                    self.stats.malformed += 1;
-                    tracing::debug!(%from, error = %e, "dropped a malformed anti-entropy datagram");
-                    return;
-                }
-            },
-        }
         self.pump();
     }
 
@@ -309,7 +285,9 @@ impl Machine {
 
     /// The counters.
     pub fn stats(&self) -> Stats {
-        self.stats.clone()
+        let mut stats = self.stats.clone();
+        stats.entries_refused = self.store.lock().refused;
+        stats
     }
 
     /// How many times a broadcast is currently sent.
@@ -410,8 +388,29 @@ impl Machine {
         }
     }
 
+    /// Frame `body` for `to` and queue it. With a key the frame carries
+    /// the next counter: one more than the last, and not behind the clock.
     fn emit(&mut self, to: SocketAddr, kind: Kind, body: &[u8]) {
-        let packet = wire::seal(kind, body, self.settings.key.as_deref());
+        let sealed = match self.settings.key.as_ref() {
+            None => wire::seal(kind, body, None),
+            Some(key) => {
+                self.counter = self.counter.saturating_add(1).max(micros(self.now));
+                let header = FrameHeader {
+                    counter: self.counter,
+                    dest: to,
+                    sender: self.ownership.node().as_str(),
+                };
+                wire::seal(kind, body, Some((key, &header)))
+            }
+        };
+        let packet = match sealed {
+            Ok(p) => p,
+            Err(e) => {
+                // Settings checked the name's length; cannot happen.
+                tracing::warn!(%to, error = %e, "could not frame a datagram");
+                return;
+            }
+        };
         self.stats.datagrams_out += 1;
         self.stats.bytes_out += packet.len() as u64;
         self.outbox.push((to, packet));
@@ -496,15 +495,6 @@ impl Machine {
         match msg.encode() {
             Ok(body) => self.emit(to, msg.kind(), &body),
             Err(e) => tracing::warn!(error = %e, "could not encode an anti-entropy message"),
-        }
-    }
-
-    fn handle_anti_entropy(&mut self, from: SocketAddr, msg: AeMessage) {
-        let answers = self
-            .anti_entropy
-            .handle(&mut self.store.lock(), msg, &mut self.stats);
-        for answer in &answers {
-            self.send_anti_entropy(from, answer);
         }
     }
 }

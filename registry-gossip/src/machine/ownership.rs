@@ -2,7 +2,7 @@
 //! the replica honest about who is alive.
 //!
 //! A node owns what it registered. It stamps its writes from the replica's
-//! Lamport clock; it re-asserts everything it owns after the cluster
+//! clock (Lamport, kept near the wall clock); it re-asserts everything it owns after the cluster
 //! wrongly declared it down; it refutes death tombstones of its own
 //! entries; it retracts entries written under its name that it does not
 //! own (left by an earlier run); and it turns the live entries of a node
@@ -44,9 +44,11 @@ impl Ownership {
     }
 
     /// A stamp for a write by this node that replaces a register of
-    /// generation `gen - 1`, with a fresh Lamport timestamp.
+    /// generation `gen - 1`, with a fresh timestamp: after everything this
+    /// node has seen, and not before its clock.
     fn stamp(&self, store: &mut Store, gen: u64) -> Stamp {
-        let ts = store.replica.tick();
+        let now = store.now_us();
+        let ts = store.replica.tick_at(now);
         Stamp {
             ts,
             gen,

@@ -11,7 +11,7 @@ use crate::wire;
 #[derive(Debug, Clone)]
 pub(super) struct Settings {
     /// The shared authentication key, if datagrams are tagged.
-    pub(super) key: Option<Vec<u8>>,
+    pub(super) key: Option<wire::FrameKey>,
     /// Largest datagram, frame included.
     pub(super) max_packet: usize,
     /// Largest SWIM body: the datagram minus the frame.
@@ -29,43 +29,44 @@ pub(super) struct Settings {
     /// Largest encoded entry sent as a SWIM broadcast; bigger ones travel
     /// by anti-entropy only.
     pub(super) max_broadcast: usize,
+    /// How far apart the nodes' wall clocks may be.
+    pub(super) max_skew: Duration,
+    /// Bytes the frame adds around every body (the replay header carries
+    /// this node's name).
+    overhead: usize,
 }
 
 impl Settings {
-    /// Check `config` for a node named `node`. Fails with `InvalidInput`
-    /// when the configuration cannot work.
+    /// Check `config` ([`GossipConfig::validate`]) for a node named `node`.
+    /// Fails with `InvalidInput` when the configuration cannot work.
     pub(super) fn new(config: &GossipConfig, node: &NodeId) -> registry_api::Result<Self> {
+        config.validate()?;
         registry_api::backend::check_name("node_name", node.as_str(), true)?;
-        if config.probe_rtt.is_zero() || config.probe_rtt >= config.probe_period {
+        if node.as_str().len() > usize::from(u8::MAX) {
             return Err(error::config(
-                "probe_rtt",
-                "must be above zero and below probe_period",
+                "node_name",
+                format!("{} bytes; at most 255", node.as_str().len()),
             ));
         }
-        if config.suspect_to_down_after.is_zero() || config.gossip_interval.is_zero() {
-            return Err(error::config(
-                "suspect_to_down_after",
-                "suspicion time and gossip interval must be above zero",
-            ));
-        }
-        if config.anti_entropy_interval.is_zero() {
-            return Err(error::config("anti_entropy_interval", "must be above zero"));
-        }
-        let overhead = wire::overhead(config.auth_key.is_some());
-        let swim_max = config.max_packet_size.saturating_sub(overhead);
-        if swim_max < 512 || config.max_packet_size > 65_000 {
+        let overhead = wire::overhead(config.auth_key.is_some(), node.as_str().len());
+        if config.max_packet_size.saturating_sub(overhead) < 512 {
             return Err(error::config(
                 "max_packet_size",
-                format!("{} bytes; must be 512 to 65000", config.max_packet_size),
+                format!(
+                    "{} bytes; must be at least {} with this node name",
+                    config.max_packet_size,
+                    512 + overhead
+                ),
             ));
         }
+        let swim_max = config.max_packet_size.saturating_sub(overhead);
         // Room for a SWIM header and a few membership updates (each
         // carrying an identity) before the broadcasts.
         let id_len = wire::max_identity_len(node);
         let max_broadcast = swim_max.saturating_sub(3 * id_len + 64).max(64);
         let ttl = config.tombstone_ttl;
         Ok(Self {
-            key: config.auth_key.clone(),
+            key: config.auth_key.as_deref().map(wire::FrameKey::new),
             max_packet: config.max_packet_size,
             swim_max,
             ae_interval: config.anti_entropy_interval,
@@ -74,11 +75,13 @@ impl Settings {
             gc_every: (ttl / 4).clamp(Duration::from_millis(10), Duration::from_secs(1)),
             rejoin_every: config.probe_period * 3,
             max_broadcast,
+            max_skew: config.max_clock_skew,
+            overhead,
         })
     }
 
     /// Bytes the frame adds around every body.
     pub(super) fn overhead(&self) -> usize {
-        wire::overhead(self.key.is_some())
+        self.overhead
     }
 }

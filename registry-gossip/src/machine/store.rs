@@ -5,6 +5,11 @@
 //! The store is shared ([`StoreHandle`]) between the machine and foca's
 //! broadcast handler, which merges entries as they arrive in the middle of
 //! foca's own processing.
+//!
+//! The store also bounds the clock: an entry stamped further ahead of this
+//! node's clock than the allowed skew (or at `u64::MAX`) is refused before
+//! the replica sees it, so it neither replaces a register nor drags the
+//! replica's clock forward.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -12,7 +17,8 @@ use std::time::Duration;
 
 use registry_api::EndpointKey;
 
-use crate::crdt::{Change, Entry, Replica};
+use super::stats;
+use crate::crdt::{micros, Change, Entry, Replica};
 
 /// Per-register bookkeeping for tombstone collection: when the register
 /// was last replaced, and how many of its sends are done.
@@ -35,10 +41,14 @@ pub(super) struct Store {
     now: Duration,
     /// How many times a broadcast is sent in the current cluster.
     pub(super) target: u32,
+    /// How far ahead of `now` an entry's timestamp may be.
+    max_skew: Duration,
+    /// Entries refused for a timestamp too far ahead.
+    pub(super) refused: u64,
 }
 
 impl Store {
-    fn new(now: Duration) -> Self {
+    fn new(now: Duration, max_skew: Duration) -> Self {
         Self {
             replica: Replica::new(),
             dissemination: HashMap::new(),
@@ -46,12 +56,45 @@ impl Store {
             changes: Vec::new(),
             now,
             target: 1,
+            max_skew,
+            refused: 0,
         }
     }
 
-    /// Merge `entry`; `disseminated` when nobody needs it from this node
-    /// any more (it came by anti-entropy, or will travel only that way).
-    /// Returns whether it replaced the register.
+    /// This node's clock in microseconds.
+    pub(super) fn now_us(&self) -> u64 {
+        micros(self.now)
+    }
+
+    /// The largest timestamp an entry may carry now: this node's clock in
+    /// microseconds plus the allowed skew.
+    pub(super) fn max_ts(&self) -> u64 {
+        micros(self.now + self.max_skew).min(u64::MAX - 1)
+    }
+
+    /// Merge an entry received from another node, unless it is stamped
+    /// after [`Store::max_ts`]: then it is refused (counted, not merged,
+    /// the clock unmoved). Otherwise as [`Store::merge`].
+    pub(super) fn merge_remote(&mut self, entry: Entry, disseminated: bool) -> bool {
+        let limit = self.max_ts();
+        if entry.stamp.ts > limit {
+            self.refused += 1;
+            metrics::counter!(stats::REFUSED_METRIC).increment(1);
+            let (key, writer, ts) = (&entry.key, &entry.stamp.writer, entry.stamp.ts);
+            if stats::warn_now(self.refused) {
+                tracing::warn!(%key, %writer, ts, limit, "refused an entry stamped too far ahead of this node's clock");
+            } else {
+                tracing::debug!(%key, %writer, ts, limit, "refused an entry stamped too far ahead of this node's clock");
+            }
+            return false;
+        }
+        self.merge(entry, disseminated)
+    }
+
+    /// Merge `entry` (a local write, or a remote one already checked);
+    /// `disseminated` when nobody needs it from this node any more (it
+    /// came by anti-entropy, or will travel only that way). Returns whether
+    /// it replaced the register.
     pub(super) fn merge(&mut self, entry: Entry, disseminated: bool) -> bool {
         let key = entry.key.clone();
         let (replaced, change) = self.replica.merge(entry);
@@ -128,9 +171,10 @@ impl Store {
 pub(super) struct StoreHandle(Arc<Mutex<Store>>);
 
 impl StoreHandle {
-    /// An empty store at time `now`.
-    pub(super) fn new(now: Duration) -> Self {
-        Self(Arc::new(Mutex::new(Store::new(now))))
+    /// An empty store at time `now`, refusing entries stamped more than
+    /// `max_skew` after it.
+    pub(super) fn new(now: Duration, max_skew: Duration) -> Self {
+        Self(Arc::new(Mutex::new(Store::new(now, max_skew))))
     }
 
     /// Lock the store.

@@ -7,9 +7,10 @@
 //! what is left of the packet, so a truncated or forged packet is an
 //! error, never a panic or an over-read.
 //!
-//! A datagram is `b'G', version, kind, body…, tag`. With a shared key the
+//! A datagram is `b'G', 1, kind, body…` without a key, and
+//! `b'G', 2, kind, counter, destination, sender, body…, tag` with one (the
 //! tag is the first [`TAG_LEN`] bytes of HMAC-SHA256 over everything before
-//! it; without one there is no tag.
+//! it); see [`seal`].
 
 pub(crate) mod buf;
 mod codec;
@@ -18,7 +19,10 @@ mod identity;
 
 pub use self::buf::{DecodeError, EncodeError, Reader, Writer};
 pub use self::codec::{decode_body, swim_broadcasts, AeMessage, CodecError, WireCodec};
-pub use self::frame::{open, seal, FrameError, Kind, FRAME_HEAD, TAG_LEN};
+pub use self::frame::{
+    open, seal, Frame, FrameError, FrameHeader, FrameKey, Kind, FRAME_HEAD, TAG_LEN, VERSION_KEYED,
+    VERSION_PLAIN,
+};
 pub use self::identity::GossipId;
 pub use crate::layout::{decode_entry, encode_entry, get_entry, put_entry};
 
