@@ -11,7 +11,7 @@ use crate::error::Error;
 /// Identifies an endpoint: unique `id` within a `service`.
 ///
 /// Keys order by service, then id, so all endpoints of one service are
-/// adjacent in a [`Snapshot`].
+/// adjacent in a [`Snapshot`](crate::Snapshot).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct EndpointKey {
     /// The service name clients look up.
