@@ -13,7 +13,7 @@ use registry_api::{
 };
 
 use crate::config::EtcdConfig;
-use crate::core::Keyspace;
+use crate::keyspace::Keyspace;
 
 /// A registry stored in etcd.
 ///

@@ -1,34 +1,22 @@
 //! [`Keyspace`]: the registry's keys in etcd, shared by a registry, its
 //! clones and its watch streams: the client and the key layout, and the
 //! requests (connecting, reads at one revision, `Txn` writes, the probe).
-//! The leases of the nodes that own keys are in [`crate::leases`].
+//! The struct itself is in [`crate::keyspace`], the leases of the nodes
+//! that own keys in [`crate::leases`].
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, Error as EtcdError, GetOptions, PutOptions, Txn,
-    TxnOp,
-};
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp};
 use registry_api::{Endpoint, Error, Op, Result, Snapshot, Version};
 use tokio::sync::Mutex;
 use tracing::{debug, info, warn};
 
 use crate::config::EtcdConfig;
 use crate::error;
+use crate::keyspace::{timed, Keyspace, Nodes};
 use crate::layout::{self, Layout};
-use crate::leases::Nodes;
-
-/// The client, settings, key layout and lease bookkeeping of one registry
-/// (shared by its clones and watch streams).
-pub(crate) struct Keyspace {
-    pub(crate) client: Client,
-    pub(crate) cfg: EtcdConfig,
-    pub(crate) layout: Layout,
-    pub(crate) nodes: Mutex<Nodes>,
-}
 
 /// An op with its etcd key and, for a registration, its encoded value:
 /// ready to go into a `Txn`.
@@ -194,15 +182,6 @@ impl Keyspace {
 }
 
 impl Keyspace {
-    /// Run one etcd request with the request timeout; a timeout is
-    /// reported as etcd's `DeadlineExceeded`.
-    pub(crate) async fn timed<T>(
-        &self,
-        fut: impl Future<Output = std::result::Result<T, EtcdError>>,
-    ) -> std::result::Result<T, EtcdError> {
-        timed(self.cfg.request_timeout, fut).await
-    }
-
     /// [`Registry::probe`]: one read and one write check, changing nothing.
     ///
     /// 1. `Range` of `<prefix>/services/` with `limit 1`, keys only: etcd
@@ -307,19 +286,6 @@ impl Keyspace {
             }
             return Ok((revision, out));
         }
-    }
-}
-
-/// Run `fut` with a time limit; a timeout becomes etcd's `DeadlineExceeded`.
-async fn timed<T>(
-    limit: Duration,
-    fut: impl Future<Output = std::result::Result<T, EtcdError>>,
-) -> std::result::Result<T, EtcdError> {
-    match tokio::time::timeout(limit, fut).await {
-        Ok(r) => r,
-        Err(_) => Err(EtcdError::GRpcStatus(tonic::Status::deadline_exceeded(
-            format!("etcd did not answer within {limit:?}"),
-        ))),
     }
 }
 

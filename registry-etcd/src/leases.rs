@@ -3,79 +3,17 @@
 //! is gone (revoked, or expired while etcd was unreachable) although the
 //! node is alive, a new one is granted and the keys are written again.
 
-use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use etcd_client::{PutOptions, Txn, TxnOp};
-use registry_api::{Endpoint, EndpointKey, Error, Result};
+use registry_api::{Endpoint, Error, Result};
 use tokio::sync::MutexGuard;
 use tracing::{debug, info, warn};
 
-use crate::core::Keyspace;
 use crate::error;
+use crate::keyspace::{Keyspace, Nodes};
 use crate::layout;
-
-/// What this registry wrote for each node, so that it can write it again
-/// under a new lease.
-#[derive(Default)]
-pub(crate) struct Nodes {
-    by_node: HashMap<String, NodeState>,
-    owner: HashMap<EndpointKey, String>,
-}
-
-struct NodeState {
-    lease: Option<i64>,
-    endpoints: BTreeMap<EndpointKey, Endpoint>,
-    /// Last register or heartbeat for this node.
-    last_seen: Instant,
-    monitored: bool,
-}
-
-impl Nodes {
-    pub(crate) fn forget(&mut self, key: &EndpointKey) {
-        if let Some(node) = self.owner.remove(key) {
-            if let Some(st) = self.by_node.get_mut(&node) {
-                st.endpoints.remove(key);
-            }
-        }
-    }
-
-    /// Forget `node`'s lease `id` (etcd no longer has it), unless the node
-    /// has moved on to another lease already.
-    pub(crate) fn lease_gone(&mut self, node: &str, id: i64) {
-        if let Some(st) = self.by_node.get_mut(node) {
-            if st.lease == Some(id) {
-                st.lease = None;
-            }
-        }
-    }
-
-    pub(crate) fn remember(&mut self, ep: Endpoint) {
-        let key = ep.key();
-        if self.owner.get(&key).is_some_and(|n| *n != ep.node) {
-            self.forget(&key);
-        }
-        if ep.node.is_empty() {
-            return;
-        }
-        self.owner.insert(key.clone(), ep.node.clone());
-        let st = self.state(&ep.node);
-        st.last_seen = Instant::now();
-        st.endpoints.insert(key, ep);
-    }
-
-    fn state(&mut self, node: &str) -> &mut NodeState {
-        self.by_node
-            .entry(node.to_string())
-            .or_insert_with(|| NodeState {
-                lease: None,
-                endpoints: BTreeMap::new(),
-                last_seen: Instant::now(),
-                monitored: false,
-            })
-    }
-}
 
 impl Keyspace {
     /// The lease currently attached to `node`'s endpoints, if any.

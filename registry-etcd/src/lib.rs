@@ -5,6 +5,7 @@ mod backend;
 mod config;
 mod core;
 mod error;
+mod keyspace;
 mod layout;
 mod leases;
 mod watch;

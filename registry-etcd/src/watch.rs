@@ -19,8 +19,8 @@ use registry_api::{Error, Event, EventStream, Result, Version};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use crate::core::Keyspace;
 use crate::error;
+use crate::keyspace::Keyspace;
 use crate::layout;
 
 /// Events buffered between the task that reads etcd and the consumer.
