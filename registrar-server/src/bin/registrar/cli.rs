@@ -20,18 +20,61 @@ use registry_api::Protocol;
                   running one at --address."
 )]
 pub struct Cli {
-    /// The registrar to talk to (all commands but `serve`).
+    /// The registrar to talk to (all commands but `serve`): `HOST:PORT`
+    /// or a URL; without a scheme, `http://` is assumed, or `https://`
+    /// when a TLS flag is given.
     #[arg(
         long,
         global = true,
         env = "REGISTRAR_ADDRESS",
-        default_value = "http://127.0.0.1:9443"
+        default_value = "127.0.0.1:9443"
     )]
     pub address: String,
     #[command(flatten)]
     pub tls: TlsArgs,
+    /// Print the whole chain of causes of an error (one cause per line)
+    /// instead of one line.
+    #[arg(short, long, global = true)]
+    pub verbose: bool,
+    /// Log lines as plain text or as one JSON object per line.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "text",
+        env = "REGISTRAR_LOG_FORMAT"
+    )]
+    pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// How log lines are written (to stderr).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable text.
+    Text,
+    /// One JSON object per line (tracing-subscriber's JSON layer).
+    Json,
+}
+
+impl Cli {
+    /// `--address` as a URL: `http://` prepended when it has no scheme
+    /// (`https://` when a TLS flag is given).
+    pub fn address_url(&self) -> String {
+        with_scheme(&self.address, self.tls.any())
+    }
+}
+
+/// `address` with a scheme: unchanged when it has one.
+pub fn with_scheme(address: &str, tls: bool) -> String {
+    if address.contains("://") {
+        address.to_string()
+    } else if tls {
+        format!("https://{address}")
+    } else {
+        format!("http://{address}")
+    }
 }
 
 /// Certificate files (PEM), re-read when they change. Without them the
@@ -51,6 +94,11 @@ pub struct TlsArgs {
 }
 
 impl TlsArgs {
+    /// Whether any TLS flag was given.
+    pub fn any(&self) -> bool {
+        self.tls_ca.is_some() || self.tls_cert.is_some() || self.tls_key.is_some()
+    }
+
     /// For the server: all three files or none.
     pub fn server_files(&self) -> Result<Option<TlsFiles>, String> {
         match (&self.tls_ca, &self.tls_cert, &self.tls_key) {
@@ -79,8 +127,12 @@ pub enum Command {
     Ls(LsArgs),
     /// Follow the changes: a snapshot, then every change as it happens.
     Watch(WatchArgs),
-    /// Register (or replace) an endpoint.
+    /// Register (or replace) an endpoint; with --keep-alive, keep it
+    /// registered (heartbeating its node) until Ctrl-C or SIGTERM.
     Register(RegisterArgs),
+    /// Heartbeat a node once (its endpoints stay registered on backends
+    /// with leases, such as etcd).
+    Heartbeat(HeartbeatArgs),
     /// Remove an endpoint.
     Deregister(DeregisterArgs),
 }
@@ -96,16 +148,45 @@ pub struct LsArgs {
     /// Only this node.
     #[arg(long)]
     pub node: Option<String>,
-    /// One JSON object per line instead of a table.
-    #[arg(long)]
+    /// Output format: `table` (default), `wide` (with cluster and labels),
+    /// `json` or `yaml` (one document with the version and the items).
+    #[arg(short, long, value_enum, default_value = "table")]
+    pub output: Output,
+    /// One JSON object per line (JSON Lines) instead of a table.
+    #[arg(long, conflicts_with = "output")]
     pub json: bool,
+}
+
+/// `ls -o`: in the style of `kubectl get`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    /// Service, id, address, protocol, node and health.
+    Table,
+    /// The table with the cluster and the labels.
+    Wide,
+    /// One JSON document.
+    Json,
+    /// One YAML document.
+    Yaml,
+}
+
+#[derive(clap::Args)]
+pub struct HeartbeatArgs {
+    /// The node to heartbeat.
+    pub node: String,
 }
 
 #[derive(clap::Args)]
 pub struct WatchArgs {
-    /// One JSON object per line instead of text.
+    /// One JSON object per line instead of text; each carries the resume
+    /// token (`<epoch>.<sequence>`) for --from.
     #[arg(long)]
     pub json: bool,
+    /// Resume after this token (`<epoch>.<sequence>`, as printed by
+    /// `watch --json`): only the changes since, or a fresh snapshot when
+    /// the registrar restarted or no longer has them.
+    #[arg(long, value_parser = parse_token)]
+    pub from: Option<registry_registrar::Token>,
     /// Stop after this many events (the first snapshot is one); at least 1.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub count: Option<u64>,
@@ -142,6 +223,15 @@ pub struct RegisterArgs {
     /// registrar queued it (`optimistic`); default: the registrar's.
     #[arg(long, value_parser = parse_ack)]
     pub ack: Option<Ack>,
+    /// Stay running: heartbeat the node every --heartbeat-every, register
+    /// again if the registry forgot the endpoint, and deregister it on
+    /// Ctrl-C or SIGTERM. Needs --node.
+    #[arg(long, requires = "node")]
+    pub keep_alive: bool,
+    /// With --keep-alive: time between heartbeats (100ms to 1h); keep it
+    /// well under the backend's lease or silence timeout (30s by default).
+    #[arg(long, default_value = "10s", value_parser = duration_in(100 * MS, HOUR), requires = "keep_alive")]
+    pub heartbeat_every: Duration,
 }
 
 #[derive(clap::Args)]
@@ -363,6 +453,15 @@ fn parse_ack(s: &str) -> Result<Ack, String> {
     s.parse::<Ack>().map_err(|_| {
         format!(
             "{:?} is not an acknowledgement mode: optimistic or durable",
+            s.chars().take(64).collect::<String>()
+        )
+    })
+}
+
+fn parse_token(s: &str) -> Result<registry_registrar::Token, String> {
+    s.parse().map_err(|_| {
+        format!(
+            "{:?} is not a resume token: <epoch>.<sequence>, as printed by watch --json",
             s.chars().take(64).collect::<String>()
         )
     })

@@ -1,7 +1,9 @@
 //! `registrar`: the registrar server and its operator commands.
 
 mod cli;
+mod error;
 mod ops;
+mod output;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -9,9 +11,11 @@ use std::sync::Arc;
 use clap::Parser;
 use registrar_server::{open_backend, AuthzConfig, OpenPolicy, Opening, ServeOptions, Status};
 
-use crate::cli::{Cli, Command, ServeArgs, TlsArgs};
+use crate::cli::{Cli, Command, LogFormat, ServeArgs, TlsArgs};
+use crate::error::CliError;
 
-async fn shutdown_signal() {
+/// Resolves on Ctrl-C or SIGTERM.
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };
@@ -70,7 +74,7 @@ fn install_metrics() -> Result<metrics_exporter_prometheus::PrometheusHandle, St
     Ok(handle)
 }
 
-async fn run_serve(args: ServeArgs, tls: &TlsArgs) -> Result<(), String> {
+async fn run_serve(args: ServeArgs, tls: &TlsArgs) -> Result<(), CliError> {
     let tls_files = tls.server_files()?;
     let authz = args.trust_domain.as_ref().map(|td| {
         let base = AuthzConfig::new(td.clone()).with_id_pattern(args.spiffe_id_pattern.clone());
@@ -156,7 +160,7 @@ async fn run_serve(args: ServeArgs, tls: &TlsArgs) -> Result<(), String> {
             shutdown_signal(),
         )
         .await
-        .map_err(|e| format!("{kind} backend: {e}"))
+        .map_err(|e| CliError::registry(format!("{kind} backend"), e))
 }
 
 /// A panic anywhere (a background task included) makes the registrar not
@@ -169,20 +173,33 @@ fn fail_on_panic(status: Arc<Status>) {
     }));
 }
 
+/// Logs to stderr, as text or JSON lines, at `RUST_LOG`'s levels (default
+/// `default_level`).
+fn init_logging(format: LogFormat, default_level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        LogFormat::Json => builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let default_level = match cli.command {
         Command::Serve(_) => "info",
         _ => "warn",
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    init_logging(cli.log_format, default_level);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -196,13 +213,14 @@ fn main() -> ExitCode {
             Command::Ls(args) => ops::run_ls(&cli, args).await,
             Command::Watch(args) => ops::run_watch(&cli, args).await,
             Command::Register(args) => ops::run_register(&cli, args).await,
+            Command::Heartbeat(args) => ops::run_heartbeat(&cli, args).await,
             Command::Deregister(args) => ops::run_deregister(&cli, args).await,
         }
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("registrar: {e}");
+            eprintln!("registrar: {}", error::report(&e, cli.verbose));
             ExitCode::FAILURE
         }
     }
