@@ -483,3 +483,50 @@ async fn json_logs_carry_the_write_fields() {
         serde_json::from_str::<serde_json::Value>(l).unwrap_or_else(|e| panic!("{e}: {l}"));
     }
 }
+
+/// `serve --help` shows the server's options only, its TLS flags described
+/// from the server's side; the client commands show `--address` and the
+/// client's TLS flags. A client flag before `serve` is refused (exit 2);
+/// before a client command it is still taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_help_has_only_server_options() {
+    let out = cli(&["serve", "--help"]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(!out.stdout.contains("--address"), "{}", out.stdout);
+    assert!(out.stdout.contains("--grpc-addr"), "{}", out.stdout);
+    assert!(
+        out.stdout
+            .contains("agents' and operators' client certificates"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        !out.stdout.contains("signed the registrar's certificate"),
+        "{}",
+        out.stdout
+    );
+    for cmd in ["ls", "watch", "register", "deregister", "heartbeat"] {
+        let out = cli(&[cmd, "--help"]).await;
+        assert_eq!(out.code, 0, "{cmd}: {}", out.stderr);
+        assert!(out.stdout.contains("--address"), "{cmd}: {}", out.stdout);
+        assert!(
+            out.stdout.contains("signed the registrar's certificate"),
+            "{cmd}: {}",
+            out.stdout
+        );
+        assert!(!out.stdout.contains("--grpc-addr"), "{cmd}: {}", out.stdout);
+    }
+    let out = cli(&["--address", "127.0.0.1:1", "serve"]).await;
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("--address is an option of the client commands"),
+        "{}",
+        out.stderr
+    );
+    let server = serve_binary(&[]).await;
+    let out = cli(&["--address", &server.grpc, "ls"]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let out = cli(&["ls", "--address", &server.grpc]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+}

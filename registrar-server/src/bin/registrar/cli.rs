@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use registrar_server::{Ack, BackendKind, BackendOptions, RegistrarConfig, TlsFiles};
+use registrar_server::{Ack, BackendKind, BackendOptions, RegistrarConfig};
+
+use crate::connect::{ClientArgs, EarlyClientArgs, ServerTlsArgs};
 use registry_api::Protocol;
 
 #[derive(Parser)]
@@ -20,18 +22,9 @@ use registry_api::Protocol;
                   running one at --address."
 )]
 pub struct Cli {
-    /// The registrar to talk to (all commands but `serve`): `HOST:PORT`
-    /// or a URL; without a scheme, `http://` is assumed, or `https://`
-    /// when a TLS flag is given.
-    #[arg(
-        long,
-        global = true,
-        env = "REGISTRAR_ADDRESS",
-        default_value = "127.0.0.1:9443"
-    )]
-    pub address: String,
+    /// The client flags given before the command name (hidden).
     #[command(flatten)]
-    pub tls: TlsArgs,
+    pub early: EarlyClientArgs,
     /// Print the whole chain of causes of an error (one cause per line)
     /// instead of one line.
     #[arg(short, long, global = true)]
@@ -56,67 +49,6 @@ pub enum LogFormat {
     Text,
     /// One JSON object per line (tracing-subscriber's JSON layer).
     Json,
-}
-
-impl Cli {
-    /// `--address` as a URL: `http://` prepended when it has no scheme
-    /// (`https://` when a TLS flag is given).
-    pub fn address_url(&self) -> String {
-        with_scheme(&self.address, self.tls.any())
-    }
-}
-
-/// `address` with a scheme: unchanged when it has one.
-pub fn with_scheme(address: &str, tls: bool) -> String {
-    if address.contains("://") {
-        address.to_string()
-    } else if tls {
-        format!("https://{address}")
-    } else {
-        format!("http://{address}")
-    }
-}
-
-/// Certificate files (PEM), re-read when they change. Without them the
-/// connection is plaintext.
-#[derive(clap::Args)]
-pub struct TlsArgs {
-    /// CA bundle: for `serve` the CA of the agents' certificates, for the
-    /// other commands the CA of the registrar's certificate.
-    #[arg(long, global = true, env = "REGISTRAR_TLS_CA")]
-    pub tls_ca: Option<PathBuf>,
-    /// This side's certificate chain (for `serve` the server's).
-    #[arg(long, global = true, env = "REGISTRAR_TLS_CERT", requires = "tls_key")]
-    pub tls_cert: Option<PathBuf>,
-    /// This side's private key.
-    #[arg(long, global = true, env = "REGISTRAR_TLS_KEY", requires = "tls_cert")]
-    pub tls_key: Option<PathBuf>,
-}
-
-impl TlsArgs {
-    /// Whether any TLS flag was given.
-    pub fn any(&self) -> bool {
-        self.tls_ca.is_some() || self.tls_cert.is_some() || self.tls_key.is_some()
-    }
-
-    /// For the server: all three files or none.
-    pub fn server_files(&self) -> Result<Option<TlsFiles>, String> {
-        match (&self.tls_ca, &self.tls_cert, &self.tls_key) {
-            (None, None, None) => Ok(None),
-            (Some(ca), Some(cert), Some(key)) => Ok(Some(TlsFiles::new(ca, cert, key))),
-            _ => Err("serve needs all of --tls-ca, --tls-cert and --tls-key, or none".to_string()),
-        }
-    }
-
-    /// For a client: a CA bundle, and a certificate and key when given.
-    pub fn client_files(&self) -> Result<Option<TlsFiles>, String> {
-        match (&self.tls_ca, &self.tls_cert, &self.tls_key) {
-            (None, None, None) => Ok(None),
-            (Some(ca), Some(cert), Some(key)) => Ok(Some(TlsFiles::new(ca, cert, key))),
-            (Some(ca), None, None) => Ok(Some(TlsFiles::ca_only(ca))),
-            _ => Err("--tls-cert and --tls-key need --tls-ca (the registrar's CA)".to_string()),
-        }
-    }
 }
 
 #[derive(Subcommand)]
@@ -155,6 +87,9 @@ pub struct LsArgs {
     /// One JSON object per line (JSON Lines) instead of a table.
     #[arg(long, conflicts_with = "output")]
     pub json: bool,
+    /// Where the registrar is.
+    #[command(flatten)]
+    pub client: ClientArgs,
 }
 
 /// `ls -o`: in the style of `kubectl get`.
@@ -174,6 +109,9 @@ pub enum Output {
 pub struct HeartbeatArgs {
     /// The node to heartbeat.
     pub node: String,
+    /// Where the registrar is.
+    #[command(flatten)]
+    pub client: ClientArgs,
 }
 
 #[derive(clap::Args)]
@@ -193,6 +131,9 @@ pub struct WatchArgs {
     /// Stop after this long (e.g. `30s`; 1ms to 30 days); exits 0.
     #[arg(long, value_parser = duration_in(MS, DAYS_30))]
     pub timeout: Option<Duration>,
+    /// Where the registrar is.
+    #[command(flatten)]
+    pub client: ClientArgs,
 }
 
 #[derive(clap::Args)]
@@ -232,6 +173,9 @@ pub struct RegisterArgs {
     /// well under the backend's lease or silence timeout (30s by default).
     #[arg(long, default_value = "10s", value_parser = duration_in(100 * MS, HOUR), requires = "keep_alive")]
     pub heartbeat_every: Duration,
+    /// Where the registrar is.
+    #[command(flatten)]
+    pub client: ClientArgs,
 }
 
 #[derive(clap::Args)]
@@ -243,6 +187,9 @@ pub struct DeregisterArgs {
     /// As for `register`.
     #[arg(long, value_parser = parse_ack)]
     pub ack: Option<Ack>,
+    /// Where the registrar is.
+    #[command(flatten)]
+    pub client: ClientArgs,
 }
 
 #[derive(clap::Args, Clone)]
@@ -362,6 +309,9 @@ pub struct ServeArgs {
     /// a dead task makes the registrar not ready and exit non-zero.
     #[arg(long, hide = true, value_parser = duration_in(Duration::ZERO, HOUR))]
     pub test_panic_after: Option<Duration>,
+    /// TLS, from the server's side.
+    #[command(flatten)]
+    pub tls: ServerTlsArgs,
 }
 
 impl ServeArgs {

@@ -46,12 +46,14 @@ const CAUSE_CHARS: usize = 160;
 pub fn report(err: &(dyn StdError + 'static), verbose: bool) -> String {
     let head = one_line(&err.to_string());
     let mut causes = Vec::new();
+    let mut root = None;
     let mut next = err.source();
     while let Some(cause) = next {
         let text = one_line(&cause.to_string());
         if !text.is_empty() && !head.contains(&text) && !causes.contains(&text) {
-            causes.push(text);
+            causes.push(text.clone());
         }
+        root = Some(text);
         next = cause.source();
     }
     if verbose {
@@ -62,11 +64,13 @@ pub fn report(err: &(dyn StdError + 'static), verbose: bool) -> String {
         }
         return out;
     }
-    match causes.last() {
-        // A message that quotes the start of its cause already says it.
-        Some(root) if head.contains(&shorten(root, 60).replace('…', "")) => head,
-        Some(root) => format!("{head} (cause: {})", shorten(root, CAUSE_CHARS)),
-        None => head,
+    // The deepest cause is what went wrong underneath; a message that
+    // quotes its start already says it.
+    match root {
+        Some(root) if !root.is_empty() && !head.contains(&shorten(&root, 60).replace('…', "")) => {
+            format!("{head} (cause: {})", shorten(&root, CAUSE_CHARS))
+        }
+        _ => head,
     }
 }
 

@@ -1,6 +1,7 @@
 //! `registrar`: the registrar server and its operator commands.
 
 mod cli;
+mod connect;
 mod error;
 mod ops;
 mod output;
@@ -11,7 +12,7 @@ use std::sync::Arc;
 use clap::Parser;
 use registrar_server::{open_backend, AuthzConfig, OpenPolicy, Opening, ServeOptions, Status};
 
-use crate::cli::{Cli, Command, LogFormat, ServeArgs, TlsArgs};
+use crate::cli::{Cli, Command, LogFormat, ServeArgs};
 use crate::error::CliError;
 
 /// Resolves on Ctrl-C or SIGTERM.
@@ -74,8 +75,8 @@ fn install_metrics() -> Result<metrics_exporter_prometheus::PrometheusHandle, St
     Ok(handle)
 }
 
-async fn run_serve(args: ServeArgs, tls: &TlsArgs) -> Result<(), CliError> {
-    let tls_files = tls.server_files()?;
+async fn run_serve(args: ServeArgs) -> Result<(), CliError> {
+    let tls_files = args.tls.files()?;
     let authz = args.trust_domain.as_ref().map(|td| {
         let base = AuthzConfig::new(td.clone()).with_id_pattern(args.spiffe_id_pattern.clone());
         let base = match &args.authz_policy {
@@ -195,6 +196,15 @@ fn init_logging(format: LogFormat, default_level: &str) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let (Command::Serve(_), Some(flag)) = (&cli.command, cli.early.first_given()) {
+        use clap::CommandFactory;
+        Cli::command()
+            .error(
+                clap::error::ErrorKind::ArgumentConflict,
+                format!("{flag} is an option of the client commands, not of `serve`"),
+            )
+            .exit();
+    }
     let default_level = match cli.command {
         Command::Serve(_) => "info",
         _ => "warn",
@@ -209,7 +219,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match &cli.command {
-            Command::Serve(args) => run_serve(ServeArgs::clone(args), &cli.tls).await,
+            Command::Serve(args) => run_serve(ServeArgs::clone(args)).await,
             Command::Ls(args) => ops::run_ls(&cli, args).await,
             Command::Watch(args) => ops::run_watch(&cli, args).await,
             Command::Register(args) => ops::run_register(&cli, args).await,

@@ -10,19 +10,21 @@ use registry_api::{Endpoint, EndpointKey, Event, Health, Heartbeat, Registry, Ve
 use registry_registrar::{Ack, ClientConfig, RpcClient, Token};
 
 use crate::cli::{Cli, DeregisterArgs, HeartbeatArgs, LsArgs, Output, RegisterArgs, WatchArgs};
+use crate::connect::ClientArgs;
 use crate::error::CliError;
 use crate::output::{document, endpoint_line, table};
 
 /// A plain client of the registrar at `--address` (a scheme added when it
-/// has none).
-fn client(cli: &Cli, ack: Option<Ack>) -> Result<RpcClient, CliError> {
-    let address = cli.address_url();
+/// has none), the command's flags completed by those before its name.
+fn client(cli: &Cli, args: &ClientArgs, ack: Option<Ack>) -> Result<RpcClient, CliError> {
+    let args = args.or(&cli.early);
+    let address = args.url();
     let mut cfg = ClientConfig::new(address.clone(), "operator", "registrar-cli")
         .with_timeouts(Duration::from_secs(5), Duration::from_secs(10));
     if let Some(ack) = ack {
         cfg = cfg.with_ack(ack);
     }
-    if let Some(files) = cli.tls.client_files()? {
+    if let Some(files) = args.files()? {
         cfg = cfg.with_tls(files);
     }
     RpcClient::connect(cfg).map_err(|e| CliError::registry(format!("registrar {address}"), e))
@@ -34,7 +36,7 @@ fn json(v: &serde_json::Value) -> Result<String, CliError> {
 
 /// `ls`: the endpoints, filtered, as a table or one document.
 pub async fn run_ls(cli: &Cli, args: &LsArgs) -> Result<(), CliError> {
-    let raw = client(cli, None)?;
+    let raw = client(cli, &args.client, None)?;
     let snap = raw
         .snapshot()
         .await
@@ -128,7 +130,7 @@ fn event_line(raw: &RpcClient, ev: &Event, as_json: bool) -> Result<String, CliE
 
 /// `watch`: a snapshot (or the changes since `--from`), then every change.
 pub async fn run_watch(cli: &Cli, args: &WatchArgs) -> Result<(), CliError> {
-    let raw = client(cli, None)?;
+    let raw = client(cli, &args.client, None)?;
     let mut stream = match args.from {
         Some(t) => raw.watch_from(t),
         None => raw.watch(None),
@@ -181,7 +183,7 @@ fn endpoint(args: &RegisterArgs) -> Result<Endpoint, CliError> {
 /// `register`: once, or kept alive until a shutdown signal.
 pub async fn run_register(cli: &Cli, args: &RegisterArgs) -> Result<(), CliError> {
     let ep = endpoint(args)?;
-    let raw = client(cli, args.ack)?;
+    let raw = client(cli, &args.client, args.ack)?;
     if args.keep_alive {
         return keep_alive(raw, ep, args.heartbeat_every).await;
     }
@@ -243,7 +245,7 @@ async fn keep_alive(raw: RpcClient, ep: Endpoint, every: Duration) -> Result<(),
 
 /// `heartbeat`: one heartbeat of a node.
 pub async fn run_heartbeat(cli: &Cli, args: &HeartbeatArgs) -> Result<(), CliError> {
-    let raw = client(cli, None)?;
+    let raw = client(cli, &args.client, None)?;
     raw.heartbeat(&args.node)
         .await
         .map_err(|e| CliError::registry(format!("heartbeat {}", args.node), e))?;
@@ -254,7 +256,7 @@ pub async fn run_heartbeat(cli: &Cli, args: &HeartbeatArgs) -> Result<(), CliErr
 /// `deregister`: remove one endpoint.
 pub async fn run_deregister(cli: &Cli, args: &DeregisterArgs) -> Result<(), CliError> {
     let key = EndpointKey::new(args.service.clone(), args.id.clone());
-    let raw = client(cli, args.ack)?;
+    let raw = client(cli, &args.client, args.ack)?;
     raw.deregister(&key)
         .await
         .map_err(|e| CliError::registry("deregister", e))?;
