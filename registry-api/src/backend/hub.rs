@@ -274,3 +274,38 @@ impl fmt::Debug for Hub {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ep(id: &str, port: u16) -> Endpoint {
+        Endpoint::new("s", id, "10.0.0.1", port)
+    }
+
+    #[test]
+    fn removed_endpoints_are_kept_for_as_long_as_a_subscriber_can_lag() {
+        // Buffer 2 + history 1: the last three removals are remembered.
+        let hub = Hub::new(2, 1);
+        hub.publish((1..=5u16).map(|i| Event::Added {
+            version: Version(u64::from(i)),
+            endpoint: ep(&format!("e{i}"), i),
+        }));
+        hub.publish((1..=4u16).map(|i| Event::Removed {
+            version: Version(10 + u64::from(i)),
+            key: EndpointKey::new("s", format!("e{i}")),
+        }));
+        let key = |i: u16| EndpointKey::new("s", format!("e{i}"));
+        assert_eq!(hub.removed(Version(14), &key(4)).map(|e| e.port), Some(4));
+        assert_eq!(hub.removed(Version(12), &key(2)).map(|e| e.port), Some(2));
+        // The oldest fell out; a wrong version or key finds nothing.
+        assert!(hub.removed(Version(11), &key(1)).is_none());
+        assert!(hub.removed(Version(13), &key(4)).is_none());
+        // Removing a key that is not there remembers nothing.
+        hub.publish([Event::Removed {
+            version: Version(20),
+            key: key(9),
+        }]);
+        assert!(hub.removed(Version(20), &key(9)).is_none());
+    }
+}
