@@ -343,6 +343,28 @@ async fn endpoint_removed_carries_the_last_endpoint() {
 async fn heartbeat_and_register_keep_alive() {
     let server = serve_binary(&[]).await;
     let url = server.grpc.clone();
+    // A one-off registration with a node says that the node must
+    // heartbeat, naming the two ways.
+    let out = cli(&[
+        "--address",
+        &url,
+        "register",
+        "api",
+        "once",
+        "10.0.0.8:81",
+        "--node",
+        "n8",
+    ])
+    .await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("registrar heartbeat n8"),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stderr.contains("--keep-alive"), "{}", out.stderr);
+    let out = cli(&["--address", &url, "deregister", "api", "once"]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
     let out = cli(&["--address", &url, "heartbeat", "ghost"]).await;
     assert_eq!(out.code, 1, "{}", out.stderr);
     assert!(out.stderr.contains("ghost"), "{}", out.stderr);
