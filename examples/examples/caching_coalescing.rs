@@ -135,7 +135,13 @@ fn row(what: &str, counted: &Counted<SqliteRegistry>, took: Duration) {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn Error>> {
+async fn main() -> std::process::ExitCode {
+    // One line with the causes, not the error's Debug dump.
+    examples::report(run().await)
+}
+
+/// The example; `main` reports its error.
+async fn run() -> Result<(), Box<dyn Error>> {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("registry.db");
     let backend = Arc::new(Counted::new(

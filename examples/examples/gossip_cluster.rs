@@ -50,7 +50,13 @@ fn names_of(node: &GossipRegistry) -> Vec<String> {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), BoxError> {
+async fn main() -> std::process::ExitCode {
+    // One line with the causes, not the error's Debug dump.
+    examples::report(run().await)
+}
+
+/// The example; `main` reports its error.
+async fn run() -> Result<(), BoxError> {
     let a = GossipRegistry::start(GossipConfig::fast().with_node_name("node-a")).await?;
     let seed = [a.local_addr()];
     let b = GossipRegistry::start(

@@ -93,7 +93,13 @@ async fn until_avoided(
 }
 
 #[tokio::main]
-async fn main() -> Result<(), BoxError> {
+async fn main() -> std::process::ExitCode {
+    // One line with the causes, not the error's Debug dump.
+    examples::report(run().await)
+}
+
+/// The example; `main` reports its error.
+async fn run() -> Result<(), BoxError> {
     let dir = tempfile::tempdir()?;
     let cfg = SqliteConfig::new(dir.path().join("registry.db"))
         .with_suspect_after(SUSPECT_AFTER)

@@ -33,7 +33,13 @@ async fn shutdown_signal(after: Duration) {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), BoxError> {
+async fn main() -> std::process::ExitCode {
+    // One line with the causes, not the error's Debug dump.
+    examples::report(run().await)
+}
+
+/// The example; `main` reports its error.
+async fn run() -> Result<(), BoxError> {
     let dir = tempfile::tempdir()?;
     let registry = Arc::new(SqliteRegistry::open_path(dir.path().join("registry.db")).await?);
 

@@ -162,7 +162,13 @@ fn describe(ev: &Event, before: &Snapshot) -> String {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> std::process::ExitCode {
+    // One line with the causes, not the error's Debug dump.
+    examples::report(run().await)
+}
+
+/// The example; `main` reports its error.
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let started = Instant::now();
     let fresh = !std::path::Path::new(FILE).exists();
 

@@ -92,7 +92,13 @@ where
 }
 
 #[tokio::main]
-async fn main() -> Result<(), BoxError> {
+async fn main() -> std::process::ExitCode {
+    // One line with the causes, not the error's Debug dump.
+    examples::report(run().await)
+}
+
+/// The example; `main` reports its error.
+async fn run() -> Result<(), BoxError> {
     let registry = Arc::new(MemoryRegistry::new());
 
     // The balancer: one tower service per healthy `echo` endpoint, each a

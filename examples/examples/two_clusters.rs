@@ -108,7 +108,13 @@ async fn has(agent: &RegistrarClient, service: &str, n: usize) -> bool {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), BoxError> {
+async fn main() -> std::process::ExitCode {
+    // One line with the causes, not the error's Debug dump.
+    examples::report(run().await)
+}
+
+/// The example; `main` reports its error.
+async fn run() -> Result<(), BoxError> {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("shared.db");
     println!("shared backend: {}", path.display());

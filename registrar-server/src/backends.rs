@@ -138,10 +138,20 @@ pub async fn open_backend(opts: &BackendOptions) -> Result<Arc<dyn Backend>> {
             if opts.dynamodb_create_table {
                 registry_dynamodb::DynamoDbRegistry::create_table_if_missing(&table, true).await?;
             }
-            stack(
-                registry_dynamodb::DynamoDbRegistry::connect(table).await?,
-                &cfg,
-            )
+            let name = table.table.clone();
+            let opened = registry_dynamodb::DynamoDbRegistry::connect(table)
+                .await
+                .map_err(|e| match e.kind() {
+                    // The library's hint names its Rust call; the
+                    // registrar's user needs the flag.
+                    registry_api::ErrorKind::NotFound => registry_api::Error::not_found(format!(
+                        "DynamoDB table {name} does not exist; start the registrar with \
+                         --dynamodb-create-table to create it"
+                    ))
+                    .with_source(e),
+                    _ => e,
+                })?;
+            stack(opened, &cfg)
         }
         #[cfg(feature = "cloudmap")]
         BackendKind::Cloudmap => {

@@ -17,6 +17,7 @@ use registry_registrar::{
     endpoint_from_proto, endpoint_to_proto, key_from_parts, status_from_error, Token,
 };
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use crate::auth::{Caller, Security};
 use crate::config::Ack;
@@ -137,6 +138,25 @@ fn ack_mode<T>(request: &Request<T>, field: i32) -> Result<Option<Ack>, Status> 
     }
 }
 
+/// The span of one write: every log line inside it (refusals, backend
+/// errors, the debug line of the outcome) carries the node, the service
+/// and the key of the request, and the caller.
+fn write_span(
+    op: &'static str,
+    node: &str,
+    key: &registry_api::EndpointKey,
+    caller: &Caller,
+) -> tracing::Span {
+    tracing::info_span!(
+        "write",
+        op,
+        node = %node,
+        service = %key.service,
+        key = %key,
+        %caller
+    )
+}
+
 type EventStream = Pin<Box<dyn Stream<Item = Result<EndpointEvent, Status>> + Send + 'static>>;
 
 #[tonic::async_trait]
@@ -152,16 +172,25 @@ impl GrpcRegistrar for RegistrarService {
             .endpoint
             .ok_or_else(|| status(Error::invalid("endpoint", "missing")))?;
         let endpoint = endpoint_from_proto(proto, "endpoint.").map_err(status)?;
-        self.authorize_write(&caller, &endpoint.key(), Some(&endpoint))
-            .await?;
-        let token = self
-            .registrar
-            .write(Op::Register(endpoint), ack)
-            .await
-            .map_err(status)?;
-        Ok(Response::new(RegisterEndpointResponse {
-            version: token.to_string(),
-        }))
+        let key = endpoint.key();
+        let span = write_span("register", &endpoint.node, &key, &caller);
+        async {
+            self.authorize_write(&caller, &key, Some(&endpoint)).await?;
+            let token = self
+                .registrar
+                .write(Op::Register(endpoint), ack)
+                .await
+                .map_err(|e| {
+                    tracing::debug!(error = %e, "write refused");
+                    status(e)
+                })?;
+            tracing::debug!(version = %token, "endpoint registered");
+            Ok(Response::new(RegisterEndpointResponse {
+                version: token.to_string(),
+            }))
+        }
+        .instrument(span)
+        .await
     }
 
     async fn unregister_endpoint(
@@ -172,15 +201,32 @@ impl GrpcRegistrar for RegistrarService {
         let ack = ack_mode(&request, request.get_ref().ack)?;
         let req = request.into_inner();
         let key = key_from_parts(req.service_name, req.id).map_err(status)?;
-        self.authorize_write(&caller, &key, None).await?;
-        let token = self
+        // The request names no node: the one the state holds, if any.
+        let node = self
             .registrar
-            .write(Op::Deregister(key), ack)
-            .await
-            .map_err(status)?;
-        Ok(Response::new(UnregisterEndpointResponse {
-            version: token.to_string(),
-        }))
+            .state()
+            .store()
+            .snapshot()
+            .and_then(|s| s.get(&key).map(|e| e.node.clone()))
+            .unwrap_or_default();
+        let span = write_span("deregister", &node, &key, &caller);
+        async {
+            self.authorize_write(&caller, &key, None).await?;
+            let token = self
+                .registrar
+                .write(Op::Deregister(key), ack)
+                .await
+                .map_err(|e| {
+                    tracing::debug!(error = %e, "write refused");
+                    status(e)
+                })?;
+            tracing::debug!(version = %token, "endpoint deregistered");
+            Ok(Response::new(UnregisterEndpointResponse {
+                version: token.to_string(),
+            }))
+        }
+        .instrument(span)
+        .await
     }
 
     type WatchEndpointsStream = EventStream;
@@ -243,11 +289,17 @@ impl GrpcRegistrar for RegistrarService {
     ) -> Result<Response<HeartbeatResponse>, Status> {
         let caller = self.security.caller(&request)?;
         let req = request.into_inner();
-        caller.may_heartbeat(&req.node_name)?;
-        self.registrar
-            .heartbeat(&req.node_name)
-            .await
-            .map_err(status)?;
-        Ok(Response::new(HeartbeatResponse {}))
+        let span = tracing::info_span!("heartbeat", node = %req.node_name, %caller);
+        async {
+            caller.may_heartbeat(&req.node_name)?;
+            self.registrar
+                .heartbeat(&req.node_name)
+                .await
+                .map_err(status)?;
+            tracing::trace!("heartbeat");
+            Ok(Response::new(HeartbeatResponse {}))
+        }
+        .instrument(span)
+        .await
     }
 }

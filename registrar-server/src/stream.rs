@@ -211,12 +211,18 @@ impl AgentStream {
             Event::Updated { endpoint, .. } => {
                 (EventType::EndpointUpdated, endpoint_to_proto(&endpoint))
             }
-            Event::Removed { key, .. } => (
+            // The last endpoint stored under the key, so that a client
+            // tracking endpoints by address knows which one went; only
+            // the service and id when the state no longer remembers it.
+            Event::Removed { version, key } => (
                 EventType::EndpointRemoved,
-                ServiceEndpoint {
-                    service_name: key.service,
-                    id: key.id,
-                    ..Default::default()
+                match self.registrar.state().store().removed(version, &key) {
+                    Some(gone) => endpoint_to_proto(&gone),
+                    None => ServiceEndpoint {
+                        service_name: key.service,
+                        id: key.id,
+                        ..Default::default()
+                    },
                 },
             ),
             // Snapshots go through the cursor; never passed here.

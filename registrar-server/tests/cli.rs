@@ -111,7 +111,16 @@ async fn cli_register_ls_watch_deregister() {
     let rows: Vec<&str> = out.stdout.lines().collect();
     assert!(rows[0].starts_with("SERVICE"), "{}", out.stdout);
     assert_eq!(rows.len(), 3, "{}", out.stdout);
-    let out = cli(&["--address", &url, "ls", "--service", "payments"]).await;
+    let out = cli(&[
+        "--address",
+        &url,
+        "ls",
+        "--service",
+        "payments",
+        "-o",
+        "wide",
+    ])
+    .await;
     let rows: Vec<&str> = out.stdout.lines().collect();
     assert_eq!(rows.len(), 2, "{}", out.stdout);
     for cell in [
@@ -288,7 +297,8 @@ async fn cli_over_mtls_with_an_admin_and_an_agent_identity() {
         "spiffe://example.org/ops/cli",
     ])
     .await;
-    let url = format!("https://{}", server.grpc);
+    // No scheme: https:// because TLS flags are given.
+    let url = server.grpc.clone();
     let admin = [
         "--address",
         &url,

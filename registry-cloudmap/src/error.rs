@@ -19,7 +19,7 @@
 //! (a validation message can echo a whole attribute value).
 
 use aws_sdk_servicediscovery::config::http::HttpResponse;
-use aws_sdk_servicediscovery::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_servicediscovery::error::{ProvideErrorMetadata, SdkError};
 use registry_api::Error;
 
 /// What a failed call was about, for the message.
@@ -43,7 +43,7 @@ where
         target,
         endpoint,
     } = call;
-    let detail = DisplayErrorContext(&err).to_string();
+    let detail = root_cause(&err);
     match &err {
         SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) | SdkError::ResponseError(_) => {
             return Error::unavailable(format!(
@@ -167,6 +167,39 @@ pub(crate) fn missing(op: &str, field: &str, target: &str) -> Error {
     Error::internal(format!(
         "Cloud Map's {op} answer for {target} has no {field}"
     ))
+}
+
+/// What [`root_cause`] says of a missing credential.
+pub(crate) const NO_CREDENTIALS: &str = "no usable AWS credentials (set AWS_PROFILE, or \
+     AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or give the process a role; the error's causes \
+     list each provider tried)";
+
+/// The deepest cause of `err` on one line, at most 200 characters: what
+/// went wrong underneath the SDK's layers, without its internal
+/// structures (the whole chain stays reachable through the error's
+/// source). A missing credential gets a hint where to set one.
+pub(crate) fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut deepest = err;
+    let mut credentials = false;
+    let mut next = Some(err);
+    while let Some(e) = next {
+        credentials |= e.to_string().to_ascii_lowercase().contains("credential");
+        deepest = e;
+        next = e.source();
+    }
+    let text: String = deepest
+        .to_string()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .chars()
+        .take(200)
+        .collect();
+    if credentials {
+        NO_CREDENTIALS.to_string()
+    } else {
+        text
+    }
 }
 
 #[cfg(test)]

@@ -112,19 +112,20 @@ where
     } = ctx;
     match &err {
         SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) | SdkError::ResponseError(_) => {
+            let detail = root_cause(&err);
             let what = match &err {
+                _ if detail == NO_CREDENTIALS => "was not called",
                 SdkError::TimeoutError(_) => "timed out",
                 SdkError::ResponseError(_) => "sent a response that could not be read",
                 _ => "could not be reached",
             };
-            let detail = aws_sdk_dynamodb::error::DisplayErrorContext(&err).to_string();
             Error::unavailable(format!(
                 "DynamoDB at {endpoint} {what} ({op} on table {table}): {detail}"
             ))
             .with_source(err)
         }
         SdkError::ConstructionFailure(_) => {
-            let detail = aws_sdk_dynamodb::error::DisplayErrorContext(&err).to_string();
+            let detail = root_cause(&err);
             Error::internal(format!(
                 "could not build the {op} request for table {table}: {detail}"
             ))
@@ -282,6 +283,39 @@ pub(crate) fn is_position_lost<E: ProvideErrorMetadata>(err: &SdkError<E>) -> bo
         err.code(),
         Some("TrimmedDataAccessException") | Some("ExpiredIteratorException")
     )
+}
+
+/// What [`root_cause`] says of a missing credential.
+pub(crate) const NO_CREDENTIALS: &str = "no usable AWS credentials (set AWS_PROFILE, or \
+     AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or give the process a role; the error's causes \
+     list each provider tried)";
+
+/// The deepest cause of `err` on one line, at most 200 characters: what
+/// went wrong underneath the SDK's layers, without its internal
+/// structures (the whole chain stays reachable through the error's
+/// source). A missing credential gets a hint where to set one.
+pub(crate) fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut deepest = err;
+    let mut credentials = false;
+    let mut next = Some(err);
+    while let Some(e) = next {
+        credentials |= e.to_string().to_ascii_lowercase().contains("credential");
+        deepest = e;
+        next = e.source();
+    }
+    let text: String = deepest
+        .to_string()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .chars()
+        .take(200)
+        .collect();
+    if credentials {
+        NO_CREDENTIALS.to_string()
+    } else {
+        text
+    }
 }
 
 #[cfg(test)]

@@ -120,6 +120,21 @@ impl RpcClient {
         Ok(())
     }
 
+    /// The epoch of the last snapshot this client's watch received (`None`
+    /// before the first): with an event's version, the resume token
+    /// `Token { epoch, version }` a later watch can start from.
+    pub fn epoch(&self) -> Option<u64> {
+        *self.epoch.borrow()
+    }
+
+    /// The watch resumed after `token` (as printed by `registrar watch
+    /// --json`): the changes since, or a fresh snapshot when the registrar
+    /// restarted (another epoch) or no longer has them.
+    pub fn watch_from(&self, token: Token) -> registry_api::EventStream {
+        self.epoch.send_replace(Some(token.epoch));
+        registry_api::Watch::watch(self, Some(token.version))
+    }
+
     /// The registrar's address.
     pub fn address(&self) -> &str {
         &self.cfg.address

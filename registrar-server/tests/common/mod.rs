@@ -154,8 +154,8 @@ pub async fn serve_binary_with_env(extra: &[&str], env: &[(&str, &str)]) -> Serv
             "127.0.0.1:0",
         ])
         .args(extra)
-        .envs(env.iter().copied())
         .env("RUST_LOG", "info")
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .kill_on_drop(true)
@@ -278,8 +278,8 @@ pub async fn spawn_serve_env(extra: &[&str], env: &[(&str, &str)]) -> Spawned {
             "127.0.0.1:0",
         ])
         .args(extra)
-        .envs(env.iter().copied())
         .env("RUST_LOG", "info")
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(&stderr).unwrap())
         .kill_on_drop(true)

@@ -1,5 +1,6 @@
 //! [`Hub`]: one upstream of events fanned out to many subscribers.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -11,7 +12,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::history::History;
 use crate::error::{Error, Result};
-use crate::model::Version;
+use crate::model::{Endpoint, EndpointKey, Version};
 use crate::snapshot::{Event, Snapshot};
 use crate::traits::EventStream;
 
@@ -56,6 +57,12 @@ pub struct Hub {
 struct HubState {
     history: History,
     subscribers: Vec<Subscriber>,
+    /// The endpoints the last removals took away, oldest first: as many as
+    /// a subscriber can still be behind (its buffer plus the history), so
+    /// whoever turns a queued [`Event::Removed`] into a message can still
+    /// tell what was removed ([`Hub::removed`]).
+    removed: VecDeque<(Version, Endpoint)>,
+    removed_cap: usize,
 }
 
 struct Subscriber {
@@ -83,6 +90,8 @@ impl Hub {
             state: Mutex::new(HubState {
                 history: History::new(history, Version::ZERO),
                 subscribers: Vec::new(),
+                removed: VecDeque::new(),
+                removed_cap: buffer.max(1).saturating_add(history),
             }),
             buffer: buffer.max(1),
             ready: watch::channel(false).0,
@@ -106,6 +115,19 @@ impl Hub {
         self.current.load_full()
     }
 
+    /// The endpoint that the removal of `key` at `version` took away, while
+    /// it is among the last removals a subscriber can still receive (its
+    /// buffer plus the history); `None` otherwise, or when the key was not
+    /// there.
+    pub fn removed(&self, version: Version, key: &EndpointKey) -> Option<Endpoint> {
+        let st = self.lock();
+        st.removed
+            .iter()
+            .rev()
+            .find(|(v, e)| *v == version && e.service == key.service && e.id == key.id)
+            .map(|(_, e)| e.clone())
+    }
+
     /// How many subscribers are connected.
     pub fn subscriber_count(&self) -> usize {
         self.lock().subscribers.len()
@@ -118,6 +140,14 @@ impl Hub {
         let mut st = self.lock();
         let mut snap = Snapshot::clone(&self.current.load());
         for ev in events {
+            if let Event::Removed { version, key } = &ev {
+                if let Some(gone) = snap.get(key) {
+                    if st.removed.len() >= st.removed_cap {
+                        st.removed.pop_front();
+                    }
+                    st.removed.push_back((*version, gone.clone()));
+                }
+            }
             snap.apply(&ev);
             match &ev {
                 Event::Snapshot(s) => {
@@ -242,5 +272,40 @@ impl fmt::Debug for Hub {
             .field("subscribers", &self.subscriber_count())
             .field("buffer", &self.buffer)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ep(id: &str, port: u16) -> Endpoint {
+        Endpoint::new("s", id, "10.0.0.1", port)
+    }
+
+    #[test]
+    fn removed_endpoints_are_kept_for_as_long_as_a_subscriber_can_lag() {
+        // Buffer 2 + history 1: the last three removals are remembered.
+        let hub = Hub::new(2, 1);
+        hub.publish((1..=5u16).map(|i| Event::Added {
+            version: Version(u64::from(i)),
+            endpoint: ep(&format!("e{i}"), i),
+        }));
+        hub.publish((1..=4u16).map(|i| Event::Removed {
+            version: Version(10 + u64::from(i)),
+            key: EndpointKey::new("s", format!("e{i}")),
+        }));
+        let key = |i: u16| EndpointKey::new("s", format!("e{i}"));
+        assert_eq!(hub.removed(Version(14), &key(4)).map(|e| e.port), Some(4));
+        assert_eq!(hub.removed(Version(12), &key(2)).map(|e| e.port), Some(2));
+        // The oldest fell out; a wrong version or key finds nothing.
+        assert!(hub.removed(Version(11), &key(1)).is_none());
+        assert!(hub.removed(Version(13), &key(4)).is_none());
+        // Removing a key that is not there remembers nothing.
+        hub.publish([Event::Removed {
+            version: Version(20),
+            key: key(9),
+        }]);
+        assert!(hub.removed(Version(20), &key(9)).is_none());
     }
 }

@@ -7,7 +7,7 @@ use futures::StreamExt;
 use tokio::time::Instant;
 
 use crate::backend::Hub;
-use crate::model::{Endpoint, Version};
+use crate::model::{Endpoint, EndpointKey, Version};
 use crate::snapshot::Snapshot;
 use crate::traits::EventStream;
 
@@ -59,6 +59,13 @@ impl Store {
     /// The endpoints of `service`; `None` before the first snapshot.
     pub fn list(&self, service: &str) -> Option<Vec<Endpoint>> {
         self.snapshot().map(|s| s.list(service))
+    }
+
+    /// The endpoint the removal of `key` at `version` took away, while a
+    /// watcher can still be sent that removal (see
+    /// [`crate::backend::Hub::removed`]).
+    pub fn removed(&self, version: Version, key: &EndpointKey) -> Option<Endpoint> {
+        self.hub.removed(version, key)
     }
 
     /// The version of the state (zero before the first snapshot).

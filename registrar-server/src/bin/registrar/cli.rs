@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use registrar_server::{Ack, BackendKind, BackendOptions, RegistrarConfig, TlsFiles};
+use registrar_server::{Ack, BackendKind, BackendOptions, RegistrarConfig};
+
+use crate::connect::{ClientArgs, EarlyClientArgs, ServerTlsArgs};
 use registry_api::Protocol;
 
 #[derive(Parser)]
@@ -20,55 +22,33 @@ use registry_api::Protocol;
                   running one at --address."
 )]
 pub struct Cli {
-    /// The registrar to talk to (all commands but `serve`).
+    /// The client flags given before the command name (hidden).
+    #[command(flatten)]
+    pub early: EarlyClientArgs,
+    /// Print the whole chain of causes of an error (one cause per line)
+    /// instead of one line.
+    #[arg(short, long, global = true)]
+    pub verbose: bool,
+    /// Log lines as plain text or as one JSON object per line.
     #[arg(
         long,
         global = true,
-        env = "REGISTRAR_ADDRESS",
-        default_value = "http://127.0.0.1:9443"
+        value_enum,
+        default_value = "text",
+        env = "REGISTRAR_LOG_FORMAT"
     )]
-    pub address: String,
-    #[command(flatten)]
-    pub tls: TlsArgs,
+    pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Command,
 }
 
-/// Certificate files (PEM), re-read when they change. Without them the
-/// connection is plaintext.
-#[derive(clap::Args)]
-pub struct TlsArgs {
-    /// CA bundle: for `serve` the CA of the agents' certificates, for the
-    /// other commands the CA of the registrar's certificate.
-    #[arg(long, global = true, env = "REGISTRAR_TLS_CA")]
-    pub tls_ca: Option<PathBuf>,
-    /// This side's certificate chain (for `serve` the server's).
-    #[arg(long, global = true, env = "REGISTRAR_TLS_CERT", requires = "tls_key")]
-    pub tls_cert: Option<PathBuf>,
-    /// This side's private key.
-    #[arg(long, global = true, env = "REGISTRAR_TLS_KEY", requires = "tls_cert")]
-    pub tls_key: Option<PathBuf>,
-}
-
-impl TlsArgs {
-    /// For the server: all three files or none.
-    pub fn server_files(&self) -> Result<Option<TlsFiles>, String> {
-        match (&self.tls_ca, &self.tls_cert, &self.tls_key) {
-            (None, None, None) => Ok(None),
-            (Some(ca), Some(cert), Some(key)) => Ok(Some(TlsFiles::new(ca, cert, key))),
-            _ => Err("serve needs all of --tls-ca, --tls-cert and --tls-key, or none".to_string()),
-        }
-    }
-
-    /// For a client: a CA bundle, and a certificate and key when given.
-    pub fn client_files(&self) -> Result<Option<TlsFiles>, String> {
-        match (&self.tls_ca, &self.tls_cert, &self.tls_key) {
-            (None, None, None) => Ok(None),
-            (Some(ca), Some(cert), Some(key)) => Ok(Some(TlsFiles::new(ca, cert, key))),
-            (Some(ca), None, None) => Ok(Some(TlsFiles::ca_only(ca))),
-            _ => Err("--tls-cert and --tls-key need --tls-ca (the registrar's CA)".to_string()),
-        }
-    }
+/// How log lines are written (to stderr).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable text.
+    Text,
+    /// One JSON object per line (tracing-subscriber's JSON layer).
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -79,8 +59,12 @@ pub enum Command {
     Ls(LsArgs),
     /// Follow the changes: a snapshot, then every change as it happens.
     Watch(WatchArgs),
-    /// Register (or replace) an endpoint.
+    /// Register (or replace) an endpoint; with --keep-alive, keep it
+    /// registered (heartbeating its node) until Ctrl-C or SIGTERM.
     Register(RegisterArgs),
+    /// Heartbeat a node once (its endpoints stay registered on backends
+    /// with leases, such as etcd).
+    Heartbeat(HeartbeatArgs),
     /// Remove an endpoint.
     Deregister(DeregisterArgs),
 }
@@ -96,22 +80,60 @@ pub struct LsArgs {
     /// Only this node.
     #[arg(long)]
     pub node: Option<String>,
-    /// One JSON object per line instead of a table.
-    #[arg(long)]
+    /// Output format: `table` (default), `wide` (with cluster and labels),
+    /// `json` or `yaml` (one document with the version and the items).
+    #[arg(short, long, value_enum, default_value = "table")]
+    pub output: Output,
+    /// One JSON object per line (JSON Lines) instead of a table.
+    #[arg(long, conflicts_with = "output")]
     pub json: bool,
+    /// Where the registrar is.
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// `ls -o`: in the style of `kubectl get`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    /// Service, id, address, protocol, node and health.
+    Table,
+    /// The table with the cluster and the labels.
+    Wide,
+    /// One JSON document.
+    Json,
+    /// One YAML document.
+    Yaml,
+}
+
+#[derive(clap::Args)]
+pub struct HeartbeatArgs {
+    /// The node to heartbeat.
+    pub node: String,
+    /// Where the registrar is.
+    #[command(flatten)]
+    pub client: ClientArgs,
 }
 
 #[derive(clap::Args)]
 pub struct WatchArgs {
-    /// One JSON object per line instead of text.
+    /// One JSON object per line instead of text; each carries the resume
+    /// token (`<epoch>.<sequence>`) for --from.
     #[arg(long)]
     pub json: bool,
+    /// Resume after this token (`<epoch>.<sequence>`, as printed by
+    /// `watch --json`): only the changes since, or a fresh snapshot when
+    /// the registrar restarted or no longer has them.
+    #[arg(long, value_parser = parse_token)]
+    pub from: Option<registry_registrar::Token>,
     /// Stop after this many events (the first snapshot is one); at least 1.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub count: Option<u64>,
     /// Stop after this long (e.g. `30s`; 1ms to 30 days); exits 0.
     #[arg(long, value_parser = duration_in(MS, DAYS_30))]
     pub timeout: Option<Duration>,
+    /// Where the registrar is.
+    #[command(flatten)]
+    pub client: ClientArgs,
 }
 
 #[derive(clap::Args)]
@@ -142,6 +164,18 @@ pub struct RegisterArgs {
     /// registrar queued it (`optimistic`); default: the registrar's.
     #[arg(long, value_parser = parse_ack)]
     pub ack: Option<Ack>,
+    /// Stay running: heartbeat the node every --heartbeat-every, register
+    /// again if the registry forgot the endpoint, and deregister it on
+    /// Ctrl-C or SIGTERM. Needs --node.
+    #[arg(long, requires = "node")]
+    pub keep_alive: bool,
+    /// With --keep-alive: time between heartbeats (100ms to 1h); keep it
+    /// well under the backend's lease or silence timeout (30s by default).
+    #[arg(long, default_value = "10s", value_parser = duration_in(100 * MS, HOUR), requires = "keep_alive")]
+    pub heartbeat_every: Duration,
+    /// Where the registrar is.
+    #[command(flatten)]
+    pub client: ClientArgs,
 }
 
 #[derive(clap::Args)]
@@ -153,6 +187,9 @@ pub struct DeregisterArgs {
     /// As for `register`.
     #[arg(long, value_parser = parse_ack)]
     pub ack: Option<Ack>,
+    /// Where the registrar is.
+    #[command(flatten)]
+    pub client: ClientArgs,
 }
 
 #[derive(clap::Args, Clone)]
@@ -272,6 +309,9 @@ pub struct ServeArgs {
     /// a dead task makes the registrar not ready and exit non-zero.
     #[arg(long, hide = true, value_parser = duration_in(Duration::ZERO, HOUR))]
     pub test_panic_after: Option<Duration>,
+    /// TLS, from the server's side.
+    #[command(flatten)]
+    pub tls: ServerTlsArgs,
 }
 
 impl ServeArgs {
@@ -363,6 +403,15 @@ fn parse_ack(s: &str) -> Result<Ack, String> {
     s.parse::<Ack>().map_err(|_| {
         format!(
             "{:?} is not an acknowledgement mode: optimistic or durable",
+            s.chars().take(64).collect::<String>()
+        )
+    })
+}
+
+fn parse_token(s: &str) -> Result<registry_registrar::Token, String> {
+    s.parse().map_err(|_| {
+        format!(
+            "{:?} is not a resume token: <epoch>.<sequence>, as printed by watch --json",
             s.chars().take(64).collect::<String>()
         )
     })

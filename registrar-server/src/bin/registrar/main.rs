@@ -1,7 +1,10 @@
 //! `registrar`: the registrar server and its operator commands.
 
 mod cli;
+mod connect;
+mod error;
 mod ops;
+mod output;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -9,9 +12,11 @@ use std::sync::Arc;
 use clap::Parser;
 use registrar_server::{open_backend, AuthzConfig, OpenPolicy, Opening, ServeOptions, Status};
 
-use crate::cli::{Cli, Command, ServeArgs, TlsArgs};
+use crate::cli::{Cli, Command, LogFormat, ServeArgs};
+use crate::error::CliError;
 
-async fn shutdown_signal() {
+/// Resolves on Ctrl-C or SIGTERM.
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };
@@ -70,8 +75,8 @@ fn install_metrics() -> Result<metrics_exporter_prometheus::PrometheusHandle, St
     Ok(handle)
 }
 
-async fn run_serve(args: ServeArgs, tls: &TlsArgs) -> Result<(), String> {
-    let tls_files = tls.server_files()?;
+async fn run_serve(args: ServeArgs) -> Result<(), CliError> {
+    let tls_files = args.tls.files()?;
     let authz = args.trust_domain.as_ref().map(|td| {
         let base = AuthzConfig::new(td.clone()).with_id_pattern(args.spiffe_id_pattern.clone());
         let base = match &args.authz_policy {
@@ -156,7 +161,7 @@ async fn run_serve(args: ServeArgs, tls: &TlsArgs) -> Result<(), String> {
             shutdown_signal(),
         )
         .await
-        .map_err(|e| format!("{kind} backend: {e}"))
+        .map_err(|e| CliError::registry(format!("{kind} backend"), e))
 }
 
 /// A panic anywhere (a background task included) makes the registrar not
@@ -169,20 +174,42 @@ fn fail_on_panic(status: Arc<Status>) {
     }));
 }
 
+/// Logs to stderr, as text or JSON lines, at `RUST_LOG`'s levels (default
+/// `default_level`).
+fn init_logging(format: LogFormat, default_level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        LogFormat::Json => builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let (Command::Serve(_), Some(flag)) = (&cli.command, cli.early.first_given()) {
+        use clap::CommandFactory;
+        Cli::command()
+            .error(
+                clap::error::ErrorKind::ArgumentConflict,
+                format!("{flag} is an option of the client commands, not of `serve`"),
+            )
+            .exit();
+    }
     let default_level = match cli.command {
         Command::Serve(_) => "info",
         _ => "warn",
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    init_logging(cli.log_format, default_level);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -192,17 +219,18 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match &cli.command {
-            Command::Serve(args) => run_serve(ServeArgs::clone(args), &cli.tls).await,
+            Command::Serve(args) => run_serve(ServeArgs::clone(args)).await,
             Command::Ls(args) => ops::run_ls(&cli, args).await,
             Command::Watch(args) => ops::run_watch(&cli, args).await,
             Command::Register(args) => ops::run_register(&cli, args).await,
+            Command::Heartbeat(args) => ops::run_heartbeat(&cli, args).await,
             Command::Deregister(args) => ops::run_deregister(&cli, args).await,
         }
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("registrar: {e}");
+            eprintln!("registrar: {}", error::report(&e, cli.verbose));
             ExitCode::FAILURE
         }
     }
