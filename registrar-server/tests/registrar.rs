@@ -317,3 +317,31 @@ async fn a_slow_agent_is_cut_off_and_resumes() {
     };
     assert_eq!(s.list("s").len(), 50);
 }
+
+/// A registrar restarted (new epoch) on an empty backend, with a write
+/// queue of one: most of the agent's re-asserted writes are refused
+/// `RESOURCE_EXHAUSTED` at first, and each is sent again until it lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn re_asserted_writes_refused_as_overloaded_are_sent_again() {
+    let server = start(Arc::new(MemoryRegistry::new()), RegistrarConfig::new("c")).await;
+    let agent = fast_client(&server.url(), "c", "n1");
+    for i in 0..20u16 {
+        agent
+            .register(ep("s", &format!("e{i}"), 1000 + i).with_node("n1"))
+            .await
+            .unwrap();
+    }
+    let addr = server.addr;
+    server.stop().await;
+
+    let backend = Arc::new(MemoryRegistry::new());
+    let cfg = RegistrarConfig::new("c")
+        .with_write_queue_capacity(1)
+        .with_write_batch_interval(Duration::from_millis(100));
+    let _server = start_on(Arc::clone(&backend) as Arc<dyn Backend>, cfg, addr).await;
+    eventually(
+        "all 20 endpoints re-asserted into the new backend",
+        || async { (backend.list("s").await.ok()?.len() == 20).then_some(()) },
+    )
+    .await;
+}
