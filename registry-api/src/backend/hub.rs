@@ -121,10 +121,14 @@ impl Hub {
     /// there.
     pub fn removed(&self, version: Version, key: &EndpointKey) -> Option<Endpoint> {
         let st = self.lock();
+        // Newest last and versions grow: a stream reading recent events
+        // finds its removal after a few steps, not a scan of the window.
         st.removed
             .iter()
             .rev()
-            .find(|(v, e)| *v == version && e.service == key.service && e.id == key.id)
+            .skip_while(|(v, _)| *v > version)
+            .take_while(|(v, _)| *v == version)
+            .find(|(_, e)| e.service == key.service && e.id == key.id)
             .map(|(_, e)| e.clone())
     }
 
