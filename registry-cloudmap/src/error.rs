@@ -179,26 +179,10 @@ pub(crate) const NO_CREDENTIALS: &str = "no usable AWS credentials (set AWS_PROF
 /// structures (the whole chain stays reachable through the error's
 /// source). A missing credential gets a hint where to set one.
 pub(crate) fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut deepest = err;
-    let mut credentials = false;
-    let mut next = Some(err);
-    while let Some(e) = next {
-        credentials |= e.to_string().to_ascii_lowercase().contains("credential");
-        deepest = e;
-        next = e.source();
-    }
-    let text: String = deepest
-        .to_string()
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
-        .chars()
-        .take(200)
-        .collect();
-    if credentials {
+    if registry_api::backend::chain_mentions(err, "credential") {
         NO_CREDENTIALS.to_string()
     } else {
-        text
+        registry_api::backend::root_cause(err)
     }
 }
 

@@ -4,6 +4,7 @@
 //! backend runs before it writes ([`validate_endpoint`], [`check_batch`],
 //! …). Users of the toolkit need none of it.
 
+mod cause;
 mod clock;
 mod diff;
 mod history;
@@ -12,6 +13,7 @@ mod resume;
 mod settings;
 mod validate;
 
+pub use cause::{chain_mentions, root_cause, ROOT_CAUSE_CHARS};
 pub use clock::VersionClock;
 pub use diff::diff;
 pub use hub::Hub;

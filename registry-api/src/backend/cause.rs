@@ -1,0 +1,50 @@
+//! [`root_cause`]: an error chain told in one line.
+
+/// The longest [`root_cause`] text, in characters.
+pub const ROOT_CAUSE_CHARS: usize = 200;
+
+/// The deepest cause of `err` on one line (whitespace collapsed), at most
+/// [`ROOT_CAUSE_CHARS`] characters: what went wrong underneath a client
+/// library's layers, without its internal structures. The whole chain
+/// stays reachable through the error's `source()`.
+///
+/// ```
+/// use registry_api::backend::root_cause;
+/// let io = std::io::Error::other("connection\n  refused");
+/// let err = registry_api::Error::unavailable("dial").with_source(io);
+/// assert_eq!(root_cause(&err), "connection refused");
+/// ```
+pub fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut deepest = err;
+    while let Some(next) = deepest.source() {
+        deepest = next;
+    }
+    deepest
+        .to_string()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .chars()
+        .take(ROOT_CAUSE_CHARS)
+        .collect()
+}
+
+/// Whether an error of `err`'s chain says `word` (ASCII case ignored).
+///
+/// ```
+/// use registry_api::backend::chain_mentions;
+/// let err = registry_api::Error::unauthorized("AWS")
+///     .with_source(std::io::Error::other("no Credentials provider"));
+/// assert!(chain_mentions(&err, "credential"));
+/// ```
+pub fn chain_mentions(err: &(dyn std::error::Error + 'static), word: &str) -> bool {
+    let word = word.to_ascii_lowercase();
+    let mut next = Some(err);
+    while let Some(e) = next {
+        if e.to_string().to_ascii_lowercase().contains(&word) {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
