@@ -7,48 +7,15 @@
 mod common;
 
 use std::process::Stdio;
-use std::time::Duration;
 
+use common::cli::{cli, next_line, BIN, LIMIT};
 use common::pki::{write_bundle, Ca};
 use common::{http_get, parse, serve_binary, Scrape, Served};
 use registry_api::testing::{ep, eventually};
 use registry_api::Registry;
 use registry_registrar::{ClientConfig, RegistrarClient};
-use tokio::io::{AsyncBufReadExt, BufReader, Lines};
-use tokio::process::{ChildStdout, Command};
-
-const BIN: &str = env!("CARGO_BIN_EXE_registrar");
-const LIMIT: Duration = Duration::from_secs(30);
-
-struct Out {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-/// Run one CLI command to completion (bounded).
-async fn cli(args: &[&str]) -> Out {
-    let out = tokio::time::timeout(
-        LIMIT,
-        Command::new(BIN).args(args).kill_on_drop(true).output(),
-    )
-    .await
-    .expect("the command did not finish")
-    .unwrap();
-    Out {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
-
-async fn next_line(lines: &mut Lines<BufReader<ChildStdout>>) -> String {
-    tokio::time::timeout(LIMIT, lines.next_line())
-        .await
-        .expect("no line in time")
-        .unwrap()
-        .expect("the output ended")
-}
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_register_ls_watch_deregister() {

@@ -9,57 +9,16 @@
 mod common;
 
 use std::process::Stdio;
-use std::time::Duration;
 
+use common::cli::{cli, cli_env, next_line, BIN, LIMIT};
 use common::{serve_binary, spawn_serve_env};
 use futures::StreamExt;
 use registry_api::testing::eventually;
 use registry_registrar::proto::registrar::v1::endpoint_event::EventType;
 use registry_registrar::proto::registrar::v1::WatchEndpointsRequest;
 use registry_registrar::{ClientConfig, RpcClient};
-use tokio::io::{AsyncBufReadExt, BufReader, Lines};
-use tokio::process::{ChildStdout, Command};
-
-const BIN: &str = env!("CARGO_BIN_EXE_registrar");
-const LIMIT: Duration = Duration::from_secs(30);
-
-struct Out {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-/// Run one CLI command to completion (bounded), with `env` set.
-async fn cli_env(args: &[&str], env: &[(&str, &str)]) -> Out {
-    let out = tokio::time::timeout(
-        LIMIT,
-        Command::new(BIN)
-            .args(args)
-            .envs(env.iter().copied())
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("the command did not finish")
-    .unwrap();
-    Out {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
-
-async fn cli(args: &[&str]) -> Out {
-    cli_env(args, &[]).await
-}
-
-async fn next_line(lines: &mut Lines<BufReader<ChildStdout>>) -> String {
-    tokio::time::timeout(LIMIT, lines.next_line())
-        .await
-        .expect("no line in time")
-        .unwrap()
-        .expect("the output ended")
-}
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
 
 /// The last line of `stderr`: the CLI's own message, after any log lines.
 fn last_line(stderr: &str) -> &str {
