@@ -290,16 +290,10 @@ pub(crate) const NO_CREDENTIALS: &str = "no usable AWS credentials (set AWS_PROF
      AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or give the process a role; the error's causes \
      list each provider tried)";
 
-/// The deepest cause of `err` on one line, at most 200 characters: what
-/// went wrong underneath the SDK's layers, without its internal
-/// structures (the whole chain stays reachable through the error's
-/// source). A missing credential gets a hint where to set one.
+/// The deepest cause of `err` on one line, or where to set credentials
+/// when one is missing ([`registry_api::backend::root_cause_or_hint`]).
 pub(crate) fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
-    if registry_api::backend::chain_mentions(err, "credential") {
-        NO_CREDENTIALS.to_string()
-    } else {
-        registry_api::backend::root_cause(err)
-    }
+    registry_api::backend::root_cause_or_hint(err, "credential", NO_CREDENTIALS)
 }
 
 #[cfg(test)]

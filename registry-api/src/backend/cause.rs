@@ -29,22 +29,29 @@ pub fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
         .collect()
 }
 
-/// Whether an error of `err`'s chain says `word` (ASCII case ignored).
+/// [`root_cause`], or `hint` when an error of `err`'s chain mentions
+/// `word` (ASCII case ignored): for a cause the deepest error does not
+/// name well, such as a missing credential several layers up.
 ///
 /// ```
-/// use registry_api::backend::chain_mentions;
-/// let err = registry_api::Error::unauthorized("AWS")
-///     .with_source(std::io::Error::other("no Credentials provider"));
-/// assert!(chain_mentions(&err, "credential"));
+/// use registry_api::backend::root_cause_or_hint;
+/// let err = registry_api::Error::unauthorized("no Credentials provider")
+///     .with_source(std::io::Error::other("timed out"));
+/// assert_eq!(root_cause_or_hint(&err, "credential", "set AWS_PROFILE"), "set AWS_PROFILE");
+/// assert_eq!(root_cause_or_hint(&err, "password", "set a password"), "timed out");
 /// ```
-pub fn chain_mentions(err: &(dyn std::error::Error + 'static), word: &str) -> bool {
+pub fn root_cause_or_hint(
+    err: &(dyn std::error::Error + 'static),
+    word: &str,
+    hint: &str,
+) -> String {
     let word = word.to_ascii_lowercase();
     let mut next = Some(err);
     while let Some(e) = next {
         if e.to_string().to_ascii_lowercase().contains(&word) {
-            return true;
+            return hint.to_string();
         }
         next = e.source();
     }
-    false
+    root_cause(err)
 }

@@ -13,7 +13,7 @@ mod resume;
 mod settings;
 mod validate;
 
-pub use cause::{chain_mentions, root_cause, ROOT_CAUSE_CHARS};
+pub use cause::{root_cause, root_cause_or_hint, ROOT_CAUSE_CHARS};
 pub use clock::VersionClock;
 pub use diff::diff;
 pub use hub::Hub;
