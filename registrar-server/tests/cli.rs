@@ -30,7 +30,10 @@ struct Out {
 async fn cli(args: &[&str]) -> Out {
     let out = tokio::time::timeout(
         LIMIT,
-        Command::new(BIN).args(args).kill_on_drop(true).output(),
+        Command::new(BIN)
+            .args(common::serve_args(args))
+            .kill_on_drop(true)
+            .output(),
     )
     .await
     .expect("the command did not finish")

@@ -34,7 +34,7 @@ async fn cli_env(args: &[&str], env: &[(&str, &str)]) -> Out {
     let out = tokio::time::timeout(
         LIMIT,
         Command::new(BIN)
-            .args(args)
+            .args(common::serve_args(args))
             .envs(env.iter().copied())
             .kill_on_drop(true)
             .output(),
@@ -187,6 +187,7 @@ async fn missing_aws_credentials_are_one_line() {
             "--health-addr",
             "127.0.0.1:0",
         ]);
+        cmd.args(common::PROTOCOL_ARGS);
         for var in [
             "AWS_ACCESS_KEY_ID",
             "AWS_SECRET_ACCESS_KEY",
