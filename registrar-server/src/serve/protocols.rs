@@ -47,6 +47,7 @@ impl Protocols {
     /// Serve each protocol given from `registrar`'s state; they stop when
     /// the registrar closes.
     pub(super) fn start(self, registrar: &Arc<Registrar>) -> Running {
+        #[cfg_attr(not(any(feature = "http-api", feature = "dns")), allow(unused_mut))]
         let mut tasks = Vec::new();
         #[cfg(feature = "http-api")]
         if let Some(listener) = self.http_api {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub mod pki;
+#[cfg(any(feature = "http-api", feature = "dns"))]
 pub mod protocols;
 
 use registrar_server::{serve, serve_with, Backend, Registrar, RegistrarConfig, ServeOptions};
