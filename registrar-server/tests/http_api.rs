@@ -337,3 +337,29 @@ async fn a_non_loopback_http_api_is_refused_without_insecure() {
     assert!(err.to_string().contains("http_api_addr"), "{err}");
     assert!(err.to_string().contains("--insecure"), "{err}");
 }
+
+/// The binary serves the HTTP API (and DNS, with its feature) by default;
+/// the line it prints names their addresses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_serves_the_http_api_by_default() {
+    let served = common::serve_binary(&[]).await;
+    let field = |name: &str| {
+        served
+            .line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(name))
+            .map(str::to_string)
+    };
+    let http = field("http-api=").unwrap_or_else(|| panic!("no http-api= in {:?}", served.line));
+    #[cfg(feature = "dns")]
+    assert!(field("dns=").is_some(), "{}", served.line);
+    let agent = fast_client(&served.url(), "default", "node-1");
+    agent.register(web("a", "10.0.0.1")).await.unwrap();
+    let body = eventually("web/a from the binary's HTTP API", || async {
+        let (code, body) = common::http_get(&http, "/v1/health/service/web?passing").await;
+        let body: Value = serde_json::from_str(&body).ok()?;
+        (code == 200 && ids(&body) == set(&["a"])).then_some(body)
+    })
+    .await;
+    assert_eq!(body[0]["Service"]["Port"], 8080);
+}

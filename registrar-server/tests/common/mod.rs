@@ -157,6 +157,8 @@ pub struct Served {
     _child: Child,
     pub grpc: String,
     pub health: String,
+    /// The `registrar listening …` line.
+    pub line: String,
 }
 
 pub async fn serve_binary(extra: &[&str]) -> Served {
@@ -198,6 +200,7 @@ pub async fn serve_binary_with_env(extra: &[&str], env: &[(&str, &str)]) -> Serv
     Served {
         grpc: field("grpc="),
         health: field("health="),
+        line,
         _child: child,
     }
 }

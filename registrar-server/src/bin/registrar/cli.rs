@@ -247,7 +247,8 @@ pub struct ServeArgs {
     #[arg(long)]
     pub grpc_addr: Option<SocketAddr>,
     /// Allow plaintext gRPC on a non-loopback address: anyone who can reach
-    /// the port may then write any endpoint.
+    /// the port may then write any endpoint. Also allows the HTTP API and
+    /// DNS (plaintext, unauthenticated, read-only) on one.
     #[arg(long)]
     pub insecure: bool,
     /// Largest request message, in bytes (1024 to 268435456); larger ones
