@@ -363,3 +363,84 @@ async fn the_binary_serves_the_http_api_by_default() {
     .await;
     assert_eq!(body[0]["Service"]["Port"], 8080);
 }
+
+/// One source of truth: what the HTTP API shows for every service in its
+/// catalog is what gRPC's `ListAllEndpoints` returns (same endpoints, same
+/// health, `?passing` exactly the healthy ones).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_api_agrees_with_list_all_endpoints() {
+    use registry_registrar::proto::registrar::v1::registrar_client::RegistrarClient as Grpc;
+    use registry_registrar::proto::registrar::v1::ListAllEndpointsRequest;
+    type Row = (String, String, String, u64, bool);
+
+    let stack = start().await;
+    let agent = fast_client(&stack.url(), "test", "node-1");
+    for i in 0..12u16 {
+        let svc = ["web", "db", "cache"][usize::from(i % 3)];
+        let health = if i % 4 == 0 {
+            Health::Unhealthy
+        } else {
+            Health::Healthy
+        };
+        agent
+            .register(
+                Endpoint::new(svc, format!("e{i}"), format!("10.0.2.{i}"), 1000 + i)
+                    .with_node("node-1")
+                    .with_health(health),
+            )
+            .await
+            .unwrap();
+    }
+    let over_http = |passing: bool| {
+        let stack = &stack;
+        async move {
+            let catalog = get(stack, "/v1/catalog/services").await.body;
+            let mut rows: BTreeSet<Row> = BTreeSet::new();
+            for svc in catalog.as_object().unwrap().keys() {
+                let q = if passing { "?passing" } else { "" };
+                let body = get(stack, &format!("/v1/health/service/{svc}{q}"))
+                    .await
+                    .body;
+                for e in body.as_array().unwrap() {
+                    rows.insert((
+                        e["Service"]["Service"].as_str().unwrap().to_string(),
+                        e["Service"]["ID"].as_str().unwrap().to_string(),
+                        e["Service"]["Address"].as_str().unwrap().to_string(),
+                        e["Service"]["Port"].as_u64().unwrap(),
+                        e["Checks"][0]["Status"] == "passing",
+                    ));
+                }
+            }
+            rows
+        }
+    };
+    let all = eventually("12 endpoints over HTTP", || async {
+        let rows = over_http(false).await;
+        (rows.len() == 12).then_some(rows)
+    })
+    .await;
+    let mut grpc = Grpc::connect(stack.url()).await.unwrap();
+    let listed: BTreeSet<Row> = grpc
+        .list_all_endpoints(ListAllEndpointsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .endpoints
+        .into_iter()
+        .map(|e| {
+            (
+                e.service_name,
+                e.id,
+                e.address,
+                u64::from(e.port),
+                e.health != 2, // UNHEALTHY
+            )
+        })
+        .collect();
+    assert_eq!(all, listed);
+    let passing = over_http(true).await;
+    let healthy: BTreeSet<Row> = listed.into_iter().filter(|r| r.4).collect();
+    assert_eq!(passing, healthy);
+    assert_eq!(passing.len(), 9);
+    stack.stop().await.unwrap();
+}
