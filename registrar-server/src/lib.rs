@@ -1,9 +1,13 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
+#[cfg(feature = "http-api")]
+pub mod api_http;
 mod auth;
 mod backends;
 mod config;
+#[cfg(feature = "dns")]
+pub mod dns;
 mod http;
 mod metered;
 mod monitor;
@@ -15,16 +19,20 @@ mod service;
 mod status;
 mod stream;
 
+#[cfg(feature = "http-api")]
+pub use api_http::http_api_router;
 pub use auth::{AuthzConfig, DEFAULT_ID_PATTERN};
 pub use backends::{open_backend, BackendKind, BackendOptions};
 pub use config::{Ack, RegistrarConfig};
+#[cfg(feature = "dns")]
+pub use dns::{serve_dns, DnsConfig, DnsListeners};
 pub use http::health_router;
 pub use metered::{describe_metrics, SyncMetered};
 pub use policy::Policy;
 pub use refusals::Refusal;
 pub use registrar::Registrar;
 pub use registry_registrar::TlsFiles;
-pub use serve::{serve, serve_with, Bound, OpenPolicy, Opening, ServeOptions};
+pub use serve::{serve, serve_with, Bound, OpenPolicy, Opening, Protocols, ServeOptions};
 pub use service::{RegistrarService, DEFAULT_MAX_REQUEST_BYTES};
 pub use status::{Readiness, Status};
 pub use stream::WatchStats;

@@ -36,6 +36,7 @@ fn spawn_registrar(db: &Path, grpc: u16, health: u16) -> Proc {
             &format!("--health-addr=127.0.0.1:{health}"),
             "--write-batch-interval=200ms",
         ])
+        .args(common::PROTOCOL_ARGS)
         .env("RUST_LOG", "error")
         .stdin(Stdio::null())
         .stdout(Stdio::null())

@@ -146,6 +146,7 @@ async fn missing_aws_credentials_are_one_line() {
             "--health-addr",
             "127.0.0.1:0",
         ]);
+        cmd.args(common::PROTOCOL_ARGS);
         for var in [
             "AWS_ACCESS_KEY_ID",
             "AWS_SECRET_ACCESS_KEY",

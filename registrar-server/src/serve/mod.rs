@@ -22,9 +22,12 @@ use crate::status::Status;
 use crate::{Backend, Registrar, RegistrarConfig};
 
 mod options;
+mod protocols;
 
 pub use options::ServeOptions;
 use options::{security, Secured};
+pub use protocols::Protocols;
+use protocols::Running;
 
 /// Where a running registrar listens.
 #[derive(Debug, Clone, Copy)]
@@ -79,7 +82,7 @@ pub async fn serve_with(
     let status = Arc::clone(registrar.status());
     let slot: Slot = Arc::new(OnceLock::from(Arc::clone(&registrar)));
     let health = HealthServer::start(health, status, slot, metrics);
-    run_grpc(registrar, grpc, secured, stop, health).await
+    run_grpc(registrar, grpc, secured, stop, health, Running::default()).await
 }
 
 /// How [`Opening`] treats a backend it cannot open.
@@ -109,6 +112,9 @@ pub struct Opening {
     pub options: ServeOptions,
     /// Renders `/metrics` when given.
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    /// The HTTP API and DNS listeners, served once the backend is open
+    /// (until then their clients wait in the listen backlog).
+    pub protocols: Protocols,
     status: Arc<Status>,
 }
 
@@ -120,6 +126,7 @@ impl Opening {
             policy: OpenPolicy::Retry,
             options: ServeOptions::default(),
             metrics: None,
+            protocols: Protocols::none(),
             status: Arc::new(Status::default()),
         }
     }
@@ -148,11 +155,13 @@ impl Opening {
             policy,
             options,
             metrics,
+            protocols,
             status,
         } = self;
         cfg.validate()?;
         let secured = security(&options, &cfg.cluster_name)?;
         options.check_listener(&grpc)?;
+        protocols.check(&options)?;
         let stop = stop_signal(shutdown);
         status.opening_failed(&Error::unavailable("opening"));
         let slot: Slot = Arc::new(OnceLock::new());
@@ -167,7 +176,7 @@ impl Opening {
         let backend = loop {
             let attempt = tokio::select! {
                 r = open() => r,
-                _ = stopped.wait_for(|s| *s) => {
+                () = until_stopped(&mut stopped) => {
                     health.stop().await;
                     return Ok(());
                 }
@@ -184,7 +193,7 @@ impl Opening {
                     status.opening_failed(&e);
                     tokio::select! {
                         _ = tokio::time::sleep(delay) => {}
-                        _ = stopped.wait_for(|s| *s) => {
+                        () = until_stopped(&mut stopped) => {
                             health.stop().await;
                             return Ok(());
                         }
@@ -196,8 +205,16 @@ impl Opening {
         let registrar = Registrar::with_status(backend, cfg, status)?;
         let _ = slot.set(Arc::clone(&registrar));
         tracing::info!(backend = %registrar.backend(), epoch = registrar.epoch(), "backend open");
-        run_grpc(registrar, grpc, secured, stop, health).await
+        let running = protocols.start(&registrar);
+        run_grpc(registrar, grpc, secured, stop, health, running).await
     }
+}
+
+/// Resolves once `stopped` says so (or its sender is gone). Keeps the
+/// `watch::Ref` out of `select!`'s output, so that [`Opening::serve`]'s
+/// future is `Send` and can be spawned.
+async fn until_stopped(stopped: &mut watch::Receiver<bool>) {
+    let _ = stopped.wait_for(|s| *s).await;
 }
 
 /// `true` once `shutdown` resolved.
@@ -256,6 +273,7 @@ async fn run_grpc(
     secured: Secured,
     mut stop: watch::Receiver<bool>,
     health: HealthServer,
+    protocols: Running,
 ) -> Result<()> {
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let mirror = tokio::spawn(mirror_readiness(Arc::clone(&registrar), reporter));
@@ -321,6 +339,7 @@ async fn run_grpc(
         timeout = ?registrar.config().drain_timeout,
         "shutting down: draining the write queue"
     );
+    protocols.stop().await;
     let unwritten = registrar.drain().await;
     mirror.abort();
     health.stop().await;

@@ -143,6 +143,33 @@ impl ServeOptions {
         Ok(())
     }
 
+    /// Refuse a read-only plaintext listener (the HTTP API, DNS) at
+    /// `addr` on a non-loopback address unless `insecure` was given: it
+    /// shows every endpoint to anyone who can reach it, whatever the gRPC
+    /// port's authorization says.
+    #[cfg_attr(not(any(feature = "http-api", feature = "dns")), allow(dead_code))]
+    pub(super) fn check_read_only(
+        &self,
+        addr: std::io::Result<std::net::SocketAddr>,
+        field: &'static str,
+        what: &str,
+    ) -> Result<()> {
+        let addr = addr
+            .map_err(|e| Error::unavailable(format!("the {what} listener: {e}")).with_source(e))?;
+        if !self.insecure && !addr.ip().is_loopback() {
+            return Err(Error::invalid(
+                field,
+                format!(
+                    "{what} on {addr}, which is not a loopback address: it is plaintext and \
+                     shows every endpoint to anyone who can reach it, without the gRPC \
+                     port's authorization. Listen on 127.0.0.1 or [::1], or accept it \
+                     with --insecure"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     fn check_keepalive(&self) -> Result<()> {
         let hour = Duration::from_secs(3600);
         let ms10 = Duration::from_millis(10);

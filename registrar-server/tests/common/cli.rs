@@ -22,7 +22,7 @@ pub async fn cli_env(args: &[&str], env: &[(&str, &str)]) -> Out {
     let out = tokio::time::timeout(
         LIMIT,
         Command::new(BIN)
-            .args(args)
+            .args(super::serve_args(args))
             .envs(env.iter().copied())
             .kill_on_drop(true)
             .output(),

@@ -8,6 +8,8 @@ use std::time::Duration;
 
 pub mod cli;
 pub mod pki;
+#[cfg(any(feature = "http-api", feature = "dns"))]
+pub mod protocols;
 
 use registrar_server::{serve, serve_with, Backend, Registrar, RegistrarConfig, ServeOptions};
 use registry_registrar::{ClientConfig, RegistrarClient};
@@ -128,6 +130,24 @@ pub fn fast_client(url: &str, cluster: &str, node: &str) -> RegistrarClient {
 
 use std::process::Stdio;
 
+/// `serve` flags putting the HTTP API and DNS on free loopback ports
+/// (their default ports would collide between tests running at once).
+pub const PROTOCOL_ARGS: &[&str] = &[
+    #[cfg(feature = "http-api")]
+    "--http-api-addr=127.0.0.1:0",
+    #[cfg(feature = "dns")]
+    "--dns-addr=127.0.0.1:0",
+];
+
+/// `args` with [`PROTOCOL_ARGS`] added when they run `serve`.
+pub fn serve_args<'a>(args: &[&'a str]) -> Vec<&'a str> {
+    let mut out = args.to_vec();
+    if args.contains(&"serve") && !args.contains(&"--help") {
+        out.extend_from_slice(PROTOCOL_ARGS);
+    }
+    out
+}
+
 use std::collections::BTreeMap;
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -138,6 +158,8 @@ pub struct Served {
     _child: Child,
     pub grpc: String,
     pub health: String,
+    /// The `registrar listening …` line.
+    pub line: String,
 }
 
 pub async fn serve_binary(extra: &[&str]) -> Served {
@@ -154,6 +176,7 @@ pub async fn serve_binary_with_env(extra: &[&str], env: &[(&str, &str)]) -> Serv
             "--health-addr",
             "127.0.0.1:0",
         ])
+        .args(PROTOCOL_ARGS)
         .args(extra)
         .env("RUST_LOG", "info")
         .envs(env.iter().copied())
@@ -178,6 +201,7 @@ pub async fn serve_binary_with_env(extra: &[&str], env: &[(&str, &str)]) -> Serv
     Served {
         grpc: field("grpc="),
         health: field("health="),
+        line,
         _child: child,
     }
 }
@@ -278,6 +302,7 @@ pub async fn spawn_serve_env(extra: &[&str], env: &[(&str, &str)]) -> Spawned {
             "--health-addr",
             "127.0.0.1:0",
         ])
+        .args(PROTOCOL_ARGS)
         .args(extra)
         .env("RUST_LOG", "info")
         .envs(env.iter().copied())

@@ -247,7 +247,8 @@ pub struct ServeArgs {
     #[arg(long)]
     pub grpc_addr: Option<SocketAddr>,
     /// Allow plaintext gRPC on a non-loopback address: anyone who can reach
-    /// the port may then write any endpoint.
+    /// the port may then write any endpoint. Also allows the HTTP API and
+    /// DNS (plaintext, unauthenticated, read-only) on one.
     #[arg(long)]
     pub insecure: bool,
     /// Largest request message, in bytes (1024 to 268435456); larger ones
@@ -257,6 +258,34 @@ pub struct ServeArgs {
     /// Health and metrics address.
     #[arg(long, default_value = "0.0.0.0:8081")]
     pub health_addr: SocketAddr,
+    /// The read-only HTTP/JSON API's address (Consul's
+    /// `/v1/health/service/<name>` and `/v1/catalog/services`, and
+    /// `/services`); plaintext, so a non-loopback address needs --insecure.
+    #[cfg(feature = "http-api")]
+    #[arg(long, default_value = "127.0.0.1:8500")]
+    pub http_api_addr: SocketAddr,
+    /// Do not serve the HTTP/JSON API.
+    #[cfg(feature = "http-api")]
+    #[arg(long)]
+    pub no_http_api: bool,
+    /// The DNS responder's address (UDP and TCP); a non-loopback address
+    /// needs --insecure.
+    #[cfg(feature = "dns")]
+    #[arg(long, default_value = "127.0.0.1:8600")]
+    pub dns_addr: SocketAddr,
+    /// The domain the DNS responder answers for
+    /// (`<service>.service.<domain>`).
+    #[cfg(feature = "dns")]
+    #[arg(long, default_value = registrar_server::dns::DEFAULT_DNS_DOMAIN)]
+    pub dns_domain: String,
+    /// The TTL of DNS records (0s to 5s, whole seconds).
+    #[cfg(feature = "dns")]
+    #[arg(long, default_value = "5s", value_parser = duration_in(Duration::ZERO, registrar_server::dns::MAX_DNS_TTL))]
+    pub dns_ttl: Duration,
+    /// Do not serve DNS.
+    #[cfg(feature = "dns")]
+    #[arg(long)]
+    pub no_dns: bool,
     /// The SQLite file (`--registry-backend=sqlite`).
     #[arg(long, default_value = "registry.db")]
     pub sqlite_path: PathBuf,

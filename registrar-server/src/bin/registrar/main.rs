@@ -120,6 +120,8 @@ async fn run_serve(args: ServeArgs) -> Result<(), CliError> {
     let grpc_addr = grpc.local_addr().map_err(|e| e.to_string())?;
     let health_addr = health.local_addr().map_err(|e| e.to_string())?;
     let mut server = Opening::new(cfg);
+    let mut listening = format!("registrar listening grpc={grpc_addr} health={health_addr}");
+    bind_protocols(&args, &mut server, &mut listening).await?;
     server.policy = if args.fail_fast {
         OpenPolicy::FailFast
     } else {
@@ -142,7 +144,7 @@ async fn run_serve(args: ServeArgs) -> Result<(), CliError> {
         "registrar starting"
     );
     // One line for scripts and tests to read the bound addresses from.
-    println!("registrar listening grpc={grpc_addr} health={health_addr}");
+    println!("{listening}");
     let backend = args.backend_options();
     let kind = args.registry_backend.name();
     server
@@ -162,6 +164,38 @@ async fn run_serve(args: ServeArgs) -> Result<(), CliError> {
         )
         .await
         .map_err(|e| CliError::registry(format!("{kind} backend"), e))
+}
+
+/// Bind the listeners of the HTTP API and DNS the flags ask for into
+/// `server`, adding their addresses to the `listening` line.
+async fn bind_protocols(
+    args: &ServeArgs,
+    server: &mut Opening,
+    listening: &mut String,
+) -> Result<(), CliError> {
+    #[cfg(feature = "http-api")]
+    if !args.no_http_api {
+        let addr = args.http_api_addr;
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("cannot listen on {addr} (HTTP API): {e}"))?;
+        let bound = l.local_addr().map_err(|e| e.to_string())?;
+        listening.push_str(&format!(" http-api={bound}"));
+        server.protocols.http_api = Some(l);
+    }
+    #[cfg(feature = "dns")]
+    if !args.no_dns {
+        let config = registrar_server::DnsConfig::new(&args.dns_domain, args.dns_ttl)
+            .map_err(|e| e.to_string())?;
+        let l = registrar_server::DnsListeners::bind(args.dns_addr)
+            .await
+            .map_err(|e| e.to_string())?;
+        let bound = l.local_addr().map_err(|e| e.to_string())?;
+        listening.push_str(&format!(" dns={bound}"));
+        server.protocols.dns = Some((l, config));
+    }
+    let _ = (args, server, listening);
+    Ok(())
 }
 
 /// A panic anywhere (a background task included) makes the registrar not

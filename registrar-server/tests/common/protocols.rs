@@ -1,0 +1,79 @@
+//! A registrar (memory backend) serving gRPC, the HTTP API and DNS on
+//! loopback, for the field-protocol tests.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use registrar_server::{Backend, Opening, RegistrarConfig};
+use registry_api::{liveness::Liveness, memory::MemoryRegistry};
+
+pub struct Stack {
+    pub grpc: SocketAddr,
+    #[cfg(feature = "http-api")]
+    pub http: SocketAddr,
+    #[cfg(feature = "dns")]
+    pub dns: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<registry_api::Result<()>>,
+}
+
+/// Serve on free loopback ports; DNS answers for `registry.` with TTL 0.
+pub async fn start() -> Stack {
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let grpc_addr = grpc.local_addr().unwrap();
+    let mut server = Opening::new(RegistrarConfig::new("test"));
+    #[cfg(feature = "http-api")]
+    let http = {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        server.protocols.http_api = Some(l);
+        addr
+    };
+    #[cfg(feature = "dns")]
+    let dns = {
+        let l = registrar_server::DnsListeners::bind("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let addr = l.local_addr().unwrap();
+        let cfg = registrar_server::DnsConfig::new("registry.", Duration::ZERO).unwrap();
+        server.protocols.dns = Some((l, cfg));
+        addr
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(server.serve(
+        || async { Ok(Arc::new(Liveness::new(MemoryRegistry::new())) as Arc<dyn Backend>) },
+        grpc,
+        health,
+        async move {
+            let _ = rx.await;
+        },
+    ));
+    Stack {
+        grpc: grpc_addr,
+        #[cfg(feature = "http-api")]
+        http,
+        #[cfg(feature = "dns")]
+        dns,
+        stop: Some(tx),
+        task,
+    }
+}
+
+impl Stack {
+    pub fn url(&self) -> String {
+        format!("http://{}", self.grpc)
+    }
+
+    /// Graceful stop; what `serve` returned.
+    pub async fn stop(mut self) -> registry_api::Result<()> {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(60), &mut self.task)
+            .await
+            .expect("the server did not stop")
+            .unwrap()
+    }
+}
