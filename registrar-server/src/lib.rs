@@ -14,6 +14,7 @@ mod serve;
 mod service;
 mod status;
 mod stream;
+mod ui;
 
 pub use auth::{AuthzConfig, DEFAULT_ID_PATTERN};
 pub use backends::{open_backend, BackendKind, BackendOptions};

@@ -52,7 +52,13 @@ pub struct Registrar {
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// What the agents' streams hold.
     pub(crate) streams: Arc<StreamCounters>,
+    /// The last heartbeat this replica accepted, by node.
+    heartbeats: Mutex<BTreeMap<String, SystemTime>>,
 }
+
+/// Nodes whose heartbeats are remembered; beyond it, those not heard
+/// from for an hour are forgotten.
+const MAX_HEARTBEAT_NODES: usize = 10_000;
 
 impl Registrar {
     /// A registrar over `backend`, with its own [`Status`]. Must be called
@@ -109,6 +115,7 @@ impl Registrar {
             counted: Mutex::new(BTreeMap::new()),
             tasks: Mutex::new(Vec::new()),
             streams: Arc::default(),
+            heartbeats: Mutex::new(BTreeMap::new()),
         });
         let tasks = vec![
             tokio::spawn(count_endpoints(Arc::downgrade(&this))),
@@ -324,6 +331,35 @@ impl Registrar {
     /// should register again.
     pub async fn heartbeat(&self, node: &str) -> Result<()> {
         registry_api::backend::check_name("node_name", node, true)?;
+        let result = self.heartbeat_backend(node).await;
+        if result.is_ok() {
+            self.heard_from(node);
+        }
+        result
+    }
+
+    /// When this replica last accepted a heartbeat of each node (other
+    /// replicas' heartbeats are not seen here).
+    pub fn heartbeats(&self) -> BTreeMap<String, SystemTime> {
+        self.heartbeats
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn heard_from(&self, node: &str) {
+        let now = SystemTime::now();
+        let mut beats = self.heartbeats.lock().unwrap_or_else(|p| p.into_inner());
+        if beats.len() >= MAX_HEARTBEAT_NODES && !beats.contains_key(node) {
+            let hour = Duration::from_secs(3600);
+            beats.retain(|_, at| now.duration_since(*at).unwrap_or_default() < hour);
+        }
+        if beats.len() < MAX_HEARTBEAT_NODES || beats.contains_key(node) {
+            beats.insert(node.to_string(), now);
+        }
+    }
+
+    async fn heartbeat_backend(&self, node: &str) -> Result<()> {
         match self.backend.heartbeat(node).await {
             // The node's registrations may still be on their way to the
             // backend (acknowledged, queued): its endpoints are in the

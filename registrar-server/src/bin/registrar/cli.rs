@@ -257,6 +257,11 @@ pub struct ServeArgs {
     /// Health and metrics address.
     #[arg(long, default_value = "0.0.0.0:8081")]
     pub health_addr: SocketAddr,
+    /// Serve a live dashboard at /ui on the health address. Off by default:
+    /// the health port is plaintext and unauthenticated, so the dashboard
+    /// shows every endpoint to anyone who can reach it.
+    #[arg(long)]
+    pub ui: bool,
     /// The SQLite file (`--registry-backend=sqlite`).
     #[arg(long, default_value = "registry.db")]
     pub sqlite_path: PathBuf,
