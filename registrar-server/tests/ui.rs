@@ -341,17 +341,18 @@ impl Drop for Driver {
     }
 }
 
-/// The `data-key`s of the endpoint rows shown.
+/// The `data-key`s of the endpoint rows shown. Read in one script: the
+/// page replaces its rows on every change, so element handles go stale.
 async fn rows(browser: &Client) -> Vec<String> {
-    let mut keys = Vec::new();
-    for row in browser
-        .find_all(Locator::Css("#endpoints tbody tr"))
+    let keys = browser
+        .execute(
+            "return Array.from(document.querySelectorAll('#endpoints tbody tr'))\
+             .map(r => r.dataset.key);",
+            vec![],
+        )
         .await
-        .unwrap()
-    {
-        keys.push(row.attr("data-key").await.unwrap().unwrap_or_default());
-    }
-    keys
+        .unwrap();
+    serde_json::from_value(keys).unwrap()
 }
 
 async fn shows(browser: &Client, what: &str, want: &[&str]) {
@@ -362,14 +363,25 @@ async fn shows(browser: &Client, what: &str, want: &[&str]) {
     .await;
 }
 
+/// The text and class of the element `css` selects; `None` while there is
+/// none.
+async fn element(browser: &Client, css: &str) -> Option<(String, String)> {
+    let found = browser
+        .execute(
+            "const e = document.querySelector(arguments[0]);\
+             return e === null ? null : [e.textContent, e.className];",
+            vec![serde_json::json!(css)],
+        )
+        .await
+        .unwrap();
+    serde_json::from_value(found).unwrap()
+}
+
 async fn text_of(browser: &Client, css: &str) -> String {
-    browser
-        .find(Locator::Css(css))
+    element(browser, css)
         .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+        .unwrap_or_else(|| panic!("nothing matches {css}"))
+        .0
 }
 
 #[tokio::test]
@@ -393,7 +405,12 @@ async fn the_dashboard_in_headless_chromium() {
             Health::Healthy,
         ))
         .await;
-    server.registrar.heartbeat("node-1").await.unwrap();
+    // Accepted once the registration is in the state or the backend.
+    let registrar = &server.registrar;
+    eventually("node-1's heartbeat is accepted", || async move {
+        registrar.heartbeat("node-1").await.ok()
+    })
+    .await;
     let driver = Driver::start().await;
     let browser = driver.browser().await;
     // On a panic, dropping the driver kills the browser too.
@@ -406,7 +423,8 @@ async fn the_dashboard_in_headless_chromium() {
 async fn check_dashboard(server: &Server, browser: &Client) {
     browser.goto(&server.url("/ui")).await.unwrap();
     eventually("the page is live", || async move {
-        (text_of(browser, "#link").await == "live").then_some(())
+        let (text, _) = element(browser, "#link").await?;
+        (text == "live").then_some(())
     })
     .await;
     shows(
@@ -445,9 +463,7 @@ async fn check_dashboard(server: &Server, browser: &Client) {
         .await;
     let row = r#"#endpoints tr[data-key="payments/pod-b"]"#;
     eventually("pod-b shown unhealthy", || async move {
-        let el = browser.find(Locator::Css(row)).await.ok()?;
-        let class = el.attr("class").await.ok()??;
-        let text = el.text().await.ok()?;
+        let (text, class) = element(browser, row).await?;
         (class.contains("unhealthy") && text.contains("unhealthy")).then_some(())
     })
     .await;
