@@ -14,6 +14,8 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Stdio;
@@ -130,6 +132,25 @@ async fn the_dashboard_is_off_unless_asked_for() {
     let (code, _, body) = get(server.health, "/healthz").await;
     assert_eq!((code, body.as_str()), (200, "ok\n"));
     server.stop().await;
+}
+
+/// The binary: `serve --ui` serves the page and warns that it is open to
+/// anyone; without the flag there is no `/ui`.
+#[tokio::test]
+async fn serve_ui_turns_it_on_with_a_warning() {
+    let with = common::spawn_serve(&["--ui"]).await;
+    let (code, body) = common::http_get(&with.health, "/ui").await;
+    assert_eq!(code, 200, "{}", with.stderr());
+    assert!(body.contains("<title>Registrar</title>"), "{body}");
+    let log = with.stderr();
+    assert!(
+        log.contains("/ui") && log.contains("no authentication"),
+        "{log}"
+    );
+    let without = common::spawn_serve(&[]).await;
+    let (code, _) = common::http_get(&without.health, "/ui").await;
+    assert_eq!(code, 404);
+    assert!(!without.stderr().contains("no authentication"));
 }
 
 #[tokio::test]
