@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub mod dashboard;
 pub mod pki;
 
 use registrar_server::{serve, serve_with, Backend, Registrar, RegistrarConfig, ServeOptions};
