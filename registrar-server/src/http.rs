@@ -1,4 +1,5 @@
-//! The health port: `/healthz`, `/readyz` and `/metrics`.
+//! The health port: `/healthz`, `/readyz`, `/metrics`, and the dashboard
+//! at `/ui` when enabled.
 
 use std::sync::{Arc, OnceLock};
 
@@ -28,13 +29,14 @@ struct HttpState {
 /// given.
 pub fn health_router(registrar: Arc<Registrar>, metrics: Option<PrometheusHandle>) -> Router {
     let status = Arc::clone(registrar.status());
-    router(status, Arc::new(OnceLock::from(registrar)), metrics)
+    router(status, Arc::new(OnceLock::from(registrar)), metrics, None)
 }
 
 pub(crate) fn router(
     status: Arc<Status>,
     registrar: Slot,
     metrics: Option<PrometheusHandle>,
+    ui: Option<crate::ui::Ui>,
 ) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
@@ -45,6 +47,7 @@ pub(crate) fn router(
             registrar,
             metrics,
         })
+        .merge(ui.map(crate::ui::router).unwrap_or_default())
 }
 
 async fn ready(State(st): State<HttpState>) -> (StatusCode, String) {

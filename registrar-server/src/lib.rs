@@ -18,6 +18,7 @@ mod serve;
 mod service;
 mod status;
 mod stream;
+mod ui;
 
 #[cfg(feature = "http-api")]
 pub use api_http::http_api_router;

@@ -52,7 +52,13 @@ pub struct Registrar {
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// What the agents' streams hold.
     pub(crate) streams: Arc<StreamCounters>,
+    /// The last heartbeat this replica accepted, by node.
+    heartbeats: Mutex<BTreeMap<String, SystemTime>>,
 }
+
+/// Nodes whose heartbeats are remembered; beyond it, those not heard
+/// from for an hour are forgotten.
+const MAX_HEARTBEAT_NODES: usize = 10_000;
 
 impl Registrar {
     /// A registrar over `backend`, with its own [`Status`]. Must be called
@@ -109,6 +115,7 @@ impl Registrar {
             counted: Mutex::new(BTreeMap::new()),
             tasks: Mutex::new(Vec::new()),
             streams: Arc::default(),
+            heartbeats: Mutex::new(BTreeMap::new()),
         });
         let tasks = vec![
             tokio::spawn(count_endpoints(Arc::downgrade(&this))),
@@ -324,6 +331,28 @@ impl Registrar {
     /// should register again.
     pub async fn heartbeat(&self, node: &str) -> Result<()> {
         registry_api::backend::check_name("node_name", node, true)?;
+        let result = self.heartbeat_backend(node).await;
+        if result.is_ok() {
+            self.heard_from(node);
+        }
+        result
+    }
+
+    /// When this replica last accepted a heartbeat of each node (other
+    /// replicas' heartbeats are not seen here).
+    pub fn heartbeats(&self) -> BTreeMap<String, SystemTime> {
+        self.heartbeats
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn heard_from(&self, node: &str) {
+        let mut beats = self.heartbeats.lock().unwrap_or_else(|p| p.into_inner());
+        remember(&mut beats, node, SystemTime::now(), MAX_HEARTBEAT_NODES);
+    }
+
+    async fn heartbeat_backend(&self, node: &str) -> Result<()> {
         match self.backend.heartbeat(node).await {
             // The node's registrations may still be on their way to the
             // backend (acknowledged, queued): its endpoints are in the
@@ -405,5 +434,47 @@ async fn count_endpoints(this: std::sync::Weak<Registrar>) {
         tick.tick().await;
         let Some(this) = this.upgrade() else { return };
         this.publish_gauges();
+    }
+}
+
+/// Record `node`'s heartbeat at `now` in `beats`, which holds at most
+/// `max` nodes: when full, nodes not heard from for an hour are forgotten;
+/// if none is, the new node is not recorded (known ones still are).
+fn remember(beats: &mut BTreeMap<String, SystemTime>, node: &str, now: SystemTime, max: usize) {
+    if beats.len() >= max && !beats.contains_key(node) {
+        let hour = Duration::from_secs(3600);
+        beats.retain(|_, at| now.duration_since(*at).unwrap_or_default() < hour);
+    }
+    if beats.len() < max || beats.contains_key(node) {
+        beats.insert(node.to_string(), now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remembered_heartbeats_are_bounded_and_the_stale_ones_go_first() {
+        let t0 = UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let later = t0 + Duration::from_secs(7200);
+        let mut beats = BTreeMap::new();
+        remember(&mut beats, "old", t0, 2);
+        remember(&mut beats, "recent", later, 2);
+        // Full: the node unheard for two hours makes room.
+        remember(&mut beats, "new", later, 2);
+        assert_eq!(
+            beats.keys().collect::<Vec<_>>(),
+            ["new", "recent"],
+            "{beats:?}"
+        );
+        // Full of recent nodes: a known one is updated, a new one is not
+        // recorded.
+        let last = later + Duration::from_secs(1);
+        remember(&mut beats, "recent", last, 2);
+        remember(&mut beats, "another", last, 2);
+        assert_eq!(beats.len(), 2);
+        assert_eq!(beats.get("recent"), Some(&last));
+        assert!(!beats.contains_key("another"));
     }
 }

@@ -81,7 +81,7 @@ pub async fn serve_with(
     let stop = stop_signal(shutdown);
     let status = Arc::clone(registrar.status());
     let slot: Slot = Arc::new(OnceLock::from(Arc::clone(&registrar)));
-    let health = HealthServer::start(health, status, slot, metrics);
+    let health = HealthServer::start(health, status, slot, metrics, options.ui);
     run_grpc(registrar, grpc, secured, stop, health, Running::default()).await
 }
 
@@ -165,7 +165,13 @@ impl Opening {
         let stop = stop_signal(shutdown);
         status.opening_failed(&Error::unavailable("opening"));
         let slot: Slot = Arc::new(OnceLock::new());
-        let health = HealthServer::start(health, Arc::clone(&status), Arc::clone(&slot), metrics);
+        let health = HealthServer::start(
+            health,
+            Arc::clone(&status),
+            Arc::clone(&slot),
+            metrics,
+            options.ui,
+        );
         let mut delays = backon::ExponentialBuilder::default()
             .with_min_delay(Duration::from_secs(1))
             .with_max_delay(Duration::from_secs(30))
@@ -244,9 +250,14 @@ impl HealthServer {
         status: Arc<Status>,
         slot: Slot,
         metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+        ui: bool,
     ) -> Self {
         let (stop, mut stopped) = watch::channel(false);
-        let router = crate::http::router(status, slot, metrics);
+        // The dashboard's event streams end when the server stops, or the
+        // graceful shutdown would wait for them.
+        let ui =
+            ui.then(|| crate::ui::Ui::new(Arc::clone(&status), Arc::clone(&slot), stopped.clone()));
+        let router = crate::http::router(status, slot, metrics, ui);
         let task = tokio::spawn(async move {
             axum::serve(listener, router)
                 .with_graceful_shutdown(async move {

@@ -45,6 +45,10 @@ pub struct ServeOptions {
     /// probe (the kernel's interval and count follow). `None`: off.
     /// Default 60 s.
     pub tcp_keepalive: Option<Duration>,
+    /// Serve the live dashboard at `/ui` on the health port (off by
+    /// default: the health port is plaintext and unauthenticated, so the
+    /// dashboard shows every endpoint to anyone who can reach it).
+    pub ui: bool,
 }
 
 impl Default for ServeOptions {
@@ -59,6 +63,7 @@ impl Default for ServeOptions {
             http2_keepalive_interval: Some(Duration::from_secs(30)),
             http2_keepalive_timeout: Duration::from_secs(10),
             tcp_keepalive: Some(Duration::from_secs(60)),
+            ui: false,
         }
     }
 }
@@ -105,6 +110,13 @@ impl ServeOptions {
     pub fn with_http2_keepalive(mut self, interval: Option<Duration>, timeout: Duration) -> Self {
         self.http2_keepalive_interval = interval;
         self.http2_keepalive_timeout = timeout;
+        self
+    }
+
+    /// Serve the live dashboard at `/ui` on the health port (see
+    /// [`ServeOptions::ui`]).
+    pub fn with_ui(mut self, on: bool) -> Self {
+        self.ui = on;
         self
     }
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub mod cli;
+pub mod dashboard;
 pub mod pki;
 #[cfg(any(feature = "http-api", feature = "dns"))]
 pub mod protocols;

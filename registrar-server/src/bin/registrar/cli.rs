@@ -286,6 +286,11 @@ pub struct ServeArgs {
     #[cfg(feature = "dns")]
     #[arg(long)]
     pub no_dns: bool,
+    /// Serve a live dashboard at /ui on the health address. Off by default:
+    /// the health port is plaintext and unauthenticated, so the dashboard
+    /// shows every endpoint to anyone who can reach it.
+    #[arg(long)]
+    pub ui: bool,
     /// The SQLite file (`--registry-backend=sqlite`).
     #[arg(long, default_value = "registry.db")]
     pub sqlite_path: PathBuf,

@@ -94,7 +94,8 @@ async fn run_serve(args: ServeArgs) -> Result<(), CliError> {
             Some(args.http2_keepalive_interval),
             args.http2_keepalive_timeout,
         )
-        .with_tcp_keepalive(Some(args.tcp_keepalive));
+        .with_tcp_keepalive(Some(args.tcp_keepalive))
+        .with_ui(args.ui);
     if let Some(files) = tls_files {
         options = options.with_tls(files);
     }
@@ -108,6 +109,13 @@ async fn run_serve(args: ServeArgs) -> Result<(), CliError> {
         options = options.allow_any_certificate();
     }
     options.check().map_err(|e| e.to_string())?;
+    if args.ui {
+        tracing::warn!(
+            addr = %args.health_addr,
+            "serving the dashboard at /ui on the health port, which has no authentication: \
+             anyone who can reach it can read every endpoint"
+        );
+    }
     let cfg = args.registrar_config();
     cfg.validate().map_err(|e| e.to_string())?;
     let metrics = install_metrics()?;
