@@ -9,12 +9,8 @@ use axum::routing::get;
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 
+use crate::registrar::{Registrar, Slot};
 use crate::status::{Readiness, Status};
-use crate::Registrar;
-
-/// The registrar once it exists (the health port answers before the
-/// backend is open).
-pub(crate) type Slot = Arc<OnceLock<Arc<Registrar>>>;
 
 #[derive(Clone)]
 struct HttpState {

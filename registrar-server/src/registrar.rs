@@ -1,7 +1,7 @@
 //! [`Registrar`]: the state agents are served from and the write path.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use registry_api::{
@@ -16,6 +16,10 @@ use crate::metered::SyncMetered;
 use crate::refusals::{Refusal, Refusals};
 use crate::status::Status;
 use crate::stream::{StreamCounters, WatchStats};
+
+/// The registrar once it exists (the health port answers before the
+/// backend is open).
+pub(crate) type Slot = Arc<OnceLock<Arc<Registrar>>>;
 use crate::Backend;
 
 /// The registrar's state: one backend connection for the whole cluster.

@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use tonic::service::interceptor::InterceptedService;
 
 use crate::auth;
-use crate::http::Slot;
+use crate::registrar::Slot;
 use crate::service::RegistrarService;
 use crate::status::Status;
 use crate::{Backend, Registrar, RegistrarConfig};

@@ -25,7 +25,7 @@ use registry_registrar::Token;
 use serde::Serialize;
 use tokio::sync::{mpsc, watch};
 
-use crate::http::Slot;
+use crate::registrar::Slot;
 use crate::status::{Readiness, Status};
 use crate::Registrar;
 

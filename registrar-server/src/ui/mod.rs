@@ -24,7 +24,7 @@ use axum::Router;
 use futures::{Stream, StreamExt};
 use tokio::sync::watch;
 
-use crate::http::Slot;
+use crate::registrar::Slot;
 use crate::status::Status;
 
 mod feed;
