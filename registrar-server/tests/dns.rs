@@ -290,8 +290,6 @@ async fn dig_sees_a_and_srv_answers() {
 /// field.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_non_loopback_dns_address_is_refused_without_insecure() {
-    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let mut server = registrar_server::Opening::new(registrar_server::RegistrarConfig::new("t"));
     let dns = registrar_server::DnsListeners::bind("0.0.0.0:0".parse().unwrap())
         .await
@@ -299,23 +297,7 @@ async fn a_non_loopback_dns_address_is_refused_without_insecure() {
     let cfg = registrar_server::DnsConfig::new("registry", Duration::from_secs(5)).unwrap();
     assert_eq!(cfg.domain(), "registry.");
     server.protocols.dns = Some((dns, cfg));
-    let err = tokio::time::timeout(
-        LIMIT,
-        server.serve(
-            || async {
-                Ok(std::sync::Arc::new(registry_api::liveness::Liveness::new(
-                    registry_api::memory::MemoryRegistry::new(),
-                ))
-                    as std::sync::Arc<dyn registrar_server::Backend>)
-            },
-            grpc,
-            health,
-            futures::future::pending(),
-        ),
-    )
-    .await
-    .unwrap()
-    .unwrap_err();
+    let err = common::protocols::refusal(server).await;
     assert!(err.to_string().contains("dns_addr"), "{err}");
     assert!(err.to_string().contains("--insecure"), "{err}");
 }

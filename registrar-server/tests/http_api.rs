@@ -313,27 +313,9 @@ async fn curl_sees_the_index_header_and_the_json() {
 /// field.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_non_loopback_http_api_is_refused_without_insecure() {
-    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let mut server = registrar_server::Opening::new(registrar_server::RegistrarConfig::new("t"));
     server.protocols.http_api = Some(tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap());
-    let err = tokio::time::timeout(
-        LIMIT,
-        server.serve(
-            || async {
-                Ok(std::sync::Arc::new(registry_api::liveness::Liveness::new(
-                    registry_api::memory::MemoryRegistry::new(),
-                ))
-                    as std::sync::Arc<dyn registrar_server::Backend>)
-            },
-            grpc,
-            health,
-            futures::future::pending(),
-        ),
-    )
-    .await
-    .unwrap()
-    .unwrap_err();
+    let err = common::protocols::refusal(server).await;
     assert!(err.to_string().contains("http_api_addr"), "{err}");
     assert!(err.to_string().contains("--insecure"), "{err}");
 }

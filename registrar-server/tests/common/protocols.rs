@@ -77,3 +77,19 @@ impl Stack {
             .unwrap()
     }
 }
+
+/// Serve `opening` over a memory backend on loopback gRPC and health
+/// ports, expecting it to refuse to start: its error.
+pub async fn refusal(opening: Opening) -> registry_api::Error {
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let backend =
+        || async { Ok(Arc::new(Liveness::new(MemoryRegistry::new())) as Arc<dyn Backend>) };
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        opening.serve(backend, grpc, health, futures::future::pending()),
+    )
+    .await
+    .expect("serve did not refuse in time")
+    .expect_err("serve started")
+}
