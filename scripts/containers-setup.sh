@@ -97,15 +97,35 @@ fi
 # 4. The Docker-compatible API on loopback (not the unix socket: with it,
 #    testcontainers takes the bridge gateway as host inside this container).
 ping_api() { curl -fsS --max-time 2 "http://127.0.0.1:${port}/_ping" >/dev/null 2>&1; }
-if ! ping_api; then
+start_service() {
     log "starting podman system service on $api"
     nohup setsid podman system service --time=0 "$api" \
         >"$state/service.log" 2>&1 </dev/null &
     echo $! >"$state/service.pid"
     for _ in $(seq 1 100); do ping_api && break; sleep 0.1; done
     ping_api || { log "the API did not answer; see $state/service.log"; exit 1; }
+}
+# A container run through the API: a service that answers pings can still
+# fail every start (seen after the disk filled up: "write child: broken
+# pipe"), and then each fixture would fail instead of using processes.
+smoke() {
+    timeout 60 podman --remote --url "$api" run --rm "$etcd_image" --version \
+        >"$state/smoke.log" 2>&1
+}
+if ! ping_api; then
+    start_service
 fi
-log "engine answers on $api ($(elapsed))"
+if ! smoke; then
+    log "the engine answers but cannot run a container ($(tail -n 1 "$state/smoke.log")); restarting it"
+    if [ -f "$state/service.pid" ]; then
+        kill "$(cat "$state/service.pid")" 2>/dev/null || true
+    fi
+    pkill -f "podman system service --time=0 $api" 2>/dev/null || true
+    for _ in $(seq 1 50); do ping_api || break; sleep 0.1; done
+    start_service
+    smoke || { log "still cannot run a container; see $state/smoke.log"; exit 1; }
+fi
+log "engine answers on $api and runs containers ($(elapsed))"
 
 write_env() {
     exports="export DOCKER_HOST=$api REGISTRY_TEST_ETCD_IMAGE=$etcd_image"
