@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
+use criterion::{criterion_group, criterion_main, Criterion};
 use registry_api::testing::Faulty;
 use registry_api::{
     backend::diff,
@@ -59,22 +59,23 @@ async fn cached_with(total: usize) -> CachedRegistry<MemoryRegistry> {
     cached
 }
 
-/// Mean time per call of `f`, measured by criterion, returned for ratios.
-fn time_list(
-    c: &mut Criterion,
-    rt: &tokio::runtime::Runtime,
-    name: &str,
-    reg: &CachedRegistry<MemoryRegistry>,
-) -> f64 {
+/// Service names asked for, built once so the loop measures the list only.
+fn names() -> Vec<String> {
+    (0..100).map(|i| format!("svc-{i:06}")).collect()
+}
+
+/// Mean time per call of `read` (which returns the list's length), measured
+/// by criterion, returned for ratios.
+fn time_reads(c: &mut Criterion, name: &str, mut read: impl FnMut(&str) -> usize) -> f64 {
+    let names = names();
     let mut total = Duration::ZERO;
     let mut calls = 0u64;
     c.bench_function(name, |b| {
         b.iter_custom(|iters| {
             let start = Instant::now();
             for i in 0..iters {
-                let svc = format!("svc-{:06}", i % 100);
-                let got = rt.block_on(reg.list(&svc)).unwrap();
-                assert_eq!(got.len(), PER_SERVICE);
+                let got = read(&names[i as usize % names.len()]);
+                assert_eq!(got, PER_SERVICE);
             }
             let el = start.elapsed();
             total += el;
@@ -83,6 +84,16 @@ fn time_list(
         })
     });
     total.as_secs_f64() / calls as f64
+}
+
+/// `CachedRegistry::list` (a copy of each endpoint) through the trait.
+fn time_list(
+    c: &mut Criterion,
+    rt: &tokio::runtime::Runtime,
+    name: &str,
+    reg: &CachedRegistry<MemoryRegistry>,
+) -> f64 {
+    time_reads(c, name, |svc| rt.block_on(reg.list(svc)).unwrap().len())
 }
 
 fn bench_cached_list(c: &mut Criterion) {
@@ -96,6 +107,24 @@ fn bench_cached_list(c: &mut Criterion) {
         t_big / t_small,
         t_big * 1e9,
         t_small * 1e9
+    );
+
+    // Shared lists: the same allocation for every reader until the service
+    // changes, through the trait (an async call) and from the store.
+    let t_shared = time_reads(c, "cached_list_shared/100k_total", |svc| {
+        rt.block_on(big.list_shared(svc)).unwrap().len()
+    });
+    let t_store = time_reads(c, "store_list_shared/100k_total", |svc| {
+        big.store().list_shared(svc).map_or(0, |l| l.len())
+    });
+    println!(
+        "RATIO cached list_shared/list, 100k total: {:.3} ({:.0} ns vs {:.0} ns per call); \
+         Store::list_shared (no async call) {:.0} ns, {:.3} of list",
+        t_shared / t_big,
+        t_shared * 1e9,
+        t_big * 1e9,
+        t_store * 1e9,
+        t_store / t_big
     );
 
     // The same list while the backend takes 10k writes/s that the cache follows.
@@ -131,6 +160,11 @@ fn bench_cached_list(c: &mut Criterion) {
         "cached_list/100k_total_under_10k_writes_per_s",
         &big,
     );
+    let t_busy_shared = time_reads(
+        c,
+        "cached_list_shared/100k_total_under_10k_writes_per_s",
+        |svc| rt.block_on(big.list_shared(svc)).unwrap().len(),
+    );
     stop.store(true, Ordering::Relaxed);
     let rate = rt.block_on(writer).unwrap();
     println!(
@@ -139,6 +173,12 @@ fn bench_cached_list(c: &mut Criterion) {
         t_busy * 1e9,
         t_big * 1e9,
         rate
+    );
+    println!(
+        "RATIO cached list_shared under writes/idle: {:.2} ({:.0} ns vs {:.0} ns per call)",
+        t_busy_shared / t_shared,
+        t_busy_shared * 1e9,
+        t_shared * 1e9,
     );
 }
 
@@ -158,13 +198,75 @@ fn bench_diff(c: &mut Criterion) {
     }
     assert_eq!(diff(&base, &other).len(), 100);
     assert_eq!(diff(&base, &derived).len(), 100);
+    assert_eq!(field_by_field(&base, &other), 100);
     let mut g = c.benchmark_group("diff_100k_100_changes");
-    g.bench_function("independent", |b| b.iter(|| diff(&base, &other)));
-    g.bench_function("derived", |b| b.iter(|| diff(&base, &derived)));
-    g.bench_function("clone_baseline", |b| {
-        b.iter_batched(|| (), |_| base.clone(), BatchSize::SmallInput)
+    let mean = |g: &mut criterion::BenchmarkGroup<'_, _>, name: &str, f: &dyn Fn() -> usize| {
+        let mut total = Duration::ZERO;
+        let mut calls = 0u32;
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    assert_eq!(f(), 100);
+                }
+                let el = start.elapsed();
+                total += el;
+                calls += iters as u32;
+                el
+            })
+        });
+        total.as_secs_f64() / f64::from(calls)
+    };
+    let t_naive = mean(&mut g, "field_by_field_baseline", &|| {
+        field_by_field(&base, &other)
     });
+    let t_indep = mean(&mut g, "independent", &|| diff(&base, &other).len());
+    let t_derived = mean(&mut g, "derived", &|| diff(&base, &derived).len());
     g.finish();
+    println!(
+        "RATIO diff of independent 100k snapshots / field-by-field merge: {:.3} ({:.2} ms vs {:.2} ms); derived: {:.0} us",
+        t_indep / t_naive,
+        t_indep * 1e3,
+        t_naive * 1e3,
+        t_derived * 1e6
+    );
+}
+
+/// The baseline: both snapshots walked in key order, keys and endpoints
+/// compared field by field (what `diff` did for independent snapshots
+/// before fingerprints); returns how many keys differ.
+fn field_by_field(old: &Snapshot, new: &Snapshot) -> usize {
+    use std::cmp::Ordering;
+    let (mut a, mut b) = (old.iter().peekable(), new.iter().peekable());
+    let mut changed = 0;
+    loop {
+        match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) => match (&x.service, &x.id).cmp(&(&y.service, &y.id)) {
+                Ordering::Less => {
+                    changed += 1;
+                    a.next();
+                }
+                Ordering::Greater => {
+                    changed += 1;
+                    b.next();
+                }
+                Ordering::Equal => {
+                    changed += usize::from(x != y);
+                    a.next();
+                    b.next();
+                }
+            },
+            (Some(_), None) => {
+                changed += 1;
+                a.next();
+            }
+            (None, Some(_)) => {
+                changed += 1;
+                b.next();
+            }
+            (None, None) => return changed,
+        }
+    }
 }
 
 fn bench_coalescing(_c: &mut Criterion) {

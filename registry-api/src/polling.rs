@@ -225,6 +225,9 @@ impl<R: Registry> Registry for Polling<R> {
     async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
         self.inner.list(service).await
     }
+    async fn list_shared(&self, service: &str) -> Result<std::sync::Arc<[Endpoint]>> {
+        self.inner.list_shared(service).await
+    }
     async fn snapshot(&self) -> Result<Snapshot> {
         self.inner.snapshot().await
     }

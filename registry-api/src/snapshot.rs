@@ -3,7 +3,9 @@
 //! the next.
 
 use std::fmt;
+use std::hash::Hash;
 use std::ops::Bound;
+use std::sync::{Arc, OnceLock};
 
 use imbl::OrdMap;
 
@@ -28,7 +30,59 @@ use crate::model::{Endpoint, EndpointKey, Version};
 #[derive(Clone, Default, PartialEq)]
 pub struct Snapshot {
     version: Version,
-    endpoints: OrdMap<EndpointKey, Endpoint>,
+    endpoints: OrdMap<EndpointKey, Entry>,
+    /// Per service, the XOR of its endpoints' fingerprints and their
+    /// count, kept with every change: two snapshots hold the same
+    /// endpoints of a service when these agree (up to a 128-bit hash
+    /// collision), so [`crate::backend::diff`] skips whole services.
+    services: OrdMap<String, Sum>,
+}
+
+/// The fingerprint of a service's endpoints (see [`Snapshot`]).
+#[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
+pub(crate) struct Sum {
+    pub(crate) print: u128,
+    pub(crate) count: u64,
+}
+
+/// An endpoint with its fingerprint: a 128-bit hash of the whole endpoint
+/// (key included), computed once when it enters a snapshot, so that
+/// [`crate::backend::diff`] can pass over equal endpoints of two
+/// independently built snapshots by comparing 16 bytes instead of every
+/// field. The endpoint is behind an `Arc`, which keeps the map's nodes
+/// small: a changed copy of a snapshot copies a node's entries as pointers,
+/// and a walk over all entries reads a fraction of the memory.
+#[derive(Clone)]
+pub(crate) struct Entry {
+    pub(crate) print: u128,
+    pub(crate) endpoint: Arc<Endpoint>,
+}
+
+impl Entry {
+    fn new(endpoint: Endpoint) -> Self {
+        Self {
+            print: fingerprint(&endpoint),
+            endpoint: Arc::new(endpoint),
+        }
+    }
+}
+
+impl PartialEq for Entry {
+    fn eq(&self, other: &Self) -> bool {
+        self.print == other.print
+            && (Arc::ptr_eq(&self.endpoint, &other.endpoint) || self.endpoint == other.endpoint)
+    }
+}
+
+/// XXH3-128 of `endpoint`'s `Hash` with a seed drawn once per process:
+/// fingerprints are only compared within the process that made them, and
+/// an unpredictable seed keeps anyone from choosing endpoints that collide.
+fn fingerprint(endpoint: &Endpoint) -> u128 {
+    static SEED: OnceLock<u64> = OnceLock::new();
+    let seed = *SEED.get_or_init(rand::random);
+    let mut h = xxhash_rust::xxh3::Xxh3::with_seed(seed);
+    endpoint.hash(&mut h);
+    h.digest128()
 }
 
 impl Snapshot {
@@ -37,13 +91,46 @@ impl Snapshot {
         Self {
             version,
             endpoints: OrdMap::new(),
+            services: OrdMap::new(),
         }
     }
 
     /// A snapshot holding `endpoints` (a later duplicate key wins).
     pub fn from_endpoints(version: Version, endpoints: impl IntoIterator<Item = Endpoint>) -> Self {
-        let endpoints = endpoints.into_iter().map(|e| (e.key(), e)).collect();
-        Self { version, endpoints }
+        let endpoints: OrdMap<EndpointKey, Entry> = endpoints
+            .into_iter()
+            .map(|e| (e.key(), Entry::new(e)))
+            .collect();
+        let mut services: OrdMap<String, Sum> = OrdMap::new();
+        let mut current: Option<(&str, Sum)> = None;
+        for (key, entry) in &endpoints {
+            match &mut current {
+                Some((name, sum)) if *name == key.service => {
+                    sum.print ^= entry.print;
+                    sum.count += 1;
+                }
+                _ => {
+                    if let Some((name, sum)) = current.take() {
+                        services.insert(name.to_owned(), sum);
+                    }
+                    current = Some((
+                        &key.service,
+                        Sum {
+                            print: entry.print,
+                            count: 1,
+                        },
+                    ));
+                }
+            }
+        }
+        if let Some((name, sum)) = current {
+            services.insert(name.to_owned(), sum);
+        }
+        Self {
+            version,
+            endpoints,
+            services,
+        }
     }
 
     /// The version this snapshot reflects.
@@ -63,7 +150,7 @@ impl Snapshot {
 
     /// The endpoint with `key`, if present.
     pub fn get(&self, key: &EndpointKey) -> Option<&Endpoint> {
-        self.endpoints.get(key)
+        self.endpoints.get(key).map(|e| &*e.endpoint)
     }
 
     /// Whether `key` is present.
@@ -73,7 +160,7 @@ impl Snapshot {
 
     /// All endpoints, ordered by key.
     pub fn iter(&self) -> impl Iterator<Item = &Endpoint> + '_ {
-        self.endpoints.values()
+        self.endpoints.values().map(|e| &*e.endpoint)
     }
 
     /// The endpoints whose key comes after `key` (all of them for `None`),
@@ -100,7 +187,7 @@ impl Snapshot {
         };
         self.endpoints
             .range((start, Bound::Unbounded))
-            .map(|(_, v)| v)
+            .map(|(_, v)| &*v.endpoint)
     }
 
     /// All keys, ordered.
@@ -114,7 +201,7 @@ impl Snapshot {
         self.endpoints
             .range((Bound::Included(start), Bound::Unbounded))
             .take_while(move |(k, _)| k.service == service)
-            .map(|(_, v)| v)
+            .map(|(_, v)| &*v.endpoint)
     }
 
     /// The endpoints of one service, cloned into a `Vec`.
@@ -124,20 +211,20 @@ impl Snapshot {
 
     /// Every endpoint, cloned into a `Vec`.
     pub fn to_vec(&self) -> Vec<Endpoint> {
-        self.endpoints.values().cloned().collect()
+        self.iter().cloned().collect()
     }
 
     /// A copy with `endpoint` inserted or replaced; the version is unchanged.
     pub fn with_endpoint(&self, endpoint: Endpoint) -> Snapshot {
         let mut s = self.clone();
-        s.endpoints.insert(endpoint.key(), endpoint);
+        s.insert(endpoint);
         s
     }
 
     /// A copy without `key`; the version is unchanged.
     pub fn without(&self, key: &EndpointKey) -> Snapshot {
         let mut s = self.clone();
-        s.endpoints.remove(key);
+        s.remove(key);
         s
     }
 
@@ -161,14 +248,65 @@ impl Snapshot {
         match event {
             Event::Snapshot(snap) => *self = snap.clone(),
             Event::Added { version, endpoint } | Event::Updated { version, endpoint } => {
-                self.endpoints.insert(endpoint.key(), endpoint.clone());
+                self.insert(endpoint.clone());
                 self.version = *version;
             }
             Event::Removed { version, key } => {
-                self.endpoints.remove(key);
+                self.remove(key);
                 self.version = *version;
             }
         }
+    }
+
+    fn insert(&mut self, endpoint: Endpoint) {
+        let entry = Entry::new(endpoint);
+        let print = entry.print;
+        let endpoint = Arc::clone(&entry.endpoint);
+        let old = self.endpoints.insert(endpoint.key(), entry);
+        let change = print ^ old.as_ref().map_or(0, |o| o.print);
+        let added = u64::from(old.is_none());
+        match self.services.get_mut(endpoint.service.as_str()) {
+            Some(sum) => {
+                sum.print ^= change;
+                sum.count += added;
+            }
+            None => {
+                let sum = Sum {
+                    print: change,
+                    count: added,
+                };
+                self.services.insert(endpoint.service.clone(), sum);
+            }
+        }
+    }
+
+    fn remove(&mut self, key: &EndpointKey) {
+        let Some(old) = self.endpoints.remove(key) else {
+            return;
+        };
+        if let Some(sum) = self.services.get_mut(key.service.as_str()) {
+            sum.print ^= old.print;
+            sum.count -= 1;
+            if sum.count == 0 {
+                self.services.remove(key.service.as_str());
+            }
+        }
+    }
+
+    /// Every service with the fingerprint of its endpoints, in order.
+    pub(crate) fn service_sums(&self) -> impl Iterator<Item = (&String, &Sum)> + '_ {
+        self.services.iter()
+    }
+
+    /// The entries of one service, in key order.
+    pub(crate) fn service_entries<'a>(
+        &'a self,
+        service: &'a str,
+    ) -> impl Iterator<Item = (&'a EndpointKey, &'a Entry)> + 'a {
+        let start = EndpointKey::new(service, "");
+        self.endpoints
+            .range((Bound::Included(start), Bound::Unbounded))
+            .take_while(move |(k, _)| k.service == service)
     }
 
     /// Whether both hold exactly the same endpoints (versions ignored).
@@ -176,12 +314,22 @@ impl Snapshot {
         self.endpoints == other.endpoints
     }
 
+    /// Whether the two share structure (one was derived from the other, or
+    /// both from a common snapshot): checked at the first and last entry,
+    /// which a derived copy shares unless the change touched them.
+    pub(crate) fn shares_structure_with(&self, other: &Snapshot) -> bool {
+        let same = |a: Option<&(EndpointKey, Entry)>, b: Option<&(EndpointKey, Entry)>| matches!((a, b), (Some(a), Some(b)) if std::ptr::eq(a, b));
+        self.endpoints.ptr_eq(&other.endpoints)
+            || same(self.endpoints.get_min(), other.endpoints.get_min())
+            || same(self.endpoints.get_max(), other.endpoints.get_max())
+    }
+
     /// Pairs of (key, left, right) that differ between `self` and `other`,
-    /// skipping shared structure where the map allows it.
+    /// skipping shared structure.
     pub(crate) fn changes<'a>(
         &'a self,
         other: &'a Snapshot,
-    ) -> impl Iterator<Item = imbl::ordmap::DiffItem<'a, 'a, EndpointKey, Endpoint>> + 'a {
+    ) -> impl Iterator<Item = imbl::ordmap::DiffItem<'a, 'a, EndpointKey, Entry>> + 'a {
         self.endpoints.diff(&other.endpoints)
     }
 }

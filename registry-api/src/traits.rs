@@ -35,6 +35,30 @@ pub trait Registry: Display + Debug + Send + Sync + 'static {
     async fn deregister(&self, key: &EndpointKey) -> Result<()>;
     /// The endpoints of `service`, ordered by id; empty if unknown.
     async fn list(&self, service: &str) -> Result<Vec<Endpoint>>;
+    /// [`Registry::list`] without the copy: registries that keep the state
+    /// in memory ([`crate::cached::CachedRegistry`], the registrar client)
+    /// hand every caller the same allocation until the service changes,
+    /// so a read costs a lookup and a reference count instead of cloning
+    /// each endpoint. The default wraps [`Registry::list`]; combinators
+    /// forward it to what they wrap.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use std::sync::Arc;
+    /// use registry_api::{cached::CachedRegistry, memory::MemoryRegistry, Endpoint, Registry};
+    /// let cached = CachedRegistry::new(MemoryRegistry::new());
+    /// cached.register(Endpoint::new("api", "a", "10.0.0.1", 80)).await?;
+    /// cached.wait_until_ready().await;
+    /// let one = cached.list_shared("api").await?;
+    /// let two = cached.list_shared("api").await?;
+    /// assert_eq!(one.len(), 1);
+    /// assert!(Arc::ptr_eq(&one, &two));
+    /// # Ok::<(), registry_api::Error>(())
+    /// # }).unwrap();
+    /// ```
+    async fn list_shared(&self, service: &str) -> Result<Arc<[Endpoint]>> {
+        self.list(service).await.map(Arc::from)
+    }
     /// Every endpoint, at one version.
     async fn snapshot(&self) -> Result<Snapshot>;
     /// What this backend does natively.
@@ -115,6 +139,9 @@ macro_rules! forward {
             }
             async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
                 (**self).list(service).await
+            }
+            async fn list_shared(&self, service: &str) -> Result<Arc<[Endpoint]>> {
+                (**self).list_shared(service).await
             }
             async fn snapshot(&self) -> Result<Snapshot> {
                 (**self).snapshot().await

@@ -174,14 +174,23 @@ async fn coalescing(url: &str) -> (WriteRun, Vec<usize>) {
 /// Per-call latencies of `calls` `list` calls over the services, in µs:
 /// (mean, p50, p99).
 async fn time_lists(reg: &impl Registry, calls: usize) -> (f64, f64, f64) {
+    time_reads(reg, calls, false).await
+}
+
+/// As [`time_lists`], with `list_shared` when `shared`.
+async fn time_reads(reg: &impl Registry, calls: usize, shared: bool) -> (f64, f64, f64) {
     let services = N / PER_SERVICE;
     let mut lat = Vec::with_capacity(calls);
     for i in 0..calls {
         let svc = format!("svc-{:05}", (i * 7919) % services);
         let t = Instant::now();
-        let got = reg.list(&svc).await.unwrap();
+        let got = if shared {
+            reg.list_shared(&svc).await.unwrap().len()
+        } else {
+            reg.list(&svc).await.unwrap().len()
+        };
         lat.push(t.elapsed().as_secs_f64() * 1e6);
-        assert_eq!(got.len(), PER_SERVICE);
+        assert_eq!(got, PER_SERVICE);
     }
     let mean = lat.iter().sum::<f64>() / calls as f64;
     lat.sort_by(|a, b| a.total_cmp(b));
@@ -202,6 +211,7 @@ async fn lists(url: &str) {
     cached.wait_until_ready().await;
     let ready = ready.elapsed();
     let (c_mean, c_p50, c_p99) = time_lists(&cached, CACHED_LISTS).await;
+    let (s_mean, s_p50, s_p99) = time_reads(&cached, CACHED_LISTS, true).await;
     println!(
         "LIST direct from etcd, {DIRECT_LISTS} calls (10 endpoints per service, {N} in the prefix): mean {d_mean:.1} µs, p50 {d_p50:.1} µs, p99 {d_p99:.1} µs"
     );
@@ -209,10 +219,19 @@ async fn lists(url: &str) {
         "LIST CachedRegistry::list, {CACHED_LISTS} calls: mean {c_mean:.2} µs, p50 {c_p50:.2} µs, p99 {c_p99:.2} µs (cache filled in {ready:?})"
     );
     println!(
+        "LIST CachedRegistry::list_shared, {CACHED_LISTS} calls: mean {s_mean:.2} µs, p50 {s_p50:.2} µs, p99 {s_p99:.2} µs"
+    );
+    println!(
         "RATIO list direct/cached: mean {:.0}x, p50 {:.0}x, p99 {:.0}x",
         d_mean / c_mean,
         d_p50 / c_p50,
         d_p99 / c_p99
+    );
+    println!(
+        "RATIO list direct/cached list_shared: mean {:.0}x, p50 {:.0}x, p99 {:.0}x",
+        d_mean / s_mean,
+        d_p50 / s_p50,
+        d_p99 / s_p99
     );
 }
 

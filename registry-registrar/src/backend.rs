@@ -184,6 +184,9 @@ impl Registry for RegistrarClient {
     async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
         self.state.cache.list(service).await
     }
+    async fn list_shared(&self, service: &str) -> Result<std::sync::Arc<[Endpoint]>> {
+        self.state.cache.list_shared(service).await
+    }
     async fn snapshot(&self) -> Result<Snapshot> {
         self.state.cache.snapshot().await
     }

@@ -47,11 +47,48 @@ use crate::traits::EventStream;
 /// # });
 /// ```
 pub struct Hub {
-    current: ArcSwap<Snapshot>,
+    current: ArcSwap<Current>,
     state: Mutex<HubState>,
     buffer: usize,
     ready: watch::Sender<bool>,
     changed: watch::Sender<()>,
+}
+
+/// The state readers see: the snapshot, and the lists of the services
+/// readers asked for, shared between them ([`Hub::shared_list`]). Replaced
+/// whole by every publish; a reader adds a list by compare-and-swap.
+struct Current {
+    snap: Arc<Snapshot>,
+    /// Only non-empty lists of services in `snap`, so the memo never holds
+    /// more entries than there are services, whatever names readers ask
+    /// for.
+    lists: imbl::HashMap<Arc<str>, Arc<[Endpoint]>>,
+}
+
+impl Current {
+    fn new(snap: Snapshot) -> Self {
+        Self {
+            snap: Arc::new(snap),
+            lists: imbl::HashMap::new(),
+        }
+    }
+}
+
+/// Drop from `lists` the list of the service `event` changes (all of them
+/// for a snapshot).
+fn forget(lists: &mut imbl::HashMap<Arc<str>, Arc<[Endpoint]>>, event: &Event) {
+    if lists.is_empty() {
+        return;
+    }
+    match event {
+        Event::Snapshot(_) => lists.clear(),
+        Event::Added { endpoint, .. } | Event::Updated { endpoint, .. } => {
+            lists.remove(endpoint.service.as_str());
+        }
+        Event::Removed { key, .. } => {
+            lists.remove(key.service.as_str());
+        }
+    }
 }
 
 struct HubState {
@@ -86,7 +123,7 @@ impl Hub {
     /// [`Event::Snapshot`], and [`Hub::is_ready`] is false until then.
     pub fn pending(buffer: usize, history: usize) -> Self {
         Self {
-            current: ArcSwap::from_pointee(Snapshot::empty(Version::ZERO)),
+            current: ArcSwap::from_pointee(Current::new(Snapshot::empty(Version::ZERO))),
             state: Mutex::new(HubState {
                 history: History::new(history, Version::ZERO),
                 subscribers: Vec::new(),
@@ -112,7 +149,47 @@ impl Hub {
 
     /// The current state. Never waits for the writer.
     pub fn current(&self) -> Arc<Snapshot> {
-        self.current.load_full()
+        Arc::clone(&self.current.load().snap)
+    }
+
+    /// The endpoints of `service` in the current state, shared: the first
+    /// call after a change to the service builds the list, every later one
+    /// (from any thread) gets the same allocation, until a change to that
+    /// service. Changes to other services keep it. Costs a hash lookup and
+    /// a reference count when the list is built; O(log n + k) otherwise.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use registry_api::backend::Hub;
+    /// use registry_api::{Endpoint, Event, Version};
+    /// let hub = Hub::new(16, 16);
+    /// let ep = |s: &str, id: &str| Endpoint::new(s, id, "10.0.0.1", 80);
+    /// hub.publish([Event::Added { version: Version(1), endpoint: ep("api", "a") }]);
+    /// let first = hub.shared_list("api");
+    /// assert!(Arc::ptr_eq(&first, &hub.shared_list("api")));
+    /// hub.publish([Event::Added { version: Version(2), endpoint: ep("db", "b") }]);
+    /// assert!(Arc::ptr_eq(&first, &hub.shared_list("api"))); // another service changed
+    /// hub.publish([Event::Added { version: Version(3), endpoint: ep("api", "c") }]);
+    /// assert_eq!(hub.shared_list("api").len(), 2);
+    /// ```
+    pub fn shared_list(&self, service: &str) -> Arc<[Endpoint]> {
+        let seen = self.current.load();
+        if let Some(list) = seen.lists.get(service) {
+            return Arc::clone(list);
+        }
+        let list: Arc<[Endpoint]> = seen.snap.service(service).cloned().collect();
+        if !list.is_empty() {
+            let mut lists = seen.lists.clone();
+            lists.insert(Arc::from(service), Arc::clone(&list));
+            let next = Arc::new(Current {
+                snap: Arc::clone(&seen.snap),
+                lists,
+            });
+            // Fails when a publish (or another reader) came first; the list
+            // is still right for the state read, and is built again later.
+            let _ = self.current.compare_and_swap(&seen, next);
+        }
+        list
     }
 
     /// The endpoint that the removal of `key` at `version` took away, while
@@ -142,8 +219,11 @@ impl Hub {
     /// whose buffer is full are cut off; closed ones are dropped.
     pub fn publish(&self, events: impl IntoIterator<Item = Event>) {
         let mut st = self.lock();
-        let mut snap = Snapshot::clone(&self.current.load());
+        let before = self.current.load_full();
+        let mut snap = Snapshot::clone(&before.snap);
+        let mut lists = before.lists.clone();
         for ev in events {
+            forget(&mut lists, &ev);
             if let Event::Removed { version, key } = &ev {
                 if let Some(gone) = snap.get(key) {
                     if st.removed.len() >= st.removed_cap {
@@ -164,7 +244,10 @@ impl Hub {
         }
         // Swapped while the lock is held, so a subscriber's initial events
         // and the live ones meet exactly.
-        self.current.store(Arc::new(snap));
+        self.current.store(Arc::new(Current {
+            snap: Arc::new(snap),
+            lists,
+        }));
         self.changed.send_replace(());
     }
 
@@ -205,7 +288,7 @@ impl Hub {
         let wait = async {
             loop {
                 changed.borrow_and_update();
-                if self.is_ready() && cond(&self.current.load()) {
+                if self.is_ready() && cond(&self.current.load().snap) {
                     return;
                 }
                 if changed.changed().await.is_err() {
@@ -213,7 +296,7 @@ impl Hub {
                 }
             }
         };
-        tokio::time::timeout(limit, wait).await.is_ok() && cond(&self.current.load())
+        tokio::time::timeout(limit, wait).await.is_ok() && cond(&self.current.load().snap)
     }
 
     /// A stream of the state from `from` (see [`crate::Watch::watch`]).
@@ -240,7 +323,7 @@ impl Hub {
         let cut_off = Arc::new(AtomicBool::new(false));
         let initial = {
             let mut st = self.lock();
-            let initial = st.history.since(from, &self.current.load());
+            let initial = st.history.since(from, &self.current.load().snap);
             st.subscribers.push(Subscriber {
                 tx,
                 cut_off: cut_off.clone(),
@@ -271,8 +354,8 @@ impl Hub {
 impl fmt::Debug for Hub {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Hub")
-            .field("version", &self.current.load().version())
-            .field("endpoints", &self.current.load().len())
+            .field("version", &self.current.load().snap.version())
+            .field("endpoints", &self.current.load().snap.len())
             .field("subscribers", &self.subscriber_count())
             .field("buffer", &self.buffer)
             .finish()
@@ -285,6 +368,44 @@ mod tests {
 
     fn ep(id: &str, port: u16) -> Endpoint {
         Endpoint::new("s", id, "10.0.0.1", port)
+    }
+
+    #[test]
+    fn shared_lists_follow_every_change_to_their_service() {
+        let hub = Hub::new(16, 16);
+        let svc = |s: &str, id: &str, port: u16| Endpoint::new(s, id, "10.0.0.1", port);
+        let added = |v: u64, e: Endpoint| Event::Added {
+            version: Version(v),
+            endpoint: e,
+        };
+        hub.publish([added(1, svc("a", "1", 1)), added(2, svc("b", "1", 1))]);
+        let a = hub.shared_list("a");
+        let b = hub.shared_list("b");
+        assert!(Arc::ptr_eq(&a, &hub.shared_list("a")));
+        // Unknown services are not remembered.
+        assert!(hub.shared_list("zz").is_empty());
+        assert!(hub.current.load().lists.get("zz").is_none());
+        // An update to `a` replaces its list and keeps `b`'s.
+        hub.publish([Event::Updated {
+            version: Version(3),
+            endpoint: svc("a", "1", 2),
+        }]);
+        let a2 = hub.shared_list("a");
+        assert_eq!(a2[0].port, 2);
+        assert!(Arc::ptr_eq(&b, &hub.shared_list("b")));
+        // A removal empties it.
+        hub.publish([Event::Removed {
+            version: Version(4),
+            key: EndpointKey::new("a", "1"),
+        }]);
+        assert!(hub.shared_list("a").is_empty());
+        // A snapshot replaces everything.
+        hub.publish([Event::Snapshot(Snapshot::from_endpoints(
+            Version(5),
+            [svc("b", "1", 9)],
+        ))]);
+        assert_eq!(hub.shared_list("b")[0].port, 9);
+        assert_eq!(*hub.shared_list("b"), *hub.current().list("b"));
     }
 
     #[test]

@@ -397,6 +397,12 @@ impl<R: Registry + Watch> Registry for CachedRegistry<R> {
             None => self.inner.list(service).await,
         }
     }
+    async fn list_shared(&self, service: &str) -> Result<Arc<[Endpoint]>> {
+        match self.store.list_shared(service) {
+            Some(list) => Ok(list),
+            None => self.inner.list_shared(service).await,
+        }
+    }
     async fn snapshot(&self) -> Result<Snapshot> {
         match self.store.snapshot() {
             Some(snap) => Ok(Snapshot::clone(&snap)),

@@ -61,6 +61,13 @@ impl Store {
         self.snapshot().map(|s| s.list(service))
     }
 
+    /// The endpoints of `service`, shared with every other reader until the
+    /// service changes (see [`Hub::shared_list`]); `None` before the first
+    /// snapshot.
+    pub fn list_shared(&self, service: &str) -> Option<Arc<[Endpoint]>> {
+        self.is_ready().then(|| self.hub.shared_list(service))
+    }
+
     /// The endpoint the removal of `key` at `version` took away, while a
     /// watcher can still be sent that removal (see
     /// [`crate::backend::Hub::removed`]).

@@ -407,6 +407,9 @@ impl<B: Batch> Registry for Coalescing<B> {
     async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
         self.inner.list(service).await
     }
+    async fn list_shared(&self, service: &str) -> Result<std::sync::Arc<[Endpoint]>> {
+        self.inner.list_shared(service).await
+    }
     async fn snapshot(&self) -> Result<Snapshot> {
         self.inner.snapshot().await
     }

@@ -202,6 +202,10 @@ impl<R: Registry> Registry for Faulty<R> {
         self.gate(false).await?;
         self.inner.list(service).await
     }
+    async fn list_shared(&self, service: &str) -> Result<std::sync::Arc<[Endpoint]>> {
+        self.gate(false).await?;
+        self.inner.list_shared(service).await
+    }
     async fn snapshot(&self) -> Result<Snapshot> {
         self.gate(false).await?;
         self.inner.snapshot().await

@@ -79,6 +79,9 @@ impl<R: Registry> Registry for Guarded<R> {
     async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
         self.inner.list(service).await
     }
+    async fn list_shared(&self, service: &str) -> Result<std::sync::Arc<[Endpoint]>> {
+        self.inner.list_shared(service).await
+    }
     async fn snapshot(&self) -> Result<Snapshot> {
         self.inner.snapshot().await
     }
