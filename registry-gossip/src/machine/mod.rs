@@ -21,6 +21,7 @@
 //! nodes: [`crate::GossipRegistry`] passes the time since the UNIX epoch.
 
 mod anti_entropy;
+mod member_sync;
 mod membership;
 mod ownership;
 mod receive;
@@ -122,6 +123,8 @@ impl Machine {
         m.schedule(first_ae, TimerKind::AntiEntropy);
         m.schedule(m.settings.gc_every, TimerKind::Gc);
         m.schedule(m.settings.rejoin_every, TimerKind::Rejoin);
+        let first_sync = m.jitter(m.settings.member_sync_every);
+        m.schedule(first_sync, TimerKind::MemberSync);
         Ok(m)
     }
 
@@ -162,6 +165,11 @@ impl Machine {
                     self.rejoin_if_alone();
                     let next = self.jitter(self.settings.rejoin_every);
                     self.schedule(next, TimerKind::Rejoin);
+                }
+                TimerKind::MemberSync => {
+                    self.member_sync_round();
+                    let next = self.jitter(self.settings.member_sync_every);
+                    self.schedule(next, TimerKind::MemberSync);
                 }
             }
             self.pump();
@@ -273,6 +281,12 @@ impl Machine {
         self.membership.members()
     }
 
+    /// How many active members other than this node there are (without
+    /// copying them, unlike [`Machine::members`]).
+    pub fn num_members(&self) -> usize {
+        self.membership.num_members()
+    }
+
     /// Whether `node` is currently an active member (or this node).
     pub fn is_member(&self, node: &NodeId) -> bool {
         node == self.node() || self.membership.has_member(node)
@@ -365,7 +379,10 @@ impl Machine {
             while let Some(notice) = self.membership.next_notice() {
                 membership_changed |= notice.changed_membership();
                 match notice {
-                    Notice::Connected(addr) => self.send_digest(addr, 0),
+                    Notice::Connected(addr) => {
+                        self.send_member_pull(addr, None, false);
+                        self.send_digest(addr, 0);
+                    }
                     Notice::NodeDown(node) => self.kill_node(&node),
                     Notice::Rejoined => self.reassert_all(),
                     Notice::Changed | Notice::Other => {}
