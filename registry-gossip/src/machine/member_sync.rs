@@ -12,7 +12,8 @@
 //!   budget per pull; a cut answer names its last address and the joiner
 //!   pulls again from there.
 //! - **Every probe period** a node sends a random member its view's count
-//!   and digest (about 20 bytes). When the member's view differs it answers
+//!   and digest (about 20 bytes); every gossip interval instead while its
+//!   view changed within the last probe period (a cluster forming). When the member's view differs it answers
 //!   with its view as above and, unless the pull was itself sent back,
 //!   pulls the sender's view back. Views that agree cost the one small
 //!   datagram.
@@ -27,6 +28,18 @@ use super::Machine;
 use crate::wire::{GossipId, MemberMessage};
 
 impl Machine {
+    /// Until when the view counts as changing, the sync runs every gossip
+    /// interval; once it has been stable for a probe period, every probe
+    /// period.
+    pub(super) fn member_sync_period(&self) -> std::time::Duration {
+        let s = &self.settings;
+        if self.now.saturating_sub(self.view_changed_at) < s.member_sync_every {
+            s.member_sync_fast
+        } else {
+            s.member_sync_every
+        }
+    }
+
     /// The periodic sync: offer a random member our view's digest.
     pub(super) fn member_sync_round(&mut self) {
         if let Some(peer) = self.membership.random_member(&mut self.rng) {

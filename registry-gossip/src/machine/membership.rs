@@ -266,13 +266,15 @@ impl Membership {
         view
     }
 
-    /// A random active member's address, picked with `rng`.
+    /// A random active member's address, picked with `rng` (from foca's
+    /// list, whose order is reproducible from the seed).
     pub(super) fn random_member(&self, rng: &mut SmallRng) -> Option<SocketAddr> {
-        if self.addrs.is_empty() {
+        let n = self.foca.num_members();
+        if n == 0 {
             return None;
         }
-        let i = rng.random_range(0..self.addrs.len());
-        self.addrs.keys().nth(i).copied()
+        let i = rng.random_range(0..n);
+        self.foca.iter_members().nth(i).map(|m| m.id().addr)
     }
 
     /// Learn `ids` as alive members (from another node's view), without

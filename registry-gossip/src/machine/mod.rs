@@ -70,6 +70,11 @@ pub struct Machine {
     replays: Replays,
     /// The counter of the last keyed datagram sealed.
     counter: u64,
+    /// When this node's view of the membership last changed.
+    view_changed_at: Duration,
+    /// Delay of the next rejoin check while alone: from the gossip
+    /// interval, doubling up to `rejoin_every`.
+    rejoin_backoff: Duration,
 }
 
 impl std::fmt::Debug for Machine {
@@ -96,6 +101,7 @@ impl Machine {
         now: Duration,
     ) -> registry_api::Result<Self> {
         let settings = Settings::new(config, &node)?;
+        let settings_fast = settings.member_sync_fast;
         let identity = GossipId {
             addr,
             node: node.clone(),
@@ -118,11 +124,15 @@ impl Machine {
             settings,
             stats: Stats::default(),
             counter: 0,
+            view_changed_at: now,
+            rejoin_backoff: settings_fast,
         };
         let first_ae = m.jitter(m.settings.ae_interval);
         m.schedule(first_ae, TimerKind::AntiEntropy);
         m.schedule(m.settings.gc_every, TimerKind::Gc);
-        m.schedule(m.settings.rejoin_every, TimerKind::Rejoin);
+        // The first check comes soon: a joiner whose announce was lost
+        // retries within a gossip interval.
+        m.schedule(m.settings.member_sync_fast, TimerKind::Rejoin);
         let first_sync = m.jitter(m.settings.member_sync_every);
         m.schedule(first_sync, TimerKind::MemberSync);
         Ok(m)
@@ -133,7 +143,8 @@ impl Machine {
     /// Ask the node at `seed` to let us in. The seed is remembered: while
     /// this node has no live member it keeps announcing itself to its seeds
     /// (and to members it saw go down), so a lost announce or a partition
-    /// that isolated it is retried.
+    /// that isolated it is retried: first after a gossip interval, then
+    /// after twice as long each time, up to three probe periods.
     pub fn join(&mut self, seed: SocketAddr, now: Duration) {
         self.set_now(now);
         self.membership.remember_seed(seed);
@@ -163,12 +174,12 @@ impl Machine {
                 }
                 TimerKind::Rejoin => {
                     self.rejoin_if_alone();
-                    let next = self.jitter(self.settings.rejoin_every);
+                    let next = self.next_rejoin_check();
                     self.schedule(next, TimerKind::Rejoin);
                 }
                 TimerKind::MemberSync => {
                     self.member_sync_round();
-                    let next = self.jitter(self.settings.member_sync_every);
+                    let next = self.jitter(self.member_sync_period());
                     self.schedule(next, TimerKind::MemberSync);
                 }
             }
@@ -332,6 +343,20 @@ impl Machine {
         }
     }
 
+    /// When to check again whether to announce: while alone, after a
+    /// delay that starts at the gossip interval and doubles up to
+    /// `rejoin_every`; otherwise after `rejoin_every`.
+    fn next_rejoin_check(&mut self) -> Duration {
+        let every = self.settings.rejoin_every;
+        if self.membership.num_members() > 0 {
+            self.rejoin_backoff = self.settings.member_sync_fast;
+            return self.jitter(every);
+        }
+        let next = self.rejoin_backoff.min(every);
+        self.rejoin_backoff = (next * 2).min(every);
+        self.jitter(next)
+    }
+
     /// Announce to every seed that is not a live member; when alone, also
     /// to a few members seen before.
     fn rejoin_if_alone(&mut self) {
@@ -380,7 +405,8 @@ impl Machine {
                 membership_changed |= notice.changed_membership();
                 match notice {
                     Notice::Connected(addr) => {
-                        self.send_member_pull(addr, None, false);
+                        // Only its view is wanted: ours is a subset.
+                        self.send_member_pull(addr, None, true);
                         self.send_digest(addr, 0);
                     }
                     Notice::NodeDown(node) => self.kill_node(&node),
@@ -389,6 +415,7 @@ impl Machine {
                 }
             }
             if membership_changed {
+                self.view_changed_at = self.now;
                 let target = self.membership.retune();
                 self.store.lock().target = target;
             }
