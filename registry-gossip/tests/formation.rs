@@ -16,13 +16,15 @@ use registry_gossip::{GossipConfig, Machine, NodeId};
 
 const STEP: Duration = Duration::from_millis(5);
 
+/// A datagram in flight: delivery time, sequence, to, from, bytes.
+type InFlight = (Duration, u64, usize, usize, Vec<u8>);
+
 struct Sim {
     nodes: Vec<Machine>,
     addrs: Vec<SocketAddr>,
     index: HashMap<SocketAddr, usize>,
     now: Duration,
-    /// `(delivery time, sequence, to, from, datagram)`.
-    flight: BinaryHeap<Reverse<(Duration, u64, usize, usize, Vec<u8>)>>,
+    flight: BinaryHeap<Reverse<InFlight>>,
     seq: u64,
     rng: SmallRng,
     config: GossipConfig,
