@@ -13,8 +13,10 @@
 //! settling, the idle traffic per node per second; then one node registers
 //! one endpoint: rounds until every node holds it and bytes per node in
 //! that window; then one more node joins through a random member: rounds
-//! until the membership is complete again. Forming is bounded at 60 s simulated (a row says `NOT`
-//! when it ran out). A `DROPS` line sums what the receive path dropped; a
+//! until the membership is complete again. Forming is bounded at 60 s
+//! simulated (a row says `NOT` when it ran out) and at 240 s of wall time
+//! per N (`GOSSIP_BENCH_WALL_LIMIT_S`; a `NOT-FORMED` line then says how
+//! far it got), so the whole bench stays under 10 minutes. A `DROPS` line sums what the receive path dropped; a
 //! `COST` line the datagrams handled and the wall time inside
 //! `Machine::handle_datagram` per datagram.
 //!
@@ -73,6 +75,11 @@ fn main() {
         "formed",
         "wall"
     );
+    let wall_limit = Duration::from_secs(
+        std::env::var("GOSSIP_BENCH_WALL_LIMIT_S")
+            .ok()
+            .map_or(240, |s| s.parse().unwrap()),
+    );
     for n in sizes("GOSSIP_BENCH_SIZES", &[16, 64, 256, 1024, 4096]) {
         if n < 2 {
             continue;
@@ -81,7 +88,13 @@ fn main() {
         if keyed() {
             config = config.with_auth_key(b"bench-shared-key".to_vec());
         }
-        let r = sim::measure(n, config, Duration::from_secs(60));
+        let r = match sim::measure(n, config, Duration::from_secs(60), wall_limit) {
+            Ok(r) => r,
+            Err(stopped) => {
+                println!("NOT-FORMED {stopped}");
+                continue;
+            }
+        };
         let log2 = (r.n as f64).log2();
         let goal = 2.0 * log2 + 4.0;
         let rounds = |d: Duration| d.as_secs_f64() / r.interval.as_secs_f64();

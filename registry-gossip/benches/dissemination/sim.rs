@@ -179,7 +179,12 @@ pub struct Sums {
 /// endpoint and the clock runs until every node holds it; 2 s later one
 /// more node joins through a random member and the clock runs until the
 /// membership is complete again.
-pub fn measure(n: usize, config: GossipConfig, form_limit: Duration) -> Row {
+pub fn measure(
+    n: usize,
+    config: GossipConfig,
+    form_limit: Duration,
+    wall_limit: Duration,
+) -> Result<Row, String> {
     let started = Instant::now();
     let interval = config.gossip_interval;
     let mut sim = Sim::new(n as u64, config);
@@ -198,6 +203,24 @@ pub fn measure(n: usize, config: GossipConfig, form_limit: Duration) -> Row {
             next += 1;
         }
         sim.step();
+        if started.elapsed() > wall_limit {
+            let full = sim
+                .nodes
+                .iter()
+                .filter(|m| m.num_members() == n - 1)
+                .count();
+            let least = sim
+                .nodes
+                .iter()
+                .map(Machine::num_members)
+                .min()
+                .unwrap_or(0);
+            return Err(format!(
+                "N = {n}: stopped at the bench's wall bound ({wall_limit:?}) after {:.2?} simulated ({:.1} rounds): {full} of {n} nodes list every other, the least knows {least}",
+                sim.now - start,
+                (sim.now - start).as_secs_f64() / interval.as_secs_f64()
+            ));
+        }
     }
     let formed = sim.members_complete().then(|| sim.now - start);
     let form_bytes = sim.bytes_out();
@@ -255,7 +278,7 @@ pub fn measure(n: usize, config: GossipConfig, form_limit: Duration) -> Row {
         entries_refused: sum(|s| s.entries_refused),
         members_received: sum(|s| s.members_received),
     };
-    Row {
+    Ok(Row {
         n,
         formed,
         spread,
@@ -268,5 +291,5 @@ pub fn measure(n: usize, config: GossipConfig, form_limit: Duration) -> Row {
         datagrams: sim.recv_calls,
         recv_time: sim.recv_time,
         sums,
-    }
+    })
 }

@@ -11,9 +11,10 @@
 //!   member it knows, in pages of one datagram, up to the anti-entropy
 //!   budget per pull; a cut answer names its last address and the joiner
 //!   pulls again from there.
-//! - **Every probe period** a node sends a random member its view's count
-//!   and digest (about 20 bytes); every gossip interval instead while its
-//!   view changed within the last probe period (a cluster forming). When the member's view differs it answers
+//! - **Every probe period** a node sends a random member (the first two
+//!   times after joining: the member it joined through) its view's count
+//!   and digest (about 20 bytes); every half gossip interval instead while
+//!   its view changed within the last probe period (a cluster forming). When the member's view differs it answers
 //!   with its view as above and, unless the pull was itself sent back,
 //!   pulls the sender's view back. Views that agree cost the one small
 //!   datagram.
@@ -28,7 +29,7 @@ use super::Machine;
 use crate::wire::{GossipId, MemberMessage};
 
 impl Machine {
-    /// Until when the view counts as changing, the sync runs every gossip
+    /// While the view is changing the sync runs every half gossip
     /// interval; once it has been stable for a probe period, every probe
     /// period.
     pub(super) fn member_sync_period(&self) -> std::time::Duration {
@@ -40,8 +41,18 @@ impl Machine {
         }
     }
 
-    /// The periodic sync: offer a random member our view's digest.
+    /// The periodic sync: offer a member our view's digest. The first
+    /// few after joining go to the member joined through (while a cluster
+    /// forms, every joiner announced itself there), then to a random
+    /// member.
     pub(super) fn member_sync_round(&mut self) {
+        if let Some((addr, left)) = self.join_peer.take() {
+            if left > 0 && self.membership.is_member_addr(&addr) {
+                self.join_peer = Some((addr, left - 1));
+                self.send_member_pull(addr, None, false);
+                return;
+            }
+        }
         if let Some(peer) = self.membership.random_member(&mut self.rng) {
             self.send_member_pull(peer, None, false);
         }

@@ -51,6 +51,10 @@ use crate::layout;
 use crate::wire::{self, AeMessage, FrameHeader, GossipId, Kind};
 
 pub use self::membership::dissemination_count;
+
+/// How many periodic membership syncs after joining go to the member
+/// joined through (its view is the widest while a cluster forms).
+const JOIN_PEER_SYNCS: u8 = 2;
 pub use self::replay::Rejected;
 pub use self::stats::{describe_metrics, Stats, CAPPED_METRIC, DROPPED_METRIC, REFUSED_METRIC};
 
@@ -75,6 +79,11 @@ pub struct Machine {
     /// Delay of the next rejoin check while alone: from the gossip
     /// interval, doubling up to `rejoin_every`.
     rejoin_backoff: Duration,
+    /// When news was last gossiped at once (see [`Machine::gossip_news`]).
+    last_eager: Option<Duration>,
+    /// The member this node joined through, and how many more periodic
+    /// syncs go to it before they go to random members.
+    join_peer: Option<(SocketAddr, u8)>,
 }
 
 impl std::fmt::Debug for Machine {
@@ -126,6 +135,8 @@ impl Machine {
             counter: 0,
             view_changed_at: now,
             rejoin_backoff: settings_fast,
+            last_eager: None,
+            join_peer: None,
         };
         let first_ae = m.jitter(m.settings.ae_interval);
         m.schedule(first_ae, TimerKind::AntiEntropy);
@@ -133,7 +144,8 @@ impl Machine {
         // The first check comes soon: a joiner whose announce was lost
         // retries within a gossip interval.
         m.schedule(m.settings.member_sync_fast, TimerKind::Rejoin);
-        let first_sync = m.jitter(m.settings.member_sync_every);
+        // A new node's view is about to change: sync at the fast pace.
+        let first_sync = m.jitter(m.settings.member_sync_fast);
         m.schedule(first_sync, TimerKind::MemberSync);
         Ok(m)
     }
@@ -369,6 +381,26 @@ impl Machine {
         let entry = self.ownership.write(&mut self.store.lock(), op);
         if let Some(entry) = entry {
             self.publish(entry);
+            self.gossip_news();
+        }
+    }
+
+    /// New entries are waiting: gossip them now instead of at the next
+    /// periodic gossip (each hop would otherwise wait for the next tick of
+    /// its sender), at most once per quarter of the gossip interval so a
+    /// burst of writes still shares datagrams. The entries are sent no
+    /// more times than before, only sooner.
+    fn gossip_news(&mut self) {
+        let gap = self.settings.member_sync_fast / 4;
+        if self
+            .last_eager
+            .is_some_and(|at| self.now.saturating_sub(at) < gap)
+        {
+            return;
+        }
+        self.last_eager = Some(self.now);
+        if let Err(e) = self.membership.gossip_now() {
+            tracing::trace!(error = %e, "gossip");
         }
     }
 
@@ -407,6 +439,7 @@ impl Machine {
                     Notice::Connected(addr) => {
                         // Only its view is wanted: ours is a subset.
                         self.send_member_pull(addr, None, true);
+                        self.join_peer = Some((addr, JOIN_PEER_SYNCS));
                         self.send_digest(addr, 0);
                     }
                     Notice::NodeDown(node) => self.kill_node(&node),

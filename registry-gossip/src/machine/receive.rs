@@ -59,9 +59,13 @@ impl Machine {
                     tracing::debug!(%from, error = %e, "dropped a malformed SWIM datagram");
                     return;
                 }
+                let backlog = self.membership.broadcast_backlog();
                 if let Err(e) = self.membership.handle_data(body) {
                     self.stats.swim_errors += 1;
                     tracing::trace!(%from, error = %e, "foca refused a datagram");
+                }
+                if self.membership.broadcast_backlog() > backlog {
+                    self.gossip_news();
                 }
             }
             Kind::MemberPull | Kind::MemberList => match MemberMessage::decode(kind, body) {

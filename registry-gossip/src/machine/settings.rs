@@ -28,8 +28,8 @@ pub(super) struct Settings {
     pub(super) rejoin_every: Duration,
     /// Period of the membership sync (the probe period).
     pub(super) member_sync_every: Duration,
-    /// Period of the membership sync while the view is changing (the
-    /// gossip interval, at most the probe period).
+    /// Period of the membership sync while the view is changing (half
+    /// the gossip interval, at most the probe period).
     pub(super) member_sync_fast: Duration,
     /// Largest encoded entry sent as a SWIM broadcast; bigger ones travel
     /// by anti-entropy only.
@@ -80,7 +80,7 @@ impl Settings {
             gc_every: (ttl / 4).clamp(Duration::from_millis(10), Duration::from_secs(1)),
             rejoin_every: config.probe_period * 3,
             member_sync_every: config.probe_period,
-            member_sync_fast: config.gossip_interval.min(config.probe_period),
+            member_sync_fast: (config.gossip_interval / 2).min(config.probe_period),
             max_broadcast,
             max_skew: config.max_clock_skew,
             overhead,
