@@ -14,9 +14,11 @@
 //! one endpoint: rounds until every node holds it and bytes per node in
 //! that window; then one more node joins through a random member: rounds
 //! until the membership is complete again. Forming is bounded at 60 s
-//! simulated (a row says `NOT` when it ran out) and at 240 s of wall time
-//! per N (`GOSSIP_BENCH_WALL_LIMIT_S`; a `NOT-FORMED` line then says how
-//! far it got), so the whole bench stays under 10 minutes. A `DROPS` line sums what the receive path dropped; a
+//! simulated (a run that ran out counts as infinitely slow) and at 150 s
+//! of wall time per run (`GOSSIP_BENCH_WALL_LIMIT_S`; a `NOT-FORMED` line
+//! then says how far it got), so the whole bench stays under 10 minutes.
+//! Five seeded runs per N (`GOSSIP_BENCH_SIM_RUNS`), one at 4,096; median
+//! and worst. A `DROPS` line sums what the receive path dropped; a
 //! `COST` line the datagrams handled and the wall time inside
 //! `Machine::handle_datagram` per datagram.
 //!
@@ -59,10 +61,25 @@ fn sizes(var: &str, default: &[usize]) -> Vec<usize> {
         .unwrap_or_else(|| default.to_vec())
 }
 
+/// Median and worst (largest) of `v`.
+fn med_worst(mut v: Vec<f64>) -> (f64, f64) {
+    v.sort_by(|a, b| a.total_cmp(b));
+    (v[v.len() / 2], v[v.len() - 1])
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; a name filter is not supported.
+    let runs: usize = std::env::var("GOSSIP_BENCH_SIM_RUNS")
+        .ok()
+        .map_or(5, |s| s.parse().unwrap());
+    let wall_limit = Duration::from_secs(
+        std::env::var("GOSSIP_BENCH_WALL_LIMIT_S")
+            .ok()
+            .map_or(150, |s| s.parse().unwrap()),
+    );
+    println!("simulation, {runs} seeded runs per N (one at 4096), median / worst");
     println!(
-        "{:>5} {:>5} {:>11} {:>11} {:>13} {:>12} {:>12} {:>10} {:>12} {:>9} {:>9}",
+        "{:>5} {:>5} {:>13} {:>13} {:>15} {:>13} {:>13} {:>8} {:>15} {:>9}",
         "N",
         "goal",
         "form rounds",
@@ -72,81 +89,96 @@ fn main() {
         "key rounds",
         "bcast tx",
         "key B/node",
-        "formed",
-        "wall"
-    );
-    let wall_limit = Duration::from_secs(
-        std::env::var("GOSSIP_BENCH_WALL_LIMIT_S")
-            .ok()
-            .map_or(240, |s| s.parse().unwrap()),
+        "wall/run"
     );
     for n in sizes("GOSSIP_BENCH_SIZES", &[16, 64, 256, 1024, 4096]) {
         if n < 2 {
             continue;
         }
-        let mut config = GossipConfig::new();
-        if keyed() {
-            config = config.with_auth_key(b"bench-shared-key".to_vec());
-        }
-        let r = match sim::measure(n, config, Duration::from_secs(60), wall_limit) {
-            Ok(r) => r,
-            Err(stopped) => {
-                println!("NOT-FORMED {stopped}");
-                continue;
+        let mut rows = Vec::new();
+        let mut stopped = None;
+        for run in 0..if n >= 4096 { 1 } else { runs.max(1) } {
+            let mut config = GossipConfig::new();
+            if keyed() {
+                config = config.with_auth_key(b"bench-shared-key".to_vec());
             }
-        };
-        let log2 = (r.n as f64).log2();
-        let goal = 2.0 * log2 + 4.0;
-        let rounds = |d: Duration| d.as_secs_f64() / r.interval.as_secs_f64();
-        let form_rounds = r.formed.map(rounds);
-        let join_rounds = r.late_join.map(rounds);
-        let show = |x: Option<f64>| x.map_or("NOT".to_string(), |f| format!("{f:.1}"));
+            let seed = n as u64 * 1000 + run as u64;
+            match sim::measure(n, seed, config, Duration::from_secs(60), wall_limit) {
+                Ok(r) => rows.push(r),
+                Err(e) => {
+                    stopped = Some(e);
+                    break;
+                }
+            }
+        }
+        if let Some(e) = stopped {
+            println!("NOT-FORMED {e}");
+            continue;
+        }
+        let interval = rows[0].interval.as_secs_f64();
+        let rounds = |d: Duration| d.as_secs_f64() / interval;
+        // A run whose membership did not form counts as infinitely slow.
+        let form = med_worst(
+            rows.iter()
+                .map(|r| r.formed.map_or(f64::INFINITY, rounds))
+                .collect(),
+        );
+        let join = med_worst(
+            rows.iter()
+                .map(|r| r.late_join.map_or(f64::INFINITY, rounds))
+                .collect(),
+        );
+        let key = med_worst(rows.iter().map(|r| rounds(r.spread)).collect());
+        let form_b = med_worst(rows.iter().map(|r| r.form_bytes_per_node).collect());
+        let idle = med_worst(rows.iter().map(|r| r.idle_per_node_s).collect());
+        let key_b = med_worst(rows.iter().map(|r| r.bytes_per_node).collect());
+        let wall = med_worst(rows.iter().map(|r| r.wall.as_secs_f64()).collect());
+        let goal = 2.0 * (n as f64).log2() + 4.0;
+        let pair = |p: (f64, f64), prec: usize| format!("{:.*} / {:.*}", prec, p.0, prec, p.1);
         println!(
-            "{:>5} {:>5.0} {:>11} {:>11} {:>13.0} {:>12.0} {:>12.1} {:>10} {:>12.0} {:>9} {:>9}",
-            r.n,
+            "{:>5} {:>5.0} {:>13} {:>13} {:>15} {:>13} {:>13} {:>8} {:>15} {:>9}",
+            n,
             goal,
-            show(form_rounds),
-            show(join_rounds),
-            r.form_bytes_per_node,
-            r.idle_per_node_s,
-            rounds(r.spread),
-            registry_gossip::dissemination_count(r.n),
-            r.bytes_per_node,
-            r.formed.map_or("NOT".to_string(), |f| format!("{f:.2?}")),
-            format!("{:.1?}", r.wall),
+            pair(form, 1),
+            pair(join, 1),
+            pair(form_b, 0),
+            pair(idle, 0),
+            pair(key, 1),
+            registry_gossip::dissemination_count(n),
+            pair(key_b, 0),
+            format!("{:.1}s", wall.1),
         );
         println!(
-            "RATIO N={} form-rounds={} join-rounds={} key-rounds={:.1} goal={:.0} form/goal={} key/goal={:.2} key-bytes/node={:.0} idle-bytes/s/node={:.0}",
-            r.n,
-            show(form_rounds),
-            show(join_rounds),
-            rounds(r.spread),
-            goal,
-            form_rounds.map_or("NOT".to_string(), |f| format!("{:.2}", f / goal)),
-            rounds(r.spread) / goal,
-            r.bytes_per_node,
-            r.idle_per_node_s,
+            "RATIO N={n} runs={} form-rounds median={:.1} worst={:.1} join-rounds worst={:.1} key-rounds median={:.1} worst={:.1} goal={goal:.0} worst/goal form={:.2} join={:.2} key={:.2} idle-bytes/s/node median={:.0}",
+            rows.len(),
+            form.0,
+            form.1,
+            join.1,
+            key.0,
+            key.1,
+            form.1 / goal,
+            join.1 / goal,
+            key.1 / goal,
+            idle.0,
         );
-        let s = &r.sums;
+        let sum = |f: &dyn Fn(&sim::Sums) -> u64| rows.iter().map(|r| f(&r.sums)).sum::<u64>();
         println!(
-            "DROPS N={} keyed={} replays={} stale={} skewed={} misdirected={} answers_capped={} entries_refused={} members_received={}",
-            r.n,
+            "DROPS N={n} keyed={} replays={} stale={} skewed={} misdirected={} answers_capped={} entries_refused={} members_received={}",
             keyed(),
-            s.replays,
-            s.stale,
-            s.skewed,
-            s.misdirected,
-            s.answers_capped,
-            s.entries_refused,
-            s.members_received,
+            sum(&|s| s.replays),
+            sum(&|s| s.stale),
+            sum(&|s| s.skewed),
+            sum(&|s| s.misdirected),
+            sum(&|s| s.answers_capped),
+            sum(&|s| s.entries_refused),
+            sum(&|s| s.members_received),
         );
+        let datagrams: u64 = rows.iter().map(|r| r.datagrams).sum();
+        let recv: Duration = rows.iter().map(|r| r.recv_time).sum();
         println!(
-            "COST N={} keyed={} datagrams={} in-handle_datagram={:.2?} us/datagram={:.3}",
-            r.n,
+            "COST N={n} keyed={} datagrams={datagrams} in-handle_datagram={recv:.2?} us/datagram={:.3}",
             keyed(),
-            r.datagrams,
-            r.recv_time,
-            r.recv_time.as_secs_f64() * 1e6 / r.datagrams.max(1) as f64
+            recv.as_secs_f64() * 1e6 / datagrams.max(1) as f64
         );
     }
     if std::env::var_os("GOSSIP_BENCH_NO_UDP").is_none() {

@@ -36,6 +36,8 @@ pub struct Sim {
     seq: u64,
     pub rng: SmallRng,
     config: GossipConfig,
+    /// Seeds the nodes' own randomness.
+    seed: u64,
     /// Wall time spent inside `handle_datagram`, and how many calls.
     pub recv_time: Duration,
     pub recv_calls: u64,
@@ -53,6 +55,7 @@ impl Sim {
             seq: 0,
             rng: SmallRng::seed_from_u64(seed),
             config,
+            seed,
             recv_time: Duration::ZERO,
             recv_calls: 0,
         }
@@ -66,7 +69,9 @@ impl Sim {
             &self.config,
             addr,
             NodeId::new(format!("n{i:04}")),
-            0xb0b0 + i as u64,
+            self.seed
+                .wrapping_mul(0x9e37_79b9)
+                .wrapping_add(0xb0b0 + i as u64),
             self.now,
         )
         .unwrap();
@@ -139,7 +144,6 @@ impl Sim {
 }
 
 pub struct Row {
-    pub n: usize,
     /// From the start until every node lists every other, or `None` when
     /// the bench's bound ran out first.
     pub formed: Option<Duration>,
@@ -181,13 +185,14 @@ pub struct Sums {
 /// membership is complete again.
 pub fn measure(
     n: usize,
+    seed: u64,
     config: GossipConfig,
     form_limit: Duration,
     wall_limit: Duration,
 ) -> Result<Row, String> {
     let started = Instant::now();
     let interval = config.gossip_interval;
-    let mut sim = Sim::new(n as u64, config);
+    let mut sim = Sim::new(seed, config);
     // Start times spread over one gossip interval, so the nodes' timers
     // are not in phase (foca does not jitter them).
     let mut starts: Vec<Duration> = (1..n)
@@ -279,7 +284,6 @@ pub fn measure(
         members_received: sum(|s| s.members_received),
     };
     Ok(Row {
-        n,
         formed,
         spread,
         late_join,
