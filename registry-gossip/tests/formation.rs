@@ -216,3 +216,36 @@ fn a_joiner_pulls_the_whole_view_in_pages() {
         );
     }
 }
+
+/// Once the views agree the sync is only the digest: no member lists go
+/// out while the cluster idles, yet the digests keep being compared.
+#[test]
+fn agreeing_views_exchange_only_digests() {
+    let config = GossipConfig::new();
+    let (mut sim, took) = formed(5, 32, config, 0.0);
+    assert!(took.is_some(), "no membership");
+    // Let the views settle, then idle.
+    for _ in 0..(3000 / 5) {
+        sim.step();
+    }
+    let before: Vec<_> = sim.nodes.iter().map(Machine::stats).collect();
+    for _ in 0..(10_000 / 5) {
+        sim.step();
+    }
+    let mut equal = 0;
+    for (m, b) in sim.nodes.iter().zip(&before) {
+        let s = m.stats();
+        assert_eq!(
+            s.members_received,
+            b.members_received,
+            "{}: member lists were sent while idle",
+            m.node()
+        );
+        equal += s.member_syncs_equal - b.member_syncs_equal;
+    }
+    // About one digest per node per probe period (1 s) over 10 s.
+    assert!(
+        equal >= 32 * 5,
+        "only {equal} digests compared equal in 10 s"
+    );
+}
