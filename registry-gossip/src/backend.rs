@@ -24,7 +24,7 @@ use crate::machine::{Machine, Stats};
 /// A registry node gossiping over UDP.
 ///
 /// Every node holds the full replica: reads are local, writes apply locally
-/// at once and spread by SWIM broadcasts (each `ceil(log2 N) + 1` times) and
+/// at once and spread by SWIM broadcasts (each `2·ceil(log2 N) + 1` times) and
 /// periodic anti-entropy. The cluster is eventually consistent: another
 /// node sees a write after it was gossiped to it. Entries of a node SWIM
 /// declares down are tombstoned on every survivor.

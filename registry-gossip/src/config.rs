@@ -26,7 +26,8 @@ pub struct GossipConfig {
     /// This node's name, the writer of its entries and the unit of
     /// liveness (default `gossip-<bound address>`).
     pub node_name: Option<String>,
-    /// SWIM probe period (default 1 s).
+    /// SWIM probe period (default 1 s); also the period of the
+    /// membership sync (a node offers a random member its view's digest).
     pub probe_period: Duration,
     /// How long to wait for a direct probe answer (default 300 ms; must be
     /// below `probe_period`).
@@ -46,7 +47,8 @@ pub struct GossipConfig {
     pub anti_entropy_interval: Duration,
     /// Most bytes of entries one anti-entropy exchange pushes in each
     /// direction (default 64 KiB). A difference larger than that is
-    /// caught up over several exchanges.
+    /// caught up over several exchanges. Also the most bytes of members
+    /// a membership sync answer sends before the puller asks for more.
     pub anti_entropy_budget: usize,
     /// How long a tombstone is kept after it was fully disseminated
     /// (default 1 hour).

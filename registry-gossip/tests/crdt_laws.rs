@@ -186,10 +186,10 @@ fn a_tag_from_another_key_fails() {
 }
 
 #[test]
-fn dissemination_is_log2_plus_one() {
+fn dissemination_is_twice_log2_plus_one() {
     use registry_gossip::dissemination_count as d;
     assert_eq!(
         (d(1), d(2), d(3), d(4), d(5), d(8), d(9), d(1024)),
-        (1, 2, 3, 3, 4, 4, 5, 11)
+        (1, 3, 5, 5, 7, 7, 9, 21)
     );
 }

@@ -3,7 +3,7 @@
 //! foca decides who is a member, detects failures and carries our
 //! broadcasts; this module configures it, merges the registry entries it
 //! delivers ([`EntryBroadcasts`]), keeps the transmission count at
-//! `ceil(log2 N) + 1` as the cluster changes, remembers the seeds and the
+//! `2·ceil(log2 N) + 1` as the cluster changes, remembers the seeds and the
 //! nodes declared down, and turns foca's notifications into what the
 //! machine has to do about them ([`Notice`]).
 
@@ -24,10 +24,12 @@ use crate::layout;
 use crate::wire::{DecodeError, GossipId, WireCodec};
 
 /// How many times each broadcast is sent in a cluster of `n` nodes:
-/// `ceil(log2(n)) + 1`.
+/// `2·ceil(log2(n)) + 1`. With `ceil(log2(n)) + 1` a node missed a
+/// broadcast (and waited for anti-entropy) in about one run in ten at
+/// 64 nodes on loopback; SWIM's `λ·log N` with λ = 2 makes that rare.
 pub fn dissemination_count(n: usize) -> u32 {
     let n = n.max(1);
-    (usize::BITS - (n - 1).leading_zeros()) + 1
+    2 * (usize::BITS - (n - 1).leading_zeros()) + 1
 }
 
 /// foca's broadcast handler: decodes an entry, merges it, and asks foca to
@@ -133,6 +135,28 @@ pub(super) struct Membership {
     /// foca's notifications (a lookup per datagram must not walk the
     /// member list).
     addrs: HashMap<SocketAddr, NodeId>,
+    /// The view's count and digest for the membership sync, computed when
+    /// asked for after a change.
+    digest: Option<(u32, u64)>,
+}
+
+/// The digest of one identity: FNV-1a of its encoding-independent parts,
+/// then a 64-bit finalizer so that XOR-ing digests mixes well.
+fn id_digest(id: &GossipId) -> u64 {
+    let mut h = crate::crdt::Fnv::new();
+    match id.addr.ip() {
+        std::net::IpAddr::V4(ip) => h.write(&ip.octets()),
+        std::net::IpAddr::V6(ip) => h.write(&ip.octets()),
+    }
+    h.write(&id.addr.port().to_be_bytes());
+    h.write(id.node.as_str().as_bytes());
+    h.write(&id.bump.to_be_bytes());
+    let mut x = h.finish();
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    x ^ (x >> 33)
 }
 
 impl Membership {
@@ -161,6 +185,7 @@ impl Membership {
             down: BTreeSet::new(),
             connected: false,
             addrs: HashMap::new(),
+            digest: None,
         }
     }
 
@@ -211,6 +236,67 @@ impl Membership {
     /// Nodes declared down (and not seen again).
     pub(super) fn down(&self) -> &BTreeSet<NodeId> {
         &self.down
+    }
+
+    /// This node's view for the membership sync: how many active members
+    /// it knows, itself included, and the XOR of their digests (so two
+    /// nodes that agree have the same pair). Recomputed after a change.
+    pub(super) fn view_digest(&mut self) -> (u32, u64) {
+        if let Some(d) = self.digest {
+            return d;
+        }
+        let mut digest = id_digest(self.foca.identity());
+        let mut count = 1u32;
+        for m in self.foca.iter_members() {
+            digest ^= id_digest(m.id());
+            count = count.saturating_add(1);
+        }
+        self.digest = Some((count, digest));
+        (count, digest)
+    }
+
+    /// This node and its active members with an address above `after`, by
+    /// ascending address.
+    pub(super) fn view_after(&self, after: Option<SocketAddr>) -> Vec<GossipId> {
+        let me = self.foca.identity();
+        let mut view: Vec<GossipId> = std::iter::once(me)
+            .chain(self.foca.iter_members().map(|m| m.id()))
+            .filter(|id| after.is_none_or(|a| id.addr > a))
+            .cloned()
+            .collect();
+        view.sort_unstable_by_key(|id| id.addr);
+        view
+    }
+
+    /// A random active member's address, picked with `rng` (from foca's
+    /// list, whose order is reproducible from the seed).
+    pub(super) fn random_member(&self, rng: &mut SmallRng) -> Option<SocketAddr> {
+        let n = self.foca.num_members();
+        if n == 0 {
+            return None;
+        }
+        let i = rng.random_range(0..n);
+        self.foca.iter_members().nth(i).map(|m| m.id().addr)
+    }
+
+    /// Learn `ids` as alive members (from another node's view), without
+    /// gossiping them further: they are that node's knowledge, not news.
+    /// Identities foca knows better (down, or a later rejoin) stay as
+    /// they are. Names already active at their address are skipped here
+    /// (foca looks a member up by walking its list; a sync list is mostly
+    /// known members), so a renewed identity comes through SWIM instead.
+    pub(super) fn learn(&mut self, ids: Vec<GossipId>) -> Result<(), foca::Error> {
+        let me = self.foca.identity().clone();
+        let updates: Vec<_> = ids
+            .into_iter()
+            .filter(|id| *id != me && self.addrs.get(&id.addr) != Some(&id.node))
+            .map(foca::Member::alive)
+            .collect();
+        if updates.is_empty() {
+            return Ok(());
+        }
+        self.foca
+            .apply_many(updates.into_iter(), false, &mut self.runtime)
     }
 
     // ------------------------------------------------------------ inputs
@@ -265,6 +351,22 @@ impl Membership {
         self.foca.handle_data(body, &mut self.runtime)
     }
 
+    /// How many registry entries foca still has to send.
+    pub(super) fn broadcast_backlog(&self) -> usize {
+        self.foca.custom_broadcast_backlog()
+    }
+
+    /// Send what foca has to disseminate to a few random members now,
+    /// rather than at the next periodic gossip.
+    pub(super) fn gossip_now(&mut self) -> Result<(), foca::Error> {
+        self.foca.gossip(&mut self.runtime)
+    }
+
+    /// Whether `addr` is an active member's address.
+    pub(super) fn is_member_addr(&self, addr: &SocketAddr) -> bool {
+        self.addrs.contains_key(addr)
+    }
+
     /// Hand foca one of its timers.
     pub(super) fn handle_timer(&mut self, timer: Timer<GossipId>) -> Result<(), foca::Error> {
         self.foca.handle_timer(timer, &mut self.runtime)
@@ -283,7 +385,7 @@ impl Membership {
     }
 
     /// Set how many times foca sends each broadcast for the current
-    /// cluster size, `ceil(log2 N) + 1`; returns that number.
+    /// cluster size, `2·ceil(log2 N) + 1`; returns that number.
     pub(super) fn retune(&mut self) -> u32 {
         let target = dissemination_count(self.foca.num_members() + 1);
         let tx = NonZeroU8::new(u8::try_from(target).unwrap_or(u8::MAX)).unwrap_or(NonZeroU8::MIN);
@@ -320,6 +422,7 @@ impl Membership {
     }
 
     fn interpret(&mut self, note: OwnedNotification<GossipId>) -> Notice {
+        self.digest = None;
         match note {
             OwnedNotification::MemberUp(id) => {
                 tracing::debug!(member = ?id, "member up");

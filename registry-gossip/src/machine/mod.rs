@@ -21,6 +21,7 @@
 //! nodes: [`crate::GossipRegistry`] passes the time since the UNIX epoch.
 
 mod anti_entropy;
+mod member_sync;
 mod membership;
 mod ownership;
 mod receive;
@@ -50,6 +51,10 @@ use crate::layout;
 use crate::wire::{self, AeMessage, FrameHeader, GossipId, Kind};
 
 pub use self::membership::dissemination_count;
+
+/// How many periodic membership syncs after joining go to the member
+/// joined through (its view is the widest while a cluster forms).
+const JOIN_PEER_SYNCS: u8 = 2;
 pub use self::replay::Rejected;
 pub use self::stats::{describe_metrics, Stats, CAPPED_METRIC, DROPPED_METRIC, REFUSED_METRIC};
 
@@ -69,6 +74,16 @@ pub struct Machine {
     replays: Replays,
     /// The counter of the last keyed datagram sealed.
     counter: u64,
+    /// When this node's view of the membership last changed.
+    view_changed_at: Duration,
+    /// Delay of the next rejoin check while alone: from the gossip
+    /// interval, doubling up to `rejoin_every`.
+    rejoin_backoff: Duration,
+    /// When news was last gossiped at once (see [`Machine::gossip_news`]).
+    last_eager: Option<Duration>,
+    /// The member this node joined through, and how many more periodic
+    /// syncs go to it before they go to random members.
+    join_peer: Option<(SocketAddr, u8)>,
 }
 
 impl std::fmt::Debug for Machine {
@@ -95,6 +110,7 @@ impl Machine {
         now: Duration,
     ) -> registry_api::Result<Self> {
         let settings = Settings::new(config, &node)?;
+        let settings_fast = settings.member_sync_fast;
         let identity = GossipId {
             addr,
             node: node.clone(),
@@ -117,11 +133,20 @@ impl Machine {
             settings,
             stats: Stats::default(),
             counter: 0,
+            view_changed_at: now,
+            rejoin_backoff: settings_fast,
+            last_eager: None,
+            join_peer: None,
         };
         let first_ae = m.jitter(m.settings.ae_interval);
         m.schedule(first_ae, TimerKind::AntiEntropy);
         m.schedule(m.settings.gc_every, TimerKind::Gc);
-        m.schedule(m.settings.rejoin_every, TimerKind::Rejoin);
+        // The first check comes soon: a joiner whose announce was lost
+        // retries within a gossip interval.
+        m.schedule(m.settings.member_sync_fast, TimerKind::Rejoin);
+        // A new node's view is about to change: sync at the fast pace.
+        let first_sync = m.jitter(m.settings.member_sync_fast);
+        m.schedule(first_sync, TimerKind::MemberSync);
         Ok(m)
     }
 
@@ -130,7 +155,8 @@ impl Machine {
     /// Ask the node at `seed` to let us in. The seed is remembered: while
     /// this node has no live member it keeps announcing itself to its seeds
     /// (and to members it saw go down), so a lost announce or a partition
-    /// that isolated it is retried.
+    /// that isolated it is retried: first after a gossip interval, then
+    /// after twice as long each time, up to three probe periods.
     pub fn join(&mut self, seed: SocketAddr, now: Duration) {
         self.set_now(now);
         self.membership.remember_seed(seed);
@@ -160,8 +186,13 @@ impl Machine {
                 }
                 TimerKind::Rejoin => {
                     self.rejoin_if_alone();
-                    let next = self.jitter(self.settings.rejoin_every);
+                    let next = self.next_rejoin_check();
                     self.schedule(next, TimerKind::Rejoin);
+                }
+                TimerKind::MemberSync => {
+                    self.member_sync_round();
+                    let next = self.jitter(self.member_sync_period());
+                    self.schedule(next, TimerKind::MemberSync);
                 }
             }
             self.pump();
@@ -273,6 +304,12 @@ impl Machine {
         self.membership.members()
     }
 
+    /// How many active members other than this node there are (without
+    /// copying them, unlike [`Machine::members`]).
+    pub fn num_members(&self) -> usize {
+        self.membership.num_members()
+    }
+
     /// Whether `node` is currently an active member (or this node).
     pub fn is_member(&self, node: &NodeId) -> bool {
         node == self.node() || self.membership.has_member(node)
@@ -318,6 +355,20 @@ impl Machine {
         }
     }
 
+    /// When to check again whether to announce: while alone, after a
+    /// delay that starts at the gossip interval and doubles up to
+    /// `rejoin_every`; otherwise after `rejoin_every`.
+    fn next_rejoin_check(&mut self) -> Duration {
+        let every = self.settings.rejoin_every;
+        if self.membership.num_members() > 0 {
+            self.rejoin_backoff = self.settings.member_sync_fast;
+            return self.jitter(every);
+        }
+        let next = self.rejoin_backoff.min(every);
+        self.rejoin_backoff = (next * 2).min(every);
+        self.jitter(next)
+    }
+
     /// Announce to every seed that is not a live member; when alone, also
     /// to a few members seen before.
     fn rejoin_if_alone(&mut self) {
@@ -330,6 +381,26 @@ impl Machine {
         let entry = self.ownership.write(&mut self.store.lock(), op);
         if let Some(entry) = entry {
             self.publish(entry);
+            self.gossip_news();
+        }
+    }
+
+    /// New entries are waiting: gossip them now instead of at the next
+    /// periodic gossip (each hop would otherwise wait for the next tick of
+    /// its sender), at most once per quarter of the gossip interval so a
+    /// burst of writes still shares datagrams. The entries are sent no
+    /// more times than before, only sooner.
+    fn gossip_news(&mut self) {
+        let gap = self.settings.member_sync_fast / 4;
+        if self
+            .last_eager
+            .is_some_and(|at| self.now.saturating_sub(at) < gap)
+        {
+            return;
+        }
+        self.last_eager = Some(self.now);
+        if let Err(e) = self.membership.gossip_now() {
+            tracing::trace!(error = %e, "gossip");
         }
     }
 
@@ -365,13 +436,19 @@ impl Machine {
             while let Some(notice) = self.membership.next_notice() {
                 membership_changed |= notice.changed_membership();
                 match notice {
-                    Notice::Connected(addr) => self.send_digest(addr, 0),
+                    Notice::Connected(addr) => {
+                        // Only its view is wanted: ours is a subset.
+                        self.send_member_pull(addr, None, true);
+                        self.join_peer = Some((addr, JOIN_PEER_SYNCS));
+                        self.send_digest(addr, 0);
+                    }
                     Notice::NodeDown(node) => self.kill_node(&node),
                     Notice::Rejoined => self.reassert_all(),
                     Notice::Changed | Notice::Other => {}
                 }
             }
             if membership_changed {
+                self.view_changed_at = self.now;
                 let target = self.membership.retune();
                 self.store.lock().target = target;
             }

@@ -14,7 +14,7 @@ use super::replay::Rejected;
 use super::stats::{self, CAPPED_METRIC};
 use super::Machine;
 use crate::crdt::micros;
-use crate::wire::{self, AeMessage, FrameError, FrameHeader, Kind};
+use crate::wire::{self, AeMessage, FrameError, FrameHeader, Kind, MemberMessage};
 
 /// Most bytes answered to an address that is not a confirmed member, per
 /// byte of the datagram being answered.
@@ -59,11 +59,24 @@ impl Machine {
                     tracing::debug!(%from, error = %e, "dropped a malformed SWIM datagram");
                     return;
                 }
+                let backlog = self.membership.broadcast_backlog();
                 if let Err(e) = self.membership.handle_data(body) {
                     self.stats.swim_errors += 1;
                     tracing::trace!(%from, error = %e, "foca refused a datagram");
                 }
+                if self.membership.broadcast_backlog() > backlog {
+                    self.gossip_news();
+                }
             }
+            Kind::MemberPull | Kind::MemberList => match MemberMessage::decode(kind, body) {
+                Ok(msg) => self.handle_member_message(from, msg),
+                Err(e) => {
+                    self.stats.malformed += 1;
+                    stats::dropped("malformed");
+                    tracing::debug!(%from, error = %e, "dropped a malformed member sync datagram");
+                    return;
+                }
+            },
             _ => match AeMessage::decode(kind, body) {
                 Ok(msg) => self.handle_anti_entropy(from, msg),
                 Err(e) => {

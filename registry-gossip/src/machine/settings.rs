@@ -26,6 +26,11 @@ pub(super) struct Settings {
     pub(super) gc_every: Duration,
     /// Period of the check whether to announce to seeds again.
     pub(super) rejoin_every: Duration,
+    /// Period of the membership sync (the probe period).
+    pub(super) member_sync_every: Duration,
+    /// Period of the membership sync while the view is changing (half
+    /// the gossip interval, at most the probe period).
+    pub(super) member_sync_fast: Duration,
     /// Largest encoded entry sent as a SWIM broadcast; bigger ones travel
     /// by anti-entropy only.
     pub(super) max_broadcast: usize,
@@ -74,6 +79,8 @@ impl Settings {
             ttl,
             gc_every: (ttl / 4).clamp(Duration::from_millis(10), Duration::from_secs(1)),
             rejoin_every: config.probe_period * 3,
+            member_sync_every: config.probe_period,
+            member_sync_fast: (config.gossip_interval / 2).min(config.probe_period),
             max_broadcast,
             max_skew: config.max_clock_skew,
             overhead,

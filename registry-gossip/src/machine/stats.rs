@@ -42,6 +42,12 @@ pub struct Stats {
     /// Errors foca reported while handling input (stale or unexpected
     /// messages; no state is lost).
     pub swim_errors: u64,
+    /// Membership sync pulls answered with nothing, the two views being
+    /// the same.
+    pub member_syncs_equal: u64,
+    /// Identities received in membership sync lists (known ones
+    /// included).
+    pub members_received: u64,
     /// Anti-entropy digests sent.
     pub digests_sent: u64,
     /// Entries received through anti-entropy that changed the replica.

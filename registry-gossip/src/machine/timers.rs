@@ -20,6 +20,8 @@ pub(super) enum TimerKind {
     Gc,
     /// Announce to seeds again if they are not members.
     Rejoin,
+    /// Offer a random member this node's view digest (membership sync).
+    MemberSync,
 }
 
 #[derive(Debug)]

@@ -97,6 +97,10 @@ impl<'a> Reader<'a> {
     pub fn u16(&mut self) -> Result<u16, DecodeError> {
         Ok(u16::from_be_bytes(self.array()?))
     }
+    /// Big-endian u32.
+    pub fn u32(&mut self) -> Result<u32, DecodeError> {
+        Ok(u32::from_be_bytes(self.array()?))
+    }
     /// Big-endian u64.
     pub fn u64(&mut self) -> Result<u64, DecodeError> {
         Ok(u64::from_be_bytes(self.array()?))
@@ -133,6 +137,10 @@ impl Writer {
     }
     /// Big-endian u16.
     pub(crate) fn u16(&mut self, v: u16) {
+        self.buf.extend_from_slice(&v.to_be_bytes());
+    }
+    /// Big-endian u32.
+    pub(crate) fn u32(&mut self, v: u32) {
         self.buf.extend_from_slice(&v.to_be_bytes());
     }
     /// Big-endian u64.

@@ -319,7 +319,9 @@ impl AeMessage {
     pub fn decode(kind: Kind, body: &[u8]) -> Result<AeMessage, DecodeError> {
         let mut r = Reader::new(body);
         let msg = match kind {
-            Kind::Swim => return Err(DecodeError::Invalid("anti-entropy kind")),
+            Kind::Swim | Kind::MemberPull | Kind::MemberList => {
+                return Err(DecodeError::Invalid("anti-entropy kind"))
+            }
             Kind::Digest => {
                 let lo = r.u64()?;
                 let hi = r.u64()?;
@@ -372,6 +374,7 @@ pub fn decode_body(kind: Kind, body: &[u8]) -> Result<(), DecodeError> {
             }
             Ok(())
         }
+        Kind::MemberPull | Kind::MemberList => super::MemberMessage::decode(kind, body).map(|_| ()),
         other => AeMessage::decode(other, body).map(|_| ()),
     }
 }

@@ -71,6 +71,11 @@ pub enum Kind {
     Want = 2,
     /// Anti-entropy: full entries.
     Push = 3,
+    /// Membership sync: the sender's view digest, asking for the
+    /// receiver's members when they differ.
+    MemberPull = 4,
+    /// Membership sync: a page of the sender's members.
+    MemberList = 5,
 }
 
 impl Kind {
@@ -80,6 +85,8 @@ impl Kind {
             1 => Kind::Digest,
             2 => Kind::Want,
             3 => Kind::Push,
+            4 => Kind::MemberPull,
+            5 => Kind::MemberList,
             other => return Err(FrameError::UnknownKind(other)),
         })
     }
@@ -146,7 +153,7 @@ impl std::fmt::Debug for FrameKey {
     }
 }
 
-fn put_addr(w: &mut Writer, addr: SocketAddr) {
+pub(super) fn put_addr(w: &mut Writer, addr: SocketAddr) {
     match addr.ip() {
         IpAddr::V4(ip) => {
             w.u8(4);
@@ -160,7 +167,7 @@ fn put_addr(w: &mut Writer, addr: SocketAddr) {
     w.u16(addr.port());
 }
 
-fn get_addr(r: &mut Reader<'_>) -> Result<SocketAddr, DecodeError> {
+pub(super) fn get_addr(r: &mut Reader<'_>) -> Result<SocketAddr, DecodeError> {
     let ip = match r.u8()? {
         4 => IpAddr::V4(Ipv4Addr::from(r.array::<4>()?)),
         6 => IpAddr::V6(Ipv6Addr::from(r.array::<16>()?)),

@@ -1,7 +1,8 @@
 //! The wire format: framing and authentication of every datagram
 //! ([`seal`], [`open`]), foca's codec for our identity ([`WireCodec`],
 //! [`GossipId`]), registry entries ([`encode_entry`], [`decode_entry`]) and
-//! anti-entropy messages ([`AeMessage`]).
+//! anti-entropy messages ([`AeMessage`]) and the membership sync
+//! ([`MemberMessage`]).
 //!
 //! Every decoder reads through [`Reader`], which checks each length against
 //! what is left of the packet, so a truncated or forged packet is an
@@ -16,6 +17,7 @@ pub(crate) mod buf;
 mod codec;
 mod frame;
 mod identity;
+mod members;
 
 pub use self::buf::{DecodeError, EncodeError, Reader, Writer};
 pub use self::codec::{decode_body, swim_broadcasts, AeMessage, CodecError, WireCodec};
@@ -24,6 +26,7 @@ pub use self::frame::{
     VERSION_PLAIN,
 };
 pub use self::identity::GossipId;
+pub use self::members::MemberMessage;
 pub use crate::layout::{decode_entry, encode_entry, get_entry, put_entry};
 
 pub(crate) use self::frame::overhead;
