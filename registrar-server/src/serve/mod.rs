@@ -211,7 +211,7 @@ impl Opening {
         let registrar = Registrar::with_status(backend, cfg, status)?;
         let _ = slot.set(Arc::clone(&registrar));
         tracing::info!(backend = %registrar.backend(), epoch = registrar.epoch(), "backend open");
-        let running = protocols.start(&registrar);
+        let running = protocols.start(&registrar, &secured);
         run_grpc(registrar, grpc, secured, stop, health, running).await
     }
 }

@@ -1,0 +1,1 @@
+//! xDS tests (placeholder).
