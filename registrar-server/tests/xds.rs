@@ -9,6 +9,7 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
 
 use common::fast_client;
 use common::xds::{
@@ -372,4 +373,61 @@ async fn a_non_loopback_xds_listener_is_refused_without_insecure() {
     let err = common::protocols::refusal(server).await;
     assert!(err.to_string().contains("xds_addr"), "{err}");
     assert!(err.to_string().contains("--insecure"), "{err}");
+}
+
+/// With TLS the xDS listener is the gRPC port's equal: mTLS with the same
+/// certificates and the same authorization. A reader of the trust domain
+/// gets resources; no client certificate is `UNAUTHENTICATED`, an ID of
+/// another trust domain `PERMISSION_DENIED`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xds_over_mtls_is_authorized_as_the_grpc_api() {
+    use common::pki::Pki;
+    use common::xds::{first_cds, tls_channel};
+    use registrar_server::{
+        AuthzConfig, Backend, Opening, RegistrarConfig, ServeOptions, TlsFiles,
+    };
+    use registry_api::{liveness::Liveness, memory::MemoryRegistry};
+
+    let pki = Pki::new();
+    let mut server = Opening::new(RegistrarConfig::new("default"));
+    server.options = ServeOptions::default()
+        .with_tls(pki.server_files.clone())
+        .with_authz(AuthzConfig::new("example.org"));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let xds = listener.local_addr().unwrap().to_string();
+    server.protocols.xds = Some(listener);
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(server.serve(
+        || async { Ok(Arc::new(Liveness::new(MemoryRegistry::new())) as Arc<dyn Backend>) },
+        grpc,
+        health,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+
+    let reader = pki.agent(&pki.ca, "reader", Some("spiffe://example.org/ci/job"));
+    let resp = eventually("a CDS response over mTLS", || async {
+        first_cds(tls_channel(&xds, &reader)).await.ok()
+    })
+    .await;
+    assert_eq!(resp.type_url, CDS);
+    assert!(resp.resources.is_empty());
+
+    let none = first_cds(tls_channel(&xds, &TlsFiles::ca_only(pki.ca_path())))
+        .await
+        .unwrap_err();
+    assert_eq!(none.code(), tonic::Code::Unauthenticated, "{none:?}");
+    let foreign = pki.agent(&pki.ca, "foreign", Some("spiffe://evil.org/node/n1"));
+    let denied = first_cds(tls_channel(&xds, &foreign)).await.unwrap_err();
+    assert_eq!(denied.code(), tonic::Code::PermissionDenied, "{denied:?}");
+
+    let _ = stop.send(());
+    tokio::time::timeout(wait_limit(), task)
+        .await
+        .expect("the server did not stop")
+        .unwrap()
+        .unwrap();
 }
