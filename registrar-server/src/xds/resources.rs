@@ -332,9 +332,9 @@ mod tests {
             let sum: u32 = l
                 .lb_endpoints
                 .iter()
-                .map(|e| e.load_balancing_weight.clone().unwrap().value)
+                .map(|e| e.load_balancing_weight.unwrap().value)
                 .sum();
-            assert_eq!(l.load_balancing_weight.clone().unwrap().value, sum);
+            assert_eq!(l.load_balancing_weight.unwrap().value, sum);
             for e in &l.lb_endpoints {
                 let Some(lb_endpoint::HostIdentifier::Endpoint(ep)) = &e.host_identifier else {
                     panic!("no endpoint");
@@ -350,7 +350,7 @@ mod tests {
                     loc.region.clone(),
                     loc.zone.clone(),
                     port,
-                    e.load_balancing_weight.clone().unwrap().value,
+                    e.load_balancing_weight.unwrap().value,
                 ));
             }
         }
