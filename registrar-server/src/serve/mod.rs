@@ -112,8 +112,8 @@ pub struct Opening {
     pub options: ServeOptions,
     /// Renders `/metrics` when given.
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
-    /// The HTTP API and DNS listeners, served once the backend is open
-    /// (until then their clients wait in the listen backlog).
+    /// The HTTP API, DNS and xDS listeners, served once the backend is
+    /// open (until then their clients wait in the listen backlog).
     pub protocols: Protocols,
     status: Arc<Status>,
 }

@@ -239,3 +239,71 @@ pub(super) async fn run(
     }
     tracing::debug!(node = %st.client.id(), "xDS stream closed");
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use registry_api::testing::ep;
+
+    fn stream() -> Delta {
+        Delta {
+            client: Client::new("test".into()),
+            types: BTreeMap::new(),
+            nonces: 0,
+        }
+    }
+
+    fn req(kind: Kind, sub: &[&str], unsub: &[&str]) -> DeltaDiscoveryRequest {
+        DeltaDiscoveryRequest {
+            type_url: kind.type_url(),
+            resource_names_subscribe: sub.iter().map(|n| n.to_string()).collect(),
+            resource_names_unsubscribe: unsub.iter().map(|n| n.to_string()).collect(),
+            ..Default::default()
+        }
+    }
+
+    fn snap(v: u64, services: &[&str]) -> Snapshot {
+        Snapshot::from_endpoints(Version(v), services.iter().map(|s| ep(s, "1", 80)))
+    }
+
+    fn names(r: &DeltaDiscoveryResponse) -> Vec<&str> {
+        r.resources.iter().map(|r| r.name.as_str()).collect()
+    }
+
+    #[test]
+    fn a_wildcard_cds_gets_new_services_and_removals() {
+        let mut d = stream();
+        let kind = d.on_request(req(Kind::Cluster, &[], &[])).unwrap();
+        let r1 = d.response(kind, &snap(1, &["a", "b"])).unwrap();
+        assert_eq!(names(&r1), ["a", "b"]);
+        assert!(d.response(kind, &snap(2, &["a", "b"])).is_none());
+        let r2 = d.response(kind, &snap(3, &["a", "c"])).unwrap();
+        assert_eq!(names(&r2), ["c"], "only what changed");
+        assert_eq!(r2.removed_resources, ["b"]);
+        // Unsubscribing `*` ends the wildcard: nothing more is pushed.
+        assert_eq!(d.on_request(req(Kind::Cluster, &[], &["*"])), Some(kind));
+        let r3 = d.response(kind, &snap(4, &["a", "d"])).unwrap();
+        assert!(r3.resources.is_empty());
+        assert_eq!(r3.removed_resources, ["a", "c"]);
+        assert!(d.response(kind, &snap(5, &["e"])).is_none());
+    }
+
+    #[test]
+    fn held_versions_are_not_sent_again_and_absent_names_are_said_once() {
+        let mut d = stream();
+        let s = snap(1, &["a"]);
+        let version = resources::build(Kind::Endpoints, "a", &s).unwrap().version;
+        let mut first = req(Kind::Endpoints, &["a"], &[]);
+        first.initial_resource_versions = [("a".to_string(), version)].into();
+        let kind = d.on_request(first).unwrap();
+        let r1 = d.response(kind, &s).unwrap();
+        assert!(r1.resources.is_empty(), "the client holds a already");
+        assert_eq!(d.on_request(req(Kind::Listener, &["nope"], &[])), Some(Kind::Listener));
+        let r2 = d.response(Kind::Listener, &s).unwrap();
+        assert_eq!(r2.removed_resources, ["nope"]);
+        assert!(d.response(Kind::Listener, &snap(2, &["a"])).is_none());
+        // A name subscribed twice is no change.
+        assert_eq!(d.on_request(req(Kind::Endpoints, &["a"], &[])), None);
+    }
+}

@@ -179,3 +179,93 @@ pub(super) async fn run(
     }
     tracing::debug!(node = %st.client.id(), "xDS stream closed");
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use envoy_types::pb::google::rpc::Status as RpcStatus;
+    use registry_api::testing::ep;
+
+    fn stream() -> Sotw {
+        Sotw {
+            client: Client::new("test".into()),
+            types: BTreeMap::new(),
+            nonces: 0,
+        }
+    }
+
+    fn req(kind: Kind, names: &[&str], last: Option<&DiscoveryResponse>) -> DiscoveryRequest {
+        DiscoveryRequest {
+            type_url: kind.type_url(),
+            resource_names: names.iter().map(|n| n.to_string()).collect(),
+            version_info: last.map(|r| r.version_info.clone()).unwrap_or_default(),
+            response_nonce: last.map(|r| r.nonce.clone()).unwrap_or_default(),
+            ..Default::default()
+        }
+    }
+
+    fn snap(v: u64, services: &[&str]) -> Snapshot {
+        Snapshot::from_endpoints(Version(v), services.iter().map(|s| ep(s, "1", 80)))
+    }
+
+    #[test]
+    fn an_empty_first_lds_request_is_a_wildcard_that_follows_the_services() {
+        let mut s = stream();
+        let kind = s.on_request(req(Kind::Listener, &[], None)).unwrap();
+        let r1 = s.response(kind, &snap(1, &["a", "b"])).unwrap();
+        assert_eq!(r1.resources.len(), 2);
+        assert_eq!(r1.version_info, "1");
+        // Nothing changed: nothing to push; the ACK asks for nothing.
+        assert!(s.response(kind, &snap(2, &["a", "b"])).is_none());
+        assert_eq!(s.on_request(req(Kind::Listener, &[], Some(&r1))), None);
+        let r2 = s.response(kind, &snap(3, &["a"])).unwrap();
+        assert_eq!(r2.resources.len(), 1, "b deleted by its absence");
+        assert_ne!(r2.nonce, r1.nonce);
+    }
+
+    #[test]
+    fn stale_nonces_are_ignored_nacks_are_not_answered_and_names_are() {
+        let mut s = stream();
+        let kind = s.on_request(req(Kind::Endpoints, &["a"], None)).unwrap();
+        let r1 = s.response(kind, &snap(1, &["a"])).unwrap();
+        let r2 = s.response(kind, &snap(2, &["a", "c"]));
+        assert!(r2.is_none(), "a's endpoints did not change");
+        let r3 = s
+            .response(kind, &Snapshot::from_endpoints(Version(3), [ep("a", "2", 81)]))
+            .unwrap();
+        // r1 is stale now: a request carrying its nonce is ignored, even
+        // with other names.
+        assert_eq!(s.on_request(req(Kind::Endpoints, &["a", "b"], Some(&r1))), None);
+        let mut nack = req(Kind::Endpoints, &["a"], Some(&r3));
+        nack.error_detail = Some(RpcStatus {
+            code: 3,
+            message: "no".into(),
+            details: vec![],
+        });
+        assert_eq!(s.on_request(nack), None, "a NACK is not answered");
+        assert_eq!(
+            s.on_request(req(Kind::Endpoints, &["a", "b"], Some(&r3))),
+            Some(kind)
+        );
+        let r4 = s
+            .response(kind, &Snapshot::from_endpoints(Version(3), [ep("a", "2", 81)]))
+            .unwrap();
+        assert_eq!(r4.resources.len(), 2, "b's (empty) assignment too");
+    }
+
+    #[test]
+    fn eds_without_names_is_no_subscription() {
+        let mut s = stream();
+        assert_eq!(s.on_request(req(Kind::Endpoints, &[], None)), None);
+        assert!(s.response(Kind::Endpoints, &snap(1, &["a"])).is_none());
+        assert_eq!(
+            s.on_request(DiscoveryRequest {
+                type_url: "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
+                    .into(),
+                ..Default::default()
+            }),
+            None
+        );
+    }
+}
