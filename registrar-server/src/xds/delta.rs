@@ -299,7 +299,10 @@ mod tests {
         let kind = d.on_request(first).unwrap();
         let r1 = d.response(kind, &s).unwrap();
         assert!(r1.resources.is_empty(), "the client holds a already");
-        assert_eq!(d.on_request(req(Kind::Listener, &["nope"], &[])), Some(Kind::Listener));
+        assert_eq!(
+            d.on_request(req(Kind::Listener, &["nope"], &[])),
+            Some(Kind::Listener)
+        );
         let r2 = d.response(Kind::Listener, &s).unwrap();
         assert_eq!(r2.removed_resources, ["nope"]);
         assert!(d.response(Kind::Listener, &snap(2, &["a"])).is_none());

@@ -232,11 +232,17 @@ mod tests {
         let r2 = s.response(kind, &snap(2, &["a", "c"]));
         assert!(r2.is_none(), "a's endpoints did not change");
         let r3 = s
-            .response(kind, &Snapshot::from_endpoints(Version(3), [ep("a", "2", 81)]))
+            .response(
+                kind,
+                &Snapshot::from_endpoints(Version(3), [ep("a", "2", 81)]),
+            )
             .unwrap();
         // r1 is stale now: a request carrying its nonce is ignored, even
         // with other names.
-        assert_eq!(s.on_request(req(Kind::Endpoints, &["a", "b"], Some(&r1))), None);
+        assert_eq!(
+            s.on_request(req(Kind::Endpoints, &["a", "b"], Some(&r1))),
+            None
+        );
         let mut nack = req(Kind::Endpoints, &["a"], Some(&r3));
         nack.error_detail = Some(RpcStatus {
             code: 3,
@@ -249,7 +255,10 @@ mod tests {
             Some(kind)
         );
         let r4 = s
-            .response(kind, &Snapshot::from_endpoints(Version(3), [ep("a", "2", 81)]))
+            .response(
+                kind,
+                &Snapshot::from_endpoints(Version(3), [ep("a", "2", 81)]),
+            )
             .unwrap();
         assert_eq!(r4.resources.len(), 2, "b's (empty) assignment too");
     }
