@@ -19,6 +19,8 @@ mod service;
 mod status;
 mod stream;
 mod ui;
+#[cfg(feature = "xds")]
+pub mod xds;
 
 #[cfg(feature = "http-api")]
 pub use api_http::http_api_router;
@@ -37,6 +39,8 @@ pub use serve::{serve, serve_with, Bound, OpenPolicy, Opening, Protocols, ServeO
 pub use service::{RegistrarService, DEFAULT_MAX_REQUEST_BYTES};
 pub use status::{Readiness, Status};
 pub use stream::WatchStats;
+#[cfg(feature = "xds")]
+pub use xds::XdsService;
 
 /// What the registrar needs of a backend: batches, a watch and heartbeats
 /// ([`registry_api::stack::Stack`]). [`open_backend`] wraps each backend

@@ -217,4 +217,6 @@ pub fn describe_metrics() {
         Unit::Count,
         "Failures or ends of the registrar's watch of the backend"
     );
+    #[cfg(feature = "xds")]
+    crate::xds::describe_metrics();
 }

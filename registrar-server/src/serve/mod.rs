@@ -112,8 +112,8 @@ pub struct Opening {
     pub options: ServeOptions,
     /// Renders `/metrics` when given.
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
-    /// The HTTP API and DNS listeners, served once the backend is open
-    /// (until then their clients wait in the listen backlog).
+    /// The HTTP API, DNS and xDS listeners, served once the backend is
+    /// open (until then their clients wait in the listen backlog).
     pub protocols: Protocols,
     status: Arc<Status>,
 }
@@ -211,7 +211,7 @@ impl Opening {
         let registrar = Registrar::with_status(backend, cfg, status)?;
         let _ = slot.set(Arc::clone(&registrar));
         tracing::info!(backend = %registrar.backend(), epoch = registrar.epoch(), "backend open");
-        let running = protocols.start(&registrar);
+        let running = protocols.start(&registrar, &secured);
         run_grpc(registrar, grpc, secured, stop, health, running).await
     }
 }

@@ -1,18 +1,22 @@
 //! [`Protocols`]: the read-only listeners beside the gRPC port (the
-//! HTTP/JSON API and the DNS responder), started once the registrar
-//! exists and stopped with it.
+//! HTTP/JSON API, the DNS responder and the xDS server), started once the
+//! registrar exists and stopped with it.
 
 use std::sync::Arc;
 
 use registry_api::Result;
 
+use super::options::Secured;
 use super::ServeOptions;
 use crate::Registrar;
 
 /// The field protocols' listeners (each behind its cargo feature); `None`
-/// (the default) leaves a protocol off. They are plaintext and read-only,
-/// and bypass the gRPC port's authorization: a non-loopback address is
-/// refused unless [`ServeOptions::insecure`].
+/// (the default) leaves a protocol off. The HTTP API and DNS are
+/// plaintext and read-only, and bypass the gRPC port's authorization: a
+/// non-loopback address is refused unless [`ServeOptions::insecure`]. The
+/// xDS server is secured as the gRPC port is (mTLS and authorization
+/// when it has TLS; otherwise plaintext, on a loopback address unless
+/// `insecure`).
 #[non_exhaustive]
 #[derive(Debug, Default)]
 pub struct Protocols {
@@ -22,6 +26,9 @@ pub struct Protocols {
     /// The DNS responder's sockets and settings (`--dns-addr`).
     #[cfg(feature = "dns")]
     pub dns: Option<(crate::dns::DnsListeners, crate::dns::DnsConfig)>,
+    /// The xDS server's listener (`--xds-addr`).
+    #[cfg(feature = "xds")]
+    pub xds: Option<tokio::net::TcpListener>,
 }
 
 impl Protocols {
@@ -40,14 +47,23 @@ impl Protocols {
         if let Some((l, _)) = &self.dns {
             options.check_read_only(l.local_addr(), "dns_addr", "DNS")?;
         }
+        #[cfg(feature = "xds")]
+        if let Some(l) = &self.xds {
+            if options.tls.is_none() {
+                options.check_read_only(l.local_addr(), "xds_addr", "xDS")?;
+            }
+        }
         let _ = options;
         Ok(())
     }
 
     /// Serve each protocol given from `registrar`'s state; they stop when
     /// the registrar closes.
-    pub(super) fn start(self, registrar: &Arc<Registrar>) -> Running {
-        #[cfg_attr(not(any(feature = "http-api", feature = "dns")), allow(unused_mut))]
+    pub(super) fn start(self, registrar: &Arc<Registrar>, secured: &Secured) -> Running {
+        #[cfg_attr(
+            not(any(feature = "http-api", feature = "dns", feature = "xds")),
+            allow(unused_mut)
+        )]
         let mut tasks = Vec::new();
         #[cfg(feature = "http-api")]
         if let Some(listener) = self.http_api {
@@ -66,7 +82,17 @@ impl Protocols {
                 config,
             )));
         }
-        let _ = registrar;
+        #[cfg(feature = "xds")]
+        if let Some(listener) = self.xds {
+            tasks.push(tokio::spawn(serve_xds(
+                Arc::clone(registrar),
+                listener,
+                secured.security.clone(),
+                secured.acceptor.clone(),
+                secured.options.clone(),
+            )));
+        }
+        let _ = (registrar, secured);
         Running { tasks }
     }
 }
@@ -85,5 +111,52 @@ impl Running {
             t.abort();
             let _ = t.await;
         }
+    }
+}
+
+/// Serve the aggregated discovery service on `listener` until the
+/// registrar closes: over mTLS with `acceptor` (callers authenticated and
+/// authorized as on the gRPC port), plaintext without.
+#[cfg(feature = "xds")]
+async fn serve_xds(
+    registrar: Arc<Registrar>,
+    listener: tokio::net::TcpListener,
+    security: crate::auth::Security,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    options: ServeOptions,
+) {
+    use futures::StreamExt;
+    use tonic::service::interceptor::InterceptedService;
+
+    let security = Arc::new(security);
+    let service = crate::xds::XdsService::new(Arc::clone(&registrar))
+        .with_security(Arc::clone(&security))
+        .into_server();
+    let router = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .http2_keepalive_interval(options.http2_keepalive_interval)
+        .http2_keepalive_timeout(Some(options.http2_keepalive_timeout))
+        .add_service(InterceptedService::new(
+            service,
+            crate::auth::Authenticate(security),
+        ));
+    let closing = registrar.closing();
+    let result = match acceptor {
+        None => {
+            let incoming = tonic::transport::server::TcpIncoming::from(listener)
+                .with_nodelay(Some(true))
+                .with_keepalive(options.tcp_keepalive);
+            router.serve_with_incoming_shutdown(incoming, closing).await
+        }
+        Some(acceptor) => {
+            let (tx, rx) = tokio::sync::mpsc::channel(64);
+            tokio::spawn(super::accept_tls(listener, acceptor, tx, options));
+            let incoming =
+                tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, std::io::Error>);
+            router.serve_with_incoming_shutdown(incoming, closing).await
+        }
+    };
+    if let Err(e) = result {
+        tracing::warn!(error = %e, "the xDS server failed");
     }
 }

@@ -9,8 +9,10 @@ use std::time::Duration;
 pub mod cli;
 pub mod dashboard;
 pub mod pki;
-#[cfg(any(feature = "http-api", feature = "dns"))]
+#[cfg(any(feature = "http-api", feature = "dns", feature = "xds"))]
 pub mod protocols;
+#[cfg(feature = "xds")]
+pub mod xds;
 
 use registrar_server::{serve, serve_with, Backend, Registrar, RegistrarConfig, ServeOptions};
 use registry_registrar::{ClientConfig, RegistrarClient};

@@ -247,8 +247,9 @@ pub struct ServeArgs {
     #[arg(long)]
     pub grpc_addr: Option<SocketAddr>,
     /// Allow plaintext gRPC on a non-loopback address: anyone who can reach
-    /// the port may then write any endpoint. Also allows the HTTP API and
-    /// DNS (plaintext, unauthenticated, read-only) on one.
+    /// the port may then write any endpoint. Also allows the HTTP API,
+    /// DNS and, without TLS, xDS (plaintext, unauthenticated, read-only)
+    /// on one.
     #[arg(long)]
     pub insecure: bool,
     /// Largest request message, in bytes (1024 to 268435456); larger ones
@@ -286,6 +287,13 @@ pub struct ServeArgs {
     #[cfg(feature = "dns")]
     #[arg(long)]
     pub no_dns: bool,
+    /// The xDS server's address (aggregated discovery, state of the world
+    /// and delta, for proxyless gRPC clients and Envoy); off unless given.
+    /// Secured as the gRPC port: mTLS and authorization with TLS; without
+    /// TLS, a non-loopback address needs --insecure.
+    #[cfg(feature = "xds")]
+    #[arg(long)]
+    pub xds_addr: Option<SocketAddr>,
     /// Serve a live dashboard at /ui on the health address. Off by default:
     /// the health port is plaintext and unauthenticated, so the dashboard
     /// shows every endpoint to anyone who can reach it.

@@ -174,7 +174,7 @@ async fn run_serve(args: ServeArgs) -> Result<(), CliError> {
         .map_err(|e| CliError::registry(format!("{kind} backend"), e))
 }
 
-/// Bind the listeners of the HTTP API and DNS the flags ask for into
+/// Bind the listeners of the HTTP API, DNS and xDS the flags ask for into
 /// `server`, adding their addresses to the `listening` line.
 async fn bind_protocols(
     args: &ServeArgs,
@@ -201,6 +201,15 @@ async fn bind_protocols(
         let bound = l.local_addr().map_err(|e| e.to_string())?;
         listening.push_str(&format!(" dns={bound}"));
         server.protocols.dns = Some((l, config));
+    }
+    #[cfg(feature = "xds")]
+    if let Some(addr) = args.xds_addr {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("cannot listen on {addr} (xDS): {e}"))?;
+        let bound = l.local_addr().map_err(|e| e.to_string())?;
+        listening.push_str(&format!(" xds={bound}"));
+        server.protocols.xds = Some(l);
     }
     let _ = (args, server, listening);
     Ok(())

@@ -1,0 +1,399 @@
+//! The four xDS resource types built from a snapshot of the registry: one
+//! listener, route configuration, cluster and load assignment per service,
+//! each named by the service's name (see the README's xDS section).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use envoy_types::pb::envoy::config::cluster::v3::{cluster, Cluster};
+use envoy_types::pb::envoy::config::core::v3::{
+    address, config_source, socket_address, Address, AggregatedConfigSource, ApiVersion,
+    ConfigSource, HealthStatus, Locality, SocketAddress,
+};
+use envoy_types::pb::envoy::config::endpoint::v3::{
+    lb_endpoint, ClusterLoadAssignment, Endpoint as EnvoyEndpoint, LbEndpoint, LocalityLbEndpoints,
+};
+use envoy_types::pb::envoy::config::listener::v3::{ApiListener, Listener};
+use envoy_types::pb::envoy::config::route::v3::{
+    route, route_action, route_match, Route, RouteAction, RouteConfiguration, RouteMatch,
+    VirtualHost,
+};
+use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    http_connection_manager, http_filter, HttpConnectionManager, HttpFilter, Rds,
+};
+use envoy_types::pb::google::protobuf::{Any, UInt32Value};
+use envoy_types::util::pack_any;
+use prost::{Message, Name};
+use registry_api::{Endpoint, Health, Snapshot};
+
+/// The label giving an endpoint's load-balancing weight.
+pub const WEIGHT_LABEL: &str = "weight";
+/// The label giving an endpoint's zone (its locality's `zone`).
+pub const ZONE_LABEL: &str = "zone";
+/// The label giving an endpoint's region (its locality's `region`).
+pub const REGION_LABEL: &str = "region";
+/// The largest weight taken from [`WEIGHT_LABEL`]; larger or unparsable
+/// values count as 1.
+pub const MAX_WEIGHT: u32 = 1_000_000;
+/// The name of the router filter in every listener's connection manager.
+const ROUTER_FILTER: &str = "envoy.filters.http.router";
+
+/// One of the resource types the registrar serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum Kind {
+    /// LDS: `envoy.config.listener.v3.Listener`.
+    Listener,
+    /// RDS: `envoy.config.route.v3.RouteConfiguration`.
+    Route,
+    /// CDS: `envoy.config.cluster.v3.Cluster`.
+    Cluster,
+    /// EDS: `envoy.config.endpoint.v3.ClusterLoadAssignment`.
+    Endpoints,
+}
+
+impl Kind {
+    /// All four, in the order a client asks for them.
+    pub(crate) const ALL: [Kind; 4] = [Kind::Listener, Kind::Route, Kind::Cluster, Kind::Endpoints];
+
+    /// The kind of `type_url`; `None` for a type the registrar does not
+    /// serve.
+    pub(crate) fn from_type_url(type_url: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.type_url() == type_url)
+    }
+
+    /// The type URL of the resources of this kind.
+    pub(crate) fn type_url(self) -> String {
+        match self {
+            Kind::Listener => Listener::type_url(),
+            Kind::Route => RouteConfiguration::type_url(),
+            Kind::Cluster => Cluster::type_url(),
+            Kind::Endpoints => ClusterLoadAssignment::type_url(),
+        }
+    }
+
+    /// Whether a first request naming no resource means "all of them"
+    /// (the xDS protocol's legacy wildcard: LDS and CDS only).
+    pub(crate) fn empty_is_wildcard(self) -> bool {
+        matches!(self, Kind::Listener | Kind::Cluster)
+    }
+}
+
+/// One resource as sent: its encoded form and a version derived from it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Built {
+    /// The resource packed in an `Any`.
+    pub(crate) any: Any,
+    /// A hash of the encoded resource, as 16 hex digits: equal versions,
+    /// equal resources (also across restarts of the registrar).
+    pub(crate) version: String,
+}
+
+/// The services of `snap` (those with at least one endpoint, whatever its
+/// health or cluster).
+pub(crate) fn services(snap: &Snapshot) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut last: Option<&str> = None;
+    for e in snap.iter() {
+        if last != Some(e.service.as_str()) {
+            out.insert(e.service.clone());
+            last = Some(e.service.as_str());
+        }
+    }
+    out
+}
+
+/// Whether `service` has an endpoint in `snap`.
+fn exists(snap: &Snapshot, service: &str) -> bool {
+    snap.service(service).next().is_some()
+}
+
+/// The resource of `kind` named `name` in `snap`, or `None` when it does
+/// not exist. Listeners, routes and clusters exist while their service
+/// has an endpoint; a load assignment exists for any name (empty when the
+/// service has no healthy endpoint), so that a client never keeps
+/// endpoints of a service that went away.
+pub(crate) fn build(kind: Kind, name: &str, snap: &Snapshot) -> Option<Built> {
+    if kind != Kind::Endpoints && !exists(snap, name) {
+        return None;
+    }
+    let any = match kind {
+        Kind::Listener => pack_any(listener(name)),
+        Kind::Route => pack_any(route_configuration(name)),
+        Kind::Cluster => pack_any(eds_cluster(name)),
+        Kind::Endpoints => pack_any(load_assignment(name, snap.service(name))),
+    };
+    let version = format!("{:016x}", fnv1a(&any.encode_to_vec()));
+    Some(Built { any, version })
+}
+
+/// FNV-1a, 64 bits: a stable hash for resource versions.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// A config source that says "over the same ADS stream", xDS v3.
+fn ads() -> ConfigSource {
+    ConfigSource {
+        resource_api_version: ApiVersion::V3 as i32,
+        config_source_specifier: Some(config_source::ConfigSourceSpecifier::Ads(
+            AggregatedConfigSource {},
+        )),
+        ..Default::default()
+    }
+}
+
+/// An API listener (what proxyless gRPC resolves `xds:///<service>` to)
+/// whose connection manager takes its routes from RDS.
+fn listener(service: &str) -> Listener {
+    let hcm = HttpConnectionManager {
+        stat_prefix: service.to_string(),
+        route_specifier: Some(http_connection_manager::RouteSpecifier::Rds(Rds {
+            config_source: Some(ads()),
+            route_config_name: service.to_string(),
+        })),
+        http_filters: vec![HttpFilter {
+            name: ROUTER_FILTER.to_string(),
+            config_type: Some(http_filter::ConfigType::TypedConfig(pack_any(
+                Router::default(),
+            ))),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    Listener {
+        name: service.to_string(),
+        api_listener: Some(ApiListener {
+            api_listener: Some(pack_any(hcm)),
+        }),
+        ..Default::default()
+    }
+}
+
+/// One virtual host for any authority, every path to the service's
+/// cluster.
+fn route_configuration(service: &str) -> RouteConfiguration {
+    RouteConfiguration {
+        name: service.to_string(),
+        virtual_hosts: vec![VirtualHost {
+            name: service.to_string(),
+            domains: vec!["*".to_string()],
+            routes: vec![Route {
+                r#match: Some(RouteMatch {
+                    path_specifier: Some(route_match::PathSpecifier::Prefix(String::new())),
+                    ..Default::default()
+                }),
+                action: Some(route::Action::Route(RouteAction {
+                    cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(
+                        service.to_string(),
+                    )),
+                    ..Default::default()
+                })),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+/// An EDS cluster, its endpoints over ADS, round robin.
+fn eds_cluster(service: &str) -> Cluster {
+    Cluster {
+        name: service.to_string(),
+        cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(
+            cluster::DiscoveryType::Eds as i32,
+        )),
+        eds_cluster_config: Some(cluster::EdsClusterConfig {
+            eds_config: Some(ads()),
+            service_name: service.to_string(),
+        }),
+        lb_policy: cluster::LbPolicy::RoundRobin as i32,
+        ..Default::default()
+    }
+}
+
+/// The weight of `e`: its [`WEIGHT_LABEL`] when a whole number from 1 to
+/// [`MAX_WEIGHT`], otherwise 1.
+pub(crate) fn weight(e: &Endpoint) -> u32 {
+    e.labels
+        .get(WEIGHT_LABEL)
+        .and_then(|w| w.trim().parse::<u32>().ok())
+        .filter(|w| (1..=MAX_WEIGHT).contains(w))
+        .unwrap_or(1)
+}
+
+/// Whether an endpoint goes into load assignments: healthy, with an IP
+/// address (xDS clients take no host names in EDS).
+pub(crate) fn served(e: &Endpoint) -> bool {
+    e.health == Health::Healthy && e.address.parse::<IpAddr>().is_ok()
+}
+
+/// The healthy endpoints of a service, grouped by locality (the `region`
+/// and `zone` labels), all at priority 0. A locality's weight is the sum
+/// of its endpoints' weights (proxyless gRPC ignores localities without
+/// one).
+fn load_assignment<'a>(
+    service: &str,
+    endpoints: impl Iterator<Item = &'a Endpoint>,
+) -> ClusterLoadAssignment {
+    let mut localities: BTreeMap<(String, String), Vec<LbEndpoint>> = BTreeMap::new();
+    for e in endpoints.filter(|e| served(e)) {
+        let label = |k: &str| e.labels.get(k).cloned().unwrap_or_default();
+        let lb = LbEndpoint {
+            health_status: HealthStatus::Healthy as i32,
+            load_balancing_weight: Some(UInt32Value { value: weight(e) }),
+            host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(EnvoyEndpoint {
+                address: Some(Address {
+                    address: Some(address::Address::SocketAddress(SocketAddress {
+                        address: e.address.clone(),
+                        port_specifier: Some(socket_address::PortSpecifier::PortValue(u32::from(
+                            e.port,
+                        ))),
+                        ..Default::default()
+                    })),
+                }),
+                ..Default::default()
+            })),
+            ..Default::default()
+        };
+        localities
+            .entry((label(REGION_LABEL), label(ZONE_LABEL)))
+            .or_default()
+            .push(lb);
+    }
+    ClusterLoadAssignment {
+        cluster_name: service.to_string(),
+        endpoints: localities
+            .into_iter()
+            .map(|((region, zone), lb_endpoints)| {
+                let total = lb_endpoints
+                    .iter()
+                    .filter_map(|l| l.load_balancing_weight.as_ref())
+                    .fold(0u32, |acc, w| acc.saturating_add(w.value));
+                LocalityLbEndpoints {
+                    locality: Some(Locality {
+                        region,
+                        zone,
+                        ..Default::default()
+                    }),
+                    lb_endpoints,
+                    load_balancing_weight: Some(UInt32Value { value: total }),
+                    priority: 0,
+                    ..Default::default()
+                }
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use registry_api::testing::ep;
+    use registry_api::Version;
+
+    fn snap() -> Snapshot {
+        Snapshot::from_endpoints(
+            Version(3),
+            [
+                ep("api", "a", 80)
+                    .with_label("zone", "z1")
+                    .with_label("region", "r")
+                    .with_label("weight", "5"),
+                ep("api", "b", 81).with_label("zone", "z2"),
+                ep("api", "c", 82).with_health(Health::Unhealthy),
+                ep("api", "d", 83).with_label("weight", "0"),
+                ep("web", "w", 90),
+            ],
+        )
+    }
+
+    fn cla(s: &Snapshot, name: &str) -> ClusterLoadAssignment {
+        let b = build(Kind::Endpoints, name, s).unwrap();
+        ClusterLoadAssignment::decode(b.any.value.as_slice()).unwrap()
+    }
+
+    #[test]
+    fn load_assignments_hold_healthy_endpoints_by_locality_with_weights() {
+        let s = snap();
+        let c = cla(&s, "api");
+        assert_eq!(c.cluster_name, "api");
+        let mut seen = Vec::new();
+        for l in &c.endpoints {
+            let loc = l.locality.clone().unwrap();
+            let sum: u32 = l
+                .lb_endpoints
+                .iter()
+                .map(|e| e.load_balancing_weight.unwrap().value)
+                .sum();
+            assert_eq!(l.load_balancing_weight.unwrap().value, sum);
+            for e in &l.lb_endpoints {
+                let Some(lb_endpoint::HostIdentifier::Endpoint(ep)) = &e.host_identifier else {
+                    panic!("no endpoint");
+                };
+                let Some(address::Address::SocketAddress(sa)) = ep.address.clone().unwrap().address
+                else {
+                    panic!("no socket address");
+                };
+                let Some(socket_address::PortSpecifier::PortValue(port)) = sa.port_specifier else {
+                    panic!("no port");
+                };
+                seen.push((
+                    loc.region.clone(),
+                    loc.zone.clone(),
+                    port,
+                    e.load_balancing_weight.unwrap().value,
+                ));
+            }
+        }
+        seen.sort();
+        assert_eq!(
+            seen,
+            vec![
+                (String::new(), String::new(), 83, 1),
+                (String::new(), "z2".into(), 81, 1),
+                ("r".into(), "z1".into(), 80, 5),
+            ]
+        );
+        // Any name has a load assignment; an unknown one is empty.
+        assert!(cla(&s, "nope").endpoints.is_empty());
+    }
+
+    #[test]
+    fn listeners_routes_and_clusters_exist_while_the_service_has_endpoints() {
+        let s = snap();
+        assert_eq!(services(&s), BTreeSet::from(["api".into(), "web".into()]));
+        for kind in [Kind::Listener, Kind::Route, Kind::Cluster] {
+            assert!(build(kind, "api", &s).is_some());
+            assert!(build(kind, "nope", &s).is_none());
+            assert_eq!(Kind::from_type_url(&kind.type_url()), Some(kind));
+        }
+        let l = build(Kind::Listener, "api", &s).unwrap();
+        let l = Listener::decode(l.any.value.as_slice()).unwrap();
+        let hcm = l.api_listener.unwrap().api_listener.unwrap();
+        let hcm = HttpConnectionManager::decode(hcm.value.as_slice()).unwrap();
+        let Some(http_connection_manager::RouteSpecifier::Rds(rds)) = hcm.route_specifier else {
+            panic!("no RDS");
+        };
+        assert_eq!(rds.route_config_name, "api");
+        assert_eq!(hcm.http_filters.len(), 1);
+        // Versions follow content.
+        let a = build(Kind::Endpoints, "api", &s).unwrap();
+        let again = build(Kind::Endpoints, "api", &s.without(&ep("api", "c", 1).key())).unwrap();
+        assert_eq!(
+            a.version, again.version,
+            "an unhealthy endpoint is not served"
+        );
+        let changed = build(Kind::Endpoints, "api", &s.without(&ep("api", "a", 1).key())).unwrap();
+        assert_ne!(a.version, changed.version);
+        assert_eq!(Kind::from_type_url("type.googleapis.com/x"), None);
+    }
+}

@@ -1,0 +1,280 @@
+//! One state-of-the-world ADS stream: every response of a type carries
+//! all the resources of that type the client subscribed to.
+//!
+//! - A request whose `response_nonce` is not the last nonce sent for its
+//!   type is stale and ignored (the client's newer request follows).
+//! - A request with `error_detail` is a NACK of the response whose nonce
+//!   it carries: logged and counted; the rejected resources are not sent
+//!   again until they change.
+//! - A request whose names differ from the type's subscription (or the
+//!   type's first request) is answered at once, even when nothing
+//!   exists: for LDS and CDS an absent resource means a deleted one.
+//! - On each change of the registrar's state, every subscribed type whose
+//!   resources changed is pushed, with `version_info` the state's version.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use registry_api::{Snapshot, Version};
+use tokio::sync::mpsc;
+use tonic::{Status, Streaming};
+
+use super::resources::{self, Kind};
+use super::{count_push, Client, StreamGauge, IDLE_WAKE};
+use crate::Registrar;
+
+/// What one type's subscription and last response are.
+#[derive(Debug, Default)]
+struct TypeState {
+    /// Whether the client asked for this type (and has not unsubscribed
+    /// from everything).
+    subscribed: bool,
+    /// Whether a request was seen at all.
+    seen: bool,
+    /// All resources of the type, whatever names say.
+    wildcard: bool,
+    /// The names asked for (without `*`).
+    names: BTreeSet<String>,
+    /// Name → version of the resources of the last response.
+    sent: BTreeMap<String, String>,
+    /// The last response's nonce; empty before the first.
+    nonce: String,
+    /// A response is due even if the resources did not change (the
+    /// subscription did).
+    pending: bool,
+}
+
+/// One stream's state.
+struct Sotw {
+    client: Client,
+    types: BTreeMap<Kind, TypeState>,
+    nonces: u64,
+}
+
+impl Sotw {
+    /// Take a request; the type to answer at once, if any.
+    fn on_request(&mut self, r: DiscoveryRequest) -> Option<Kind> {
+        self.client.saw(r.node.as_ref(), "sotw");
+        let Some(kind) = Kind::from_type_url(&r.type_url) else {
+            tracing::debug!(node = %self.client.id(), type_url = %r.type_url, "xDS: a type this registrar does not serve; ignored");
+            return None;
+        };
+        let t = self.types.entry(kind).or_default();
+        if !r.response_nonce.is_empty() {
+            if r.response_nonce != t.nonce {
+                tracing::debug!(node = %self.client.id(), type_url = %r.type_url, nonce = %r.response_nonce, "xDS: stale nonce; request ignored");
+                return None;
+            }
+            match &r.error_detail {
+                Some(detail) => self.client.nacked(&r.type_url, &r.response_nonce, detail),
+                None => {
+                    tracing::debug!(node = %self.client.id(), type_url = %r.type_url, version = %r.version_info, "xDS: ACK")
+                }
+            }
+        }
+        let first = !t.seen;
+        t.seen = true;
+        let star = r.resource_names.iter().any(|n| n == "*");
+        let names: BTreeSet<String> = r.resource_names.into_iter().filter(|n| n != "*").collect();
+        let wildcard =
+            star || (names.is_empty() && kind.empty_is_wildcard() && (first || t.wildcard));
+        let changed = first || names != t.names || wildcard != t.wildcard;
+        t.names = names;
+        t.wildcard = wildcard;
+        t.subscribed = wildcard || !t.names.is_empty();
+        if !t.subscribed {
+            t.sent.clear();
+        }
+        t.pending = changed && t.subscribed;
+        t.pending.then_some(kind)
+    }
+
+    /// The response for `kind` at `snap`, if one is due: the resources
+    /// changed since the last response, or the subscription did.
+    fn response(&mut self, kind: Kind, snap: &Snapshot) -> Option<DiscoveryResponse> {
+        let t = self.types.get_mut(&kind).filter(|t| t.subscribed)?;
+        let mut names = t.names.clone();
+        if t.wildcard {
+            names.extend(resources::services(snap));
+        }
+        let built: Vec<(String, resources::Built)> = names
+            .into_iter()
+            .filter_map(|n| resources::build(kind, &n, snap).map(|b| (n, b)))
+            .collect();
+        let versions: BTreeMap<String, String> = built
+            .iter()
+            .map(|(n, b)| (n.clone(), b.version.clone()))
+            .collect();
+        if !t.pending && versions == t.sent {
+            return None;
+        }
+        t.pending = false;
+        self.nonces += 1;
+        t.nonce = self.nonces.to_string();
+        t.sent = versions;
+        let type_url = kind.type_url();
+        count_push(&type_url, built.len());
+        Some(DiscoveryResponse {
+            version_info: snap.version().to_string(),
+            resources: built.into_iter().map(|(_, b)| b.any).collect(),
+            type_url,
+            nonce: t.nonce.clone(),
+            ..Default::default()
+        })
+    }
+}
+
+/// Serve one stream until the client or the registrar ends it.
+pub(super) async fn run(
+    registrar: Arc<Registrar>,
+    mut requests: Streaming<DiscoveryRequest>,
+    tx: mpsc::Sender<Result<DiscoveryResponse, Status>>,
+    peer: String,
+) {
+    let _gauge = StreamGauge::new("sotw");
+    let store = registrar.state().store().clone();
+    let mut st = Sotw {
+        client: Client::new(peer),
+        types: BTreeMap::new(),
+        nonces: 0,
+    };
+    // The version every subscribed type was last evaluated at.
+    let mut seen: Option<Version> = None;
+    loop {
+        let current = seen;
+        let responses: Vec<DiscoveryResponse> = tokio::select! {
+            req = requests.message() => match req {
+                Ok(Some(r)) => {
+                    let Some(kind) = st.on_request(r) else { continue };
+                    // Before the first snapshot: answered once it arrives.
+                    let Some(snap) = store.snapshot() else { continue };
+                    st.response(kind, &snap).into_iter().collect()
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::debug!(node = %st.client.id(), error = %e, "xDS stream failed");
+                    break;
+                }
+            },
+            changed = store.wait_until(|s| Some(s.version()) != current, IDLE_WAKE) => {
+                if !changed {
+                    continue;
+                }
+                let Some(snap) = store.snapshot() else { continue };
+                seen = Some(snap.version());
+                Kind::ALL
+                    .into_iter()
+                    .filter_map(|k| st.response(k, &snap))
+                    .collect()
+            }
+            () = registrar.closing() => break,
+            () = tx.closed() => break,
+        };
+        for resp in responses {
+            if tx.send(Ok(resp)).await.is_err() {
+                return;
+            }
+        }
+    }
+    tracing::debug!(node = %st.client.id(), "xDS stream closed");
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use envoy_types::pb::google::rpc::Status as RpcStatus;
+    use registry_api::testing::ep;
+
+    fn stream() -> Sotw {
+        Sotw {
+            client: Client::new("test".into()),
+            types: BTreeMap::new(),
+            nonces: 0,
+        }
+    }
+
+    fn req(kind: Kind, names: &[&str], last: Option<&DiscoveryResponse>) -> DiscoveryRequest {
+        DiscoveryRequest {
+            type_url: kind.type_url(),
+            resource_names: names.iter().map(|n| n.to_string()).collect(),
+            version_info: last.map(|r| r.version_info.clone()).unwrap_or_default(),
+            response_nonce: last.map(|r| r.nonce.clone()).unwrap_or_default(),
+            ..Default::default()
+        }
+    }
+
+    fn snap(v: u64, services: &[&str]) -> Snapshot {
+        Snapshot::from_endpoints(Version(v), services.iter().map(|s| ep(s, "1", 80)))
+    }
+
+    #[test]
+    fn an_empty_first_lds_request_is_a_wildcard_that_follows_the_services() {
+        let mut s = stream();
+        let kind = s.on_request(req(Kind::Listener, &[], None)).unwrap();
+        let r1 = s.response(kind, &snap(1, &["a", "b"])).unwrap();
+        assert_eq!(r1.resources.len(), 2);
+        assert_eq!(r1.version_info, "1");
+        // Nothing changed: nothing to push; the ACK asks for nothing.
+        assert!(s.response(kind, &snap(2, &["a", "b"])).is_none());
+        assert_eq!(s.on_request(req(Kind::Listener, &[], Some(&r1))), None);
+        let r2 = s.response(kind, &snap(3, &["a"])).unwrap();
+        assert_eq!(r2.resources.len(), 1, "b deleted by its absence");
+        assert_ne!(r2.nonce, r1.nonce);
+    }
+
+    #[test]
+    fn stale_nonces_are_ignored_nacks_are_not_answered_and_names_are() {
+        let mut s = stream();
+        let kind = s.on_request(req(Kind::Endpoints, &["a"], None)).unwrap();
+        let r1 = s.response(kind, &snap(1, &["a"])).unwrap();
+        let r2 = s.response(kind, &snap(2, &["a", "c"]));
+        assert!(r2.is_none(), "a's endpoints did not change");
+        let r3 = s
+            .response(
+                kind,
+                &Snapshot::from_endpoints(Version(3), [ep("a", "2", 81)]),
+            )
+            .unwrap();
+        // r1 is stale now: a request carrying its nonce is ignored, even
+        // with other names.
+        assert_eq!(
+            s.on_request(req(Kind::Endpoints, &["a", "b"], Some(&r1))),
+            None
+        );
+        let mut nack = req(Kind::Endpoints, &["a"], Some(&r3));
+        nack.error_detail = Some(RpcStatus {
+            code: 3,
+            message: "no".into(),
+            details: vec![],
+        });
+        assert_eq!(s.on_request(nack), None, "a NACK is not answered");
+        assert_eq!(
+            s.on_request(req(Kind::Endpoints, &["a", "b"], Some(&r3))),
+            Some(kind)
+        );
+        let r4 = s
+            .response(
+                kind,
+                &Snapshot::from_endpoints(Version(3), [ep("a", "2", 81)]),
+            )
+            .unwrap();
+        assert_eq!(r4.resources.len(), 2, "b's (empty) assignment too");
+    }
+
+    #[test]
+    fn eds_without_names_is_no_subscription() {
+        let mut s = stream();
+        assert_eq!(s.on_request(req(Kind::Endpoints, &[], None)), None);
+        assert!(s.response(Kind::Endpoints, &snap(1, &["a"])).is_none());
+        assert_eq!(
+            s.on_request(DiscoveryRequest {
+                type_url: "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
+                    .into(),
+                ..Default::default()
+            }),
+            None
+        );
+    }
+}
