@@ -1,8 +1,10 @@
-//! A measurement, not a check (run with `--ignored --nocapture`, in
-//! release): the time from a registration to its push reaching 100
-//! state-of-the-world ADS clients subscribed to the service's load
-//! assignment, against a `WatchEndpoints` stream's delivery of the same
-//! change in the same run. BENCHMARKS.md quotes it.
+//! Measurements, not checks (run with `--ignored --nocapture`, in
+//! release), quoted in BENCHMARKS.md: the time from a registration to its
+//! push reaching 100 state-of-the-world ADS clients subscribed to the
+//! service's load assignment, against a `WatchEndpoints` stream's delivery
+//! of the same change in the same run; and the time from a registration to
+//! the change being visible through each protocol the registrar speaks
+//! (gRPC watch, xDS, the HTTP API's blocking query, DNS).
 
 #![allow(clippy::unwrap_used)]
 
@@ -200,5 +202,201 @@ async fn measure_eds_push_latency_to_100_clients() {
         ms(&all, 0.5),
         ms(&all, 0.99)
     );
+    assert!(done > 0, "no change measured within {BUDGET:?}");
+}
+
+/// Which protocol saw a change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Proto {
+    Watch,
+    Xds,
+    Http,
+    Dns,
+}
+
+/// The HTTP API's blocking query, over and over: each answer's ports, and
+/// the next question asks for anything after the answer's index.
+async fn http_poller(addr: String, seen: mpsc::UnboundedSender<(Proto, u32, Instant)>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut index = 0u64;
+    loop {
+        let Ok(mut s) = tokio::net::TcpStream::connect(&addr).await else {
+            return;
+        };
+        let req = format!(
+            "GET /v1/health/service/bench?index={index}&wait=30s HTTP/1.1\r\nHost: {addr}\r\n\
+             Connection: close\r\n\r\n"
+        );
+        if s.write_all(req.as_bytes()).await.is_err() {
+            return;
+        }
+        let mut buf = String::new();
+        if s.read_to_string(&mut buf).await.is_err() {
+            return;
+        }
+        let at = Instant::now();
+        let Some((head, body)) = buf.split_once("\r\n\r\n") else {
+            return;
+        };
+        index = head
+            .lines()
+            .find_map(|l| l.strip_prefix("X-Consul-Index: ").or(l.strip_prefix("x-consul-index: ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(index);
+        let entries: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+        for e in entries.as_array().into_iter().flatten() {
+            if let Some(port) = e["Service"]["Port"].as_u64() {
+                let _ = seen.send((Proto::Http, u32::try_from(port).unwrap_or(0), at));
+            }
+        }
+    }
+}
+
+/// DNS has no push: SRV questions over UDP, one after the other, each
+/// answer's ports reported.
+async fn dns_poller(addr: std::net::SocketAddr, seen: mpsc::UnboundedSender<(Proto, u32, Instant)>) {
+    use hickory_resolver::proto::op::{Message, Query};
+    use hickory_resolver::proto::rr::{Name, RData, RecordType};
+    let sock = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let name = Name::from_ascii("bench.service.registry.").unwrap();
+    let mut buf = vec![0u8; 4096];
+    loop {
+        let mut q = Message::query();
+        q.add_query(Query::query(name.clone(), RecordType::SRV));
+        if sock.send_to(&q.to_vec().unwrap(), addr).await.is_err() {
+            return;
+        }
+        let Ok(Ok((n, _))) =
+            tokio::time::timeout(Duration::from_secs(1), sock.recv_from(&mut buf)).await
+        else {
+            continue;
+        };
+        let at = Instant::now();
+        let Ok(resp) = Message::from_vec(&buf[..n]) else {
+            continue;
+        };
+        for r in &resp.answers {
+            if let RData::SRV(s) = &r.data {
+                if seen.send((Proto::Dns, u32::from(s.port), at)).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: run with --ignored --nocapture"]
+async fn measure_change_visibility_per_protocol() {
+    let started = Instant::now();
+    let grpc_l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let xds_l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let http_l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dns_l = registrar_server::DnsListeners::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let url = format!("http://{}", grpc_l.local_addr().unwrap());
+    let xds = xds_l.local_addr().unwrap().to_string();
+    let http = http_l.local_addr().unwrap().to_string();
+    let dns = dns_l.local_addr().unwrap();
+    let mut server = Opening::new(RegistrarConfig::new("bench"));
+    server.protocols.xds = Some(xds_l);
+    server.protocols.http_api = Some(http_l);
+    let dns_cfg = registrar_server::DnsConfig::new("registry.", Duration::ZERO).unwrap();
+    server.protocols.dns = Some((dns_l, dns_cfg));
+    tokio::spawn(server.serve(
+        || async { Ok(Arc::new(Liveness::new(MemoryRegistry::new())) as Arc<dyn Backend>) },
+        grpc_l,
+        health,
+        futures::future::pending(),
+    ));
+    let mut writer = loop {
+        match Grpc::connect(url.clone()).await {
+            Ok(c) => break c,
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    };
+    let register = |port: u32| RegisterEndpointRequest {
+        endpoint: Some(endpoint_to_proto(&registry_api::Endpoint::new(
+            "bench",
+            "e1",
+            "10.9.0.1",
+            u16::try_from(port).unwrap(),
+        ))),
+        ..Default::default()
+    };
+    writer.register_endpoint(register(BASE_PORT)).await.unwrap();
+
+    let (seen_tx, mut seen) = mpsc::unbounded_channel::<(Proto, u32, Instant)>();
+    // The xDS client and the watch report through their own channel.
+    let (inner_tx, mut inner) = mpsc::unbounded_channel::<Seen>();
+    tokio::spawn(ads_client(xds.clone(), 0, inner_tx.clone()));
+    tokio::spawn(watcher(url.clone(), inner_tx));
+    {
+        let seen_tx = seen_tx.clone();
+        tokio::spawn(async move {
+            while let Some((who, port, at)) = inner.recv().await {
+                let proto = if who.is_some() { Proto::Xds } else { Proto::Watch };
+                if seen_tx.send((proto, port, at)).is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    tokio::spawn(http_poller(http, seen_tx.clone()));
+    tokio::spawn(dns_poller(dns, seen_tx));
+    let all = [Proto::Watch, Proto::Xds, Proto::Http, Proto::Dns];
+    let wait_all = |seen: &mut mpsc::UnboundedReceiver<(Proto, u32, Instant)>, port: u32, t0| {
+        let mut hist: Vec<(Proto, u64)> = Vec::new();
+        async move {
+            let mut got = std::collections::BTreeSet::new();
+            while got.len() < all.len() {
+                let Ok(Some((proto, p, at))) = tokio::time::timeout(BUDGET, seen.recv()).await
+                else {
+                    panic!("port {port}: only {got:?} saw it");
+                };
+                if p == port && got.insert(proto) {
+                    let us = at.saturating_duration_since(t0).as_micros();
+                    hist.push((proto, u64::try_from(us).unwrap_or(u64::MAX)));
+                }
+            }
+            hist
+        }
+    };
+    wait_all(&mut seen, BASE_PORT, Instant::now()).await;
+
+    let mut hists: std::collections::BTreeMap<Proto, Histogram<u64>> = all
+        .iter()
+        .map(|p| (*p, Histogram::<u64>::new(3).unwrap()))
+        .collect();
+    let mut done = 0;
+    for i in 1..=CHANGES {
+        if started.elapsed() > BUDGET {
+            break;
+        }
+        let port = BASE_PORT + i;
+        let t0 = Instant::now();
+        writer.register_endpoint(register(port)).await.unwrap();
+        for (proto, us) in wait_all(&mut seen, port, t0).await {
+            hists.get_mut(&proto).unwrap().record(us.max(1)).unwrap();
+        }
+        done = i;
+    }
+    println!(
+        "{done} changes, one observer per protocol, in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let base = ms(&hists[&Proto::Watch], 0.5);
+    let base99 = ms(&hists[&Proto::Watch], 0.99);
+    for (proto, h) in &hists {
+        println!(
+            "{proto:?}: p50 {:.2} ms, p99 {:.2} ms ({:.2}x / {:.2}x the gRPC watch)",
+            ms(h, 0.5),
+            ms(h, 0.99),
+            ms(h, 0.5) / base,
+            ms(h, 0.99) / base99
+        );
+    }
     assert!(done > 0, "no change measured within {BUDGET:?}");
 }
