@@ -51,7 +51,7 @@ pub(crate) const ENTRY_BUDGET: usize = 350 * 1024;
 
 /// Transactions tried before a batch that keeps losing the race for the
 /// head gives up with `Conflict`.
-pub(crate) const ATTEMPTS: u32 = 12;
+pub(crate) const ATTEMPTS: u32 = 16;
 
 /// The sort key of entry `version`.
 pub(crate) fn entry_id(version: u64) -> String {
@@ -101,9 +101,11 @@ pub(crate) struct LogPage {
     pub items: usize,
 }
 
-/// The writer's guess of the head (0: unknown or empty, read it).
+/// The writer's guess of the head (0: unknown or empty, read it), and
+/// the lock that lets one batch of this process at a time race for it
+/// (batches of one process would only make each other retry).
 #[derive(Debug, Default)]
-pub(crate) struct HeadCache(AtomicU64);
+pub(crate) struct HeadCache(AtomicU64, tokio::sync::Mutex<()>);
 
 /// The pieces of a batch's log: puts and deletes, packed into entries of
 /// at most [`ENTRY_BUDGET`] bytes.
@@ -197,6 +199,7 @@ impl Table {
             ));
         }
         let endpoint_items = self.op_items(&ops)?;
+        let _turn = self.log_head.1.lock().await;
         let mut keys: Vec<EndpointKey> = ops.iter().map(Op::key).collect();
         let mut head = match self.log_head.0.load(Ordering::Acquire) {
             0 => self.read_log_head().await?,

@@ -75,6 +75,15 @@ impl Harness {
         Harness { reg, cfg, moto }
     }
 
+    /// A registry of a new table in change log mode
+    /// (`WatchMode::ChangeLog`), on the shared server.
+    pub async fn changelog() -> Harness {
+        Self::with_config(false, |c| {
+            c.with_watch(registry_dynamodb::WatchMode::ChangeLog)
+        })
+        .await
+    }
+
     /// The registry, keeping the shared server alive as long as it lives.
     pub fn guarded(self) -> Guarded<DynamoDbRegistry> {
         Guarded::new(self.reg, self.moto)
@@ -215,6 +224,11 @@ impl RecordingProxy {
             .lock()
             .unwrap()
             .push((target.to_string(), error_type.to_string(), n));
+    }
+
+    /// Pass every call on again (drop the faults not used up yet).
+    pub fn clear_faults(&self) {
+        self.faults.lock().unwrap().clear();
     }
 
     /// Answer the next `n` `TransactWriteItems` calls with a throttling
