@@ -54,13 +54,13 @@ fn num(digits: usize) -> usize {
 /// values of typical lengths, labels padded to reach about 300 bytes.
 fn endpoint_item_size(id_len: usize) -> usize {
     let attrs: &[(&str, usize)] = &[
-        ("service", 18),     // "payments-frontend"
-        ("id", id_len),      // a pod name
-        ("address", 11),     // "10.12.34.56"
-        ("protocol", 4),     // "http"
-        ("cluster", 12),     // "prod-eu-w1-07"
-        ("node", 28),        // a node name
-        ("health", 7),       // "healthy"
+        ("service", 18), // "payments-frontend"
+        ("id", id_len),  // a pod name
+        ("address", 11), // "10.12.34.56"
+        ("protocol", 4), // "http"
+        ("cluster", 12), // "prod-eu-w1-07"
+        ("node", 28),    // a node name
+        ("health", 7),   // "healthy"
     ];
     let strings: usize = attrs.iter().map(|(k, v)| k.len() + v).sum();
     let port = "port".len() + num(4);
@@ -154,7 +154,6 @@ impl Totals {
 /// One log entry (one batch of one cluster).
 struct LogEntry {
     size: usize,
-    change_bytes: usize,
     /// When each change in it was made (for propagation).
     made_ms: Vec<u64>,
 }
@@ -242,7 +241,6 @@ fn simulate(p: &Params) -> Outcome {
             out.write_wcu_log += plain + wcu(head_size()) + wcu(size);
             log.push(LogEntry {
                 size,
-                change_bytes,
                 made_ms: q.drain(..).map(|(m, _)| m).collect(),
             });
             prefix_size.push(prefix_size.last().copied().unwrap_or(0) + size);
@@ -336,7 +334,10 @@ fn report(label: &str, p: &Params) -> (f64, f64) {
     );
     let pct = |q: f64| {
         let v = &o.reach_ms;
-        v.get(((v.len() as f64 - 1.0) * q) as usize).copied().unwrap_or(0) as f64 / 1000.0
+        v.get(((v.len() as f64 - 1.0) * q) as usize)
+            .copied()
+            .unwrap_or(0) as f64
+            / 1000.0
     };
     println!(
         "change reaches all {} replicas of all {} clusters (made -> last replica synced), both modes: p50 {:.1} s, p99 {:.1} s, max {:.1} s ({} changes)",

@@ -73,7 +73,12 @@ fn value_size(v: &AttributeValue) -> usize {
         AttributeValue::B(b) => b.as_ref().len(),
         AttributeValue::Bool(_) | AttributeValue::Null(_) => 1,
         AttributeValue::L(l) => 3 + l.iter().map(|v| 1 + value_size(v)).sum::<usize>(),
-        AttributeValue::M(m) => 3 + m.iter().map(|(k, v)| 1 + k.len() + value_size(v)).sum::<usize>(),
+        AttributeValue::M(m) => {
+            3 + m
+                .iter()
+                .map(|(k, v)| 1 + k.len() + value_size(v))
+                .sum::<usize>()
+        }
         AttributeValue::Ss(v) => v.iter().map(String::len).sum(),
         AttributeValue::Ns(v) => v.iter().map(|n| n.len().div_ceil(2) + 1).sum(),
         AttributeValue::Bs(v) => v.iter().map(|b| b.as_ref().len()).sum(),
@@ -146,13 +151,19 @@ fn build_err(e: aws_sdk_dynamodb::error::BuildError) -> Error {
 /// Whether a cancelled transaction lost the race for the head (the head's
 /// or an entry's condition failed, or another transaction held them):
 /// nothing was written, read the head and try again.
-fn lost_race(err: &aws_sdk_dynamodb::error::SdkError<TransactWriteItemsError>, log_from: usize) -> bool {
+fn lost_race(
+    err: &aws_sdk_dynamodb::error::SdkError<TransactWriteItemsError>,
+    log_from: usize,
+) -> bool {
     match err.as_service_error() {
-        Some(TransactWriteItemsError::TransactionCanceledException(e)) => e
-            .cancellation_reasons()
-            .iter()
-            .skip(log_from)
-            .any(|r| matches!(r.code(), Some("ConditionalCheckFailed" | "TransactionConflict"))),
+        Some(TransactWriteItemsError::TransactionCanceledException(e)) => {
+            e.cancellation_reasons().iter().skip(log_from).any(|r| {
+                matches!(
+                    r.code(),
+                    Some("ConditionalCheckFailed" | "TransactionConflict")
+                )
+            })
+        }
         _ => false,
     }
 }
@@ -205,7 +216,8 @@ impl Table {
             0 => self.read_log_head().await?,
             v => v,
         };
-        let expires = layout::now_secs().saturating_add(self.cfg.changelog_retention.as_secs().max(1));
+        let expires =
+            layout::now_secs().saturating_add(self.cfg.changelog_retention.as_secs().max(1));
         let mut fresh;
         let mut token = match token {
             Some(t) => t,
@@ -417,7 +429,12 @@ fn head_version(item: &Item) -> Option<u64> {
 fn jitter() -> f64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0));
+    h.write_u64(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0),
+    );
     (h.finish() % 1000) as f64 / 1000.0
 }
 

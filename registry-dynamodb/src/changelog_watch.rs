@@ -251,7 +251,12 @@ async fn resync(table: &Table, hub: &Weak<Hub>, r: &mut Reader) -> Result<(), Er
         return Ok(());
     };
     let whole = r.failed || !strong.is_ready();
-    publish_fresh(&strong, &table.clock, state.at_version(table.clock.next()), whole);
+    publish_fresh(
+        &strong,
+        &table.clock,
+        state.at_version(table.clock.next()),
+        whole,
+    );
     r.failed = false;
     r.pos = Some(walked.pos);
     Ok(())
@@ -275,13 +280,24 @@ mod tests {
         // 3..=4 is one batch; 6 is missing.
         let w = walk(
             2,
-            vec![entry(3, 4, "a"), entry(4, 4, "b"), entry(5, 5, "c"), entry(7, 7, "d")],
+            vec![
+                entry(3, 4, "a"),
+                entry(4, 4, "b"),
+                entry(5, 5, "c"),
+                entry(7, 7, "d"),
+            ],
         );
         assert_eq!(w.pos, 5);
         assert_eq!(w.changes.len(), 3);
         // Half a batch is not applied.
         let w = walk(2, vec![entry(3, 4, "a")]);
-        assert_eq!(w, Walk { changes: vec![], pos: 2 });
+        assert_eq!(
+            w,
+            Walk {
+                changes: vec![],
+                pos: 2
+            }
+        );
         // Nothing after a missing first version.
         let w = walk(2, vec![entry(4, 4, "a")]);
         assert_eq!(w.pos, 2);

@@ -168,7 +168,10 @@ async fn three_writers_every_reader_sees_every_change_once_in_order() {
         changelog_registry(&cfg).await,
         changelog_registry(&cfg).await,
     ];
-    let readers = [changelog_registry(&cfg).await, changelog_registry(&cfg).await];
+    let readers = [
+        changelog_registry(&cfg).await,
+        changelog_registry(&cfg).await,
+    ];
     let mut streams: Vec<EventStream> = readers.iter().map(|r| r.watch(None)).collect();
     let mut states = vec![BTreeMap::new(), BTreeMap::new()];
     let mut hists = vec![Histories::new(), Histories::new()];
@@ -185,12 +188,28 @@ async fn three_writers_every_reader_sees_every_change_once_in_order() {
             for j in 0..batches {
                 let port = w * 100 + j + 1;
                 let mut ops = vec![
-                    Op::Register(Endpoint::new(&svc, format!("w{w}-{}", j % 4), "10.0.0.1", port)),
-                    Op::Register(Endpoint::new(&svc, format!("shared-{}", j % 3), "10.0.0.2", port)),
+                    Op::Register(Endpoint::new(
+                        &svc,
+                        format!("w{w}-{}", j % 4),
+                        "10.0.0.1",
+                        port,
+                    )),
+                    Op::Register(Endpoint::new(
+                        &svc,
+                        format!("shared-{}", j % 3),
+                        "10.0.0.2",
+                        port,
+                    )),
                 ];
                 if j % 5 == 4 {
-                    ops.push(Op::Deregister(EndpointKey::new(&svc, format!("w{w}-{}", (j + 2) % 4))));
-                    ops.push(Op::Deregister(EndpointKey::new(&svc, format!("shared-{}", (j + 1) % 3))));
+                    ops.push(Op::Deregister(EndpointKey::new(
+                        &svc,
+                        format!("w{w}-{}", (j + 2) % 4),
+                    )));
+                    ops.push(Op::Deregister(EndpointKey::new(
+                        &svc,
+                        format!("shared-{}", (j + 1) % 3),
+                    )));
                 }
                 reg.apply(ops).await.unwrap();
             }
@@ -219,7 +238,11 @@ async fn three_writers_every_reader_sees_every_change_once_in_order() {
         for v in item["put"].as_l().unwrap() {
             let m = v.as_m().unwrap();
             let key = EndpointKey::new(m["service"].as_s().unwrap(), m["id"].as_s().unwrap());
-            push(&mut truth, key, Some(m["port"].as_n().unwrap().parse().unwrap()));
+            push(
+                &mut truth,
+                key,
+                Some(m["port"].as_n().unwrap().parse().unwrap()),
+            );
         }
     }
     let want = table_state(&readers[0]).await;
@@ -229,7 +252,11 @@ async fn three_writers_every_reader_sees_every_change_once_in_order() {
         .map(|(k, h)| (k.clone(), *h.last().unwrap()))
         .collect();
     for (k, port) in &ends {
-        assert_eq!(want.get(k).map(|e| e.port), *port, "{k}: log and table disagree");
+        assert_eq!(
+            want.get(k).map(|e| e.port),
+            *port,
+            "{k}: log and table disagree"
+        );
     }
     for (i, s) in streams.iter_mut().enumerate() {
         follow_to(s, &mut states[i], &mut hists[i], &want, false).await;
@@ -249,7 +276,10 @@ async fn a_reader_away_longer_than_the_retention_scans_once_then_follows_the_log
     let svc = unique("away");
     let mut stream = reader.watch(None);
     let (mut state, mut hist) = (BTreeMap::new(), Histories::new());
-    writer.register(Endpoint::new(&svc, "a", "h", 1)).await.unwrap();
+    writer
+        .register(Endpoint::new(&svc, "a", "h", 1))
+        .await
+        .unwrap();
     let mut want = table_state(&writer).await;
     follow_to(&mut stream, &mut state, &mut hist, &want, false).await;
     let scans = proxy.count(SCAN_TARGET);
@@ -263,9 +293,18 @@ async fn a_reader_away_longer_than_the_retention_scans_once_then_follows_the_log
         (proxy.count(QUERY_TARGET) > queries).then_some(())
     })
     .await;
-    writer.register(Endpoint::new(&svc, "a", "h", 2)).await.unwrap();
-    writer.register(Endpoint::new(&svc, "b", "h", 3)).await.unwrap();
-    writer.deregister(&EndpointKey::new(&svc, "a")).await.unwrap();
+    writer
+        .register(Endpoint::new(&svc, "a", "h", 2))
+        .await
+        .unwrap();
+    writer
+        .register(Endpoint::new(&svc, "b", "h", 3))
+        .await
+        .unwrap();
+    writer
+        .deregister(&EndpointKey::new(&svc, "a"))
+        .await
+        .unwrap();
     assert_eq!(head(&writer).await, 4);
     delete_entry(&writer, 2).await;
     delete_entry(&writer, 3).await;
@@ -273,10 +312,17 @@ async fn a_reader_away_longer_than_the_retention_scans_once_then_follows_the_log
 
     want = table_state(&writer).await;
     follow_to(&mut stream, &mut state, &mut hist, &want, true).await;
-    assert_eq!(proxy.count(SCAN_TARGET), scans + 1, "one scan after the gap");
+    assert_eq!(
+        proxy.count(SCAN_TARGET),
+        scans + 1,
+        "one scan after the gap"
+    );
 
     // And the log again, without another scan.
-    writer.register(Endpoint::new(&svc, "c", "h", 4)).await.unwrap();
+    writer
+        .register(Endpoint::new(&svc, "c", "h", 4))
+        .await
+        .unwrap();
     want = table_state(&writer).await;
     follow_to(&mut stream, &mut state, &mut hist, &want, false).await;
     assert_eq!(proxy.count(SCAN_TARGET), scans + 1, "followed the log");
@@ -293,7 +339,10 @@ async fn a_lost_log_entry_is_detected_and_healed_by_a_scan() {
     let svc = unique("lost");
     let mut stream = reader.watch(None);
     let (mut state, mut hist) = (BTreeMap::new(), Histories::new());
-    writer.register(Endpoint::new(&svc, "a", "h", 1)).await.unwrap();
+    writer
+        .register(Endpoint::new(&svc, "a", "h", 1))
+        .await
+        .unwrap();
     let mut want = table_state(&writer).await;
     follow_to(&mut stream, &mut state, &mut hist, &want, false).await;
     let scans = proxy.count(SCAN_TARGET);
@@ -304,17 +353,33 @@ async fn a_lost_log_entry_is_detected_and_healed_by_a_scan() {
         (proxy.count(QUERY_TARGET) > queries).then_some(())
     })
     .await;
-    writer.register(Endpoint::new(&svc, "b", "h", 2)).await.unwrap(); // 2
-    writer.register(Endpoint::new(&svc, "lost", "h", 3)).await.unwrap(); // 3
-    writer.register(Endpoint::new(&svc, "c", "h", 4)).await.unwrap(); // 4
+    writer
+        .register(Endpoint::new(&svc, "b", "h", 2))
+        .await
+        .unwrap(); // 2
+    writer
+        .register(Endpoint::new(&svc, "lost", "h", 3))
+        .await
+        .unwrap(); // 3
+    writer
+        .register(Endpoint::new(&svc, "c", "h", 4))
+        .await
+        .unwrap(); // 4
     delete_entry(&writer, 3).await;
     proxy.clear_faults();
 
     want = table_state(&writer).await;
     assert!(want.contains_key(&EndpointKey::new(&svc, "lost")));
     follow_to(&mut stream, &mut state, &mut hist, &want, true).await;
-    assert_eq!(proxy.count(SCAN_TARGET), scans + 1, "one scan heals the gap");
-    writer.register(Endpoint::new(&svc, "d", "h", 5)).await.unwrap();
+    assert_eq!(
+        proxy.count(SCAN_TARGET),
+        scans + 1,
+        "one scan heals the gap"
+    );
+    writer
+        .register(Endpoint::new(&svc, "d", "h", 5))
+        .await
+        .unwrap();
     want = table_state(&writer).await;
     follow_to(&mut stream, &mut state, &mut hist, &want, false).await;
     assert_eq!(proxy.count(SCAN_TARGET), scans + 1, "followed the log");
@@ -327,7 +392,10 @@ async fn log_items_are_invisible_to_reads() {
     let (cfg, _moto) = table().await;
     let writer = changelog_registry(&cfg).await;
     let svc = unique("hidden");
-    writer.register(Endpoint::new(&svc, "a", "h", 1)).await.unwrap();
+    writer
+        .register(Endpoint::new(&svc, "a", "h", 1))
+        .await
+        .unwrap();
     assert_eq!(log_items(&writer).await.len(), 2, "one entry and the head");
     let snap = writer.snapshot().await.unwrap();
     assert_eq!(snap.len(), 1);
