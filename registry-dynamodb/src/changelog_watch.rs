@@ -195,7 +195,8 @@ async fn sync(table: &Table, hub: &Weak<Hub>, r: &mut Reader, pos: u64) -> Resul
     }
     r.pos = Some(walked.pos);
     if head < pos {
-        return Ok(resync_next(table, r, Resync::HeadBack));
+        resync_next(table, r, Resync::HeadBack);
+        return Ok(());
     }
     if walked.pos < head {
         let missing = walked.pos + 1;
@@ -205,7 +206,8 @@ async fn sync(table: &Table, hub: &Weak<Hub>, r: &mut Reader, pos: u64) -> Resul
             } else {
                 Resync::Gap
             };
-            return Ok(resync_next(table, r, why));
+            resync_next(table, r, why);
+            return Ok(());
         }
         tracing::debug!(table = %table.cfg.table, missing, head, "change log entry not there (yet); waiting one sync");
         r.gap = Some(missing);

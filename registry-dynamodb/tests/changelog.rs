@@ -173,8 +173,8 @@ async fn three_writers_every_reader_sees_every_change_once_in_order() {
         changelog_registry(&cfg).await,
     ];
     let mut streams: Vec<EventStream> = readers.iter().map(|r| r.watch(None)).collect();
-    let mut states = vec![BTreeMap::new(), BTreeMap::new()];
-    let mut hists = vec![Histories::new(), Histories::new()];
+    let mut states = [BTreeMap::new(), BTreeMap::new()];
+    let mut hists = [Histories::new(), Histories::new()];
     for s in streams.iter_mut() {
         // The first state, before any write: the empty table.
         assert!(first_snapshot(s, "the first state").await.is_empty());
