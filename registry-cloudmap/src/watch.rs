@@ -58,13 +58,13 @@ pub(crate) fn over_budget(
     let mut why = Vec::new();
     if per_replica > f64::from(rps) {
         why.push(format!(
-            "{services} services every {interval:?} need {per_replica:.0} requests/s, over this              registry's limit of {rps}/s: a snapshot takes at least {:.1} s",
+            "{services} services every {interval:?} need {per_replica:.0} requests/s, over this registry's limit of {rps}/s: a snapshot takes at least {:.1} s",
             services as f64 / f64::from(rps)
         ));
     }
     if fleet > ACCOUNT_REVISION_RATE {
         why.push(format!(
-            "{replicas} registries × {services} services every {interval:?} need {fleet:.0}              DiscoverInstancesRevision calls/s, over the account's {ACCOUNT_REVISION_RATE:.0}/s"
+            "{replicas} registries × {services} services every {interval:?} need {fleet:.0} DiscoverInstancesRevision calls/s, over the account's {ACCOUNT_REVISION_RATE:.0}/s"
         ));
     }
     (!why.is_empty()).then(|| why.join("; "))
