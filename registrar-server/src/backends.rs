@@ -54,6 +54,26 @@ impl BackendKind {
     }
 }
 
+/// How the registrar follows a DynamoDB table (`--dynamodb-sync`); see
+/// "Change log" in registry-dynamodb's docs for the costs of each.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[non_exhaustive]
+pub enum DynamoDbSync {
+    /// The table's stream when it has one (at most two readers per shard:
+    /// one cluster's pair of replicas), else a Scan every
+    /// `--sync-interval`.
+    #[default]
+    Auto,
+    /// The change log: every write also appends its changes to a log in
+    /// the table, and each replica reads what follows its position with
+    /// one Query every `--sync-interval`; a Scan only on start or after a
+    /// gap. For many replicas on one table. Every registrar writing the
+    /// table must use it.
+    Changelog,
+    /// A Scan of the whole table every `--sync-interval`.
+    Scan,
+}
+
 /// Where each backend is; only the fields of the chosen kind are read.
 #[non_exhaustive]
 #[derive(Debug, Clone)]
@@ -74,6 +94,8 @@ pub struct BackendOptions {
     pub dynamodb_table: String,
     /// Create the DynamoDB table (on-demand, with a stream) if missing.
     pub dynamodb_create_table: bool,
+    /// How the DynamoDB table is followed. Default [`DynamoDbSync::Auto`].
+    pub dynamodb_sync: DynamoDbSync,
     /// The Cloud Map namespace. Default `registry` (earlier releases:
     /// `aether`).
     pub cloudmap_namespace: String,
@@ -94,6 +116,7 @@ impl BackendOptions {
             etcd_prefix: "/registry".to_string(),
             dynamodb_table: "registry".to_string(),
             dynamodb_create_table: false,
+            dynamodb_sync: DynamoDbSync::Auto,
             cloudmap_namespace: "registry".to_string(),
             aws_region: None,
             aws_endpoint_url: None,
@@ -127,8 +150,14 @@ pub async fn open_backend(opts: &BackendOptions) -> Result<Arc<dyn Backend>> {
         }
         #[cfg(feature = "dynamodb")]
         BackendKind::Dynamodb => {
+            let watch = match opts.dynamodb_sync {
+                DynamoDbSync::Auto => registry_dynamodb::WatchMode::Auto,
+                DynamoDbSync::Changelog => registry_dynamodb::WatchMode::ChangeLog,
+                DynamoDbSync::Scan => registry_dynamodb::WatchMode::Polling,
+            };
             let mut table = registry_dynamodb::DynamoDbConfig::new(opts.dynamodb_table.clone())
-                .with_poll_interval(opts.sync_interval);
+                .with_poll_interval(opts.sync_interval)
+                .with_watch(watch);
             if let Some(region) = &opts.aws_region {
                 table = table.with_region(region.clone());
             }
@@ -136,7 +165,10 @@ pub async fn open_backend(opts: &BackendOptions) -> Result<Arc<dyn Backend>> {
                 table = table.with_endpoint_url(url.clone());
             }
             if opts.dynamodb_create_table {
-                registry_dynamodb::DynamoDbRegistry::create_table_if_missing(&table, true).await?;
+                // A stream only where it is read.
+                let with_stream = opts.dynamodb_sync == DynamoDbSync::Auto;
+                registry_dynamodb::DynamoDbRegistry::create_table_if_missing(&table, with_stream)
+                    .await?;
             }
             let name = table.table.clone();
             let opened = registry_dynamodb::DynamoDbRegistry::connect(table)

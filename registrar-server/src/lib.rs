@@ -25,7 +25,7 @@ pub mod xds;
 #[cfg(feature = "http-api")]
 pub use api_http::http_api_router;
 pub use auth::{AuthzConfig, DEFAULT_ID_PATTERN};
-pub use backends::{open_backend, BackendKind, BackendOptions};
+pub use backends::{open_backend, BackendKind, BackendOptions, DynamoDbSync};
 pub use config::{Ack, RegistrarConfig};
 #[cfg(feature = "dns")]
 pub use dns::{serve_dns, DnsConfig, DnsListeners};

@@ -63,6 +63,67 @@ async fn registrar_on_dynamodb() {
     .await;
 }
 
+/// Two registrars (two clusters) on one table with `--dynamodb-sync
+/// changelog`: a registration through one is written with a log entry, and
+/// the other's view gets it from the log.
+#[cfg(feature = "dynamodb")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registrars_on_dynamodb_share_changes_through_the_change_log() {
+    let moto = registry_tests::MotoServer::start_async().await.unwrap();
+    let table = unique("registrar-log");
+    let args = [
+        "--registry-backend",
+        "dynamodb",
+        "--dynamodb-table",
+        &table,
+        "--dynamodb-create-table",
+        "--dynamodb-sync",
+        "changelog",
+    ];
+    let a = serve_on(&moto, &args).await;
+    let b = serve_on(&moto, &args).await;
+    common::fast_client(&a.url(), "c", "n1")
+        .register(ep("api", "a", 80).with_node("n1"))
+        .await
+        .unwrap();
+    let direct = registry_dynamodb::DynamoDbRegistry::connect(
+        registry_dynamodb::DynamoDbConfig::new(table)
+            .with_region("us-east-1")
+            .with_endpoint_url(moto.url())
+            .with_static_credentials("test", "test"),
+    )
+    .await
+    .unwrap();
+    // The log's head, as the crate docs lay it out.
+    eventually("a change log entry in the table", || async {
+        let head = direct
+            .client()
+            .get_item()
+            .table_name(direct.table())
+            .key(
+                "service",
+                registry_dynamodb::aws_sdk_dynamodb::types::AttributeValue::S(
+                    "~registry changelog".into(),
+                ),
+            )
+            .key(
+                "id",
+                registry_dynamodb::aws_sdk_dynamodb::types::AttributeValue::S("~head".into()),
+            )
+            .consistent_read(true)
+            .send()
+            .await
+            .ok()?;
+        head.item().is_some().then_some(())
+    })
+    .await;
+    let other = common::fast_client(&b.url(), "c2", "n2");
+    eventually("the endpoint in the other registrar's view", || async {
+        (other.list("api").await.ok()?.len() == 1).then_some(())
+    })
+    .await;
+}
+
 /// The DynamoDB table deleted under writes, then recreated (an emulator
 /// restart, an operator's mistake): the registrar goes not ready and stops
 /// acknowledging; once the table is back its view equals the table (no

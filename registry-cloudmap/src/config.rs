@@ -103,6 +103,12 @@ pub struct CloudMapConfig {
     pub requests_per_second: NonZeroU32,
     /// Requests allowed in one burst above the steady rate (default 20).
     pub burst: NonZeroU32,
+    /// How many registries poll this namespace in all (every replica of
+    /// every cluster; default 1). Only for the request budget: a snapshot
+    /// warns when services × `replicas` ÷ the time between snapshots goes
+    /// over Cloud Map's account rate for `DiscoverInstancesRevision`
+    /// (3,000 per second), see "Request budget" in the crate docs.
+    pub replicas: NonZeroU32,
     /// After a deregistration succeeded, repeat `DeregisterInstance` until
     /// Cloud Map answers `InstanceNotFound` (only in [`WriteMode::Wait`];
     /// default false). Needed with the `moto` emulator, which keeps one copy
@@ -139,6 +145,7 @@ impl CloudMapConfig {
             concurrency: 8,
             requests_per_second: NonZeroU32::new(50).unwrap_or(NonZeroU32::MIN),
             burst: NonZeroU32::new(20).unwrap_or(NonZeroU32::MIN),
+            replicas: NonZeroU32::MIN,
             repeat_deregister: false,
             custom_health: false,
         }
@@ -208,6 +215,11 @@ impl CloudMapConfig {
     /// Set `custom_health`.
     pub fn with_custom_health(mut self, v: bool) -> Self {
         self.custom_health = v;
+        self
+    }
+    /// Set `replicas`: how many registries poll this namespace in all.
+    pub fn with_replicas(mut self, replicas: NonZeroU32) -> Self {
+        self.replicas = replicas;
         self
     }
     /// Set the client-side rate limit: `per_second` steady, `burst` at once.

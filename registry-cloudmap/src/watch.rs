@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt, TryStreamExt};
 use registry_api::backend::VersionClock;
@@ -31,6 +32,42 @@ pub(crate) struct SnapshotCache {
     cycle: AtomicU64,
     /// Versions of snapshots whose endpoints changed.
     clock: VersionClock,
+    /// When the last snapshot started, and whether the budget warning is
+    /// on (it is logged when it starts to apply, and when it stops).
+    budget: Mutex<(Option<Instant>, bool)>,
+}
+
+/// Cloud Map's documented account rate for `DiscoverInstancesRevision`
+/// per region (requests per second).
+pub(crate) const ACCOUNT_REVISION_RATE: f64 = 3000.0;
+
+/// What a snapshot every `interval` over `services` services costs, when
+/// it goes over a budget: the rate this registry needs against its own
+/// limit (`rps`), and the rate `replicas` such registries need against
+/// the account's. `None` when both fit.
+pub(crate) fn over_budget(
+    services: usize,
+    replicas: u32,
+    interval: Duration,
+    rps: u32,
+) -> Option<String> {
+    let secs = interval.as_secs_f64().max(0.001);
+    // At least one revision call per service and snapshot.
+    let per_replica = services as f64 / secs;
+    let fleet = per_replica * f64::from(replicas);
+    let mut why = Vec::new();
+    if per_replica > f64::from(rps) {
+        why.push(format!(
+            "{services} services every {interval:?} need {per_replica:.0} requests/s, over this registry's limit of {rps}/s: a snapshot takes at least {:.1} s",
+            services as f64 / f64::from(rps)
+        ));
+    }
+    if fleet > ACCOUNT_REVISION_RATE {
+        why.push(format!(
+            "{replicas} registries × {services} services every {interval:?} need {fleet:.0} DiscoverInstancesRevision calls/s, over the account's {ACCOUNT_REVISION_RATE:.0}/s"
+        ));
+    }
+    (!why.is_empty()).then(|| why.join("; "))
 }
 
 /// What the last snapshot saw.
@@ -52,6 +89,7 @@ impl SnapshotCache {
             }),
             cycle: AtomicU64::new(0),
             clock,
+            budget: Mutex::new((None, false)),
         }
     }
 
@@ -61,6 +99,7 @@ impl SnapshotCache {
     /// changed, at a new one otherwise.
     pub(crate) async fn snapshot(&self, ns: &Namespace) -> Result<Snapshot> {
         let services = ns.list_services().await?;
+        self.check_budget(ns, services.len());
         let cycle = self.cycle.fetch_add(1, Ordering::Relaxed);
         let every = u64::from(ns.cfg.full_poll_every.max(1));
         let full = !ns.cfg.revision_skip || cycle.is_multiple_of(every);
@@ -86,6 +125,35 @@ impl SnapshotCache {
     }
 }
 
+impl SnapshotCache {
+    /// Warn (once, until it fits again) when snapshots as often as the
+    /// last two came need more requests than the budget allows.
+    fn check_budget(&self, ns: &Namespace, services: usize) {
+        let now = Instant::now();
+        let mut b = lock(&self.budget);
+        let Some(prev) = b.0.replace(now) else {
+            return;
+        };
+        let over = over_budget(
+            services,
+            ns.cfg.replicas.get(),
+            now.duration_since(prev),
+            ns.cfg.requests_per_second.get(),
+        );
+        match (over, b.1) {
+            (Some(why), false) => {
+                tracing::warn!(namespace = %ns.cfg.namespace, "Cloud Map request budget exceeded: {why}; poll less often, or use fewer services");
+                b.1 = true;
+            }
+            (None, true) => {
+                tracing::info!(namespace = %ns.cfg.namespace, "Cloud Map requests within budget again");
+                b.1 = false;
+            }
+            _ => {}
+        }
+    }
+}
+
 impl Namespace {
     /// One service for a snapshot: `cached` when it is given with a
     /// revision and the service's revision is still that one, else read.
@@ -101,5 +169,23 @@ impl Namespace {
         }
         let (rev, eps) = self.read_service(&s).await?;
         Ok((s.id, (rev, Arc::new(eps))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_arithmetic() {
+        // 10k services at 50 requests/s: at least 200 s per snapshot.
+        let w = over_budget(10_000, 1, Duration::from_secs(5), 50).expect("over");
+        assert!(w.contains("at least 200.0 s"), "{w}");
+        // 100 replicas × 10k services / 5 s = 200k calls/s > 3,000/s.
+        let w = over_budget(10_000, 100, Duration::from_secs(300), 50).expect("over");
+        assert!(w.contains("3333 DiscoverInstancesRevision"), "{w}");
+        assert!(!w.contains("this registry's limit"), "{w}");
+        // 100 services, 2 replicas, every 5 s: 20 + 40 requests/s.
+        assert_eq!(over_budget(100, 2, Duration::from_secs(5), 50), None);
     }
 }

@@ -11,6 +11,8 @@ use registry_api::{
     Version, Watch,
 };
 
+use crate::changelog::CHANGELOG_MAX_BATCH;
+use crate::changelog_watch::LogWatch;
 use crate::config::{DynamoDbConfig, WatchMode};
 use crate::core::{usable_stream, Table, MAX_TRANSACTION_ITEMS};
 use crate::watch::{self, StreamWatch};
@@ -30,6 +32,8 @@ pub struct DynamoDbRegistry {
     table: Arc<Table>,
     /// The watch of the table's stream; `None` when it is not followed.
     stream: Option<StreamWatch>,
+    /// The watch of the change log ([`WatchMode::ChangeLog`]).
+    log: Option<LogWatch>,
 }
 
 impl DynamoDbRegistry {
@@ -43,7 +47,7 @@ impl DynamoDbRegistry {
         table.check_schema(&description)?;
         let arn = match cfg.watch {
             WatchMode::Auto => usable_stream(&description),
-            WatchMode::Polling => None,
+            WatchMode::Polling | WatchMode::ChangeLog => None,
         };
         let table = Arc::new(table);
         let stream = match arn {
@@ -51,12 +55,17 @@ impl DynamoDbRegistry {
                 tracing::info!(table = %cfg.table, stream = %arn, "watching the table's stream");
                 Some(StreamWatch::new(Arc::clone(&table), arn))
             }
+            None if cfg.watch == WatchMode::ChangeLog => None,
             None => {
                 tracing::info!(table = %cfg.table, "not following a stream: native_watch is false (registry_api::stack::stack polls it)");
                 None
             }
         };
-        Ok(Self { table, stream })
+        let log = (cfg.watch == WatchMode::ChangeLog).then(|| {
+            tracing::info!(table = %cfg.table, "writing and following the table's change log");
+            LogWatch::new(Arc::clone(&table))
+        });
+        Ok(Self { table, stream, log })
     }
 
     /// Create the table in `cfg` unless it exists: keys `service` (HASH) and
@@ -83,13 +92,30 @@ impl DynamoDbRegistry {
         self.stream.is_some()
     }
 
+    /// Whether writes go through the table's change log and `watch()`
+    /// follows it ([`WatchMode::ChangeLog`]).
+    pub fn uses_changelog(&self) -> bool {
+        self.log.is_some()
+    }
+
+    /// Most ops in one batch: [`MAX_TRANSACTION_ITEMS`], or
+    /// [`CHANGELOG_MAX_BATCH`] with the change log (its entries and head
+    /// share the transaction).
+    fn batch_limit(&self) -> usize {
+        if self.uses_changelog() {
+            CHANGELOG_MAX_BATCH
+        } else {
+            MAX_TRANSACTION_ITEMS
+        }
+    }
+
     /// Apply at most 100 ops (after merging ops on one key) as one
     /// transaction with the caller's `ClientRequestToken` (1 to 36
     /// characters). DynamoDB applies a token's transaction at most once
     /// within 10 minutes, so a caller that retries after a lost answer
     /// (even from another process) passes the same token again.
     pub async fn apply_with_token(&self, ops: Vec<Op>, token: &str) -> Result<()> {
-        check_batch(&ops, MAX_TRANSACTION_ITEMS)?;
+        check_batch(&ops, self.batch_limit())?;
         if token.is_empty() || token.len() > 36 {
             return Err(Error::invalid(
                 "token",
@@ -112,6 +138,7 @@ impl fmt::Debug for DynamoDbRegistry {
             .field("table", &self.table.cfg.table)
             .field("endpoint", &self.table.endpoint)
             .field("watches_stream", &self.watches_stream())
+            .field("uses_changelog", &self.uses_changelog())
             .field("config", &self.table.cfg)
             .finish()
     }
@@ -140,9 +167,9 @@ impl Registry for DynamoDbRegistry {
             // Query and Scan read committed items: a reader may see part of
             // a transaction that is being applied.
             .with_isolated_reads(false)
-            .with_max_batch(MAX_TRANSACTION_ITEMS)
-            .with_native_watch(self.watches_stream())
-            .with_resumable_watch(self.watches_stream())
+            .with_max_batch(self.batch_limit())
+            .with_native_watch(self.watches_stream() || self.uses_changelog())
+            .with_resumable_watch(self.watches_stream() || self.uses_changelog())
     }
     /// `DescribeTable` (present and active) and a `PutItem` with a
     /// condition that never holds (writes allowed, nothing written); see
@@ -161,7 +188,7 @@ impl Batch for DynamoDbRegistry {
     /// `TransactWriteItems` with its own `ClientRequestToken` (kept across
     /// the SDK's retries of that call): all-or-nothing.
     async fn apply(&self, ops: Vec<Op>) -> Result<()> {
-        check_batch(&ops, MAX_TRANSACTION_ITEMS)?;
+        check_batch(&ops, self.batch_limit())?;
         self.table.apply_ops(ops, None).await
     }
 }
@@ -171,9 +198,10 @@ impl Watch for DynamoDbRegistry {
     /// one, a stream with one `InvalidInput` error naming the table (wrap
     /// the registry with [`registry_api::stack::stack`], which polls it).
     fn watch(&self, from: Option<Version>) -> EventStream {
-        match &self.stream {
-            Some(stream) => stream.watch(from),
-            None => watch::unwatched(&self.table),
+        match (&self.stream, &self.log) {
+            (Some(stream), _) => stream.watch(from),
+            (None, Some(log)) => log.watch(from),
+            (None, None) => watch::unwatched(&self.table),
         }
     }
 }

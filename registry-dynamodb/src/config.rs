@@ -55,6 +55,14 @@ pub enum WatchMode {
     /// reports `native_watch: false`, and [`registry_api::stack::stack`]
     /// polls it with [`registry_api::polling::Polling`].
     Polling,
+    /// Keep a change log in the table (see "Change log" in the crate docs):
+    /// every write also appends its changes under the next version of a
+    /// counter item, in the same `TransactWriteItems`, and `watch()` reads
+    /// the log after the last version it applied every `poll_interval`
+    /// (one `Query`), scanning the table only on the first sync or when
+    /// the versions it needs are gone. For many readers (more than the two
+    /// a stream shard serves). Every writer of the table must use it.
+    ChangeLog,
 }
 
 /// Settings of [`crate::DynamoDbRegistry`].
@@ -116,6 +124,11 @@ pub struct DynamoDbConfig {
     /// `now + item_ttl` in the TTL attribute, so an endpoint that is not
     /// re-registered in time disappears. Default `None`: no expiry.
     pub item_ttl: Option<Duration>,
+    /// How long change log items are kept ([`WatchMode::ChangeLog`]): each
+    /// stores `now + changelog_retention` in `ttl_attribute`, so DynamoDB
+    /// deletes it after that (lazily). A reader away for longer falls back
+    /// to one `Scan`. Default 1 h (see the crate docs for why not more).
+    pub changelog_retention: Duration,
     /// Time limit of one API call including retries. Default 10 s.
     pub operation_timeout: Duration,
     /// Attempts per API call (the SDK's standard retry with backoff on
@@ -138,6 +151,7 @@ impl Default for DynamoDbConfig {
             watch_history: 4096,
             ttl_attribute: Some("expires_at".into()),
             item_ttl: None,
+            changelog_retention: Duration::from_secs(3600),
             operation_timeout: Duration::from_secs(10),
             max_attempts: 3,
         }
@@ -209,6 +223,11 @@ impl DynamoDbConfig {
     /// Set `item_ttl`.
     pub fn with_item_ttl(mut self, ttl: Option<Duration>) -> Self {
         self.item_ttl = ttl;
+        self
+    }
+    /// Set `changelog_retention` (at least 1 s).
+    pub fn with_changelog_retention(mut self, d: Duration) -> Self {
+        self.changelog_retention = d.max(Duration::from_secs(1));
         self
     }
     /// Set `operation_timeout`.

@@ -13,9 +13,8 @@ use aws_config::BehaviorVersion;
 use aws_sdk_dynamodb::config::{Credentials, Region};
 use aws_sdk_dynamodb::operation::describe_table::DescribeTableError;
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, BillingMode, Delete, KeySchemaElement, KeyType, Put, ScalarAttributeType,
+    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
     StreamSpecification, StreamViewType, TableDescription, TableStatus, TimeToLiveSpecification,
-    TransactWriteItem,
 };
 use futures::future::try_join_all;
 use registry_api::backend::VersionClock;
@@ -40,6 +39,8 @@ pub(crate) struct Table {
     /// own): they start at the current time in microseconds, so they grow
     /// across restarts.
     pub(crate) clock: VersionClock,
+    /// The change log's head as this process last saw it.
+    pub(crate) log_head: crate::changelog::HeadCache,
 }
 
 impl Table {
@@ -58,6 +59,7 @@ impl Table {
             client: aws_sdk_dynamodb::Client::from_conf(ddb),
             streams: aws_sdk_dynamodbstreams::Client::from_conf(streams),
             clock: VersionClock::new(),
+            log_head: Default::default(),
         }
     }
 
@@ -79,16 +81,24 @@ impl Table {
         }
     }
 
-    fn ttl_write(&self) -> Option<(&str, Duration)> {
+    pub(crate) fn ttl_write(&self) -> Option<(&str, Duration)> {
         match (&self.cfg.ttl_attribute, self.cfg.item_ttl) {
             (Some(attr), Some(ttl)) => Some((attr.as_str(), ttl)),
             _ => None,
         }
     }
 
+    /// Whether writes go through the change log.
+    pub(crate) fn logged(&self) -> bool {
+        self.cfg.watch == crate::config::WatchMode::ChangeLog
+    }
+
     /// The endpoint an item holds, or `None` when it expired or is corrupt
     /// (logged: one bad hand-written item must not blind every reader).
     pub(crate) fn endpoint_of(&self, item: &Item, now: u64) -> Option<Endpoint> {
+        if layout::is_internal(item) {
+            return None;
+        }
         if layout::expired(item, self.cfg.ttl_attribute.as_deref(), now) {
             return None;
         }
@@ -178,6 +188,11 @@ impl Table {
 impl Table {
     /// `PutItem` of one endpoint (already validated).
     pub(crate) async fn put_endpoint(&self, endpoint: &Endpoint) -> Result<()> {
+        if self.logged() {
+            return self
+                .commit_logged(vec![Op::Register(endpoint.clone())], None)
+                .await;
+        }
         let key = endpoint.key();
         self.client
             .put_item()
@@ -191,6 +206,11 @@ impl Table {
 
     /// `DeleteItem` of one key.
     pub(crate) async fn delete_endpoint(&self, key: &EndpointKey) -> Result<()> {
+        if self.logged() {
+            return self
+                .commit_logged(vec![Op::Deregister(key.clone())], None)
+                .await;
+        }
         self.client
             .delete_item()
             .table_name(&self.cfg.table)
@@ -209,6 +229,9 @@ impl Table {
         if ops.is_empty() {
             return Ok(());
         }
+        if self.logged() {
+            return self.commit_logged(ops, token).await;
+        }
         match token {
             Some(token) => self.transact(ops, token).await,
             None => self.transact(ops, &new_token()).await,
@@ -217,29 +240,8 @@ impl Table {
 
     /// One `TransactWriteItems` of `ops` (one action per key) with `token`.
     async fn transact(&self, ops: Vec<Op>, token: &str) -> Result<()> {
-        let ttl = self.ttl_write();
         let keys: Vec<EndpointKey> = ops.iter().map(Op::key).collect();
-        let items = ops
-            .iter()
-            .map(|op| {
-                let b = TransactWriteItem::builder();
-                let built = match op {
-                    Op::Register(e) => Put::builder()
-                        .table_name(&self.cfg.table)
-                        .set_item(Some(layout::encode(e, ttl)))
-                        .build()
-                        .map(|p| b.put(p).build()),
-                    Op::Deregister(k) => Delete::builder()
-                        .table_name(&self.cfg.table)
-                        .set_key(Some(layout::key_item(k)))
-                        .build()
-                        .map(|d| b.delete(d).build()),
-                };
-                built.map_err(|e| {
-                    Error::internal(format!("building a transaction item: {e}")).with_source(e)
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let items = self.op_items(&ops)?;
         tracing::debug!(table = %self.cfg.table, actions = items.len(), token, "TransactWriteItems");
         self.client
             .transact_write_items()
@@ -499,7 +501,7 @@ pub(crate) fn usable_stream(table: &TableDescription) -> Option<String> {
 
 /// A `ClientRequestToken` unique to this call: 32 hex digits from the time,
 /// the process, a counter and the process's random hash seed.
-fn new_token() -> String {
+pub(crate) fn new_token() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     static SEED: std::sync::OnceLock<std::collections::hash_map::RandomState> =
         std::sync::OnceLock::new();

@@ -21,6 +21,17 @@ const NODE: &str = "node";
 const HEALTH: &str = "health";
 const LABELS: &str = "labels";
 
+/// The partition of the change log's items (see `changelog.rs`). It
+/// holds a space, which no valid service name does, so no endpoint can
+/// ever share it; reads and the stream watch skip it.
+pub(crate) const LOG_PARTITION: &str = "~registry changelog";
+
+/// Whether `item` is one of the registry's own bookkeeping items (the
+/// change log), not an endpoint.
+pub(crate) fn is_internal(item: &Item) -> bool {
+    matches!(item.get(SERVICE), Some(AttributeValue::S(s)) if s == LOG_PARTITION)
+}
+
 /// An item as the SDK holds it.
 pub(crate) type Item = HashMap<String, AttributeValue>;
 
@@ -87,6 +98,9 @@ fn string(item: &Item, name: &str, key: &str, default: Option<&str>) -> Result<S
 
 /// The key of an item, if it has one.
 pub(crate) fn decode_key(item: &Item) -> Option<EndpointKey> {
+    if is_internal(item) {
+        return None;
+    }
     match (item.get(SERVICE), item.get(ID)) {
         (Some(AttributeValue::S(s)), Some(AttributeValue::S(i))) => {
             Some(EndpointKey::new(s.clone(), i.clone()))

@@ -2,6 +2,8 @@
 #![deny(missing_docs)]
 
 mod backend;
+mod changelog;
+mod changelog_watch;
 mod config;
 mod core;
 mod error;
@@ -9,6 +11,7 @@ mod layout;
 mod shards;
 mod watch;
 
+pub use crate::changelog::CHANGELOG_MAX_BATCH;
 pub use crate::core::MAX_TRANSACTION_ITEMS;
 pub use backend::DynamoDbRegistry;
 pub use config::{DynamoDbConfig, StaticCredentials, WatchMode};

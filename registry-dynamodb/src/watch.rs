@@ -340,7 +340,7 @@ async fn check_table(table: &Table, arn: &str) -> Option<Stop> {
 /// A fresh scan: as an [`Event::Snapshot`] the first time or when `whole`
 /// (after a reported failure), otherwise as the difference to what
 /// watchers hold, so they need not start over.
-fn publish_fresh(hub: &Hub, clock: &VersionClock, fresh: Snapshot, whole: bool) {
+pub(crate) fn publish_fresh(hub: &Hub, clock: &VersionClock, fresh: Snapshot, whole: bool) {
     if !hub.is_ready() || whole {
         hub.publish([Event::Snapshot(fresh)]);
         return;
@@ -360,7 +360,7 @@ fn publish_fresh(hub: &Hub, clock: &VersionClock, fresh: Snapshot, whole: bool) 
 
 /// The state watchers hold with `changes` applied, published whole: the
 /// end of a failure after which no position was lost.
-fn publish_snapshot_with(hub: &Hub, clock: &VersionClock, changes: Vec<Change>) {
+pub(crate) fn publish_snapshot_with(hub: &Hub, clock: &VersionClock, changes: Vec<Change>) {
     let mut state = Snapshot::clone(&hub.current());
     for change in changes {
         match change {
@@ -378,7 +378,7 @@ fn publish_snapshot_with(hub: &Hub, clock: &VersionClock, changes: Vec<Change>) 
 
 /// Turn changes into events relative to the hub's state, dropping those
 /// that change nothing.
-fn publish_changes(hub: &Hub, clock: &VersionClock, changes: Vec<Change>) {
+pub(crate) fn publish_changes(hub: &Hub, clock: &VersionClock, changes: Vec<Change>) {
     if changes.is_empty() {
         return;
     }

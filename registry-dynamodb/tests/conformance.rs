@@ -1,7 +1,8 @@
 //! The registry-api conformance suite against moto, the only place it runs
 //! for this backend: once on tables with a stream (native watch) and once
 //! on tables without (`Polling` every 50 ms, as `registry_api::stack::stack`
-//! wraps such a registry), the two ways this backend is watched. Each check
+//! wraps such a registry), and once in change log mode
+//! (`WatchMode::ChangeLog`): the three ways this backend is watched. Each check
 //! gets a table of its own on one shared moto server.
 
 #![allow(clippy::unwrap_used)]
@@ -31,6 +32,16 @@ mod polling {
     use super::*;
     async fn make() -> Guarded<Polling<DynamoDbRegistry>> {
         Harness::new(false).await.polled()
+    }
+    registry_api::conformance_tests!(make, super::lose_history);
+}
+
+mod changelog {
+    use super::*;
+    async fn make() -> Guarded<DynamoDbRegistry> {
+        let h = Harness::changelog().await;
+        assert!(h.reg.uses_changelog());
+        h.guarded()
     }
     registry_api::conformance_tests!(make, super::lose_history);
 }

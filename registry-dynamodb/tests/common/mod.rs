@@ -75,6 +75,15 @@ impl Harness {
         Harness { reg, cfg, moto }
     }
 
+    /// A registry of a new table in change log mode
+    /// (`WatchMode::ChangeLog`), on the shared server.
+    pub async fn changelog() -> Harness {
+        Self::with_config(false, |c| {
+            c.with_watch(registry_dynamodb::WatchMode::ChangeLog)
+        })
+        .await
+    }
+
     /// The registry, keeping the shared server alive as long as it lives.
     pub fn guarded(self) -> Guarded<DynamoDbRegistry> {
         Guarded::new(self.reg, self.moto)
@@ -162,6 +171,22 @@ fn error_response(error_type: &str) -> Vec<u8> {
 
 impl RecordingProxy {
     pub async fn start(upstream_url: &str) -> RecordingProxy {
+        Self::start_with(upstream_url, None).await
+    }
+
+    /// Like [`RecordingProxy::start`], but passing one request at a time
+    /// to moto, whose transactions are not isolated from each other (a
+    /// cancelled one restores a copy of the whole table taken before it,
+    /// undoing what concurrent ones wrote): in this order, DynamoDB's
+    /// serializable transactions would give the same results.
+    pub async fn start_serial(upstream_url: &str) -> RecordingProxy {
+        Self::start_with(upstream_url, Some(Arc::default())).await
+    }
+
+    async fn start_with(
+        upstream_url: &str,
+        serial: Option<Arc<tokio::sync::Mutex<()>>>,
+    ) -> RecordingProxy {
         let upstream: SocketAddr = upstream_url
             .trim_start_matches("http://")
             .parse()
@@ -174,9 +199,14 @@ impl RecordingProxy {
         let task = tokio::spawn(async move {
             while let Ok((mut client, _)) = listener.accept().await {
                 let (log, faults) = (Arc::clone(&log), Arc::clone(&injector));
+                let serial = serial.clone();
                 tokio::spawn(async move {
                     let mut cbuf = Vec::new();
                     while let Some(req) = read_message(&mut client, &mut cbuf).await {
+                        let _turn = match &serial {
+                            Some(m) => Some(m.lock().await),
+                            None => None,
+                        };
                         log.lock().unwrap().extend_from_slice(&req);
                         let resp = if let Some(error) = injected(&faults, &req) {
                             error_response(&error)
@@ -215,6 +245,11 @@ impl RecordingProxy {
             .lock()
             .unwrap()
             .push((target.to_string(), error_type.to_string(), n));
+    }
+
+    /// Pass every call on again (drop the faults not used up yet).
+    pub fn clear_faults(&self) {
+        self.faults.lock().unwrap().clear();
     }
 
     /// Answer the next `n` `TransactWriteItems` calls with a throttling

@@ -315,6 +315,13 @@ pub struct ServeArgs {
     /// Create the DynamoDB table (on-demand, with a stream) if it is missing.
     #[arg(long)]
     pub dynamodb_create_table: bool,
+    /// How the DynamoDB table is followed: `auto` (its stream when it has
+    /// one, at most two readers per shard; else a scan every
+    /// --sync-interval), `changelog` (a change log in the table, one Query
+    /// per --sync-interval; for many replicas; every registrar writing the
+    /// table must use it) or `scan` (a full scan every --sync-interval).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub dynamodb_sync: registrar_server::DynamoDbSync,
     /// The Cloud Map namespace (`--registry-backend=cloudmap`); created as an
     /// HTTP namespace if missing (earlier releases defaulted to `aether`).
     #[arg(long, default_value = "registry")]
@@ -390,6 +397,7 @@ impl ServeArgs {
         o.etcd_prefix = self.etcd_prefix.clone();
         o.dynamodb_table = self.dynamodb_table.clone();
         o.dynamodb_create_table = self.dynamodb_create_table;
+        o.dynamodb_sync = self.dynamodb_sync;
         o.cloudmap_namespace = self.cloudmap_namespace.clone();
         o.aws_region = self.aws_region.clone();
         o.aws_endpoint_url = self.aws_endpoint_url.clone();

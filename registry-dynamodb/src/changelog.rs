@@ -1,0 +1,461 @@
+//! The change log ([`crate::WatchMode::ChangeLog`]): items of their own in
+//! the registry's table, written in the same `TransactWriteItems` as the
+//! endpoints they describe, so the log and the table cannot disagree.
+//!
+//! Layout (partition [`LOG_PARTITION`], which no endpoint can use):
+//! - the **head**, sort key [`HEAD_ID`]: attribute `v` (N), the last
+//!   version written;
+//! - one **entry** per version, sort key `v` + the version in 20 digits
+//!   (so they sort by version, all before the head): `put` (L of M, the
+//!   endpoint items written, in the endpoint layout), `del` (L of M, the
+//!   keys deleted), `last` (N, the last version of the same batch: a batch
+//!   too big for one 400 KB item takes several consecutive versions), and
+//!   the TTL attribute (`now + changelog_retention`).
+//!
+//! A batch that finds the head at `V` writes, in one transaction, its
+//! endpoint actions, an update of the head from `V` to `V + p` (condition
+//! `v = V`, or no head yet when `V` is 0) and the entries `V + 1` to
+//! `V + p` (condition: not there yet). DynamoDB applies a transaction
+//! whole or not at all and serialises transactions on the head item, so
+//! versions are handed out once each, in commit order, with no leader: a
+//! writer whose condition failed wrote nothing, reads the head again and
+//! retries ([`ATTEMPTS`] times, then `Conflict`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, TransactWriteItem, Update};
+use registry_api::{EndpointKey, Error, Op, Result};
+
+use crate::core::{new_token, Table, MAX_TRANSACTION_ITEMS};
+use crate::error::{map_sdk, map_transact};
+use crate::layout::{self, Item, LOG_PARTITION};
+use crate::shards::Change;
+
+/// The sort key of the head item (after every entry's).
+pub(crate) const HEAD_ID: &str = "~head";
+const VERSION: &str = "v";
+const LAST: &str = "last";
+const PUT: &str = "put";
+const DEL: &str = "del";
+
+/// Most ops in one batch in change log mode: their actions, the head and
+/// up to 9 entries fit the 100 actions of a transaction (90 endpoints of
+/// at most 16 KiB need at most 5 entries of [`ENTRY_BUDGET`]).
+pub const CHANGELOG_MAX_BATCH: usize = 90;
+
+/// Largest entry written, in bytes as DynamoDB counts them (the item
+/// limit is 400 KB).
+pub(crate) const ENTRY_BUDGET: usize = 350 * 1024;
+
+/// Transactions tried before a batch that keeps losing the race for the
+/// head gives up with `Conflict`.
+pub(crate) const ATTEMPTS: u32 = 16;
+
+/// The sort key of entry `version`.
+pub(crate) fn entry_id(version: u64) -> String {
+    format!("v{version:020}")
+}
+
+/// The version of an entry's sort key.
+fn parse_entry_id(id: &str) -> Option<u64> {
+    id.strip_prefix('v')?.parse().ok()
+}
+
+/// A value's size as DynamoDB counts it (numbers at most 21 bytes; 3
+/// bytes per map or list plus 1 per element), rounded up a little where
+/// DynamoDB's rule is not public.
+fn value_size(v: &AttributeValue) -> usize {
+    match v {
+        AttributeValue::S(s) => s.len(),
+        AttributeValue::N(n) => n.len().div_ceil(2) + 1,
+        AttributeValue::B(b) => b.as_ref().len(),
+        AttributeValue::Bool(_) | AttributeValue::Null(_) => 1,
+        AttributeValue::L(l) => 3 + l.iter().map(|v| 1 + value_size(v)).sum::<usize>(),
+        AttributeValue::M(m) => {
+            3 + m
+                .iter()
+                .map(|(k, v)| 1 + k.len() + value_size(v))
+                .sum::<usize>()
+        }
+        AttributeValue::Ss(v) => v.iter().map(String::len).sum(),
+        AttributeValue::Ns(v) => v.iter().map(|n| n.len().div_ceil(2) + 1).sum(),
+        AttributeValue::Bs(v) => v.iter().map(|b| b.as_ref().len()).sum(),
+        _ => 32,
+    }
+}
+
+/// One version read from the log.
+#[derive(Debug, Clone)]
+pub(crate) struct Entry {
+    pub version: u64,
+    /// The last version of the batch this entry belongs to.
+    pub last: u64,
+    pub changes: Vec<Change>,
+}
+
+/// What one `Query` of the log found.
+#[derive(Debug, Default)]
+pub(crate) struct LogPage {
+    /// Entries after the asked version, in version order.
+    pub entries: Vec<Entry>,
+    /// The head (`None`: no head item, the log was never written).
+    pub head: Option<u64>,
+    /// Items read (entries and the head).
+    pub items: usize,
+}
+
+/// The writer's guess of the head (0: unknown or empty, read it), and
+/// the lock that lets one batch of this process at a time race for it
+/// (batches of one process would only make each other retry).
+#[derive(Debug, Default)]
+pub(crate) struct HeadCache(AtomicU64, tokio::sync::Mutex<()>);
+
+/// The pieces of a batch's log: puts and deletes, packed into entries of
+/// at most [`ENTRY_BUDGET`] bytes.
+fn pack(table: &Table, ops: &[Op]) -> Vec<(Vec<AttributeValue>, Vec<AttributeValue>)> {
+    let ttl = table.ttl_write();
+    let mut parts = vec![(Vec::new(), Vec::new())];
+    let mut size = 0usize;
+    for op in ops {
+        let (value, is_put) = match op {
+            Op::Register(e) => (AttributeValue::M(layout::encode(e, ttl)), true),
+            Op::Deregister(k) => (AttributeValue::M(layout::key_item(k)), false),
+        };
+        let n = value_size(&value) + 1;
+        if size + n > ENTRY_BUDGET && size > 0 {
+            parts.push((Vec::new(), Vec::new()));
+            size = 0;
+        }
+        size += n;
+        if let Some(last) = parts.last_mut() {
+            if is_put {
+                last.0.push(value);
+            } else {
+                last.1.push(value);
+            }
+        }
+    }
+    parts
+}
+
+fn n(v: u64) -> AttributeValue {
+    AttributeValue::N(v.to_string())
+}
+
+fn build_err(e: aws_sdk_dynamodb::error::BuildError) -> Error {
+    Error::internal(format!("building a transaction item: {e}")).with_source(e)
+}
+
+/// Whether a cancelled transaction lost the race for the head (the head's
+/// or an entry's condition failed, or another transaction held them):
+/// nothing was written, read the head and try again.
+fn lost_race(
+    err: &aws_sdk_dynamodb::error::SdkError<TransactWriteItemsError>,
+    log_from: usize,
+) -> bool {
+    match err.as_service_error() {
+        Some(TransactWriteItemsError::TransactionCanceledException(e)) => {
+            e.cancellation_reasons().iter().skip(log_from).any(|r| {
+                matches!(
+                    r.code(),
+                    Some("ConditionalCheckFailed" | "TransactionConflict")
+                )
+            })
+        }
+        _ => false,
+    }
+}
+
+/// The key of the head item.
+fn head_key() -> Item {
+    layout::key_item(&EndpointKey::new(LOG_PARTITION, HEAD_ID))
+}
+
+/// The change log's requests.
+impl Table {
+    /// The head's version: a strongly consistent `GetItem` (0 when the
+    /// log was never written).
+    pub(crate) async fn read_log_head(&self) -> Result<u64> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.cfg.table)
+            .set_key(Some(head_key()))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| map_sdk(e, self.ctx("GetItem (change log head)")))?;
+        Ok(out.item().map_or(Some(0), head_version).unwrap_or(0))
+    }
+
+    /// Write `ops` (net, one per key, already checked) with their log
+    /// entries, as described in the module docs. `token` is used for the
+    /// first attempt; later attempts (after a lost race, when nothing was
+    /// written) use fresh ones.
+    pub(crate) async fn commit_logged(&self, ops: Vec<Op>, token: Option<&str>) -> Result<()> {
+        let parts = pack(self, &ops);
+        let p = parts.len() as u64;
+        let actions = ops.len() + 1 + parts.len();
+        if actions > MAX_TRANSACTION_ITEMS {
+            return Err(Error::invalid(
+                "ops",
+                format!(
+                    "{} ops need {} change log entries: {actions} transaction actions, over \
+                     {MAX_TRANSACTION_ITEMS}; split the batch",
+                    ops.len(),
+                    parts.len()
+                ),
+            ));
+        }
+        let endpoint_items = self.op_items(&ops)?;
+        let _turn = self.log_head.1.lock().await;
+        let mut keys: Vec<EndpointKey> = ops.iter().map(Op::key).collect();
+        let mut head = match self.log_head.0.load(Ordering::Acquire) {
+            0 => self.read_log_head().await?,
+            v => v,
+        };
+        let expires =
+            layout::now_secs().saturating_add(self.cfg.changelog_retention.as_secs().max(1));
+        let mut fresh;
+        let mut token = match token {
+            Some(t) => t,
+            None => {
+                fresh = new_token();
+                fresh.as_str()
+            }
+        };
+        for attempt in 1..=ATTEMPTS {
+            let mut items = endpoint_items.clone();
+            keys.truncate(ops.len());
+            items.push(self.head_update(head, head + p)?);
+            keys.push(EndpointKey::new(LOG_PARTITION, HEAD_ID));
+            for (i, (puts, dels)) in parts.iter().enumerate() {
+                let version = head + 1 + i as u64;
+                items.push(self.entry_put(version, head + p, puts, dels, expires)?);
+                keys.push(EndpointKey::new(LOG_PARTITION, entry_id(version)));
+            }
+            let res = self
+                .client
+                .transact_write_items()
+                .set_transact_items(Some(items))
+                .client_request_token(token)
+                .send()
+                .await;
+            match res {
+                Ok(_) => {
+                    // Only ever forward: another writer may have moved it further.
+                    self.log_head.0.fetch_max(head + p, Ordering::AcqRel);
+                    metrics::counter!("registry_dynamodb_changelog_entries_total").increment(p);
+                    tracing::debug!(table = %self.cfg.table, version = head + p, entries = p, attempt, "change log batch written");
+                    return Ok(());
+                }
+                Err(e) if lost_race(&e, ops.len()) => {
+                    metrics::counter!("registry_dynamodb_changelog_races_total").increment(1);
+                    tracing::debug!(table = %self.cfg.table, head, attempt, "lost the race for the change log head; reading it again");
+                    self.log_head.0.store(0, Ordering::Release);
+                    head = self.read_log_head().await?;
+                    let pause = Duration::from_millis(2u64 << attempt.min(6));
+                    tokio::time::sleep(pause.mul_f64(0.5 + jitter())).await;
+                    fresh = new_token();
+                    token = fresh.as_str();
+                }
+                Err(e) => {
+                    self.log_head.0.store(0, Ordering::Release);
+                    return Err(map_transact(e, self.ctx("TransactWriteItems"), &keys));
+                }
+            }
+        }
+        Err(Error::conflict(format!(
+            "change log of DynamoDB table {}: {ATTEMPTS} transactions lost the race for the head \
+             to other writers; nothing was written",
+            self.cfg.table
+        )))
+    }
+
+    /// The update of the head from `from` to `to`, on condition that it
+    /// still holds `from`.
+    fn head_update(&self, from: u64, to: u64) -> Result<TransactWriteItem> {
+        let mut u = Update::builder()
+            .table_name(&self.cfg.table)
+            .set_key(Some(head_key()))
+            .update_expression("SET #v = :to")
+            .expression_attribute_names("#v", VERSION)
+            .expression_attribute_values(":to", n(to));
+        u = if from == 0 {
+            u.condition_expression("attribute_not_exists(#v)")
+        } else {
+            u.condition_expression("#v = :from")
+                .expression_attribute_values(":from", n(from))
+        };
+        Ok(TransactWriteItem::builder()
+            .update(u.build().map_err(build_err)?)
+            .build())
+    }
+
+    /// The put of entry `version`, on condition that it is not there yet.
+    fn entry_put(
+        &self,
+        version: u64,
+        last: u64,
+        puts: &[AttributeValue],
+        dels: &[AttributeValue],
+        expires: u64,
+    ) -> Result<TransactWriteItem> {
+        let mut item = layout::key_item(&EndpointKey::new(LOG_PARTITION, entry_id(version)));
+        item.insert(LAST.into(), n(last));
+        item.insert(PUT.into(), AttributeValue::L(puts.to_vec()));
+        item.insert(DEL.into(), AttributeValue::L(dels.to_vec()));
+        if let Some(attr) = &self.cfg.ttl_attribute {
+            item.insert(attr.clone(), n(expires));
+        }
+        let put = Put::builder()
+            .table_name(&self.cfg.table)
+            .set_item(Some(item))
+            .condition_expression("attribute_not_exists(#id)")
+            .expression_attribute_names("#id", layout::ID)
+            .build()
+            .map_err(build_err)?;
+        Ok(TransactWriteItem::builder().put(put).build())
+    }
+
+    /// The transaction actions of `ops` (one per key): a put of the
+    /// endpoint's item, or a delete of the key.
+    pub(crate) fn op_items(&self, ops: &[Op]) -> Result<Vec<TransactWriteItem>> {
+        let ttl = self.ttl_write();
+        ops.iter()
+            .map(|op| {
+                let b = TransactWriteItem::builder();
+                match op {
+                    Op::Register(e) => Put::builder()
+                        .table_name(&self.cfg.table)
+                        .set_item(Some(layout::encode(e, ttl)))
+                        .build()
+                        .map(|p| b.put(p).build()),
+                    Op::Deregister(k) => Delete::builder()
+                        .table_name(&self.cfg.table)
+                        .set_key(Some(layout::key_item(k)))
+                        .build()
+                        .map(|d| b.delete(d).build()),
+                }
+                .map_err(build_err)
+            })
+            .collect()
+    }
+
+    /// The entries after `after` and the head: one paginated `Query`
+    /// (strongly consistent when `consistent_reads`) of the log's
+    /// partition from `after`'s sort key on, which ends with the head.
+    pub(crate) async fn query_log(&self, after: u64) -> Result<LogPage> {
+        let mut page = LogPage::default();
+        let mut start: Option<Item> = None;
+        let now = layout::now_secs();
+        loop {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.cfg.table)
+                .key_condition_expression("#s = :s AND #id > :after")
+                .expression_attribute_names("#s", layout::SERVICE)
+                .expression_attribute_names("#id", layout::ID)
+                .expression_attribute_values(":s", AttributeValue::S(LOG_PARTITION.into()))
+                .expression_attribute_values(":after", AttributeValue::S(entry_id(after)))
+                .consistent_read(self.cfg.consistent_reads)
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(|e| map_sdk(e, self.ctx("Query (change log)")))?;
+            for item in out.items() {
+                page.items += 1;
+                let id = match item.get(layout::ID) {
+                    Some(AttributeValue::S(id)) => id.as_str(),
+                    _ => continue,
+                };
+                if id == HEAD_ID {
+                    page.head = head_version(item);
+                } else if let Some(entry) = self.decode_entry(id, item, now) {
+                    page.entries.push(entry);
+                }
+            }
+            match out.last_evaluated_key {
+                Some(k) if !k.is_empty() => start = Some(k),
+                _ => return Ok(page),
+            }
+        }
+    }
+
+    /// An entry item as changes (an expired or corrupt put reads as the
+    /// removal of its key, as the table's reads treat such items).
+    fn decode_entry(&self, id: &str, item: &Item, now: u64) -> Option<Entry> {
+        let version = parse_entry_id(id)?;
+        let last = match item.get(LAST) {
+            Some(AttributeValue::N(v)) => v.parse().ok()?,
+            _ => version,
+        };
+        let list = |name: &str| match item.get(name) {
+            Some(AttributeValue::L(l)) => l.as_slice(),
+            _ => &[],
+        };
+        let mut changes = Vec::new();
+        for v in list(DEL) {
+            if let Some(key) = v.as_m().ok().and_then(layout::decode_key) {
+                changes.push(Change::Remove(key));
+            }
+        }
+        for v in list(PUT) {
+            let Ok(m) = v.as_m() else { continue };
+            match self.endpoint_of(m, now) {
+                Some(e) => changes.push(Change::Put(e)),
+                None => changes.extend(layout::decode_key(m).map(Change::Remove)),
+            }
+        }
+        Some(Entry {
+            version,
+            last,
+            changes,
+        })
+    }
+}
+
+fn head_version(item: &Item) -> Option<u64> {
+    match item.get(VERSION) {
+        Some(AttributeValue::N(v)) => v.parse().ok(),
+        _ => None,
+    }
+}
+
+/// A number in `0..1` that differs between calls, for spreading retries.
+fn jitter() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0),
+    );
+    (h.finish() % 1000) as f64 / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_ids_sort_by_version_and_before_the_head() {
+        let ids = [entry_id(9), entry_id(10), entry_id(u64::MAX - 1)];
+        assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
+        assert!(ids.iter().all(|i| i.as_str() < HEAD_ID));
+        assert_eq!(parse_entry_id(&entry_id(42)), Some(42));
+        assert_eq!(parse_entry_id(HEAD_ID), None);
+    }
+
+    #[test]
+    fn sizes_follow_dynamodb_rules() {
+        assert_eq!(value_size(&AttributeValue::S("xyz".into())), 3);
+        assert_eq!(value_size(&AttributeValue::N("12345".into())), 4);
+        let l = AttributeValue::L(vec![AttributeValue::S("a".into())]);
+        assert_eq!(value_size(&l), 3 + 1 + 1);
+    }
+}
