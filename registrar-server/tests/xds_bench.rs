@@ -240,7 +240,10 @@ async fn http_poller(addr: String, seen: mpsc::UnboundedSender<(Proto, u32, Inst
         };
         index = head
             .lines()
-            .find_map(|l| l.strip_prefix("X-Consul-Index: ").or(l.strip_prefix("x-consul-index: ")))
+            .find_map(|l| {
+                l.strip_prefix("X-Consul-Index: ")
+                    .or(l.strip_prefix("x-consul-index: "))
+            })
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(index);
         let entries: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
@@ -254,7 +257,10 @@ async fn http_poller(addr: String, seen: mpsc::UnboundedSender<(Proto, u32, Inst
 
 /// DNS has no push: SRV questions over UDP, one after the other, each
 /// answer's ports reported.
-async fn dns_poller(addr: std::net::SocketAddr, seen: mpsc::UnboundedSender<(Proto, u32, Instant)>) {
+async fn dns_poller(
+    addr: std::net::SocketAddr,
+    seen: mpsc::UnboundedSender<(Proto, u32, Instant)>,
+) {
     use hickory_resolver::proto::op::{Message, Query};
     use hickory_resolver::proto::rr::{Name, RData, RecordType};
     let sock = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
@@ -283,6 +289,29 @@ async fn dns_poller(addr: std::net::SocketAddr, seen: mpsc::UnboundedSender<(Pro
             }
         }
     }
+}
+
+const ALL: [Proto; 4] = [Proto::Watch, Proto::Xds, Proto::Http, Proto::Dns];
+
+/// Wait until every protocol has shown `port`: the microseconds from `t0`
+/// to each first sight.
+async fn wait_all(
+    seen: &mut mpsc::UnboundedReceiver<(Proto, u32, Instant)>,
+    port: u32,
+    t0: Instant,
+) -> Vec<(Proto, u64)> {
+    let mut hist = Vec::new();
+    let mut got = std::collections::BTreeSet::new();
+    while got.len() < ALL.len() {
+        let Ok(Some((proto, p, at))) = tokio::time::timeout(BUDGET, seen.recv()).await else {
+            panic!("port {port}: only {got:?} saw it");
+        };
+        if p == port && got.insert(proto) {
+            let us = at.saturating_duration_since(t0).as_micros();
+            hist.push((proto, u64::try_from(us).unwrap_or(u64::MAX)));
+        }
+    }
+    hist
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -337,7 +366,11 @@ async fn measure_change_visibility_per_protocol() {
         let seen_tx = seen_tx.clone();
         tokio::spawn(async move {
             while let Some((who, port, at)) = inner.recv().await {
-                let proto = if who.is_some() { Proto::Xds } else { Proto::Watch };
+                let proto = if who.is_some() {
+                    Proto::Xds
+                } else {
+                    Proto::Watch
+                };
                 if seen_tx.send((proto, port, at)).is_err() {
                     return;
                 }
@@ -346,27 +379,9 @@ async fn measure_change_visibility_per_protocol() {
     }
     tokio::spawn(http_poller(http, seen_tx.clone()));
     tokio::spawn(dns_poller(dns, seen_tx));
-    let all = [Proto::Watch, Proto::Xds, Proto::Http, Proto::Dns];
-    let wait_all = |seen: &mut mpsc::UnboundedReceiver<(Proto, u32, Instant)>, port: u32, t0| {
-        let mut hist: Vec<(Proto, u64)> = Vec::new();
-        async move {
-            let mut got = std::collections::BTreeSet::new();
-            while got.len() < all.len() {
-                let Ok(Some((proto, p, at))) = tokio::time::timeout(BUDGET, seen.recv()).await
-                else {
-                    panic!("port {port}: only {got:?} saw it");
-                };
-                if p == port && got.insert(proto) {
-                    let us = at.saturating_duration_since(t0).as_micros();
-                    hist.push((proto, u64::try_from(us).unwrap_or(u64::MAX)));
-                }
-            }
-            hist
-        }
-    };
     wait_all(&mut seen, BASE_PORT, Instant::now()).await;
 
-    let mut hists: std::collections::BTreeMap<Proto, Histogram<u64>> = all
+    let mut hists: std::collections::BTreeMap<Proto, Histogram<u64>> = ALL
         .iter()
         .map(|p| (*p, Histogram::<u64>::new(3).unwrap()))
         .collect();

@@ -11,7 +11,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use registry_api::{Endpoint, Health};
+use registry_api::{Health, Snapshot};
 use serde::Serialize;
 
 use crate::Registrar;
@@ -121,8 +121,9 @@ fn json_response<T: Serialize>(status: StatusCode, body: &T, index: Option<u64>)
     resp
 }
 
-/// Block as the query asks, then the state's endpoints and version.
-async fn read_state(registrar: &Registrar, q: &Query) -> Result<(Vec<Endpoint>, u64), ApiError> {
+/// Block as the query asks, then the state and its version (shared, not
+/// copied: a request costs what it reads, whatever the registry's size).
+async fn read_state(registrar: &Registrar, q: &Query) -> Result<(Arc<Snapshot>, u64), ApiError> {
     let store = registrar.state().store();
     if !store.is_ready() {
         return Err(ApiError::NotReady);
@@ -137,7 +138,8 @@ async fn read_state(registrar: &Registrar, q: &Query) -> Result<(Vec<Endpoint>, 
         }
     }
     let snap = store.snapshot().ok_or(ApiError::NotReady)?;
-    Ok((snap.to_vec(), snap.version().0))
+    let version = snap.version().0;
+    Ok((snap, version))
 }
 
 async fn health_service(
@@ -146,10 +148,9 @@ async fn health_service(
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
     let q = Query::parse(raw.as_deref())?;
-    let (endpoints, index) = read_state(&registrar, &q).await?;
-    let entries: Vec<ServiceEntry> = endpoints
-        .iter()
-        .filter(|e| e.service == name)
+    let (snap, index) = read_state(&registrar, &q).await?;
+    let entries: Vec<ServiceEntry> = snap
+        .service(&name)
         .filter(|e| !q.passing || e.health == Health::Healthy)
         .filter(|e| q.dc.as_ref().is_none_or(|dc| &e.cluster == dc))
         .filter(|e| q.tag.as_ref().is_none_or(|t| json::tags(e).contains(t)))
@@ -163,10 +164,9 @@ async fn catalog_services(
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
     let q = Query::parse(raw.as_deref())?;
-    let (endpoints, index) = read_state(&registrar, &q).await?;
+    let (snap, index) = read_state(&registrar, &q).await?;
     let services = json::catalog(
-        endpoints
-            .iter()
+        snap.iter()
             .filter(|e| q.dc.as_ref().is_none_or(|dc| &e.cluster == dc)),
     );
     Ok(json_response(StatusCode::OK, &services, Some(index)))
@@ -177,8 +177,8 @@ async fn seed_services(
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
     let q = Query::parse(raw.as_deref())?;
-    let (endpoints, index) = read_state(&registrar, &q).await?;
-    let services: Vec<SeedService> = endpoints
+    let (snap, index) = read_state(&registrar, &q).await?;
+    let services: Vec<SeedService> = snap
         .iter()
         .filter(|e| {
             q.status
