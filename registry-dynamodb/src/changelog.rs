@@ -21,7 +21,7 @@
 //! writer whose condition failed wrote nothing, reads the head again and
 //! retries ([`ATTEMPTS`] times, then `Conflict`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
@@ -105,12 +105,6 @@ pub(crate) struct LogPage {
     /// Items read (entries and the head).
     pub items: usize,
 }
-
-/// The writer's guess of the head (0: unknown or empty, read it), and
-/// the lock that lets one batch of this process at a time race for it
-/// (batches of one process would only make each other retry).
-#[derive(Debug, Default)]
-pub(crate) struct HeadCache(AtomicU64, tokio::sync::Mutex<()>);
 
 /// The pieces of a batch's log: puts and deletes, packed into entries of
 /// at most [`ENTRY_BUDGET`] bytes.

@@ -27,6 +27,15 @@ use crate::layout::{self, Item};
 /// Most actions DynamoDB takes in one `TransactWriteItems`.
 pub const MAX_TRANSACTION_ITEMS: usize = 100;
 
+/// The change log writer's guess of the head (0: unknown or empty, read
+/// it), and the lock that lets one batch of this process at a time race
+/// for it (batches of one process would only make each other retry).
+#[derive(Debug, Default)]
+pub(crate) struct HeadCache(
+    pub(crate) std::sync::atomic::AtomicU64,
+    pub(crate) tokio::sync::Mutex<()>,
+);
+
 /// The clients, settings and version clock shared by the registry and its
 /// watch task.
 pub(crate) struct Table {
@@ -40,7 +49,7 @@ pub(crate) struct Table {
     /// across restarts.
     pub(crate) clock: VersionClock,
     /// The change log's head as this process last saw it.
-    pub(crate) log_head: crate::changelog::HeadCache,
+    pub(crate) log_head: HeadCache,
 }
 
 impl Table {
