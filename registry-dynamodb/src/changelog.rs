@@ -42,7 +42,7 @@ const DEL: &str = "del";
 
 /// Most ops in one batch in change log mode: their actions, the head and
 /// up to 9 entries fit the 100 actions of a transaction (90 endpoints of
-/// at most 16 KiB need at most 5 entries of [`ENTRY_BUDGET`]).
+/// at most 16 KiB need at most 5 entries of 350 KiB).
 pub const CHANGELOG_MAX_BATCH: usize = 90;
 
 /// Largest entry written, in bytes as DynamoDB counts them (the item
