@@ -93,21 +93,13 @@ async fn watcher(url: String, seen: mpsc::UnboundedSender<Seen>) {
     }
 }
 
-fn ms(h: &Histogram<u64>, q: f64) -> f64 {
-    h.value_at_quantile(q) as f64 / 1000.0
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a measurement: run with --ignored --nocapture"]
-async fn measure_eds_push_latency_to_100_clients() {
-    let started = Instant::now();
+/// Serve `server` over `MemoryRegistry` on loopback gRPC and health ports;
+/// the gRPC URL and a client that has registered the measured endpoint at
+/// [`BASE_PORT`].
+async fn serve(server: Opening) -> (String, Grpc<tonic::transport::Channel>) {
     let grpc_l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let xds_l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", grpc_l.local_addr().unwrap());
-    let xds = xds_l.local_addr().unwrap().to_string();
-    let mut server = Opening::new(RegistrarConfig::new("bench"));
-    server.protocols.xds = Some(xds_l);
     tokio::spawn(server.serve(
         || async { Ok(Arc::new(Liveness::new(MemoryRegistry::new())) as Arc<dyn Backend>) },
         grpc_l,
@@ -120,7 +112,13 @@ async fn measure_eds_push_latency_to_100_clients() {
             Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
         }
     };
-    let register = |port: u32| RegisterEndpointRequest {
+    writer.register_endpoint(register(BASE_PORT)).await.unwrap();
+    (url, writer)
+}
+
+/// The measured endpoint moved to `port`.
+fn register(port: u32) -> RegisterEndpointRequest {
+    RegisterEndpointRequest {
         endpoint: Some(endpoint_to_proto(&registry_api::Endpoint::new(
             "bench",
             "e1",
@@ -128,8 +126,22 @@ async fn measure_eds_push_latency_to_100_clients() {
             u16::try_from(port).unwrap(),
         ))),
         ..Default::default()
-    };
-    writer.register_endpoint(register(BASE_PORT)).await.unwrap();
+    }
+}
+
+fn ms(h: &Histogram<u64>, q: f64) -> f64 {
+    h.value_at_quantile(q) as f64 / 1000.0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: run with --ignored --nocapture"]
+async fn measure_eds_push_latency_to_100_clients() {
+    let started = Instant::now();
+    let xds_l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let xds = xds_l.local_addr().unwrap().to_string();
+    let mut server = Opening::new(RegistrarConfig::new("bench"));
+    server.protocols.xds = Some(xds_l);
+    let (url, mut writer) = serve(server).await;
 
     let (seen_tx, mut seen) = mpsc::unbounded_channel::<Seen>();
     for i in 0..CLIENTS {
@@ -318,14 +330,11 @@ async fn wait_all(
 #[ignore = "a measurement: run with --ignored --nocapture"]
 async fn measure_change_visibility_per_protocol() {
     let started = Instant::now();
-    let grpc_l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let xds_l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let http_l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let dns_l = registrar_server::DnsListeners::bind("127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
-    let url = format!("http://{}", grpc_l.local_addr().unwrap());
     let xds = xds_l.local_addr().unwrap().to_string();
     let http = http_l.local_addr().unwrap().to_string();
     let dns = dns_l.local_addr().unwrap();
@@ -334,28 +343,7 @@ async fn measure_change_visibility_per_protocol() {
     server.protocols.http_api = Some(http_l);
     let dns_cfg = registrar_server::DnsConfig::new("registry.", Duration::ZERO).unwrap();
     server.protocols.dns = Some((dns_l, dns_cfg));
-    tokio::spawn(server.serve(
-        || async { Ok(Arc::new(Liveness::new(MemoryRegistry::new())) as Arc<dyn Backend>) },
-        grpc_l,
-        health,
-        futures::future::pending(),
-    ));
-    let mut writer = loop {
-        match Grpc::connect(url.clone()).await {
-            Ok(c) => break c,
-            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-        }
-    };
-    let register = |port: u32| RegisterEndpointRequest {
-        endpoint: Some(endpoint_to_proto(&registry_api::Endpoint::new(
-            "bench",
-            "e1",
-            "10.9.0.1",
-            u16::try_from(port).unwrap(),
-        ))),
-        ..Default::default()
-    };
-    writer.register_endpoint(register(BASE_PORT)).await.unwrap();
+    let (url, mut writer) = serve(server).await;
 
     let (seen_tx, mut seen) = mpsc::unbounded_channel::<(Proto, u32, Instant)>();
     // The xDS client and the watch report through their own channel.

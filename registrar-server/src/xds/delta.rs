@@ -16,18 +16,15 @@
 //!   `removed_resources`, so a client need not wait for its timer.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource,
 };
-use registry_api::{Snapshot, Version};
-use tokio::sync::mpsc;
-use tonic::{Status, Streaming};
+use registry_api::Snapshot;
 
 use super::resources::{self, Kind};
-use super::{count_push, Client, StreamGauge, IDLE_WAKE};
-use crate::Registrar;
+use super::stream::Variant;
+use super::{count_push, Client};
 
 /// Responses remembered for their ACK or NACK, per type.
 const OUTSTANDING: usize = 16;
@@ -62,13 +59,32 @@ impl TypeState {
 }
 
 /// One stream's state.
-struct Delta {
+pub(super) struct Delta {
     client: Client,
     types: BTreeMap<Kind, TypeState>,
     nonces: u64,
 }
 
 impl Delta {
+    /// A new stream's state; `peer` names it in logs until its node does.
+    pub(super) fn new(peer: String) -> Self {
+        Self {
+            client: Client::new(peer),
+            types: BTreeMap::new(),
+            nonces: 0,
+        }
+    }
+}
+
+impl Variant for Delta {
+    type Request = DeltaDiscoveryRequest;
+    type Response = DeltaDiscoveryResponse;
+    const NAME: &'static str = "delta";
+
+    fn client(&self) -> &Client {
+        &self.client
+    }
+
     /// Take a request; the type to answer at once, if any.
     fn on_request(&mut self, r: DeltaDiscoveryRequest) -> Option<Kind> {
         self.client.saw(r.node.as_ref(), "delta");
@@ -187,71 +203,15 @@ impl Delta {
     }
 }
 
-/// Serve one stream until the client or the registrar ends it.
-pub(super) async fn run(
-    registrar: Arc<Registrar>,
-    mut requests: Streaming<DeltaDiscoveryRequest>,
-    tx: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
-    peer: String,
-) {
-    let _gauge = StreamGauge::new("delta");
-    let store = registrar.state().store().clone();
-    let mut st = Delta {
-        client: Client::new(peer),
-        types: BTreeMap::new(),
-        nonces: 0,
-    };
-    let mut seen: Option<Version> = None;
-    loop {
-        let current = seen;
-        let responses: Vec<DeltaDiscoveryResponse> = tokio::select! {
-            req = requests.message() => match req {
-                Ok(Some(r)) => {
-                    let Some(kind) = st.on_request(r) else { continue };
-                    let Some(snap) = store.snapshot() else { continue };
-                    st.response(kind, &snap).into_iter().collect()
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    tracing::debug!(node = %st.client.id(), error = %e, "xDS stream failed");
-                    break;
-                }
-            },
-            changed = store.wait_until(|s| Some(s.version()) != current, IDLE_WAKE) => {
-                if !changed {
-                    continue;
-                }
-                let Some(snap) = store.snapshot() else { continue };
-                seen = Some(snap.version());
-                Kind::ALL
-                    .into_iter()
-                    .filter_map(|k| st.response(k, &snap))
-                    .collect()
-            }
-            () = registrar.closing() => break,
-            () = tx.closed() => break,
-        };
-        for resp in responses {
-            if tx.send(Ok(resp)).await.is_err() {
-                return;
-            }
-        }
-    }
-    tracing::debug!(node = %st.client.id(), "xDS stream closed");
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use registry_api::testing::ep;
+    use registry_api::Version;
 
     fn stream() -> Delta {
-        Delta {
-            client: Client::new("test".into()),
-            types: BTreeMap::new(),
-            nonces: 0,
-        }
+        Delta::new("test".into())
     }
 
     fn req(kind: Kind, sub: &[&str], unsub: &[&str]) -> DeltaDiscoveryRequest {

@@ -30,6 +30,7 @@ use crate::Registrar;
 mod delta;
 pub(crate) mod resources;
 mod sotw;
+mod stream;
 
 pub use resources::{MAX_WEIGHT, REGION_LABEL, WEIGHT_LABEL, ZONE_LABEL};
 
@@ -92,11 +93,11 @@ impl AggregatedDiscoveryService for XdsService {
         self.check(&request)?;
         let peer = peer(&request);
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        tokio::spawn(sotw::run(
+        tokio::spawn(stream::run(
             Arc::clone(&self.registrar),
             request.into_inner(),
             tx,
-            peer,
+            sotw::Sotw::new(peer),
         ));
         Ok(Response::new(ReceiverStream::new(rx)))
     }
@@ -110,11 +111,11 @@ impl AggregatedDiscoveryService for XdsService {
         self.check(&request)?;
         let peer = peer(&request);
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        tokio::spawn(delta::run(
+        tokio::spawn(stream::run(
             Arc::clone(&self.registrar),
             request.into_inner(),
             tx,
-            peer,
+            delta::Delta::new(peer),
         ));
         Ok(Response::new(ReceiverStream::new(rx)))
     }

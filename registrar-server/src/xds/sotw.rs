@@ -13,16 +13,13 @@
 //!   resources changed is pushed, with `version_info` the state's version.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
-use registry_api::{Snapshot, Version};
-use tokio::sync::mpsc;
-use tonic::{Status, Streaming};
+use registry_api::Snapshot;
 
 use super::resources::{self, Kind};
-use super::{count_push, Client, StreamGauge, IDLE_WAKE};
-use crate::Registrar;
+use super::stream::Variant;
+use super::{count_push, Client};
 
 /// What one type's subscription and last response are.
 #[derive(Debug, Default)]
@@ -46,13 +43,32 @@ struct TypeState {
 }
 
 /// One stream's state.
-struct Sotw {
+pub(super) struct Sotw {
     client: Client,
     types: BTreeMap<Kind, TypeState>,
     nonces: u64,
 }
 
 impl Sotw {
+    /// A new stream's state; `peer` names it in logs until its node does.
+    pub(super) fn new(peer: String) -> Self {
+        Self {
+            client: Client::new(peer),
+            types: BTreeMap::new(),
+            nonces: 0,
+        }
+    }
+}
+
+impl Variant for Sotw {
+    type Request = DiscoveryRequest;
+    type Response = DiscoveryResponse;
+    const NAME: &'static str = "sotw";
+
+    fn client(&self) -> &Client {
+        &self.client
+    }
+
     /// Take a request; the type to answer at once, if any.
     fn on_request(&mut self, r: DiscoveryRequest) -> Option<Kind> {
         self.client.saw(r.node.as_ref(), "sotw");
@@ -125,74 +141,16 @@ impl Sotw {
     }
 }
 
-/// Serve one stream until the client or the registrar ends it.
-pub(super) async fn run(
-    registrar: Arc<Registrar>,
-    mut requests: Streaming<DiscoveryRequest>,
-    tx: mpsc::Sender<Result<DiscoveryResponse, Status>>,
-    peer: String,
-) {
-    let _gauge = StreamGauge::new("sotw");
-    let store = registrar.state().store().clone();
-    let mut st = Sotw {
-        client: Client::new(peer),
-        types: BTreeMap::new(),
-        nonces: 0,
-    };
-    // The version every subscribed type was last evaluated at.
-    let mut seen: Option<Version> = None;
-    loop {
-        let current = seen;
-        let responses: Vec<DiscoveryResponse> = tokio::select! {
-            req = requests.message() => match req {
-                Ok(Some(r)) => {
-                    let Some(kind) = st.on_request(r) else { continue };
-                    // Before the first snapshot: answered once it arrives.
-                    let Some(snap) = store.snapshot() else { continue };
-                    st.response(kind, &snap).into_iter().collect()
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    tracing::debug!(node = %st.client.id(), error = %e, "xDS stream failed");
-                    break;
-                }
-            },
-            changed = store.wait_until(|s| Some(s.version()) != current, IDLE_WAKE) => {
-                if !changed {
-                    continue;
-                }
-                let Some(snap) = store.snapshot() else { continue };
-                seen = Some(snap.version());
-                Kind::ALL
-                    .into_iter()
-                    .filter_map(|k| st.response(k, &snap))
-                    .collect()
-            }
-            () = registrar.closing() => break,
-            () = tx.closed() => break,
-        };
-        for resp in responses {
-            if tx.send(Ok(resp)).await.is_err() {
-                return;
-            }
-        }
-    }
-    tracing::debug!(node = %st.client.id(), "xDS stream closed");
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use envoy_types::pb::google::rpc::Status as RpcStatus;
     use registry_api::testing::ep;
+    use registry_api::Version;
 
     fn stream() -> Sotw {
-        Sotw {
-            client: Client::new("test".into()),
-            types: BTreeMap::new(),
-            nonces: 0,
-        }
+        Sotw::new("test".into())
     }
 
     fn req(kind: Kind, names: &[&str], last: Option<&DiscoveryResponse>) -> DiscoveryRequest {
