@@ -6,8 +6,10 @@ use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use registry_api::{Endpoint, Error};
+use registry_api::{Endpoint, EndpointKey, Error};
+use registry_registrar::status_from_error;
 use registry_registrar::tls::spiffe_id;
+use rustls::pki_types::CertificateDer;
 use tonic::{Request, Status};
 
 use crate::policy::{trust_domain_name, Policy, Rule};
@@ -181,6 +183,32 @@ impl Caller {
     }
 }
 
+/// Refuse a write of `key` (to become `new`, or removed) unless `caller`
+/// may write both `new` and the endpoint `registrar` stores now.
+pub(crate) async fn authorize_write(
+    registrar: &crate::Registrar,
+    caller: &Caller,
+    key: &EndpointKey,
+    new: Option<&Endpoint>,
+) -> Result<(), Status> {
+    if caller.is_anyone() {
+        return Ok(());
+    }
+    if let Some(ep) = new {
+        caller.may_write(ep)?;
+    }
+    let current = registrar
+        .current(key)
+        .await
+        .map_err(|e| status_from_error(&e))?;
+    if let Some(current) = current {
+        if Some(&current) != new {
+            caller.may_write(&current)?;
+        }
+    }
+    Ok(())
+}
+
 /// How requests are authenticated.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Security {
@@ -216,7 +244,20 @@ impl Security {
             return Ok(Caller::Anyone);
         }
         let certs = req.peer_certs();
-        let Some(leaf) = certs.as_ref().and_then(|c| c.first()) else {
+        self.identify_leaf(certs.as_ref().and_then(|c| c.first()))
+    }
+
+    /// Identify the caller of a connection that presented `leaf` (its
+    /// client certificate, if any): what the gRPC port and the HTTP API
+    /// both decide by.
+    pub(crate) fn identify_leaf(
+        &self,
+        leaf: Option<&CertificateDer<'_>>,
+    ) -> Result<Caller, Status> {
+        if !self.tls {
+            return Ok(Caller::Anyone);
+        }
+        let Some(leaf) = leaf else {
             return Err(Status::unauthenticated(
                 "no client certificate: this registrar requires mTLS",
             ));

@@ -19,7 +19,7 @@ use registry_registrar::{
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use crate::auth::{Caller, Security};
+use crate::auth::{authorize_write, Caller, Security};
 use crate::config::Ack;
 use crate::stream::AgentStream;
 use crate::Registrar;
@@ -59,28 +59,6 @@ impl RegistrarService {
     pub(crate) fn with_security(mut self, security: Security) -> Self {
         self.security = Arc::new(security);
         self
-    }
-
-    /// Refuse a write of `key` (to become `new`, or removed) unless
-    /// `caller` may write both `new` and the endpoint stored now.
-    async fn authorize_write(
-        &self,
-        caller: &Caller,
-        key: &registry_api::EndpointKey,
-        new: Option<&registry_api::Endpoint>,
-    ) -> Result<(), Status> {
-        if caller.is_anyone() {
-            return Ok(());
-        }
-        if let Some(ep) = new {
-            caller.may_write(ep)?;
-        }
-        if let Some(current) = self.registrar.current(key).await.map_err(status)? {
-            if Some(&current) != new {
-                caller.may_write(&current)?;
-            }
-        }
-        Ok(())
     }
 
     /// As a tonic service: requests up to the request limit, responses
@@ -124,24 +102,30 @@ fn ack_mode<T>(request: &Request<T>, field: i32) -> Result<Option<Ack>, Status> 
                     "not ASCII: optimistic or durable",
                 ))
             })?;
-            text.parse::<Ack>().map(Some).map_err(|_| {
-                let shown: String = text.chars().take(64).collect();
-                status(Error::invalid(
-                    ACK_METADATA,
-                    format!(
-                        "{shown:?} ({} bytes) is not optimistic or durable",
-                        text.len()
-                    ),
-                ))
-            })
+            parse_ack(ACK_METADATA, text).map(Some).map_err(status)
         }
     }
+}
+
+/// `text` as an acknowledgement mode, or an error naming `field` that
+/// quotes the first 64 characters of the value.
+pub(crate) fn parse_ack(field: &str, text: &str) -> Result<Ack, Error> {
+    text.parse::<Ack>().map_err(|_| {
+        let shown: String = text.chars().take(64).collect();
+        Error::invalid(
+            field,
+            format!(
+                "{shown:?} ({} bytes) is not optimistic or durable",
+                text.len()
+            ),
+        )
+    })
 }
 
 /// The span of one write: every log line inside it (refusals, backend
 /// errors, the debug line of the outcome) carries the node, the service
 /// and the key of the request, and the caller.
-fn write_span(
+pub(crate) fn write_span(
     op: &'static str,
     node: &str,
     key: &registry_api::EndpointKey,
@@ -175,7 +159,7 @@ impl GrpcRegistrar for RegistrarService {
         let key = endpoint.key();
         let span = write_span("register", &endpoint.node, &key, &caller);
         async {
-            self.authorize_write(&caller, &key, Some(&endpoint)).await?;
+            authorize_write(&self.registrar, &caller, &key, Some(&endpoint)).await?;
             let token = self
                 .registrar
                 .write(Op::Register(endpoint), ack)
@@ -211,7 +195,7 @@ impl GrpcRegistrar for RegistrarService {
             .unwrap_or_default();
         let span = write_span("deregister", &node, &key, &caller);
         async {
-            self.authorize_write(&caller, &key, None).await?;
+            authorize_write(&self.registrar, &caller, &key, None).await?;
             let token = self
                 .registrar
                 .write(Op::Deregister(key), ack)

@@ -1,26 +1,36 @@
-//! The read-only HTTP/JSON API (feature `http-api`): a Consul-compatible
-//! subset with blocking queries, and the SQLite document's
-//! `GET /services`. Everything is answered from the registrar's state
-//! ([`Registrar::state`]), never from the backend.
+//! The HTTP/JSON API (feature `http-api`): the registry's own routes
+//! (services, endpoints, an SSE watch, writes and heartbeats), a
+//! Consul-compatible read subset with blocking queries, and the SQLite
+//! document's `GET /services`. Reads are answered from the registrar's
+//! state ([`Registrar::state`]), never from the backend; writes go through
+//! [`Registrar::write`] as the gRPC port's do.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{DefaultBodyLimit, Path, RawQuery, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post, put};
 use axum::Router;
 use registry_api::{Health, Snapshot};
 use serde::Serialize;
 
+use crate::auth::{Caller, Security};
 use crate::Registrar;
 
+mod error;
 mod json;
+mod native;
+pub(crate) mod peer;
 mod query;
+mod watch;
+mod write;
 
+pub use error::ApiError;
 use json::{SeedService, ServiceEntry};
 use query::Query;
+pub use watch::LAST_EVENT_ID;
 
 /// The header carrying the registrar's version (Consul's name for it).
 pub const INDEX_HEADER: &str = "X-Consul-Index";
@@ -29,76 +39,87 @@ pub const DEFAULT_WAIT: Duration = Duration::from_secs(5 * 60);
 /// The longest `wait` honoured; longer ones are cut to it (as Consul).
 pub const MAX_WAIT: Duration = Duration::from_secs(10 * 60);
 
-/// Why a request of the HTTP API failed; rendered as
-/// `{"error": "<message>"}` with the status of [`ApiError::status`].
-#[derive(Debug, thiserror::Error)]
-pub enum ApiError {
-    /// The registrar has not loaded its first snapshot yet.
-    #[error("the registrar has not loaded the registry yet")]
-    NotReady,
-    /// A query parameter has a value the API cannot use.
-    #[error("query parameter {param}: {reason}")]
-    BadQuery {
-        /// The parameter's name.
-        param: &'static str,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// The registrar is shutting down.
-    #[error("the registrar is shutting down")]
-    ShuttingDown,
-}
-
-impl ApiError {
-    /// The HTTP status: 503 while not ready or shutting down, 400 for a
-    /// bad query.
-    pub fn status(&self) -> StatusCode {
-        match self {
-            ApiError::NotReady | ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
-            ApiError::BadQuery { .. } => StatusCode::BAD_REQUEST,
-        }
-    }
-}
-
-#[derive(Serialize)]
-struct ErrorBody {
-    error: String,
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = ErrorBody {
-            error: self.to_string(),
-        };
-        json_response(self.status(), &body, None)
-    }
-}
-
-/// The routes of the HTTP API over `registrar`'s state:
+/// The routes of the HTTP API over `registrar`'s state, for anyone
+/// (no authentication: serve it on loopback, or behind your own):
 ///
-/// - `GET /v1/health/service/{name}`: Consul's health endpoint (`?passing`,
-///   `?tag=`, `?dc=`, blocking with `?index=&wait=`);
-/// - `GET /v1/catalog/services`: service → tags (blocking too);
+/// - `GET /v1/services`: every service with its endpoint counts;
+/// - `GET /v1/services/{service}`: its endpoints (`?healthy=true`,
+///   `?cluster=`);
+/// - `GET /v1/watch`: Server-Sent Events, a snapshot then each change
+///   (resumed with `Last-Event-ID`);
+/// - `PUT`/`DELETE /v1/services/{service}/{id}`: register (JSON body) or
+///   remove an endpoint, acknowledged as `?ack=` says;
+/// - `POST /v1/nodes/{node}/heartbeat`: `404` for a node the registry
+///   does not know;
+/// - `GET /v1/health/service/{name}`: Consul's health endpoint
+///   (`?passing`, `?tag=`, `?dc=`);
+/// - `GET /v1/catalog/services`: Consul's service → tags;
 /// - `GET /services`: the SQLite document's list (`?status=running`).
 ///
-/// Every answer carries the state's version in [`INDEX_HEADER`].
+/// Every read can block with `?index=&wait=`; every answer carries the
+/// state's version in [`INDEX_HEADER`]. The registrar binary serves these
+/// routes with the gRPC port's mTLS and authorization when it has TLS.
 pub fn http_api_router(registrar: Arc<Registrar>) -> Router {
-    Router::new()
-        .route("/v1/health/service/{name}", get(health_service))
-        .route("/v1/catalog/services", get(catalog_services))
-        .route("/services", get(seed_services))
+    routes()
+        .layer(axum::Extension(Caller::Anyone))
         .with_state(registrar)
 }
 
-/// Serve [`http_api_router`] on `listener` until the registrar closes.
+/// The largest request body read (an endpoint's JSON): 64 KiB, as the gRPC
+/// port's request limit.
+pub const MAX_BODY_BYTES: usize = crate::service::DEFAULT_MAX_REQUEST_BYTES;
+
+fn routes() -> Router<Arc<Registrar>> {
+    Router::new()
+        .route("/v1/services", get(native::services))
+        .route("/v1/services/{service}", get(native::service))
+        .route(
+            "/v1/services/{service}/{id}",
+            put(write::put_endpoint).delete(write::delete_endpoint),
+        )
+        .route("/v1/nodes/{node}/heartbeat", post(write::heartbeat))
+        .route("/v1/watch", get(watch::watch))
+        .route("/v1/health/service/{name}", get(health_service))
+        .route("/v1/catalog/services", get(catalog_services))
+        .route("/services", get(seed_services))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+}
+
+/// Where the HTTP API takes its connections from.
+pub(crate) enum HttpListener {
+    /// Plaintext: every caller is anyone.
+    Plain(tokio::net::TcpListener),
+    /// mTLS: callers are identified by their certificate.
+    Tls(peer::TlsListener),
+}
+
+/// Serve the HTTP API on `listener` until the registrar closes, callers
+/// authenticated and authorized by `security`.
 pub(crate) async fn serve(
     registrar: Arc<Registrar>,
-    listener: tokio::net::TcpListener,
+    listener: HttpListener,
+    security: Arc<Security>,
 ) -> std::io::Result<()> {
     let closing = registrar.closing();
-    axum::serve(listener, http_api_router(registrar))
-        .with_graceful_shutdown(closing)
-        .await
+    let router = routes()
+        .layer(axum::middleware::from_fn_with_state(
+            security,
+            peer::authenticate,
+        ))
+        .with_state(registrar);
+    let service = router.into_make_service_with_connect_info::<peer::Peer>();
+    match listener {
+        HttpListener::Plain(l) => {
+            axum::serve(l, service)
+                .with_graceful_shutdown(closing)
+                .await
+        }
+        HttpListener::Tls(l) => {
+            axum::serve(l, service)
+                .with_graceful_shutdown(closing)
+                .await
+        }
+    }
 }
 
 fn json_response<T: Serialize>(status: StatusCode, body: &T, index: Option<u64>) -> Response {

@@ -21,6 +21,29 @@ pub(crate) struct Query {
     pub(crate) dc: Option<String>,
     /// `status` (`GET /services`): `running` or `unhealthy`.
     pub(crate) status: Option<String>,
+    /// `healthy` (present, or `true`/`1`): healthy endpoints only.
+    pub(crate) healthy: bool,
+    /// `cluster`: endpoints of this cluster only.
+    pub(crate) cluster: Option<String>,
+    /// `ack` (writes): `optimistic` or `durable`.
+    pub(crate) ack: Option<String>,
+}
+
+/// The first 64 characters of a value, to quote in an error.
+pub(crate) fn bounded(v: &str) -> String {
+    v.chars().take(64).collect()
+}
+
+/// A flag's value: present without a value, `true`/`1`, or `false`/`0`.
+fn flag(param: &'static str, v: Option<&str>) -> Result<bool, ApiError> {
+    match v {
+        None | Some("") | Some("true") | Some("1") => Ok(true),
+        Some("false") | Some("0") => Ok(false),
+        Some(other) => Err(ApiError::BadQuery {
+            param,
+            reason: format!("{:?} is not true or false", bounded(other)),
+        }),
+    }
 }
 
 fn decode(s: &str) -> String {
@@ -43,7 +66,7 @@ impl Query {
                     let v = v.unwrap_or_default();
                     q.index = Some(v.parse().map_err(|_| ApiError::BadQuery {
                         param: "index",
-                        reason: format!("{v:?} is not a whole number"),
+                        reason: format!("{:?} is not a whole number", bounded(&v)),
                     })?);
                 }
                 "wait" => {
@@ -52,22 +75,17 @@ impl Query {
                         Some(
                             humantime::parse_duration(&v).map_err(|e| ApiError::BadQuery {
                                 param: "wait",
-                                reason: format!("{v:?} is not a duration such as 5s or 1m: {e}"),
+                                reason: format!(
+                                    "{:?} is not a duration such as 5s or 1m: {e}",
+                                    bounded(&v)
+                                ),
                             })?,
                         );
                 }
-                "passing" => {
-                    q.passing = match v.as_deref() {
-                        None | Some("") | Some("true") | Some("1") => true,
-                        Some("false") | Some("0") => false,
-                        Some(other) => {
-                            return Err(ApiError::BadQuery {
-                                param: "passing",
-                                reason: format!("{other:?} is not true or false"),
-                            })
-                        }
-                    }
-                }
+                "passing" => q.passing = flag("passing", v.as_deref())?,
+                "healthy" => q.healthy = flag("healthy", v.as_deref())?,
+                "cluster" => q.cluster = v,
+                "ack" => q.ack = v,
                 "tag" => q.tag = v,
                 "dc" => q.dc = v,
                 "status" => q.status = v,
@@ -90,6 +108,10 @@ mod tests {
         assert!(q.passing);
         assert_eq!(q.tag.as_deref(), Some("v 1"));
         assert!(!Query::parse(Some("passing=false")).expect("parses").passing);
+        let q = Query::parse(Some("healthy=true&cluster=east&ack=durable")).expect("parses");
+        assert!(q.healthy);
+        assert_eq!(q.cluster.as_deref(), Some("east"));
+        assert_eq!(q.ack.as_deref(), Some("durable"));
         assert_eq!(Query::parse(None).expect("parses"), Query::default());
     }
 
@@ -99,6 +121,7 @@ mod tests {
             ("index=x", "index"),
             ("wait=soon", "wait"),
             ("passing=maybe", "passing"),
+            ("healthy=yes", "healthy"),
         ] {
             match Query::parse(Some(raw)) {
                 Err(ApiError::BadQuery { param: p, .. }) => assert_eq!(p, param),

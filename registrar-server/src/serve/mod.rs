@@ -307,6 +307,7 @@ async fn run_grpc(
         security,
         acceptor,
         options,
+        ..
     } = secured;
     // Every caller is identified from its connection and headers before a
     // message is decoded (the interceptor), then by the handlers.

@@ -155,16 +155,21 @@ impl ServeOptions {
         Ok(())
     }
 
-    /// Refuse a read-only plaintext listener (the HTTP API, DNS) at
-    /// `addr` on a non-loopback address unless `insecure` was given: it
-    /// shows every endpoint to anyone who can reach it, whatever the gRPC
-    /// port's authorization says.
-    #[cfg_attr(not(any(feature = "http-api", feature = "dns")), allow(dead_code))]
-    pub(super) fn check_read_only(
+    /// Refuse a plaintext listener of a field protocol (the HTTP API,
+    /// DNS, xDS without TLS) at `addr` on a non-loopback address unless
+    /// `insecure` was given: it `exposes` (shows every endpoint, lets
+    /// anyone write) to anyone who can reach it, whatever the gRPC port's
+    /// authorization says.
+    #[cfg_attr(
+        not(any(feature = "http-api", feature = "dns", feature = "xds")),
+        allow(dead_code)
+    )]
+    pub(super) fn check_plaintext(
         &self,
         addr: std::io::Result<std::net::SocketAddr>,
         field: &'static str,
         what: &str,
+        exposes: &str,
     ) -> Result<()> {
         let addr = addr
             .map_err(|e| Error::unavailable(format!("the {what} listener: {e}")).with_source(e))?;
@@ -173,7 +178,7 @@ impl ServeOptions {
                 field,
                 format!(
                     "{what} on {addr}, which is not a loopback address: it is plaintext and \
-                     shows every endpoint to anyone who can reach it, without the gRPC \
+                     {exposes} to anyone who can reach it, without the gRPC \
                      port's authorization. Listen on 127.0.0.1 or [::1], or accept it \
                      with --insecure"
                 ),
@@ -205,6 +210,9 @@ impl ServeOptions {
 pub(super) struct Secured {
     pub(super) security: auth::Security,
     pub(super) acceptor: Option<tokio_rustls::TlsAcceptor>,
+    /// The same certificates for HTTP/1.1 (the HTTP API's ALPN).
+    #[cfg_attr(not(feature = "http-api"), allow(dead_code))]
+    pub(super) http_acceptor: Option<tokio_rustls::TlsAcceptor>,
     pub(super) options: ServeOptions,
 }
 
@@ -217,12 +225,17 @@ pub(super) fn security(options: &ServeOptions, cluster: &str) -> Result<Secured>
         .as_ref()
         .map(|a| auth::Authz::new(a, cluster))
         .transpose()?;
-    let tls = match &options.tls {
+    let (tls, http_tls) = match &options.tls {
         Some(files) => {
             let cfg = registry_registrar::tls::server_config(files)?;
-            Some(tokio_rustls::TlsAcceptor::from(Arc::new(cfg)))
+            let mut http = cfg.clone();
+            http.alpn_protocols = vec![b"http/1.1".to_vec()];
+            (
+                Some(tokio_rustls::TlsAcceptor::from(Arc::new(cfg))),
+                Some(tokio_rustls::TlsAcceptor::from(Arc::new(http))),
+            )
         }
-        None => None,
+        None => (None, None),
     };
     match (&options.tls, &options.authz) {
         (None, None) => tracing::warn!(
@@ -260,6 +273,7 @@ pub(super) fn security(options: &ServeOptions, cluster: &str) -> Result<Secured>
     Ok(Secured {
         security,
         acceptor: tls,
+        http_acceptor: http_tls,
         options: options.clone(),
     })
 }

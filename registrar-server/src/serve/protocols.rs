@@ -1,6 +1,6 @@
-//! [`Protocols`]: the read-only listeners beside the gRPC port (the
-//! HTTP/JSON API, the DNS responder and the xDS server), started once the
-//! registrar exists and stopped with it.
+//! [`Protocols`]: the listeners beside the gRPC port (the HTTP/JSON API,
+//! the DNS responder and the xDS server), started once the registrar
+//! exists and stopped with it.
 
 use std::sync::Arc;
 
@@ -11,12 +11,12 @@ use super::ServeOptions;
 use crate::Registrar;
 
 /// The field protocols' listeners (each behind its cargo feature); `None`
-/// (the default) leaves a protocol off. The HTTP API and DNS are
-/// plaintext and read-only, and bypass the gRPC port's authorization: a
-/// non-loopback address is refused unless [`ServeOptions::insecure`]. The
-/// xDS server is secured as the gRPC port is (mTLS and authorization
-/// when it has TLS; otherwise plaintext, on a loopback address unless
-/// `insecure`).
+/// (the default) leaves a protocol off. The HTTP API and the xDS server
+/// are secured as the gRPC port is: mTLS and authorization when it has
+/// TLS; otherwise plaintext, on a loopback address unless
+/// [`ServeOptions::insecure`]. DNS is plaintext and read-only, and
+/// bypasses the gRPC port's authorization: a non-loopback address is
+/// refused unless `insecure`.
 #[non_exhaustive]
 #[derive(Debug, Default)]
 pub struct Protocols {
@@ -39,18 +39,26 @@ impl Protocols {
 
     /// Refuse a non-loopback address unless `options.insecure`.
     pub(super) fn check(&self, options: &ServeOptions) -> Result<()> {
+        const SHOWS: &str = "shows every endpoint";
         #[cfg(feature = "http-api")]
         if let Some(l) = &self.http_api {
-            options.check_read_only(l.local_addr(), "http_api_addr", "the HTTP API")?;
+            if options.tls.is_none() {
+                options.check_plaintext(
+                    l.local_addr(),
+                    "http_api_addr",
+                    "the HTTP API",
+                    "shows every endpoint and lets anyone write any endpoint",
+                )?;
+            }
         }
         #[cfg(feature = "dns")]
         if let Some((l, _)) = &self.dns {
-            options.check_read_only(l.local_addr(), "dns_addr", "DNS")?;
+            options.check_plaintext(l.local_addr(), "dns_addr", "DNS", SHOWS)?;
         }
         #[cfg(feature = "xds")]
         if let Some(l) = &self.xds {
             if options.tls.is_none() {
-                options.check_read_only(l.local_addr(), "xds_addr", "xDS")?;
+                options.check_plaintext(l.local_addr(), "xds_addr", "xDS", SHOWS)?;
             }
         }
         let _ = options;
@@ -67,9 +75,24 @@ impl Protocols {
         let mut tasks = Vec::new();
         #[cfg(feature = "http-api")]
         if let Some(listener) = self.http_api {
+            use crate::api_http::{peer::TlsListener, HttpListener};
+            let listener = match (&secured.http_acceptor, listener.local_addr()) {
+                (Some(acceptor), Ok(local)) => {
+                    let (tx, rx) = tokio::sync::mpsc::channel(64);
+                    tasks.push(tokio::spawn(super::accept_tls(
+                        listener,
+                        acceptor.clone(),
+                        tx,
+                        secured.options.clone(),
+                    )));
+                    HttpListener::Tls(TlsListener::new(rx, local))
+                }
+                _ => HttpListener::Plain(listener),
+            };
             let registrar = Arc::clone(registrar);
+            let security = Arc::new(secured.security.clone());
             tasks.push(tokio::spawn(async move {
-                if let Err(e) = crate::api_http::serve(registrar, listener).await {
+                if let Err(e) = crate::api_http::serve(registrar, listener, security).await {
                     tracing::warn!(error = %e, "the HTTP API failed");
                 }
             }));
