@@ -370,6 +370,8 @@ async fn a_heartbeat_of_an_unknown_node_is_404_until_it_registers() {
 struct Sse {
     body: Incoming,
     buf: String,
+    /// Snapshot events read.
+    chunks: usize,
 }
 
 #[derive(Debug)]
@@ -395,6 +397,7 @@ impl Sse {
         Sse {
             body: resp.into_body(),
             buf: String::new(),
+            chunks: 0,
         }
     }
 
@@ -438,6 +441,7 @@ impl Sse {
         loop {
             let ev = self.next().await;
             assert_eq!(ev.event, "snapshot", "{ev:?}");
+            self.chunks += 1;
             for e in ev.data["endpoints"].as_array().unwrap() {
                 ids.insert(e["id"].as_str().unwrap().to_string());
             }
@@ -457,7 +461,11 @@ impl Sse {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sse_watch_sends_a_snapshot_then_changes_and_resumes() {
-    let stack = start().await;
+    // One endpoint per snapshot chunk: chunks but the last have empty ids.
+    let stack = common::protocols::start_with(
+        registrar_server::RegistrarConfig::new("test").with_snapshot_chunk(1),
+    )
+    .await;
     for id in ["a", "b"] {
         let w = put(
             &stack,
@@ -541,6 +549,7 @@ async fn the_sse_watch_sends_a_snapshot_then_changes_and_resumes() {
     let mut fresh = Sse::open(&stack, Some("999.1")).await;
     let (ids, _) = fresh.snapshot().await;
     assert_eq!(ids, set(&["b", "c", "d"]));
+    assert_eq!(fresh.chunks, 3);
     stack.stop().await.unwrap();
 }
 

@@ -20,10 +20,15 @@ pub struct Stack {
 
 /// Serve on free loopback ports; DNS answers for `registry.` with TTL 0.
 pub async fn start() -> Stack {
+    start_with(RegistrarConfig::new("test")).await
+}
+
+/// [`start`] with the registrar configured as `cfg` says.
+pub async fn start_with(cfg: RegistrarConfig) -> Stack {
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let grpc_addr = grpc.local_addr().unwrap();
-    let mut server = Opening::new(RegistrarConfig::new("test"));
+    let mut server = Opening::new(cfg);
     #[cfg(feature = "http-api")]
     let http = {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

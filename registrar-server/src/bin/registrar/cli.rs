@@ -259,9 +259,11 @@ pub struct ServeArgs {
     /// Health and metrics address.
     #[arg(long, default_value = "0.0.0.0:8081")]
     pub health_addr: SocketAddr,
-    /// The read-only HTTP/JSON API's address (Consul's
-    /// `/v1/health/service/<name>` and `/v1/catalog/services`, and
-    /// `/services`); plaintext, so a non-loopback address needs --insecure.
+    /// The HTTP/JSON API's address (`/v1/services`, `/v1/watch`, writes and
+    /// heartbeats; Consul's `/v1/health/service/<name>` and
+    /// `/v1/catalog/services`; `/services`). Secured as the gRPC port: mTLS
+    /// and authorization with TLS; without TLS, a non-loopback address
+    /// needs --insecure.
     #[cfg(feature = "http-api")]
     #[arg(long, default_value = "127.0.0.1:8500")]
     pub http_api_addr: SocketAddr,
