@@ -128,6 +128,15 @@ impl EtcdServer {
         }
     }
 
+    /// The process id, when etcd runs as a local process
+    /// ([`EtcdServer::start_process`]) that is up.
+    pub fn pid(&self) -> Option<u32> {
+        match &self.inner {
+            Inner::Process { process, .. } => process.as_ref().map(ServerProcess::pid),
+            _ => None,
+        }
+    }
+
     /// The container, when etcd runs in one.
     pub fn container(&self) -> Option<&ServerContainer> {
         match &self.inner {

@@ -94,6 +94,11 @@ pub struct ServerProcess {
 }
 
 impl ServerProcess {
+    /// The process id (for reading its CPU time and memory in `/proc`).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Start `program args…` in a fresh temp directory (passed to `args` as
     /// its path) with output to a log file there, and wait until `addr`
     /// accepts TCP connections (at most `limit`).
