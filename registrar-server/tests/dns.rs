@@ -1,7 +1,7 @@
 //! The DNS responder over loopback with a real resolver client
-//! (hickory-resolver, UDP; TCP for the truncation case) and `dig` when it
-//! is installed: A and SRV answers follow registrations and
-//! deregistrations, unhealthy endpoints are left out, unknown services are
+//! (hickory-resolver, UDP; TCP for the truncation case) and `dig` over UDP
+//! and TCP: A and SRV answers follow registrations and deregistrations,
+//! unhealthy endpoints are left out, unknown services and clusters are
 //! NXDOMAIN.
 
 #![allow(clippy::unwrap_used)]
@@ -251,38 +251,125 @@ async fn large_answers_come_whole_over_tcp() {
     stack.stop().await.unwrap();
 }
 
-/// With `dig` when it is installed: A and SRV as an operator sees them.
+/// With `dig` (Debian's `dnsutils`, which `scripts/test` installs), over
+/// UDP and TCP: A and SRV as an operator sees them, under every name form
+/// (`<service>.<domain>`, `<service>.<cluster>.<domain>`, the RFC 2782
+/// forms and Consul's `<service>.service.<domain>`), following a health
+/// change and a removal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dig_sees_a_and_srv_answers() {
+async fn dig_sees_a_and_srv_answers_under_every_name() {
     if std::process::Command::new("dig")
         .arg("-v")
         .output()
         .is_err()
     {
-        eprintln!("skipped: dig is not installed");
-        return;
+        panic!("dig is needed (scripts/test installs dnsutils)");
     }
     let stack = start().await;
     let agent = fast_client(&stack.url(), "test", "node-1");
-    agent.register(web("a", "10.0.0.1")).await.unwrap();
-    eventually("web/a in A answers", || async {
-        (a(stack.dns, "web.service.registry.").await == ips(&["10.0.0.1"])).then_some(())
+    agent
+        .register(web("a", "10.0.0.1").with_cluster("east"))
+        .await
+        .unwrap();
+    agent
+        .register(
+            web("b", "10.0.0.2")
+                .with_cluster("west")
+                .with_label("weight", "7"),
+        )
+        .await
+        .unwrap();
+    eventually("web/a and b in A answers", || async {
+        (a(stack.dns, "web.registry.").await == ips(&["10.0.0.1", "10.0.0.2"])).then_some(())
     })
     .await;
-    let dig = |qtype: &'static str| {
+    let dig = |name: &'static str, qtype: &'static str, tcp: bool| {
         let port = stack.dns.port().to_string();
         async move {
             let out = tokio::process::Command::new("dig")
                 .args(["@127.0.0.1", "-p", &port, "+short", "+time=5", "+tries=2"])
-                .args(["web.service.registry.", qtype])
+                .arg(if tcp { "+tcp" } else { "+notcp" })
+                .args([name, qtype])
                 .output()
                 .await
                 .unwrap();
-            String::from_utf8_lossy(&out.stdout).to_string()
+            let mut lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(str::to_string)
+                .collect();
+            lines.sort();
+            lines.join(",")
         }
     };
-    assert_eq!(dig("A").await.trim(), "10.0.0.1");
-    assert_eq!(dig("SRV").await.trim(), "1 1 8080 a.node-1.node.registry.");
+    for tcp in [false, true] {
+        for name in ["web.registry.", "web.service.registry."] {
+            assert_eq!(
+                dig(name, "A", tcp).await,
+                "10.0.0.1,10.0.0.2",
+                "{name} tcp={tcp}"
+            );
+        }
+        assert_eq!(dig("web.east.registry.", "A", tcp).await, "10.0.0.1");
+        assert_eq!(dig("web.west.registry.", "A", tcp).await, "10.0.0.2");
+        assert_eq!(dig("web.north.registry.", "A", tcp).await, "");
+        for name in [
+            "_web._tcp.registry.",
+            "_web._tcp.service.registry.",
+            "web.registry.",
+        ] {
+            assert_eq!(
+                dig(name, "SRV", tcp).await,
+                "1 1 8080 a.node-1.node.registry.,1 7 8080 b.node-1.node.registry.",
+                "{name} tcp={tcp}"
+            );
+        }
+        assert_eq!(
+            dig("_web._tcp.west.registry.", "SRV", tcp).await,
+            "1 7 8080 b.node-1.node.registry."
+        );
+    }
+    // A health change and a removal show under the cluster's name too.
+    agent
+        .register(
+            web("a", "10.0.0.1")
+                .with_cluster("east")
+                .with_health(Health::Unhealthy),
+        )
+        .await
+        .unwrap();
+    agent
+        .deregister(&EndpointKey::new("web", "b"))
+        .await
+        .unwrap();
+    eventually("web gone from both clusters' answers", || async {
+        (dig("web.registry.", "A", false).await.is_empty()).then_some(())
+    })
+    .await;
+    assert_eq!(dig("web.east.registry.", "A", true).await, "");
+    stack.stop().await.unwrap();
+}
+
+/// An unknown cluster or service is NXDOMAIN under the names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_names_scope_answers_and_unknown_ones_are_nxdomain() {
+    let stack = start().await;
+    let dns = stack.dns;
+    let agent = fast_client(&stack.url(), "test", "node-1");
+    agent
+        .register(web("a", "10.0.0.1").with_cluster("east"))
+        .await
+        .unwrap();
+    eventually("web/a in A answers", || async {
+        (a(dns, "web.east.registry.").await == ips(&["10.0.0.1"])).then_some(())
+    })
+    .await;
+    assert_eq!(a(dns, "web.west.registry.").await, None);
+    assert_eq!(a(dns, "db.registry.").await, None);
+    let (answers, _) = srv(dns, "_web._tcp.east.registry.", false).await;
+    assert_eq!(
+        answers,
+        set(&[(1, 8080, "a.node-1.node.registry.".to_string())])
+    );
     stack.stop().await.unwrap();
 }
 

@@ -7,48 +7,16 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 use common::fast_client;
-use common::protocols::{start, Stack};
+use common::http::{get, LIMIT};
+use common::protocols::start;
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use registry_api::testing::eventually;
 use registry_api::{Endpoint, EndpointKey, Health, Registry};
 use serde_json::Value;
-
-/// Longer than any answer should take; far shorter than the 10-minute
-/// waits the blocking queries ask for.
-const LIMIT: Duration = Duration::from_secs(30);
-
-struct Answer {
-    status: u16,
-    index: Option<u64>,
-    body: Value,
-}
-
-async fn get(stack: &Stack, path: &str) -> Answer {
-    let client = Client::builder(TokioExecutor::new()).build_http::<String>();
-    let uri: hyper::Uri = format!("http://{}{path}", stack.http).parse().unwrap();
-    let resp = tokio::time::timeout(LIMIT, client.get(uri))
-        .await
-        .unwrap_or_else(|_| panic!("GET {path} did not answer within {LIMIT:?}"))
-        .unwrap();
-    let status = resp.status().as_u16();
-    let index = resp
-        .headers()
-        .get("X-Consul-Index")
-        .map(|v| v.to_str().unwrap().parse().unwrap());
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    let body = serde_json::from_slice(&bytes)
-        .unwrap_or_else(|e| panic!("GET {path}: not JSON ({e}): {bytes:?}"));
-    Answer {
-        status,
-        index,
-        body,
-    }
-}
 
 fn ids(body: &Value) -> BTreeSet<String> {
     body.as_array()

@@ -9,76 +9,15 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
 
-use common::protocols::{start, Stack};
-use http_body_util::{BodyExt, Full};
-use hyper::body::{Bytes, Incoming};
+use common::http::{get, put, send, send_with, Sse, LIMIT};
+use common::protocols::start;
+use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use registry_api::testing::eventually;
 use registry_api::{Endpoint, EndpointKey, Health};
 use serde_json::{json, Value};
-
-/// Longer than any answer should take.
-const LIMIT: Duration = Duration::from_secs(30);
-
-struct Answer {
-    status: u16,
-    index: Option<u64>,
-    body: Value,
-}
-
-async fn send(stack: &Stack, method: &str, path: &str, body: Option<String>) -> Answer {
-    send_with(stack, method, path, body, &[]).await
-}
-
-async fn send_with(
-    stack: &Stack,
-    method: &str,
-    path: &str,
-    body: Option<String>,
-    headers: &[(&str, &str)],
-) -> Answer {
-    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-    let mut req = hyper::Request::builder()
-        .method(method)
-        .uri(format!("http://{}{path}", stack.http));
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    if body.is_some() {
-        req = req.header("content-type", "application/json");
-    }
-    let req = req
-        .body(Full::new(Bytes::from(body.unwrap_or_default())))
-        .unwrap();
-    let resp = tokio::time::timeout(LIMIT, client.request(req))
-        .await
-        .unwrap_or_else(|_| panic!("{method} {path} did not answer within {LIMIT:?}"))
-        .unwrap();
-    let status = resp.status().as_u16();
-    let index = resp
-        .headers()
-        .get("X-Consul-Index")
-        .map(|v| v.to_str().unwrap().parse().unwrap());
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    let body = serde_json::from_slice(&bytes)
-        .unwrap_or_else(|e| panic!("{method} {path}: not JSON ({e}): {bytes:?}"));
-    Answer {
-        status,
-        index,
-        body,
-    }
-}
-
-async fn get(stack: &Stack, path: &str) -> Answer {
-    send(stack, "GET", path, None).await
-}
-
-async fn put(stack: &Stack, path: &str, body: Value) -> Answer {
-    send(stack, "PUT", path, Some(body.to_string())).await
-}
 
 fn ids(body: &Value) -> BTreeSet<String> {
     body.as_array()
@@ -364,99 +303,6 @@ async fn a_heartbeat_of_an_unknown_node_is_404_until_it_registers() {
     assert_eq!(bad.status, 400, "{}", bad.body);
     assert_eq!(bad.body["field"], "node_name");
     stack.stop().await.unwrap();
-}
-
-/// One Server-Sent Events connection, read event by event.
-struct Sse {
-    body: Incoming,
-    buf: String,
-    /// Snapshot events read.
-    chunks: usize,
-}
-
-#[derive(Debug)]
-struct SseEvent {
-    event: String,
-    id: Option<String>,
-    data: Value,
-}
-
-impl Sse {
-    async fn open(stack: &Stack, last_event_id: Option<&str>) -> Sse {
-        let client = Client::builder(TokioExecutor::new()).build_http::<String>();
-        let mut req = hyper::Request::get(format!("http://{}/v1/watch", stack.http));
-        if let Some(id) = last_event_id {
-            req = req.header("Last-Event-ID", id);
-        }
-        let resp = tokio::time::timeout(LIMIT, client.request(req.body(String::new()).unwrap()))
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(resp.status(), 200);
-        assert_eq!(resp.headers()["content-type"], "text/event-stream");
-        Sse {
-            body: resp.into_body(),
-            buf: String::new(),
-            chunks: 0,
-        }
-    }
-
-    /// The next event (keep-alive comments skipped).
-    async fn next(&mut self) -> SseEvent {
-        loop {
-            if let Some(end) = self.buf.find("\n\n") {
-                let block: String = self.buf.drain(..end + 2).collect();
-                let (mut event, mut id, mut data) = (String::new(), None, String::new());
-                for line in block.lines() {
-                    let (k, v) = line.split_once(':').unwrap_or((line, ""));
-                    let v = v.strip_prefix(' ').unwrap_or(v);
-                    match k {
-                        "event" => event = v.to_string(),
-                        "id" => id = Some(v.to_string()),
-                        "data" => data.push_str(v),
-                        _ => {}
-                    }
-                }
-                if event.is_empty() && data.is_empty() {
-                    continue;
-                }
-                let data = serde_json::from_str(&data).unwrap();
-                return SseEvent { event, id, data };
-            }
-            let frame = tokio::time::timeout(LIMIT, self.body.frame())
-                .await
-                .expect("no SSE event in time")
-                .expect("the SSE stream ended")
-                .unwrap();
-            if let Ok(bytes) = frame.into_data() {
-                self.buf.push_str(std::str::from_utf8(&bytes).unwrap());
-            }
-        }
-    }
-
-    /// The whole snapshot the stream starts with: its endpoints' ids and
-    /// the last chunk's `id:`.
-    async fn snapshot(&mut self) -> (BTreeSet<String>, String) {
-        let mut ids = BTreeSet::new();
-        loop {
-            let ev = self.next().await;
-            assert_eq!(ev.event, "snapshot", "{ev:?}");
-            self.chunks += 1;
-            for e in ev.data["endpoints"].as_array().unwrap() {
-                ids.insert(e["id"].as_str().unwrap().to_string());
-            }
-            if ev.data["last"] == json!(true) {
-                let id = ev.id.unwrap();
-                assert_eq!(id, ev.data["version"].as_str().unwrap());
-                return (ids, id);
-            }
-            assert_eq!(
-                ev.id.as_deref(),
-                Some(""),
-                "a chunk but the last has an empty id"
-            );
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -293,6 +293,44 @@ impl Snapshot {
         }
     }
 
+    /// The services that have at least one endpoint, in order; without a
+    /// walk over the endpoints.
+    ///
+    /// ```
+    /// use registry_api::{Endpoint, Snapshot, Version};
+    /// let snap = Snapshot::from_endpoints(
+    ///     Version(1),
+    ///     [Endpoint::new("db", "a", "10.0.0.1", 5432), Endpoint::new("api", "b", "10.0.0.2", 80),
+    ///      Endpoint::new("api", "c", "10.0.0.3", 80)],
+    /// );
+    /// assert_eq!(snap.services().collect::<Vec<_>>(), ["api", "db"]);
+    /// ```
+    pub fn services(&self) -> impl Iterator<Item = &str> + '_ {
+        self.services.keys().map(String::as_str)
+    }
+
+    /// A fingerprint of `service`'s endpoints (`None` when it has none):
+    /// snapshots of one process whose fingerprints of a service agree hold
+    /// the same endpoints of it, every field compared, up to a collision
+    /// of 128-bit hashes (seeded per process, so not comparable across
+    /// processes). Costs a map lookup: what a cache of something derived
+    /// from one service's endpoints keys on.
+    ///
+    /// ```
+    /// use registry_api::{Endpoint, Snapshot, Version};
+    /// let a = Snapshot::from_endpoints(Version(1), [Endpoint::new("api", "a", "10.0.0.1", 80)]);
+    /// let b = a.with_endpoint(Endpoint::new("db", "d", "10.0.0.9", 5432));
+    /// let c = b.with_endpoint(Endpoint::new("api", "a", "10.0.0.2", 80));
+    /// assert_eq!(a.fingerprint("api"), b.fingerprint("api"));
+    /// assert_ne!(b.fingerprint("api"), c.fingerprint("api"));
+    /// assert_eq!(a.fingerprint("none"), None);
+    /// ```
+    pub fn fingerprint(&self, service: &str) -> Option<u128> {
+        self.services
+            .get(service)
+            .map(|s| s.print ^ u128::from(s.count).rotate_left(64))
+    }
+
     /// Every service with the fingerprint of its endpoints, in order.
     pub(crate) fn service_sums(&self) -> impl Iterator<Item = (&String, &Sum)> + '_ {
         self.services.iter()

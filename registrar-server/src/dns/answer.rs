@@ -22,14 +22,30 @@ pub(crate) struct Zone {
 /// What a name in the zone stands for.
 #[derive(Debug, PartialEq, Eq)]
 enum Lookup {
-    /// `<service>.service.<domain>` (or `_<service>._<proto>.service.<domain>`).
-    Service(String),
+    /// A service's endpoints, of one cluster when `cluster` is given:
+    /// `<service>.<domain>`, `<service>.<cluster>.<domain>`,
+    /// `<service>.service.<domain>`, or the RFC 2782 forms
+    /// `_<service>._<proto>.<domain>`, `_<service>._<proto>.<cluster>.<domain>`
+    /// and `_<service>._<proto>.service.<domain>`.
+    Service {
+        service: String,
+        cluster: Option<String>,
+    },
     /// `<id>.<node>.node.<domain>`: an SRV target.
     Node(Name),
     /// The zone's apex.
     Apex,
     /// Anything else in the zone.
     Unknown,
+}
+
+impl Lookup {
+    fn service(service: &str, cluster: Option<&str>) -> Self {
+        Lookup::Service {
+            service: service.trim_start_matches('_').to_string(),
+            cluster: cluster.map(str::to_string),
+        }
+    }
 }
 
 /// A name's labels as text, lowercase.
@@ -68,18 +84,21 @@ impl Zone {
         let Some(inner) = all.len().checked_sub(zone_labels).map(|n| &all[..n]) else {
             return Lookup::Unknown;
         };
+        let srv = |svc: &str, proto: &str| svc.starts_with('_') && proto.starts_with('_');
         match inner {
             [] => Lookup::Apex,
-            [rest @ .., kind] if kind == "service" && !rest.is_empty() => {
-                match rest {
-                    // RFC 2782: _<service>._<proto>.service.<domain>
-                    [svc, proto] if svc.starts_with('_') && proto.starts_with('_') => {
-                        Lookup::Service(svc.trim_start_matches('_').to_string())
-                    }
-                    _ => Lookup::Service(rest.join(".")),
-                }
-            }
+            [rest @ .., kind] if kind == "service" && !rest.is_empty() => match rest {
+                [svc, proto] if srv(svc, proto) => Lookup::service(svc, None),
+                _ => Lookup::Service {
+                    service: rest.join("."),
+                    cluster: None,
+                },
+            },
             [_, _, kind] if kind == "node" => Lookup::Node(name),
+            [svc, proto] if srv(svc, proto) => Lookup::service(svc, None),
+            [svc, proto, cluster] if srv(svc, proto) => Lookup::service(svc, Some(cluster)),
+            [svc] if !svc.starts_with('_') => Lookup::service(svc, None),
+            [svc, cluster] if !svc.starts_with('_') => Lookup::service(svc, Some(cluster)),
             _ => Lookup::Unknown,
         }
     }
@@ -164,10 +183,13 @@ impl Zone {
         let name = query.name();
         let rtype = query.query_type();
         match self.classify(name) {
-            Lookup::Service(service) => {
-                let endpoints: Vec<&Endpoint> = snap
-                    .iter()
-                    .filter(|e| e.service.eq_ignore_ascii_case(&service))
+            Lookup::Service { service, cluster } => {
+                let endpoints: Vec<&Endpoint> = endpoints_of(snap, &service)
+                    .filter(|e| {
+                        cluster
+                            .as_ref()
+                            .is_none_or(|c| e.cluster.eq_ignore_ascii_case(c))
+                    })
                     .collect();
                 if endpoints.is_empty() {
                     return self.nxdomain(snap, resp);
@@ -253,6 +275,23 @@ impl Zone {
     }
 }
 
+/// The endpoints of `service` (matched without regard to case): its key
+/// range when the name is stored as asked (lowercase, as names usually
+/// are), else a scan for a name that differs only in case.
+fn endpoints_of<'a>(
+    snap: &'a Snapshot,
+    service: &'a str,
+) -> Box<dyn Iterator<Item = &'a Endpoint> + 'a> {
+    if snap.service(service).next().is_some() {
+        Box::new(snap.service(service))
+    } else {
+        Box::new(
+            snap.iter()
+                .filter(move |e| e.service.eq_ignore_ascii_case(service)),
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,20 +310,23 @@ mod tests {
     #[test]
     fn classifies_names_in_the_zone() {
         let z = zone();
-        assert_eq!(
-            z.classify(&name("web.service.registry.")),
-            Lookup::Service("web".into())
-        );
-        assert_eq!(
-            z.classify(&name("WEB.Service.registry.")),
-            Lookup::Service("web".into())
-        );
-        assert_eq!(
-            z.classify(&name("_web._tcp.service.registry.")),
-            Lookup::Service("web".into())
-        );
+        let web = Lookup::service("web", None);
+        let east = Lookup::service("web", Some("east"));
+        for (q, want) in [
+            ("web.service.registry.", &web),
+            ("WEB.Service.registry.", &web),
+            ("_web._tcp.service.registry.", &web),
+            ("web.registry.", &web),
+            ("_web._tcp.registry.", &web),
+            ("web.east.registry.", &east),
+            ("Web.EAST.registry.", &east),
+            ("_web._udp.east.registry.", &east),
+        ] {
+            assert_eq!(&z.classify(&name(q)), want, "{q}");
+        }
         assert_eq!(z.classify(&name("registry.")), Lookup::Apex);
-        assert_eq!(z.classify(&name("x.registry.")), Lookup::Unknown);
+        assert_eq!(z.classify(&name("_x.registry.")), Lookup::Unknown);
+        assert_eq!(z.classify(&name("a.b.c.d.registry.")), Lookup::Unknown);
         assert!(matches!(
             z.classify(&name("a.n1.node.registry.")),
             Lookup::Node(_)

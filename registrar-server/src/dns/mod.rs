@@ -1,5 +1,6 @@
 //! The DNS responder (feature `dns`): authoritative for one domain
 //! (default `registry.`), answering A/AAAA and SRV queries for
+//! `<service>.<domain>`, `<service>.<cluster>.<domain>` and Consul's
 //! `<service>.service.<domain>` from the registrar's state, over UDP and
 //! TCP. Messages are parsed and written with `hickory-proto`.
 

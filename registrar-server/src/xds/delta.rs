@@ -16,6 +16,7 @@
 //!   `removed_resources`, so a client need not wait for its timer.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource,
@@ -63,15 +64,19 @@ pub(super) struct Delta {
     client: Client,
     types: BTreeMap<Kind, TypeState>,
     nonces: u64,
+    /// The server's resources, shared by its streams.
+    cache: Arc<resources::Cache>,
 }
 
 impl Delta {
-    /// A new stream's state; `peer` names it in logs until its node does.
-    pub(super) fn new(peer: String) -> Self {
+    /// A new stream's state; `peer` names it in logs until its node does;
+    /// resources come from `cache`.
+    pub(super) fn new(peer: String, cache: Arc<resources::Cache>) -> Self {
         Self {
             client: Client::new(peer),
             types: BTreeMap::new(),
             nonces: 0,
+            cache,
         }
     }
 }
@@ -148,7 +153,7 @@ impl Variant for Delta {
         let mut removed = Vec::new();
         for name in &wanted {
             let held = t.held.get(name);
-            match resources::build(kind, name, snap) {
+            match self.cache.build(kind, name, snap) {
                 Some(b) => {
                     if held != Some(&Some(b.version.clone())) {
                         t.held.insert(name.clone(), Some(b.version.clone()));
@@ -211,7 +216,7 @@ mod tests {
     use registry_api::Version;
 
     fn stream() -> Delta {
-        Delta::new("test".into())
+        Delta::new("test".into(), Arc::default())
     }
 
     fn req(kind: Kind, sub: &[&str], unsub: &[&str]) -> DeltaDiscoveryRequest {

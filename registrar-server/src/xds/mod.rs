@@ -7,8 +7,10 @@
 //! (see the README), so a proxyless gRPC client resolves `xds:///<service>`.
 //! Every stream follows the registrar's own state (the snapshot and change
 //! notifications `WatchEndpoints`, DNS and the HTTP API read): when the
-//! state changes, each stream rebuilds the resources its client subscribed
-//! to and pushes those that changed. Types come from `envoy-types`.
+//! state changes, each stream takes the resources its client subscribed
+//! to from a cache the server's streams share (a changed service's
+//! resources are built once, whatever the number of clients) and pushes
+//! those that changed. Types come from `envoy-types`.
 
 use std::sync::Arc;
 
@@ -48,6 +50,7 @@ const IDLE_WAKE: std::time::Duration = std::time::Duration::from_secs(300);
 pub struct XdsService {
     registrar: Arc<Registrar>,
     security: Arc<Security>,
+    cache: Arc<resources::Cache>,
 }
 
 impl std::fmt::Debug for XdsService {
@@ -63,6 +66,7 @@ impl XdsService {
         Self {
             registrar,
             security: Arc::new(Security::default()),
+            cache: Arc::default(),
         }
     }
 
@@ -97,7 +101,7 @@ impl AggregatedDiscoveryService for XdsService {
             Arc::clone(&self.registrar),
             request.into_inner(),
             tx,
-            sotw::Sotw::new(peer),
+            sotw::Sotw::new(peer, Arc::clone(&self.cache)),
         ));
         Ok(Response::new(ReceiverStream::new(rx)))
     }
@@ -115,7 +119,7 @@ impl AggregatedDiscoveryService for XdsService {
             Arc::clone(&self.registrar),
             request.into_inner(),
             tx,
-            delta::Delta::new(peer),
+            delta::Delta::new(peer, Arc::clone(&self.cache)),
         ));
         Ok(Response::new(ReceiverStream::new(rx)))
     }

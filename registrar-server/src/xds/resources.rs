@@ -2,8 +2,9 @@
 //! listener, route configuration, cluster and load assignment per service,
 //! each named by the service's name (see the README's xDS section).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
+use std::sync::Mutex;
 
 use envoy_types::pb::envoy::config::cluster::v3::{cluster, Cluster};
 use envoy_types::pb::envoy::config::core::v3::{
@@ -92,20 +93,58 @@ pub(crate) struct Built {
 /// The services of `snap` (those with at least one endpoint, whatever its
 /// health or cluster).
 pub(crate) fn services(snap: &Snapshot) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    let mut last: Option<&str> = None;
-    for e in snap.iter() {
-        if last != Some(e.service.as_str()) {
-            out.insert(e.service.clone());
-            last = Some(e.service.as_str());
+    snap.services().map(str::to_string).collect()
+}
+
+/// Resources built once for every stream of one xDS server: a change to a
+/// service rebuilds (and encodes and hashes) its load assignment once, not
+/// once per subscribed client. Entries are keyed by kind and name and
+/// checked against the service's fingerprint
+/// ([`Snapshot::fingerprint`]), so a stream at an older or newer snapshot
+/// than the one that filled an entry never gets a resource of another
+/// state. Only services that exist are kept, and entries of services that
+/// went away are dropped once they outnumber the live ones.
+#[derive(Debug, Default)]
+pub(crate) struct Cache {
+    built: Mutex<HashMap<(Kind, String), (u128, Built)>>,
+}
+
+/// Entries kept before the cache looks for services that went away.
+const CACHE_SWEEP_AT: usize = 1024;
+
+impl Cache {
+    /// [`build`], from the cache when the service's endpoints are those it
+    /// was built from.
+    pub(crate) fn build(&self, kind: Kind, name: &str, snap: &Snapshot) -> Option<Built> {
+        let Some(print) = snap.fingerprint(name) else {
+            return build(kind, name, snap);
+        };
+        // Only a load assignment depends on the endpoints; the others on
+        // the name (and the service's existence) alone.
+        let print = if kind == Kind::Endpoints { print } else { 0 };
+        let key = (kind, name.to_string());
+        if let Some((p, b)) = self.lock().get(&key) {
+            if *p == print {
+                return Some(b.clone());
+            }
         }
+        let built = build(kind, name, snap)?;
+        let mut map = self.lock();
+        if map.len() >= CACHE_SWEEP_AT && map.len() > 8 * snap.services().count() {
+            map.retain(|(_, n), _| snap.fingerprint(n).is_some());
+        }
+        map.insert(key, (print, built.clone()));
+        Some(built)
     }
-    out
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(Kind, String), (u128, Built)>> {
+        self.built.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 /// Whether `service` has an endpoint in `snap`.
 fn exists(snap: &Snapshot, service: &str) -> bool {
-    snap.service(service).next().is_some()
+    snap.fingerprint(service).is_some()
 }
 
 /// The resource of `kind` named `name` in `snap`, or `None` when it does
@@ -395,5 +434,29 @@ mod tests {
         let changed = build(Kind::Endpoints, "api", &s.without(&ep("api", "a", 1).key())).unwrap();
         assert_ne!(a.version, changed.version);
         assert_eq!(Kind::from_type_url("type.googleapis.com/x"), None);
+    }
+
+    #[test]
+    fn the_cache_serves_each_snapshot_its_own_resources() {
+        let cache = Cache::default();
+        let old = snap();
+        let new = old.with_endpoint(ep("api", "e", 84));
+        let built = |s: &Snapshot| cache.build(Kind::Endpoints, "api", s).unwrap();
+        let first = built(&old);
+        assert_eq!(first, build(Kind::Endpoints, "api", &old).unwrap());
+        assert_eq!(built(&old), first, "a hit");
+        // The service changed: rebuilt; a stream still at the old snapshot
+        // gets the old resource, not the newer one cached.
+        let second = built(&new);
+        assert_ne!(second.version, first.version);
+        assert_eq!(second, build(Kind::Endpoints, "api", &new).unwrap());
+        assert_eq!(built(&old), first);
+        // A change to another service leaves this one's entry valid.
+        let other = new.with_endpoint(ep("web", "x", 91));
+        assert_eq!(built(&other), second);
+        // Names without endpoints are not kept.
+        assert!(cache.build(Kind::Endpoints, "none", &old).is_some());
+        assert!(cache.build(Kind::Listener, "none", &old).is_none());
+        assert!(cache.lock().keys().all(|(_, n)| n != "none"));
     }
 }

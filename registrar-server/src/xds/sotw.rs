@@ -13,6 +13,7 @@
 //!   resources changed is pushed, with `version_info` the state's version.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use registry_api::Snapshot;
@@ -47,15 +48,19 @@ pub(super) struct Sotw {
     client: Client,
     types: BTreeMap<Kind, TypeState>,
     nonces: u64,
+    /// The server's resources, shared by its streams.
+    cache: Arc<resources::Cache>,
 }
 
 impl Sotw {
-    /// A new stream's state; `peer` names it in logs until its node does.
-    pub(super) fn new(peer: String) -> Self {
+    /// A new stream's state; `peer` names it in logs until its node does;
+    /// resources come from `cache`.
+    pub(super) fn new(peer: String, cache: Arc<resources::Cache>) -> Self {
         Self {
             client: Client::new(peer),
             types: BTreeMap::new(),
             nonces: 0,
+            cache,
         }
     }
 }
@@ -116,7 +121,7 @@ impl Variant for Sotw {
         }
         let built: Vec<(String, resources::Built)> = names
             .into_iter()
-            .filter_map(|n| resources::build(kind, &n, snap).map(|b| (n, b)))
+            .filter_map(|n| self.cache.build(kind, &n, snap).map(|b| (n, b)))
             .collect();
         let versions: BTreeMap<String, String> = built
             .iter()
@@ -150,7 +155,7 @@ mod tests {
     use registry_api::Version;
 
     fn stream() -> Sotw {
-        Sotw::new("test".into())
+        Sotw::new("test".into(), Arc::default())
     }
 
     fn req(kind: Kind, names: &[&str], last: Option<&DiscoveryResponse>) -> DiscoveryRequest {

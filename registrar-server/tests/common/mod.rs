@@ -8,6 +8,8 @@ use std::time::Duration;
 
 pub mod cli;
 pub mod dashboard;
+#[cfg(feature = "http-api")]
+pub mod http;
 pub mod pki;
 #[cfg(any(feature = "http-api", feature = "dns", feature = "xds"))]
 pub mod protocols;

@@ -277,7 +277,7 @@ pub struct ServeArgs {
     #[arg(long, default_value = "127.0.0.1:8600")]
     pub dns_addr: SocketAddr,
     /// The domain the DNS responder answers for
-    /// (`<service>.service.<domain>`).
+    /// (`<service>.<domain>`, `<service>.<cluster>.<domain>`).
     #[cfg(feature = "dns")]
     #[arg(long, default_value = registrar_server::dns::DEFAULT_DNS_DOMAIN)]
     pub dns_domain: String,

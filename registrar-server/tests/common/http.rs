@@ -1,0 +1,166 @@
+//! A plain HTTP client for the HTTP API tests: requests with JSON
+//! answers, and a Server-Sent Events reader.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{json, Value};
+
+use super::protocols::Stack;
+
+/// Longer than any answer should take.
+pub const LIMIT: Duration = Duration::from_secs(30);
+
+pub struct Answer {
+    pub status: u16,
+    pub index: Option<u64>,
+    pub body: Value,
+}
+
+pub async fn send(stack: &Stack, method: &str, path: &str, body: Option<String>) -> Answer {
+    send_with(stack, method, path, body, &[]).await
+}
+
+pub async fn send_with(
+    stack: &Stack,
+    method: &str,
+    path: &str,
+    body: Option<String>,
+    headers: &[(&str, &str)],
+) -> Answer {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let mut req = hyper::Request::builder()
+        .method(method)
+        .uri(format!("http://{}{path}", stack.http));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    if body.is_some() {
+        req = req.header("content-type", "application/json");
+    }
+    let req = req
+        .body(Full::new(Bytes::from(body.unwrap_or_default())))
+        .unwrap();
+    let resp = tokio::time::timeout(LIMIT, client.request(req))
+        .await
+        .unwrap_or_else(|_| panic!("{method} {path} did not answer within {LIMIT:?}"))
+        .unwrap();
+    let status = resp.status().as_u16();
+    let index = resp
+        .headers()
+        .get("X-Consul-Index")
+        .map(|v| v.to_str().unwrap().parse().unwrap());
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let body = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|e| panic!("{method} {path}: not JSON ({e}): {bytes:?}"));
+    Answer {
+        status,
+        index,
+        body,
+    }
+}
+
+pub async fn get(stack: &Stack, path: &str) -> Answer {
+    send(stack, "GET", path, None).await
+}
+
+pub async fn put(stack: &Stack, path: &str, body: Value) -> Answer {
+    send(stack, "PUT", path, Some(body.to_string())).await
+}
+
+/// One Server-Sent Events connection, read event by event.
+pub struct Sse {
+    body: Incoming,
+    buf: String,
+    /// Snapshot events read.
+    pub chunks: usize,
+}
+
+#[derive(Debug)]
+pub struct SseEvent {
+    pub event: String,
+    pub id: Option<String>,
+    pub data: Value,
+}
+
+impl Sse {
+    pub async fn open(stack: &Stack, last_event_id: Option<&str>) -> Sse {
+        let client = Client::builder(TokioExecutor::new()).build_http::<String>();
+        let mut req = hyper::Request::get(format!("http://{}/v1/watch", stack.http));
+        if let Some(id) = last_event_id {
+            req = req.header("Last-Event-ID", id);
+        }
+        let resp = tokio::time::timeout(LIMIT, client.request(req.body(String::new()).unwrap()))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.headers()["content-type"], "text/event-stream");
+        Sse {
+            body: resp.into_body(),
+            buf: String::new(),
+            chunks: 0,
+        }
+    }
+
+    /// The next event (keep-alive comments skipped).
+    pub async fn next(&mut self) -> SseEvent {
+        loop {
+            if let Some(end) = self.buf.find("\n\n") {
+                let block: String = self.buf.drain(..end + 2).collect();
+                let (mut event, mut id, mut data) = (String::new(), None, String::new());
+                for line in block.lines() {
+                    let (k, v) = line.split_once(':').unwrap_or((line, ""));
+                    let v = v.strip_prefix(' ').unwrap_or(v);
+                    match k {
+                        "event" => event = v.to_string(),
+                        "id" => id = Some(v.to_string()),
+                        "data" => data.push_str(v),
+                        _ => {}
+                    }
+                }
+                if event.is_empty() && data.is_empty() {
+                    continue;
+                }
+                let data = serde_json::from_str(&data).unwrap();
+                return SseEvent { event, id, data };
+            }
+            let frame = tokio::time::timeout(LIMIT, self.body.frame())
+                .await
+                .expect("no SSE event in time")
+                .expect("the SSE stream ended")
+                .unwrap();
+            if let Ok(bytes) = frame.into_data() {
+                self.buf.push_str(std::str::from_utf8(&bytes).unwrap());
+            }
+        }
+    }
+
+    /// The whole snapshot the stream starts with: its endpoints' ids and
+    /// the last chunk's `id:`.
+    pub async fn snapshot(&mut self) -> (BTreeSet<String>, String) {
+        let mut ids = BTreeSet::new();
+        loop {
+            let ev = self.next().await;
+            assert_eq!(ev.event, "snapshot", "{ev:?}");
+            self.chunks += 1;
+            for e in ev.data["endpoints"].as_array().unwrap() {
+                ids.insert(e["id"].as_str().unwrap().to_string());
+            }
+            if ev.data["last"] == json!(true) {
+                let id = ev.id.unwrap();
+                assert_eq!(id, ev.data["version"].as_str().unwrap());
+                return (ids, id);
+            }
+            assert_eq!(
+                ev.id.as_deref(),
+                Some(""),
+                "a chunk but the last has an empty id"
+            );
+        }
+    }
+}
