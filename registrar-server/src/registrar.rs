@@ -56,6 +56,8 @@ pub struct Registrar {
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// What the agents' streams hold.
     pub(crate) streams: Arc<StreamCounters>,
+    /// The encodings the agents' streams share.
+    pub(crate) shared: Arc<crate::stream::shared::Shared>,
     /// The last heartbeat this replica accepted, by node.
     heartbeats: Mutex<BTreeMap<String, SystemTime>>,
 }
@@ -119,6 +121,7 @@ impl Registrar {
             counted: Mutex::new(BTreeMap::new()),
             tasks: Mutex::new(Vec::new()),
             streams: Arc::default(),
+            shared: Arc::default(),
             heartbeats: Mutex::new(BTreeMap::new()),
         });
         let tasks = vec![
