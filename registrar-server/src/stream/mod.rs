@@ -104,6 +104,7 @@ impl StreamCounters {
 
     fn encoded(&self, n: u64) {
         self.encoded.fetch_add(n, Ordering::Relaxed);
+        metrics::counter!("registrar_stream_messages_encoded_total").increment(n);
     }
 
     fn add_pending(&self, n: u64) {
