@@ -5,9 +5,9 @@
 //! - **Deltas**: the encodings of the last [`DELTA_WINDOW`] events, in
 //!   version order. The first stream to send an event encodes it (under
 //!   the window's lock, so exactly once); the others find it by version
-//!   (a binary search) and compare the event itself, so two events of one
-//!   version are never confused. A stream further behind than the window
-//!   encodes its own copy.
+//!   (a binary search), then by kind and key, which the hub never repeats
+//!   within one version. A stream further behind than the window encodes
+//!   its own copy.
 //! - **Snapshots**: the chunks of the newest snapshot a stream is sending,
 //!   each encoded when the first stream asks for it. The registrar keeps
 //!   one such memo, and only while a stream uses it; streams hold it
@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use bytes::Bytes;
-use registry_api::{EndpointKey, Event, Snapshot};
+use registry_api::{EndpointKey, Event, Snapshot, Version};
 
 /// Events whose encodings are kept for streams that send them later.
 pub(crate) const DELTA_WINDOW: usize = 4096;
@@ -42,8 +42,32 @@ pub(crate) struct Shared {
 }
 
 struct Delta {
-    event: Event,
+    version: Version,
+    kind: &'static str,
+    key: EndpointKey,
     bytes: Bytes,
+}
+
+/// What identifies a delta: its version, its kind and its key (the hub
+/// publishes at most one event per key and version, as its own
+/// `removed(version, key)` relies on).
+fn identity(event: &Event) -> (&'static str, &str, &str) {
+    match event {
+        Event::Added { endpoint, .. } | Event::Updated { endpoint, .. } => {
+            (event.type_name(), &endpoint.service, &endpoint.id)
+        }
+        Event::Removed { key, .. } => (event.type_name(), &key.service, &key.id),
+        Event::Snapshot(_) => (event.type_name(), "", ""),
+    }
+}
+
+impl Delta {
+    fn is(&self, version: Version, (kind, service, id): (&'static str, &str, &str)) -> bool {
+        self.version == version
+            && self.kind == kind
+            && self.key.id == id
+            && self.key.service == service
+    }
 }
 
 impl Shared {
@@ -51,14 +75,15 @@ impl Shared {
     /// (kept for the others). The flag says whether `encode` ran.
     pub(crate) fn delta(&self, event: &Event, encode: impl FnOnce() -> Bytes) -> (Bytes, bool) {
         let version = event.version();
+        let id = identity(event);
         let mut window = lock(&self.deltas);
-        let start = window.partition_point(|d| d.event.version() < version);
+        let start = window.partition_point(|d| d.version < version);
         let mut at = start;
         while let Some(d) = window.get(at) {
-            if d.event.version() != version {
+            if d.version != version {
                 break;
             }
-            if d.event == *event {
+            if d.is(version, id) {
                 return (d.bytes.clone(), false);
             }
             at += 1;
@@ -70,10 +95,13 @@ impl Shared {
         let bytes = encode();
         // Older than everything kept, in a full window: not worth keeping.
         if !(at == 0 && window.len() >= DELTA_WINDOW) {
+            let (kind, service, id) = id;
             window.insert(
                 at,
                 Delta {
-                    event: event.clone(),
+                    version,
+                    kind,
+                    key: EndpointKey::new(service, id),
                     bytes: bytes.clone(),
                 },
             );
