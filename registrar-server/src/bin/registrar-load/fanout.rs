@@ -290,8 +290,12 @@ pub(crate) async fn client(url: &str, args: &Args) -> Res<()> {
     println!("writing");
     let cpu_start = cpu_seconds();
     let start = Instant::now();
-    let mut tick = tokio::time::interval(Duration::from_millis(10));
-    let per_tick = (args.rate / 100).max(1) as usize;
+    // Ticks of 10 ms, or longer below 100 changes/s (one change each), so
+    // the asked rate is the one attempted.
+    let asked = args.rate.clamp(1, u64::from(u32::MAX));
+    let period = Duration::from_millis(10).max(Duration::from_secs(1) / asked as u32);
+    let mut tick = tokio::time::interval(period);
+    let per_tick = ((asked as f64 * period.as_secs_f64()).round() as usize).max(1);
     let mut seq = 0usize;
     while seq < writes {
         tick.tick().await;
