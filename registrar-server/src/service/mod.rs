@@ -273,7 +273,7 @@ impl GrpcRegistrar for RegistrarService {
     /// The generated service's path, used only by a program that serves
     /// `RegistrarServer::new(service)` itself: every stream encodes its own
     /// messages. [`RegistrarService::into_server`] serves `WatchEndpoints`
-    /// with shared encodings ([`watch`]).
+    /// with shared encodings ([`RegistrarGrpc`]).
     async fn watch_endpoints(
         &self,
         request: Request<WatchEndpointsRequest>,
