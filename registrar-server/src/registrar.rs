@@ -253,10 +253,15 @@ impl Registrar {
     async fn refused(&self, refusal: Refusal, undo: Op) {
         let key = refusal.op.key();
         tracing::error!(%key, error = %refusal.error, "the backend refused an acknowledged write; undoing its broadcast and telling agents");
-        let events = self.overlay.undo(std::slice::from_ref(&undo));
-        if let Some(ev) = events.last() {
-            self.refusals.record(ev.version(), refusal.clone());
-        } else {
+        let recorded = {
+            // No stream encodes the undo event before its refusal is kept.
+            let _undoing = self.refusals.undoing();
+            let events = self.overlay.undo(std::slice::from_ref(&undo));
+            events.last().map(|ev| {
+                self.refusals.record(ev.version(), refusal.clone());
+            })
+        };
+        if recorded.is_none() {
             tracing::warn!(%key, "the undo changed nothing visible; agents learn the refusal only from the log");
         }
         if refusal.error.is_request_fault() {
