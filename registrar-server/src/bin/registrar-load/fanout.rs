@@ -3,7 +3,10 @@
 //! binary with `--fanout-client`), so the CPU time and memory of each side
 //! are measured apart. With `--encoding both` (the default) the phase runs
 //! twice, the baseline (every stream encodes its own messages) first, then
-//! shared encoding, each in a fresh process, and prints the ratios.
+//! shared encoding, each in a fresh process, and prints the ratios. The
+//! writer waits for each tick's acknowledgements unless `--open-loop` is
+//! given, in which case it keeps the asked rate whatever the registrar's
+//! delay and the delay shows in the latencies.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -97,6 +100,7 @@ async fn run_apart(args: &Args, encoding: &str) -> Res<Figures> {
         .args(["--agents", &args.agents.to_string()])
         .args(["--rate", &args.rate.to_string()])
         .args(["--seconds", &args.seconds.to_string()])
+        .args(args.open_loop.then_some("--open-loop"))
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
@@ -157,6 +161,7 @@ async fn serve_one(args: &Args, encoding: StreamEncoding) -> Res<Figures> {
         .args(["--agents", &args.agents.to_string()])
         .args(["--rate", &args.rate.to_string()])
         .args(["--seconds", &args.seconds.to_string()])
+        .args(args.open_loop.then_some("--open-loop"))
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
@@ -297,22 +302,38 @@ pub(crate) async fn client(url: &str, args: &Args) -> Res<()> {
     let mut tick = tokio::time::interval(period);
     let per_tick = ((asked as f64 * period.as_secs_f64()).round() as usize).max(1);
     let mut seq = 0usize;
+    // Open loop: writes in flight while the next ticks go out.
+    let mut inflight = futures::stream::FuturesUnordered::new();
     while seq < writes {
-        tick.tick().await;
+        if args.open_loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                Some(r) = inflight.next(), if !inflight.is_empty() => {
+                    r?;
+                    continue;
+                }
+            }
+        } else {
+            tick.tick().await;
+        }
         // This tick's writes go out concurrently (distinct keys).
-        let mut batch = Vec::new();
         for _ in 0..per_tick.min(writes - seq) {
             let t = now_micros();
             sent_at[seq] = t;
             let e = Endpoint::new("load", format!("ep-{}", seq % 500), "127.0.0.1", 8080)
                 .with_label("sent", t.to_string())
                 .with_label("seq", seq.to_string());
-            batch.push(writer.register(e));
+            inflight.push(writer.register(e));
             seq += 1;
         }
-        for r in futures::future::join_all(batch).await {
-            r?;
+        if !args.open_loop {
+            while let Some(r) = inflight.next().await {
+                r?;
+            }
         }
+    }
+    while let Some(r) = inflight.next().await {
+        r?;
     }
     let write_time = start.elapsed();
     let deadline = Instant::now() + Duration::from_secs(30);

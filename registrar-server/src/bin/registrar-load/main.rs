@@ -81,6 +81,11 @@ struct Args {
     /// phase: `shared`, `per-stream` (the baseline), or `both` in turn.
     #[arg(long, default_value = "both", value_parser = ["both", "shared", "per-stream"])]
     encoding: String,
+    /// Fan-out phase: send each tick's writes without waiting for the
+    /// previous ones (by default the writer waits for each tick's
+    /// acknowledgements, so a slow registrar slows it).
+    #[arg(long)]
+    open_loop: bool,
     /// Internal: be the agents and the writer of the fan-out phase against
     /// the server at this URL.
     #[arg(long, hide = true)]
