@@ -35,9 +35,10 @@ pub struct RegistrarConfig {
     /// Default 8192.
     pub history: usize,
     /// Endpoints per `FULL_SNAPSHOT` message. Default 1000. A stream
-    /// encodes its next chunk only when its client's flow-control window
-    /// takes it, so this is also what a stream holds of its snapshot in
-    /// encoded form beyond the window (about two chunks).
+    /// takes its next chunk (encoded, or shared by a stream of the same
+    /// version) only when its client's flow-control window takes it, so
+    /// this is also what a stream holds of its snapshot in encoded form
+    /// beyond the window (about two chunks).
     pub snapshot_chunk: usize,
     /// When writes are acknowledged unless a request says otherwise.
     /// Default optimistic.
@@ -52,6 +53,23 @@ pub struct RegistrarConfig {
     /// then is logged by key and failed to durable callers. Default 20 s
     /// (below Kubernetes' 30 s grace period); 0 to 1 h.
     pub drain_timeout: Duration,
+    /// How agent streams' messages are encoded. Default
+    /// [`StreamEncoding::Shared`].
+    pub stream_encoding: StreamEncoding,
+}
+
+/// How the messages of agent streams (`WatchEndpoints`) are encoded (issue
+/// 21). The messages on the wire are the same either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum StreamEncoding {
+    /// Each event, and each snapshot chunk of a version, is encoded to
+    /// protobuf once and the same bytes go to every stream.
+    #[default]
+    Shared,
+    /// Every stream encodes every message it sends (the registrar before
+    /// issue 21); kept as the baseline of `registrar-load`.
+    PerStream,
 }
 
 impl RegistrarConfig {
@@ -69,6 +87,7 @@ impl RegistrarConfig {
             probe_interval: Duration::from_secs(5),
             probe_timeout: Duration::from_secs(30),
             drain_timeout: Duration::from_secs(20),
+            stream_encoding: StreamEncoding::Shared,
         }
     }
 
@@ -93,6 +112,12 @@ impl RegistrarConfig {
     /// Set `agent_buffer`.
     pub fn with_agent_buffer(mut self, n: usize) -> Self {
         self.agent_buffer = n;
+        self
+    }
+
+    /// Set `stream_encoding`.
+    pub fn with_stream_encoding(mut self, encoding: StreamEncoding) -> Self {
+        self.stream_encoding = encoding;
         self
     }
 

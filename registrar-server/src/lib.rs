@@ -26,7 +26,7 @@ pub mod xds;
 pub use api_http::http_api_router;
 pub use auth::{AuthzConfig, DEFAULT_ID_PATTERN};
 pub use backends::{open_backend, BackendKind, BackendOptions, DynamoDbSync};
-pub use config::{Ack, RegistrarConfig};
+pub use config::{Ack, RegistrarConfig, StreamEncoding};
 #[cfg(feature = "dns")]
 pub use dns::{serve_dns, DnsConfig, DnsListeners};
 pub use http::health_router;
@@ -36,7 +36,7 @@ pub use refusals::Refusal;
 pub use registrar::Registrar;
 pub use registry_registrar::TlsFiles;
 pub use serve::{serve, serve_with, Bound, OpenPolicy, Opening, Protocols, ServeOptions};
-pub use service::{RegistrarService, DEFAULT_MAX_REQUEST_BYTES};
+pub use service::{RegistrarGrpc, RegistrarService, DEFAULT_MAX_REQUEST_BYTES};
 pub use status::{Readiness, Status};
 pub use stream::WatchStats;
 #[cfg(feature = "xds")]

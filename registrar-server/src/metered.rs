@@ -199,8 +199,13 @@ pub fn describe_metrics() {
     describe_gauge!(
         "registrar_snapshot_pending_endpoints",
         Unit::Count,
-        "Endpoints of first snapshots that open watch streams have not encoded yet \
-         (encoded chunk by chunk as each agent reads)"
+        "Endpoints of first snapshots that open watch streams have not sent yet \
+         (taken chunk by chunk as each agent reads)"
+    );
+    describe_counter!(
+        "registrar_stream_messages_encoded_total",
+        Unit::Count,
+        "Watch stream messages encoded to protobuf (once for every stream that sends them)"
     );
     describe_counter!(
         "registrar_snapshot_bytes_total",

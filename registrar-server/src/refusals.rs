@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::RwLock;
+use std::sync::{RwLock, RwLockWriteGuard};
 
 use registry_api::{Error, Op, Version};
 
@@ -24,9 +24,20 @@ pub struct Refusal {
 pub(crate) struct Refusals {
     recent: RwLock<VecDeque<(Version, Refusal)>>,
     any: AtomicBool,
+    /// Held (written) from publishing an undo event until its refusal is
+    /// recorded, so that no stream encodes the event without it: with
+    /// shared encoding the first stream's encoding goes to every stream.
+    undoing: RwLock<()>,
 }
 
 impl Refusals {
+    /// Hold lookups until the refusal of the undo about to be published is
+    /// recorded (drop the guard after [`Refusals::record`]).
+    pub(crate) fn undoing(&self) -> RwLockWriteGuard<'_, ()> {
+        self.any.store(true, Ordering::Release);
+        self.undoing.write().unwrap_or_else(|p| p.into_inner())
+    }
+
     pub(crate) fn record(&self, version: Version, refusal: Refusal) {
         let mut r = self.recent.write().unwrap_or_else(|p| p.into_inner());
         if r.len() == KEEP {
@@ -41,6 +52,7 @@ impl Refusals {
         if !self.any.load(Ordering::Acquire) {
             return None;
         }
+        let _recorded = self.undoing.read().unwrap_or_else(|p| p.into_inner());
         let r = self.recent.read().unwrap_or_else(|p| p.into_inner());
         // Undo events get increasing versions, so the deque is sorted.
         r.binary_search_by_key(&version, |(v, _)| *v)

@@ -56,6 +56,8 @@ pub struct Registrar {
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// What the agents' streams hold.
     pub(crate) streams: Arc<StreamCounters>,
+    /// The encodings the agents' streams share.
+    pub(crate) shared: Arc<crate::stream::shared::Shared>,
     /// The last heartbeat this replica accepted, by node.
     heartbeats: Mutex<BTreeMap<String, SystemTime>>,
 }
@@ -119,6 +121,7 @@ impl Registrar {
             counted: Mutex::new(BTreeMap::new()),
             tasks: Mutex::new(Vec::new()),
             streams: Arc::default(),
+            shared: Arc::default(),
             heartbeats: Mutex::new(BTreeMap::new()),
         });
         let tasks = vec![
@@ -250,10 +253,15 @@ impl Registrar {
     async fn refused(&self, refusal: Refusal, undo: Op) {
         let key = refusal.op.key();
         tracing::error!(%key, error = %refusal.error, "the backend refused an acknowledged write; undoing its broadcast and telling agents");
-        let events = self.overlay.undo(std::slice::from_ref(&undo));
-        if let Some(ev) = events.last() {
-            self.refusals.record(ev.version(), refusal.clone());
-        } else {
+        let recorded = {
+            // No stream encodes the undo event before its refusal is kept.
+            let _undoing = self.refusals.undoing();
+            let events = self.overlay.undo(std::slice::from_ref(&undo));
+            events.last().map(|ev| {
+                self.refusals.record(ev.version(), refusal.clone());
+            })
+        };
+        if recorded.is_none() {
             tracing::warn!(%key, "the undo changed nothing visible; agents learn the refusal only from the log");
         }
         if refusal.error.is_request_fault() {

@@ -387,6 +387,7 @@ async fn metrics_have_the_nine_names_types_and_plausible_values() {
         ("registrar_event_broadcast_total", "counter"),
         ("registrar_snapshot_pending_endpoints", "gauge"),
         ("registrar_snapshot_bytes_total", "counter"),
+        ("registrar_stream_messages_encoded_total", "counter"),
         // The registrar's own cache of the backend; agents export theirs as
         // agent_registrar_cache_age_seconds and
         // agent_registrar_stream_reconnects_total.

@@ -2,7 +2,9 @@
 //! reading holds a bounded part of its first snapshot, whatever the size of
 //! the registry, while healthy streams get every change in order; the
 //! snapshot's messages on the wire are unchanged; a connection whose peer
-//! stopped answering HTTP/2 PINGs is dropped with its stream.
+//! stopped answering HTTP/2 PINGs is dropped with its stream. Messages
+//! encoded once for every stream (issue 21) decode, in a client generated
+//! from the proto, exactly as the ones each stream encodes itself.
 
 #![allow(clippy::unwrap_used)]
 
@@ -16,13 +18,15 @@ use std::time::Duration;
 
 use common::start;
 use prost::Message;
-use registrar_server::{serve_with, Backend, Registrar, RegistrarConfig, ServeOptions};
+use registrar_server::{
+    serve_with, Backend, Registrar, RegistrarConfig, ServeOptions, StreamEncoding,
+};
 use registry_api::testing::{ep, eventually};
 use registry_api::{memory::MemoryRegistry, Batch, EndpointKey, Op};
 use registry_registrar::proto::registrar::v1::endpoint_event::EventType;
 use registry_registrar::proto::registrar::v1::registrar_client::RegistrarClient as Grpc;
 use registry_registrar::proto::registrar::v1::{
-    EndpointEvent, RegisterEndpointRequest, WatchEndpointsRequest,
+    EndpointEvent, RegisterEndpointRequest, UnregisterEndpointRequest, WatchEndpointsRequest,
 };
 use registry_registrar::{endpoint_to_proto, Token};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -358,4 +362,161 @@ async fn a_peer_that_stops_answering_pings_is_dropped_with_its_stream() {
         gone.is_ok(),
         "the frozen peer's stream is still open after 30 s with a 200 ms keepalive"
     );
+}
+
+/// Changes of the encoding tests: 20 adds, 20 updates of them, 20 removes.
+const CHANGES: u16 = 20;
+
+/// What three watchers (clients generated from the proto) of a registrar
+/// encoding as `encoding` receive: their snapshot, then the changes, with
+/// each version made relative to the snapshot's (epochs differ between
+/// registrars); and how many messages the registrar encoded for the
+/// changes.
+async fn three_watchers(encoding: StreamEncoding) -> (Vec<Vec<EndpointEvent>>, u64) {
+    let server = start(
+        registry_of(250).await,
+        RegistrarConfig::new("test")
+            .with_snapshot_chunk(CHUNK)
+            .with_stream_encoding(encoding),
+    )
+    .await;
+    server.registrar.state().wait_until_ready().await;
+    let mut grpc = Grpc::connect(server.url()).await.unwrap();
+    let mut streams = Vec::new();
+    for i in 0..3 {
+        let s = grpc
+            .watch_endpoints(watch_request(&format!("watcher-{i}")))
+            .await
+            .unwrap()
+            .into_inner();
+        streams.push(s);
+    }
+    let mut got = Vec::new();
+    for s in &mut streams {
+        got.push(read_snapshot(s).await);
+    }
+    let before = server.registrar.watch_stats().messages_encoded;
+    for round in 0..2u16 {
+        for i in 0..CHANGES {
+            let e = ep("fan", &format!("f-{i:02}"), 7000 + round * 100 + i)
+                .with_label("round", round.to_string());
+            grpc.register_endpoint(RegisterEndpointRequest {
+                endpoint: Some(endpoint_to_proto(&e)),
+                ack: 0,
+            })
+            .await
+            .unwrap();
+        }
+    }
+    for i in 0..CHANGES {
+        grpc.unregister_endpoint(UnregisterEndpointRequest {
+            service_name: "fan".into(),
+            id: format!("f-{i:02}"),
+            ack: 0,
+        })
+        .await
+        .unwrap();
+    }
+    for (s, msgs) in streams.iter_mut().zip(&mut got) {
+        for _ in 0..3 * CHANGES {
+            msgs.push(next(s).await);
+        }
+    }
+    let encoded = server.registrar.watch_stats().messages_encoded - before;
+    for msgs in &mut got {
+        let base = msgs[0].version.parse::<Token>().unwrap().version.0;
+        for m in msgs.iter_mut() {
+            let v = m.version.parse::<Token>().unwrap().version.0;
+            m.version = (v - base).to_string();
+        }
+    }
+    (got, encoded)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_stream_decodes_shared_messages_as_the_ones_it_would_encode() {
+    let (shared, shared_encoded) = three_watchers(StreamEncoding::Shared).await;
+    let (own, own_encoded) = three_watchers(StreamEncoding::PerStream).await;
+    // Each change encoded once for the three streams, against once each.
+    assert_eq!(shared_encoded, 3 * u64::from(CHANGES));
+    assert_eq!(own_encoded, 3 * 3 * u64::from(CHANGES));
+    // The same messages on every stream, and as the per-stream encoding.
+    assert_eq!(shared[0], shared[1]);
+    assert_eq!(shared[0], shared[2]);
+    assert_eq!(shared, own);
+    // And they are the proto's: the snapshot's chunks, then each change
+    // in order with its endpoint (a removal carries the one it removed).
+    let msgs = &shared[0];
+    let sizes: Vec<usize> = msgs[..3]
+        .iter()
+        .map(|m| m.snapshot_endpoints.len())
+        .collect();
+    assert_eq!(sizes, [100, 100, 50]);
+    let deltas = &msgs[3..];
+    assert_eq!(deltas.len(), 3 * usize::from(CHANGES));
+    for (n, m) in deltas.iter().enumerate() {
+        let (round, i) = (n / usize::from(CHANGES), (n % usize::from(CHANGES)) as u16);
+        let ty = [
+            EventType::EndpointAdded,
+            EventType::EndpointUpdated,
+            EventType::EndpointRemoved,
+        ][round];
+        assert_eq!(m.r#type, ty as i32, "change {n}");
+        let port_round = round.min(1) as u16;
+        let e = ep("fan", &format!("f-{i:02}"), 7000 + port_round * 100 + i)
+            .with_label("round", port_round.to_string());
+        assert_eq!(m.endpoint, Some(endpoint_to_proto(&e)), "change {n}");
+        assert_eq!(m.service_name, "fan");
+        assert!(m.snapshot_endpoints.is_empty() && !m.snapshot_last && m.refusal.is_none());
+    }
+    let versions: Vec<u64> = msgs.iter().map(|m| m.version.parse().unwrap()).collect();
+    assert!(
+        versions[3..].windows(2).all(|w| w[0] < w[1]),
+        "{versions:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_chunk_is_encoded_once_for_the_streams_sending_it() {
+    let server = start(
+        registry_of(ENDPOINTS).await,
+        RegistrarConfig::new("test").with_snapshot_chunk(CHUNK),
+    )
+    .await;
+    server.registrar.state().wait_until_ready().await;
+    let chunks = (ENDPOINTS / CHUNK) as u64;
+    // A stream that stops reading keeps the snapshot's chunks shared.
+    let stuck = stuck_stream(&server.url(), "stuck").await;
+    let mut grpc = Grpc::connect(server.url()).await.unwrap();
+    let mut first = grpc
+        .watch_endpoints(watch_request("first"))
+        .await
+        .unwrap()
+        .into_inner();
+    let first_snapshot = read_snapshot(&mut first).await;
+    assert_eq!(first_snapshot.len() as u64, chunks);
+    assert_eq!(server.registrar.watch_stats().messages_encoded, chunks);
+    let mut second = grpc
+        .watch_endpoints(watch_request("second"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(read_snapshot(&mut second).await, first_snapshot);
+    // Every chunk came from the memo.
+    assert_eq!(server.registrar.watch_stats().messages_encoded, chunks);
+
+    // Once no stream sends that snapshot, the memo is gone: a new stream
+    // encodes its chunks again.
+    drop((stuck, first, second));
+    eventually("the streams to close", || async {
+        (server.registrar.watch_stats().streams == 0).then_some(())
+    })
+    .await;
+    let mut third = grpc
+        .watch_endpoints(watch_request("third"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(read_snapshot(&mut third).await, first_snapshot);
+    assert_eq!(server.registrar.watch_stats().messages_encoded, 2 * chunks);
 }

@@ -1,6 +1,5 @@
-//! `registrar-load`: a bounded load test of one in-process registrar on
-//! loopback. Prints figures and ratios against baselines measured in the
-//! same run.
+//! `registrar-load`: a bounded load test of one registrar on loopback.
+//! Prints figures and ratios against baselines measured in the same run.
 //!
 //! ```sh
 //! cargo run --release -p registrar-server --bin registrar-load -- --agents 1000 --rate 1000 --seconds 5
@@ -10,7 +9,12 @@
 //! 1. fan-out: `--agents` agent streams (one gRPC connection each), a writer
 //!    registering `--rate` endpoint changes per second for `--seconds`;
 //!    time from each write to its delivery at one agent (p50/p99), and to
-//!    its delivery at every agent; memory per agent stream.
+//!    its delivery at every agent; the registrar's memory per agent stream
+//!    and the CPU time of each side. The registrar runs in this process,
+//!    the agents and the writer in a child process (`fanout.rs`). With
+//!    `--encoding both` (the default) it runs once with every stream
+//!    encoding its own messages (the baseline) and once with each message
+//!    encoded once for all (`shared`), and prints the ratios.
 //! 2. backend load: backend connections and reads per sync interval with
 //!    the registrar in front of a polling backend, vs every agent polling
 //!    the backend itself.
@@ -26,8 +30,8 @@
 //! only some phases.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -37,8 +41,8 @@ use registrar_server::{serve, Backend, Registrar, RegistrarConfig};
 use registry_api::{
     memory::MemoryRegistry,
     polling::{Polling, PollingConfig},
-    Batch, Capabilities, Endpoint, EndpointKey, Event, EventStream, Heartbeat, Op, Registry,
-    Result, Snapshot, Watch,
+    Batch, Capabilities, Endpoint, EndpointKey, EventStream, Heartbeat, Op, Registry, Result,
+    Snapshot, Watch,
 };
 use registry_registrar::{ClientConfig, RegistrarClient, RpcClient};
 
@@ -73,6 +77,19 @@ struct Args {
         default_value = "fanout,backend,cold,stuck"
     )]
     phases: Vec<String>,
+    /// How the registrar encodes agent streams' messages in the fan-out
+    /// phase: `shared`, `per-stream` (the baseline), or `both` in turn.
+    #[arg(long, default_value = "both", value_parser = ["both", "shared", "per-stream"])]
+    encoding: String,
+    /// Fan-out phase: send each tick's writes without waiting for the
+    /// previous ones (by default the writer waits for each tick's
+    /// acknowledgements, so a slow registrar slows it).
+    #[arg(long)]
+    open_loop: bool,
+    /// Internal: be the agents and the writer of the fan-out phase against
+    /// the server at this URL.
+    #[arg(long, hide = true)]
+    fanout_client: Option<String>,
     /// Internal: be the stuck clients of the server at this URL.
     #[arg(long, hide = true)]
     stuck_client: Option<String>,
@@ -135,156 +152,6 @@ impl Drop for Server {
 
 fn pct(h: &hdrhistogram::Histogram<u64>, q: f64) -> String {
     format!("{:.2} ms", h.value_at_quantile(q) as f64 / 1000.0)
-}
-
-/// Phase 1: fan-out latency and memory per stream.
-async fn fan_out(args: &Args) -> std::result::Result<(), Box<dyn std::error::Error>> {
-    let server = start(
-        Arc::new(MemoryRegistry::new()),
-        RegistrarConfig::new("load").with_agent_buffer(65_536),
-    )
-    .await?;
-    let writes = (args.rate * args.seconds) as usize;
-    // Per write: deliveries seen and the latest delivery time.
-    let delivered: Arc<Vec<AtomicUsize>> =
-        Arc::new((0..writes).map(|_| AtomicUsize::new(0)).collect());
-    let slowest: Arc<Vec<AtomicU64>> = Arc::new((0..writes).map(|_| AtomicU64::new(0)).collect());
-    let one = Arc::new(Mutex::new(hdrhistogram::Histogram::<u64>::new(3)?));
-
-    let rss_before = rss_bytes();
-    let mut streams = Vec::with_capacity(args.agents);
-    for i in 0..args.agents {
-        let raw = RpcClient::connect(ClientConfig::new(
-            server.url.clone(),
-            "load",
-            format!("agent-{i}"),
-        ))?;
-        let mut w = raw.watch(None);
-        match w.next().await {
-            Some(Ok(Event::Snapshot(_))) => {}
-            other => return Err(format!("agent {i} did not get a snapshot: {other:?}").into()),
-        }
-        streams.push((raw, w));
-    }
-    let rss_after = rss_bytes();
-    println!(
-        "streams: {} agent streams open; memory {:.1} KiB per stream (client and server side together, RSS {} -> {} MiB)",
-        args.agents,
-        (rss_after.saturating_sub(rss_before)) as f64 / args.agents as f64 / 1024.0,
-        rss_before / (1 << 20),
-        rss_after / (1 << 20)
-    );
-
-    let readers: Vec<_> = streams
-        .into_iter()
-        .map(|(raw, mut w)| {
-            let delivered = Arc::clone(&delivered);
-            let slowest = Arc::clone(&slowest);
-            let one = Arc::clone(&one);
-            tokio::spawn(async move {
-                let _keep = raw;
-                let mut local = hdrhistogram::Histogram::<u64>::new(3).ok();
-                let mut seen = 0usize;
-                while let Some(Ok(ev)) = w.next().await {
-                    if let Event::Added { endpoint, .. } | Event::Updated { endpoint, .. } = ev {
-                        let (Some(sent), Some(seq)) = (
-                            endpoint
-                                .labels
-                                .get("sent")
-                                .and_then(|s| s.parse::<u64>().ok()),
-                            endpoint
-                                .labels
-                                .get("seq")
-                                .and_then(|s| s.parse::<usize>().ok()),
-                        ) else {
-                            continue;
-                        };
-                        let now = now_micros();
-                        let lat = now.saturating_sub(sent);
-                        if let Some(h) = local.as_mut() {
-                            let _ = h.record(lat.max(1));
-                        }
-                        if let (Some(d), Some(s)) = (delivered.get(seq), slowest.get(seq)) {
-                            d.fetch_add(1, Ordering::Relaxed);
-                            s.fetch_max(now, Ordering::Relaxed);
-                        }
-                        seen += 1;
-                        if seen == delivered.len() {
-                            break;
-                        }
-                    }
-                }
-                if let (Some(h), Ok(mut all)) = (local, one.lock()) {
-                    let _ = all.add(h);
-                }
-            })
-        })
-        .collect();
-
-    let writer = RegistrarClient::connect(ClientConfig::new(server.url.clone(), "load", "writer"))?;
-    let mut sent_at = vec![0u64; writes];
-    let start = Instant::now();
-    let mut tick = tokio::time::interval(Duration::from_millis(10));
-    let per_tick = (args.rate / 100).max(1) as usize;
-    let mut seq = 0usize;
-    while seq < writes {
-        tick.tick().await;
-        // This tick's writes go out concurrently (distinct keys).
-        let mut batch = Vec::new();
-        for _ in 0..per_tick.min(writes - seq) {
-            let t = now_micros();
-            sent_at[seq] = t;
-            let e = Endpoint::new("load", format!("ep-{}", seq % 500), "127.0.0.1", 8080)
-                .with_label("sent", t.to_string())
-                .with_label("seq", seq.to_string());
-            batch.push(writer.register(e));
-            seq += 1;
-        }
-        for r in futures::future::join_all(batch).await {
-            r?;
-        }
-    }
-    let write_time = start.elapsed();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    for r in readers {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if tokio::time::timeout(left, r).await.is_err() {
-            println!("fan-out: some agents did not receive every change within 30 s");
-            break;
-        }
-    }
-    let mut every = hdrhistogram::Histogram::<u64>::new(3)?;
-    let mut complete = 0;
-    for i in 0..writes {
-        if delivered[i].load(Ordering::Relaxed) == args.agents {
-            complete += 1;
-            let _ = every.record(
-                slowest[i]
-                    .load(Ordering::Relaxed)
-                    .saturating_sub(sent_at[i])
-                    .max(1),
-            );
-        }
-    }
-    let one = one.lock().map_err(|_| "poisoned")?;
-    println!(
-        "fan-out: {} changes in {:.1} s ({:.0}/s) to {} agents = {:.0} deliveries/s",
-        writes,
-        write_time.as_secs_f64(),
-        writes as f64 / write_time.as_secs_f64(),
-        args.agents,
-        (writes * args.agents) as f64 / write_time.as_secs_f64()
-    );
-    println!(
-        "fan-out: write -> delivery at one agent p50 {} p99 {}; write -> delivered at every agent p50 {} p99 {} ({} of {} writes reached all agents)",
-        pct(&one, 0.5),
-        pct(&one, 0.99),
-        pct(&every, 0.5),
-        pct(&every, 0.99),
-        complete,
-        writes
-    );
-    Ok(())
 }
 
 /// A backend that counts what it is asked, for the backend-load phase.
@@ -435,11 +302,15 @@ fn endpoints(n: usize) -> Vec<Op> {
         .collect()
 }
 
+mod fanout;
 mod stuck;
 
 #[tokio::main]
 async fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
+    if let Some(url) = &args.fanout_client {
+        return fanout::client(url, &args).await;
+    }
     if let Some(url) = &args.stuck_client {
         return stuck::client(url, args.stuck_streams).await;
     }
@@ -451,7 +322,7 @@ async fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     println!("registrar-load: {args:?}");
     let run = |phase: &str| args.phases.iter().any(|p| p == phase);
     if run("fanout") {
-        fan_out(&args).await?;
+        fanout::phase(&args).await?;
     }
     if run("backend") {
         backend_load(&args).await?;

@@ -111,12 +111,13 @@ pub(crate) async fn at(
     let per_stream =
         rss_after.saturating_sub(rss_before) as f64 / args.stuck_streams as f64 / 1024.0;
     println!(
-        "stuck streams: {} streams on {size} endpoints: server RSS {} -> {} MiB, {per_stream:.1} KiB per stream; {} snapshot messages encoded ({:.1} KiB per stream); the healthy watcher got 100 of 100 changes in order",
+        "stuck streams: {} streams on {size} endpoints: server RSS {} -> {} MiB, {per_stream:.1} KiB per stream; {} snapshot messages taken by the streams ({:.1} KiB per stream), {} messages encoded; the healthy watcher got 100 of 100 changes in order",
         args.stuck_streams,
         rss_before / (1 << 20),
         rss_after / (1 << 20),
         stats.snapshot_chunks,
         stats.snapshot_bytes as f64 / args.stuck_streams as f64 / 1024.0,
+        stats.messages_encoded,
     );
     Ok(per_stream)
 }

@@ -65,6 +65,7 @@ fn install_metrics() -> Result<metrics_exporter_prometheus::PrometheusHandle, St
     metrics::gauge!("registrar_connected_agents").increment(0.0);
     metrics::gauge!("registrar_snapshot_pending_endpoints").increment(0.0);
     metrics::counter!("registrar_snapshot_bytes_total").increment(0);
+    metrics::counter!("registrar_stream_messages_encoded_total").increment(0);
     metrics::gauge!("registrar_write_queue_depth").set(0.0);
     metrics::counter!("registrar_sync_errors_total").increment(0);
     metrics::counter!("registrar_stream_reconnects_total").increment(0);

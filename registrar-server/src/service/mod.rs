@@ -20,9 +20,13 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use crate::auth::{authorize_write, Caller, Security};
-use crate::config::Ack;
-use crate::stream::AgentStream;
+use crate::config::{Ack, StreamEncoding};
+use crate::stream::{AgentStream, Frame};
 use crate::Registrar;
+
+mod watch;
+
+pub use watch::RegistrarGrpc;
 
 /// The gRPC face of a [`Registrar`].
 #[derive(Clone)]
@@ -62,12 +66,41 @@ impl RegistrarService {
     }
 
     /// As a tonic service: requests up to the request limit, responses
-    /// large enough for big registries (256 MiB).
-    pub fn into_server(self) -> RegistrarServer<Self> {
+    /// large enough for big registries (256 MiB); `WatchEndpoints` sends
+    /// each message encoded once for every stream (see
+    /// [`RegistrarConfig::stream_encoding`](crate::RegistrarConfig)).
+    pub fn into_server(self) -> RegistrarGrpc {
         let limit = self.max_request_bytes;
-        RegistrarServer::new(self)
+        let watch = watch::WatchService::new(self.clone(), limit, MAX_RESPONSE_BYTES);
+        let server = RegistrarServer::new(self)
             .max_decoding_message_size(limit)
-            .max_encoding_message_size(256 * 1024 * 1024)
+            .max_encoding_message_size(MAX_RESPONSE_BYTES);
+        RegistrarGrpc::new(server, watch)
+    }
+
+    /// An agent's `WatchEndpoints` stream, as frames encoded as `encoding`
+    /// says.
+    fn open_watch(
+        &self,
+        request: Request<WatchEndpointsRequest>,
+        encoding: StreamEncoding,
+    ) -> Result<FrameStream, Status> {
+        let caller = self.security.caller(&request)?;
+        caller.may_read()?;
+        let req = request.into_inner();
+        let from = self.registrar.resume_from(&req.last_version);
+        tracing::debug!(
+            cluster = %req.cluster_name,
+            node = %req.node_name,
+            last_version = %req.last_version,
+            resume = from.is_some(),
+            %caller,
+            "agent watching"
+        );
+        let events = self.registrar.state().watch(from);
+        let stream = AgentStream::new(Arc::clone(&self.registrar), events, encoding)
+            .take_until(self.registrar.closing());
+        Ok(Box::pin(stream))
     }
 }
 
@@ -143,6 +176,12 @@ pub(crate) fn write_span(
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<EndpointEvent, Status>> + Send + 'static>>;
 
+/// An agent stream's frames (see [`crate::stream`]).
+pub(crate) type FrameStream = Pin<Box<dyn Stream<Item = Result<Frame, Status>> + Send + 'static>>;
+
+/// The largest response message: large enough for big registries.
+const MAX_RESPONSE_BYTES: usize = 256 * 1024 * 1024;
+
 #[tonic::async_trait]
 impl GrpcRegistrar for RegistrarService {
     async fn register_endpoint(
@@ -215,25 +254,16 @@ impl GrpcRegistrar for RegistrarService {
 
     type WatchEndpointsStream = EventStream;
 
+    /// The generated service's path, used only by a program that serves
+    /// `RegistrarServer::new(service)` itself: every stream encodes its own
+    /// messages. [`RegistrarService::into_server`] serves `WatchEndpoints`
+    /// with shared encodings ([`RegistrarGrpc`]).
     async fn watch_endpoints(
         &self,
         request: Request<WatchEndpointsRequest>,
     ) -> Result<Response<Self::WatchEndpointsStream>, Status> {
-        let caller = self.security.caller(&request)?;
-        caller.may_read()?;
-        let req = request.into_inner();
-        let from = self.registrar.resume_from(&req.last_version);
-        tracing::debug!(
-            cluster = %req.cluster_name,
-            node = %req.node_name,
-            last_version = %req.last_version,
-            resume = from.is_some(),
-            %caller,
-            "agent watching"
-        );
-        let events = self.registrar.state().watch(from);
-        let stream = AgentStream::new(Arc::clone(&self.registrar), events)
-            .take_until(self.registrar.closing());
+        let frames = self.open_watch(request, StreamEncoding::PerStream)?;
+        let stream = frames.map(|f| f.and_then(Frame::into_message));
         Ok(Response::new(Box::pin(stream)))
     }
 

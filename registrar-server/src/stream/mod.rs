@@ -2,23 +2,39 @@
 //! messages, with the first snapshot encoded lazily, one chunk each time
 //! the transport asks for the next message.
 //!
+//! **Encoded once, sent to all** (issue 21). With
+//! [`StreamEncoding::Shared`](crate::StreamEncoding) (the default) a delta
+//! is encoded to protobuf by the first stream that sends it, and a snapshot
+//! chunk of one version by the first stream that reaches it; every other
+//! stream sends the same [`bytes::Bytes`] ([`shared`]). The stream yields
+//! [`Frame`]s, which `WatchEndpoints`' own codec ([`codec`]) copies into
+//! tonic's write buffer, so tonic still gathers what a lagging stream has
+//! queued into one write (up to its 32 KiB yield threshold).
+//! [`StreamEncoding::PerStream`](crate::StreamEncoding) encodes every
+//! message for every stream, as before; it is kept to measure against.
+//!
 //! What a stream holds, so what a client that never reads costs:
 //!
 //! - **Its snapshot**: a [`Snapshot`] (a persistent map, shared with the
 //!   registrar's state and every other stream of the same version) and a
 //!   cursor (the last key sent). A chunk of at most
 //!   [`RegistrarConfig::snapshot_chunk`](crate::RegistrarConfig) endpoints
-//!   is encoded only when tonic polls for the next message, which it does
-//!   only once hyper has sent what it had and the client's HTTP/2
-//!   flow-control window has room. Beyond the window the transport holds
-//!   at most two tonic batches (each under 32 KiB plus one chunk), so a
-//!   stream that never reads costs its client's window plus about two
-//!   chunks, whatever the size of the registry.
+//!   is encoded (or taken from the shared memo) only when tonic polls for
+//!   the next message, which it does only once hyper has sent what it had
+//!   and the client's HTTP/2 flow-control window has room. Beyond the
+//!   window the transport holds at most two tonic batches (each under
+//!   32 KiB plus one chunk), so a stream that never reads costs its
+//!   client's window plus about two chunks, whatever the size of the
+//!   registry. The shared memo is held by the registrar, not the stream:
+//!   at most one snapshot's chunks (the newest a stream is sending), freed
+//!   when no stream sends that snapshot any more.
 //! - **Its deltas**: at most
 //!   [`RegistrarConfig::agent_buffer`](crate::RegistrarConfig) events
 //!   (1024 by default) queued behind the snapshot; one more and the stream
 //!   is cut off with `RESOURCE_EXHAUSTED` (the agent reconnects and resumes
-//!   from its last version, or gets a fresh snapshot).
+//!   from its last version, or gets a fresh snapshot). The registrar keeps
+//!   the encodings of the last [`shared::DELTA_WINDOW`] events for all
+//!   streams together.
 //!
 //! The messages on the wire are the ones the proto documents: a snapshot is
 //! one or more `FULL_SNAPSHOT` events of `snapshot_chunk` endpoints in key
@@ -38,7 +54,14 @@ use registry_registrar::proto::registry::v1::ServiceEndpoint;
 use registry_registrar::{endpoint_to_proto, status_from_error, Token};
 use tonic::Status;
 
+use crate::config::StreamEncoding;
 use crate::Registrar;
+
+pub(crate) mod codec;
+pub(crate) mod shared;
+
+pub(crate) use codec::Frame;
+use shared::{Chunk, MemoUse};
 
 /// Counters of the registrar's watch streams ([`Registrar::watch_stats`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -46,12 +69,16 @@ use crate::Registrar;
 pub struct WatchStats {
     /// Open `WatchEndpoints` streams.
     pub streams: usize,
-    /// `FULL_SNAPSHOT` messages encoded since the start.
+    /// `FULL_SNAPSHOT` messages handed to streams since the start.
     pub snapshot_chunks: u64,
     /// Their encoded size in bytes.
     pub snapshot_bytes: u64,
-    /// Endpoints of first snapshots that open streams have not encoded yet.
+    /// Endpoints of first snapshots that open streams have not sent yet.
     pub pending_endpoints: u64,
+    /// Messages (snapshot chunks and deltas) the registrar encoded to
+    /// protobuf since the start. With shared encoding a message sent to
+    /// many streams counts once.
+    pub messages_encoded: u64,
 }
 
 /// The live counters behind [`WatchStats`], mirrored to the metrics.
@@ -61,6 +88,7 @@ pub(crate) struct StreamCounters {
     chunks: AtomicU64,
     bytes: AtomicU64,
     pending: AtomicU64,
+    encoded: AtomicU64,
 }
 
 impl StreamCounters {
@@ -70,7 +98,13 @@ impl StreamCounters {
             snapshot_chunks: self.chunks.load(Ordering::Relaxed),
             snapshot_bytes: self.bytes.load(Ordering::Relaxed),
             pending_endpoints: self.pending.load(Ordering::Relaxed),
+            messages_encoded: self.encoded.load(Ordering::Relaxed),
         }
+    }
+
+    fn encoded(&self, n: u64) {
+        self.encoded.fetch_add(n, Ordering::Relaxed);
+        metrics::counter!("registrar_stream_messages_encoded_total").increment(n);
     }
 
     fn add_pending(&self, n: u64) {
@@ -127,23 +161,27 @@ struct Cursor {
     last: Option<EndpointKey>,
     /// Endpoints not sent yet.
     left: usize,
+    /// Chunks sent.
+    index: usize,
+    /// The chunks other streams of this snapshot encoded (shared encoding).
+    memo: Option<MemoUse>,
 }
 
 impl Cursor {
-    /// The next `FULL_SNAPSHOT` message (at most `chunk` endpoints) and
-    /// whether it was the last.
-    fn next_chunk(&mut self, chunk: usize) -> (EndpointEvent, bool) {
+    /// The next `FULL_SNAPSHOT` message (at most `chunk` endpoints after
+    /// `last`), the last key it holds and how many endpoints.
+    fn build(&self, chunk: usize) -> (EndpointEvent, Option<EndpointKey>, usize) {
         let eps: Vec<ServiceEndpoint> = self
             .snap
             .after(self.last.as_ref())
             .take(chunk)
             .map(endpoint_to_proto)
             .collect();
-        if let Some(p) = eps.last() {
-            self.last = Some(EndpointKey::new(p.service_name.clone(), p.id.clone()));
-        }
-        self.left = self.left.saturating_sub(eps.len());
-        let last = self.left == 0;
+        let last = match eps.last() {
+            Some(p) => Some(EndpointKey::new(p.service_name.clone(), p.id.clone())),
+            None => self.last.clone(),
+        };
+        let count = eps.len();
         let msg = EndpointEvent {
             r#type: EventType::FullSnapshot as i32,
             service_name: String::new(),
@@ -151,10 +189,47 @@ impl Cursor {
             endpoint: None,
             version: self.version.clone(),
             snapshot_endpoints: eps,
-            snapshot_last: last,
+            snapshot_last: self.left.saturating_sub(count) == 0,
             refusal: None,
         };
-        (msg, last)
+        (msg, last, count)
+    }
+
+    /// The next chunk as a frame, its size in bytes, and whether this
+    /// stream encoded it (rather than taking another stream's).
+    fn next(&mut self, chunk: usize, encoding: StreamEncoding) -> (Frame, u64, bool) {
+        let shared = match (&self.memo, encoding) {
+            (Some(memo), StreamEncoding::Shared) => memo.chunk(self.index, || {
+                let (msg, last, count) = self.build(chunk);
+                Chunk {
+                    bytes: codec::encode(&msg),
+                    last,
+                    count,
+                }
+            }),
+            _ => None,
+        };
+        let (frame, len, encoded) = match shared {
+            Some((c, encoded)) => {
+                self.last = c.last;
+                self.left = self.left.saturating_sub(c.count);
+                (
+                    Frame::Shared(c.bytes.clone()),
+                    c.bytes.len() as u64,
+                    encoded,
+                )
+            }
+            None => {
+                // Encoded by the codec, into this stream's buffer.
+                let (msg, last, count) = self.build(chunk);
+                self.last = last;
+                self.left = self.left.saturating_sub(count);
+                let len = msg.encoded_len() as u64;
+                (Frame::Own(Box::new(msg)), len, true)
+            }
+        };
+        self.index += 1;
+        (frame, len, encoded)
     }
 }
 
@@ -164,18 +239,25 @@ pub(crate) struct AgentStream {
     registrar: Arc<Registrar>,
     epoch: u64,
     chunk: usize,
+    encoding: StreamEncoding,
     snapshot: Option<Cursor>,
     guard: StreamGuard,
 }
 
 impl AgentStream {
-    /// The messages for `events`, a watch of `registrar`'s state.
-    pub(crate) fn new(registrar: Arc<Registrar>, events: EventStream) -> Self {
+    /// The messages for `events`, a watch of `registrar`'s state, encoded
+    /// as `encoding` says.
+    pub(crate) fn new(
+        registrar: Arc<Registrar>,
+        events: EventStream,
+        encoding: StreamEncoding,
+    ) -> Self {
         let guard = StreamGuard::new(Arc::clone(&registrar.streams));
         Self {
             events,
             epoch: registrar.epoch(),
             chunk: registrar.config().snapshot_chunk.max(1),
+            encoding,
             registrar,
             snapshot: None,
             guard,
@@ -191,7 +273,7 @@ impl AgentStream {
     }
 
     /// A delta as its protobuf message, with the refusal it undoes if any.
-    fn delta(&self, ev: Event) -> EndpointEvent {
+    fn delta(&self, ev: &Event) -> EndpointEvent {
         let version = self.token(ev.version());
         let refusal = self
             .registrar
@@ -206,21 +288,21 @@ impl AgentStream {
             });
         let (ty, ep) = match ev {
             Event::Added { endpoint, .. } => {
-                (EventType::EndpointAdded, endpoint_to_proto(&endpoint))
+                (EventType::EndpointAdded, endpoint_to_proto(endpoint))
             }
             Event::Updated { endpoint, .. } => {
-                (EventType::EndpointUpdated, endpoint_to_proto(&endpoint))
+                (EventType::EndpointUpdated, endpoint_to_proto(endpoint))
             }
             // The last endpoint stored under the key, so that a client
             // tracking endpoints by address knows which one went; only
             // the service and id when the state no longer remembers it.
             Event::Removed { version, key } => (
                 EventType::EndpointRemoved,
-                match self.registrar.state().store().removed(version, &key) {
+                match self.registrar.state().store().removed(*version, key) {
                     Some(gone) => endpoint_to_proto(&gone),
                     None => ServiceEndpoint {
-                        service_name: key.service,
-                        id: key.id,
+                        service_name: key.service.clone(),
+                        id: key.id.clone(),
                         ..Default::default()
                     },
                 },
@@ -240,64 +322,94 @@ impl AgentStream {
         }
     }
 
+    /// A delta as a frame: shared with every stream that sends the same
+    /// event, or this stream's own.
+    fn delta_frame(&self, ev: &Event) -> Frame {
+        match self.encoding {
+            StreamEncoding::Shared => {
+                let (bytes, encoded) = self
+                    .registrar
+                    .shared
+                    .delta(ev, || codec::encode(&self.delta(ev)));
+                if encoded {
+                    self.registrar.streams.encoded(1);
+                }
+                Frame::Shared(bytes)
+            }
+            StreamEncoding::PerStream => {
+                self.registrar.streams.encoded(1);
+                Frame::Own(Box::new(self.delta(ev)))
+            }
+        }
+    }
+
     /// The next chunk of the snapshot being sent, if any.
-    fn next_chunk(&mut self) -> Option<EndpointEvent> {
+    fn next_chunk(&mut self) -> Option<Frame> {
         let cursor = self.snapshot.as_mut()?;
-        let (msg, last) = cursor.next_chunk(self.chunk);
+        let (frame, bytes, encoded) = cursor.next(self.chunk, self.encoding);
         let left = cursor.left as u64;
-        if last {
+        if left == 0 {
             self.snapshot = None;
         }
         self.guard.set_pending(left);
         let counters = &self.registrar.streams;
+        if encoded {
+            counters.encoded(1);
+        }
         counters.chunks.fetch_add(1, Ordering::Relaxed);
-        let bytes = msg.encoded_len() as u64;
         counters.bytes.fetch_add(bytes, Ordering::Relaxed);
         metrics::counter!("registrar_snapshot_bytes_total").increment(bytes);
-        Some(msg)
+        Some(frame)
+    }
+
+    /// Start sending `snap`.
+    fn start_snapshot(&mut self, snap: Snapshot) -> Option<Frame> {
+        let left = snap.len();
+        let memo = match self.encoding {
+            StreamEncoding::Shared => self.registrar.shared.snapshot_memo(&snap),
+            StreamEncoding::PerStream => None,
+        };
+        self.snapshot = Some(Cursor {
+            version: self.token(snap.version()),
+            snap,
+            last: None,
+            left,
+            index: 0,
+            memo,
+        });
+        self.guard.set_pending(left as u64);
+        // Never `None`: even an empty snapshot is one message.
+        self.next_chunk()
     }
 }
 
 impl Stream for AgentStream {
-    type Item = Result<EndpointEvent, Status>;
+    type Item = Result<Frame, Status>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
-        let msg = match this.next_chunk() {
-            Some(msg) => msg,
+        let (frame, label) = match this.next_chunk() {
+            Some(frame) => (frame, "full_snapshot"),
             None => match std::task::ready!(this.events.poll_next_unpin(cx)) {
                 None => return Poll::Ready(None),
                 Some(Err(e)) => return Poll::Ready(Some(Err(status_from_error(&e)))),
-                Some(Ok(Event::Snapshot(snap))) => {
-                    let left = snap.len();
-                    this.snapshot = Some(Cursor {
-                        version: this.token(snap.version()),
-                        snap,
-                        last: None,
-                        left,
-                    });
-                    this.guard.set_pending(left as u64);
-                    // Never `None`: even an empty snapshot is one message.
-                    match this.next_chunk() {
-                        Some(msg) => msg,
-                        None => return Poll::Ready(None),
-                    }
-                }
-                Some(Ok(delta)) => this.delta(delta),
+                Some(Ok(Event::Snapshot(snap))) => match this.start_snapshot(snap) {
+                    Some(frame) => (frame, "full_snapshot"),
+                    None => return Poll::Ready(None),
+                },
+                Some(Ok(delta)) => (this.delta_frame(&delta), type_label(&delta)),
             },
         };
-        metrics::counter!("registrar_event_broadcast_total", "type" => type_label(msg.r#type))
-            .increment(1);
-        Poll::Ready(Some(Ok(msg)))
+        metrics::counter!("registrar_event_broadcast_total", "type" => label).increment(1);
+        Poll::Ready(Some(Ok(frame)))
     }
 }
 
-fn type_label(ty: i32) -> &'static str {
-    match EventType::try_from(ty) {
-        Ok(EventType::FullSnapshot) => "full_snapshot",
-        Ok(EventType::EndpointAdded) => "endpoint_added",
-        Ok(EventType::EndpointRemoved) => "endpoint_removed",
-        Ok(EventType::EndpointUpdated) => "endpoint_updated",
-        Err(_) => "unknown",
+fn type_label(ev: &Event) -> &'static str {
+    match ev {
+        Event::Snapshot(_) => "full_snapshot",
+        Event::Added { .. } => "endpoint_added",
+        Event::Removed { .. } => "endpoint_removed",
+        Event::Updated { .. } => "endpoint_updated",
     }
 }

@@ -1,0 +1,397 @@
+//! Phase 1 of `registrar-load`: fan-out. The registrar runs in this
+//! process; the agents and the writer run in a child process (the same
+//! binary with `--fanout-client`), so the CPU time and memory of each side
+//! are measured apart. With `--encoding both` (the default) the phase runs
+//! twice, the baseline (every stream encodes its own messages) first, then
+//! shared encoding, each in a fresh process, and prints the ratios. The
+//! writer waits for each tick's acknowledgements unless `--open-loop` is
+//! given, in which case it keeps up to 150 writes in flight (below the
+//! server's 200 concurrent HTTP/2 streams), so the asked rate is held
+//! unless acknowledgements take longer than 150 writes' worth of time.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use registrar_server::{RegistrarConfig, StreamEncoding};
+use registry_api::{memory::MemoryRegistry, Endpoint, Event, Registry, Watch};
+use registry_registrar::{ClientConfig, RegistrarClient, RpcClient};
+use tokio::io::AsyncBufReadExt;
+
+use crate::{now_micros, pct, rss_bytes, start, Args};
+
+type Res<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+/// Writes in flight at most with `--open-loop`.
+const MAX_IN_FLIGHT: usize = 150;
+
+/// The CPU time this process has used (user and system, all threads),
+/// from /proc (Linux; 0 elsewhere). USER_HZ is 100 on Linux.
+fn cpu_seconds() -> f64 {
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            // Fields after the command name (which may hold spaces).
+            let rest = s.rsplit_once(')')?.1;
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let utime: f64 = f.get(11)?.parse().ok()?;
+            let stime: f64 = f.get(12)?.parse().ok()?;
+            Some((utime + stime) / 100.0)
+        })
+        .unwrap_or(0.0)
+}
+
+/// What one run of the phase measured.
+#[derive(Debug, Default, Clone)]
+struct Figures {
+    changes_per_s: f64,
+    every_p50_ms: f64,
+    every_p99_ms: f64,
+    one_p99_ms: f64,
+    server_cpu_per_s: f64,
+    agents_cpu_per_s: f64,
+    encoded: u64,
+}
+
+fn label(e: StreamEncoding) -> &'static str {
+    match e {
+        StreamEncoding::PerStream => "per-stream encoding (baseline)",
+        _ => "encoded once (shared)",
+    }
+}
+
+/// Phase 1 with the encoding `--encoding` asks for; with `both`, each in
+/// a fresh process of its own (memory the first run freed would hide the
+/// second's), then the ratios.
+pub(crate) async fn phase(args: &Args) -> Res<()> {
+    let encoding = match args.encoding.as_str() {
+        "shared" => StreamEncoding::Shared,
+        "per-stream" => StreamEncoding::PerStream,
+        _ => {
+            let base = run_apart(args, "per-stream").await?;
+            let shared = run_apart(args, "shared").await?;
+            let ratio = |b: f64, s: f64| b / s.max(1e-9);
+            println!(
+                "fan-out ratio (baseline / shared): shared reaches {:.2}x the baseline's changes/s; write -> every agent p50 {:.2}x, p99 {:.2}x lower; registrar CPU per second {:.2}x lower",
+                shared.changes_per_s / base.changes_per_s.max(1e-9),
+                ratio(base.every_p50_ms, shared.every_p50_ms),
+                ratio(base.every_p99_ms, shared.every_p99_ms),
+                ratio(base.server_cpu_per_s, shared.server_cpu_per_s),
+            );
+            return Ok(());
+        }
+    };
+    let f = serve_one(args, encoding).await?;
+    println!(
+        "figures {} {} {} {} {} {} {}",
+        f.changes_per_s,
+        f.every_p50_ms,
+        f.every_p99_ms,
+        f.one_p99_ms,
+        f.server_cpu_per_s,
+        f.agents_cpu_per_s,
+        f.encoded
+    );
+    Ok(())
+}
+
+/// Phase 1 with `encoding` in a process of its own; its output is passed
+/// on, its figures returned.
+async fn run_apart(args: &Args, encoding: &str) -> Res<Figures> {
+    let mut child = tokio::process::Command::new(std::env::current_exe()?)
+        .args(["--phases", "fanout", "--encoding", encoding])
+        .args(["--agents", &args.agents.to_string()])
+        .args(["--rate", &args.rate.to_string()])
+        .args(["--seconds", &args.seconds.to_string()])
+        .args(args.open_loop.then_some("--open-loop"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let stdout = child.stdout.take().ok_or("the run's stdout")?;
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let limit = Duration::from_secs(args.seconds + 400);
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut figures = None;
+    loop {
+        let line = match tokio::time::timeout_at(deadline, lines.next_line()).await {
+            Err(_) => {
+                return Err(format!("the {encoding} run did not finish within {limit:?}").into())
+            }
+            Ok(line) => line?,
+        };
+        let Some(line) = line else { break };
+        match line.strip_prefix("figures ") {
+            Some(r) => {
+                let v: Vec<f64> = r.split(' ').filter_map(|x| x.parse().ok()).collect();
+                if let [changes, p50, p99, one_p99, server, agents, encoded] = v.as_slice() {
+                    figures = Some(Figures {
+                        changes_per_s: *changes,
+                        every_p50_ms: *p50,
+                        every_p99_ms: *p99,
+                        one_p99_ms: *one_p99,
+                        server_cpu_per_s: *server,
+                        agents_cpu_per_s: *agents,
+                        encoded: *encoded as u64,
+                    });
+                }
+            }
+            None if line.starts_with("registrar-load: ") => {}
+            None => println!("{line}"),
+        }
+    }
+    let status = child.wait().await?;
+    if !status.success() {
+        return Err(format!("the {encoding} run failed: {status}").into());
+    }
+    figures.ok_or_else(|| format!("the {encoding} run printed no figures").into())
+}
+
+/// One registrar with `encoding`, its agents in a child process.
+async fn serve_one(args: &Args, encoding: StreamEncoding) -> Res<Figures> {
+    let server = start(
+        Arc::new(MemoryRegistry::new()),
+        RegistrarConfig::new("load")
+            .with_agent_buffer(65_536)
+            .with_stream_encoding(encoding),
+    )
+    .await?;
+    server.registrar.state().wait_until_ready().await;
+    let rss_before = rss_bytes();
+    let mut child = tokio::process::Command::new(std::env::current_exe()?)
+        .arg("--fanout-client")
+        .arg(&server.url)
+        .args(["--agents", &args.agents.to_string()])
+        .args(["--rate", &args.rate.to_string()])
+        .args(["--seconds", &args.seconds.to_string()])
+        .args(args.open_loop.then_some("--open-loop"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    println!(
+        "[{}] processes: registrar {}, agents and writer {}",
+        label(encoding),
+        std::process::id(),
+        child.id().unwrap_or(0)
+    );
+    let stdout = child.stdout.take().ok_or("the agents' stdout")?;
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    // Opening 1,000 connections, the writes, 30 s for the last deliveries.
+    let limit = Duration::from_secs(args.seconds + 300);
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut figures = Figures::default();
+    let (mut cpu_start, mut wall_start) = (cpu_seconds(), Instant::now());
+    let name = label(encoding);
+    loop {
+        let line = match tokio::time::timeout_at(deadline, lines.next_line()).await {
+            Err(_) => return Err(format!("the agents did not finish within {limit:?}").into()),
+            Ok(line) => line?,
+        };
+        let Some(line) = line else { break };
+        if line == "streams-open" {
+            let rss = rss_bytes();
+            println!(
+                "[{name}] streams: {} agent streams open; registrar memory {:.1} KiB per stream (RSS {} -> {} MiB, registrar process only)",
+                args.agents,
+                rss.saturating_sub(rss_before) as f64 / args.agents as f64 / 1024.0,
+                rss_before / (1 << 20),
+                rss / (1 << 20)
+            );
+        } else if line == "writing" {
+            cpu_start = cpu_seconds();
+            wall_start = Instant::now();
+        } else if line == "delivered" {
+            let wall = wall_start.elapsed().as_secs_f64();
+            figures.server_cpu_per_s = (cpu_seconds() - cpu_start) / wall;
+            figures.encoded = server.registrar.watch_stats().messages_encoded;
+        } else if let Some(r) = line.strip_prefix("result ") {
+            let v: Vec<f64> = r.split(' ').filter_map(|x| x.parse().ok()).collect();
+            if let [changes, p50, p99, one_p99, cpu] = v.as_slice() {
+                figures.changes_per_s = *changes;
+                figures.every_p50_ms = *p50;
+                figures.every_p99_ms = *p99;
+                figures.one_p99_ms = *one_p99;
+                figures.agents_cpu_per_s = *cpu;
+            }
+        } else {
+            println!("[{name}] {line}");
+        }
+    }
+    let status = child.wait().await?;
+    if !status.success() {
+        return Err(format!("the agents' process failed: {status}").into());
+    }
+    println!(
+        "[{name}] CPU while writing and delivering: registrar {:.2} s/s, agents and writer {:.2} s/s (of 2 cores); messages encoded by the registrar: {}",
+        figures.server_cpu_per_s, figures.agents_cpu_per_s, figures.encoded
+    );
+    Ok(figures)
+}
+
+/// The child process: `agents` streams (one gRPC connection each) and a
+/// writer of `rate` changes per second for `seconds`, against `url`.
+/// Prints markers for the parent and a `result` line.
+pub(crate) async fn client(url: &str, args: &Args) -> Res<()> {
+    let writes = (args.rate * args.seconds) as usize;
+    // Per write: deliveries seen and the latest delivery time.
+    let delivered: Arc<Vec<AtomicUsize>> =
+        Arc::new((0..writes).map(|_| AtomicUsize::new(0)).collect());
+    let slowest: Arc<Vec<AtomicU64>> = Arc::new((0..writes).map(|_| AtomicU64::new(0)).collect());
+    let one = Arc::new(Mutex::new(hdrhistogram::Histogram::<u64>::new(3)?));
+
+    let mut streams = Vec::with_capacity(args.agents);
+    for i in 0..args.agents {
+        let raw = RpcClient::connect(ClientConfig::new(url, "load", format!("agent-{i}")))?;
+        let mut w = raw.watch(None);
+        match w.next().await {
+            Some(Ok(Event::Snapshot(_))) => {}
+            other => return Err(format!("agent {i} did not get a snapshot: {other:?}").into()),
+        }
+        streams.push((raw, w));
+    }
+    println!("streams-open");
+
+    let readers: Vec<_> = streams
+        .into_iter()
+        .map(|(raw, mut w)| {
+            let delivered = Arc::clone(&delivered);
+            let slowest = Arc::clone(&slowest);
+            let one = Arc::clone(&one);
+            tokio::spawn(async move {
+                let _keep = raw;
+                let mut local = hdrhistogram::Histogram::<u64>::new(3).ok();
+                let mut seen = 0usize;
+                while let Some(Ok(ev)) = w.next().await {
+                    let (Event::Added { endpoint, .. } | Event::Updated { endpoint, .. }) = ev
+                    else {
+                        continue;
+                    };
+                    let label = |k: &str| endpoint.labels.get(k).and_then(|s| s.parse().ok());
+                    let (Some(sent), Some(seq)) = (label("sent"), label("seq")) else {
+                        continue;
+                    };
+                    let now = now_micros();
+                    if let Some(h) = local.as_mut() {
+                        let _ = h.record(now.saturating_sub(sent).max(1));
+                    }
+                    if let (Some(d), Some(s)) =
+                        (delivered.get(seq as usize), slowest.get(seq as usize))
+                    {
+                        d.fetch_add(1, Ordering::Relaxed);
+                        s.fetch_max(now, Ordering::Relaxed);
+                    }
+                    seen += 1;
+                    if seen == delivered.len() {
+                        break;
+                    }
+                }
+                if let (Some(h), Ok(mut all)) = (local, one.lock()) {
+                    let _ = all.add(h);
+                }
+            })
+        })
+        .collect();
+
+    let writer = RegistrarClient::connect(ClientConfig::new(url, "load", "writer"))?;
+    let mut sent_at = vec![0u64; writes];
+    println!("writing");
+    let cpu_start = cpu_seconds();
+    let start = Instant::now();
+    // Ticks of 10 ms, or longer below 100 changes/s (one change each), so
+    // the asked rate is the one attempted.
+    let asked = args.rate.clamp(1, u64::from(u32::MAX));
+    let period = Duration::from_millis(10).max(Duration::from_secs(1) / asked as u32);
+    let mut tick = tokio::time::interval(period);
+    let per_tick = ((asked as f64 * period.as_secs_f64()).round() as usize).max(1);
+    let mut seq = 0usize;
+    // Open loop: writes in flight while the next ticks go out.
+    let mut inflight = futures::stream::FuturesUnordered::new();
+    while seq < writes {
+        if args.open_loop {
+            // Below the server's 200 concurrent HTTP/2 streams per
+            // connection: past that, wait for acknowledgements.
+            if inflight.len() >= MAX_IN_FLIGHT {
+                if let Some(r) = inflight.next().await {
+                    r?;
+                }
+                continue;
+            }
+            tokio::select! {
+                _ = tick.tick() => {}
+                Some(r) = inflight.next(), if !inflight.is_empty() => {
+                    r?;
+                    continue;
+                }
+            }
+        } else {
+            tick.tick().await;
+        }
+        // This tick's writes go out concurrently (distinct keys).
+        for _ in 0..per_tick.min(writes - seq) {
+            let t = now_micros();
+            sent_at[seq] = t;
+            let e = Endpoint::new("load", format!("ep-{}", seq % 500), "127.0.0.1", 8080)
+                .with_label("sent", t.to_string())
+                .with_label("seq", seq.to_string());
+            inflight.push(writer.register(e));
+            seq += 1;
+        }
+        if !args.open_loop {
+            while let Some(r) = inflight.next().await {
+                r?;
+            }
+        }
+    }
+    while let Some(r) = inflight.next().await {
+        r?;
+    }
+    let write_time = start.elapsed();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for r in readers {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if tokio::time::timeout(left, r).await.is_err() {
+            println!("fan-out: some agents did not receive every change within 30 s");
+            break;
+        }
+    }
+    let cpu_per_s = (cpu_seconds() - cpu_start) / start.elapsed().as_secs_f64();
+    println!("delivered");
+    let mut every = hdrhistogram::Histogram::<u64>::new(3)?;
+    let mut complete = 0;
+    for (i, sent) in sent_at.iter().enumerate() {
+        if delivered[i].load(Ordering::Relaxed) == args.agents {
+            complete += 1;
+            let last = slowest[i].load(Ordering::Relaxed);
+            let _ = every.record(last.saturating_sub(*sent).max(1));
+        }
+    }
+    let one = one.lock().map_err(|_| "poisoned")?;
+    let rate = writes as f64 / write_time.as_secs_f64();
+    println!(
+        "fan-out: {} changes in {:.1} s ({:.0}/s) to {} agents = {:.0} deliveries/s",
+        writes,
+        write_time.as_secs_f64(),
+        rate,
+        args.agents,
+        (writes * args.agents) as f64 / write_time.as_secs_f64()
+    );
+    println!(
+        "fan-out: write -> delivery at one agent p50 {} p99 {}; write -> delivered at every agent p50 {} p99 {} ({} of {} writes reached all agents)",
+        pct(&one, 0.5),
+        pct(&one, 0.99),
+        pct(&every, 0.5),
+        pct(&every, 0.99),
+        complete,
+        writes
+    );
+    let ms = |h: &hdrhistogram::Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    println!(
+        "result {rate} {} {} {} {cpu_per_s}",
+        ms(&every, 0.5),
+        ms(&every, 0.99),
+        ms(&one, 0.99)
+    );
+    Ok(())
+}
