@@ -171,12 +171,28 @@ async fn direct_watcher(cfg: EtcdConfig, clock: Arc<Clock>, changes: usize) -> S
 
 /// A watcher on the registrar: one gRPC connection, `WatchEndpoints`.
 async fn registrar_watcher(url: String, clock: Arc<Clock>, changes: usize) -> Seen {
-    let mut grpc = Grpc::connect(url).await.unwrap();
-    let mut stream = grpc
-        .watch_endpoints(WatchEndpointsRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    // 1,000 connections at once can overflow the listen backlog: retry
+    // as an agent would (bounded).
+    let mut tries = 0;
+    let mut stream = loop {
+        let opened = async {
+            Grpc::connect(url.clone())
+                .await
+                .map_err(|e| e.to_string())?
+                .watch_endpoints(WatchEndpointsRequest::default())
+                .await
+                .map_err(|e| e.to_string())
+        };
+        match opened.await {
+            Ok(s) => break s.into_inner(),
+            Err(e) if tries < 20 => {
+                tries += 1;
+                eprintln!("watcher: {e}; retrying");
+                tokio::time::sleep(Duration::from_millis(100 * tries)).await;
+            }
+            Err(e) => panic!("watcher: {e}"),
+        }
+    };
     let (mut seen, mut have) = (Vec::with_capacity(changes), vec![false; changes]);
     let deadline = tokio::time::Instant::now() + PHASE_LIMIT;
     let mut first = true;
