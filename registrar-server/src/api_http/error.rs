@@ -85,7 +85,8 @@ impl ApiError {
 }
 
 impl From<tonic::Status> for ApiError {
-    /// An authentication or authorization refusal of [`crate::auth`].
+    /// A refusal of the caller (authentication or authorization), as the
+    /// gRPC port would answer it.
     fn from(s: tonic::Status) -> Self {
         let status = match s.code() {
             tonic::Code::Unauthenticated => StatusCode::UNAUTHORIZED,
