@@ -404,9 +404,7 @@ async fn the_sse_watch_sends_a_snapshot_then_changes_and_resumes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mtls_on_the_http_port_is_authorized_as_the_grpc_api() {
     use common::pki::Pki;
-    use registrar_server::{AuthzConfig, Backend, Opening, RegistrarConfig, ServeOptions};
-    use registry_api::{liveness::Liveness, memory::MemoryRegistry};
-    use std::sync::Arc;
+    use registrar_server::{AuthzConfig, Opening, RegistrarConfig, ServeOptions};
 
     if std::process::Command::new("curl")
         .arg("--version")
@@ -424,17 +422,7 @@ async fn mtls_on_the_http_port_is_authorized_as_the_grpc_api() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let http = listener.local_addr().unwrap();
     server.protocols.http_api = Some(listener);
-    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(server.serve(
-        || async { Ok(Arc::new(Liveness::new(MemoryRegistry::new())) as Arc<dyn Backend>) },
-        grpc,
-        health,
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let (_, running) = common::protocols::serve(server).await;
 
     let curl = |files: Option<registrar_server::TlsFiles>,
                 method: &str,
@@ -554,10 +542,5 @@ async fn mtls_on_the_http_port_is_authorized_as_the_grpc_api() {
         "{key}"
     );
 
-    let _ = stop.send(());
-    tokio::time::timeout(LIMIT, task)
-        .await
-        .expect("the server did not stop")
-        .unwrap()
-        .unwrap();
+    running.stop().await.unwrap();
 }

@@ -9,7 +9,6 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::Arc;
 
 use common::fast_client;
 use common::xds::{
@@ -383,10 +382,7 @@ async fn a_non_loopback_xds_listener_is_refused_without_insecure() {
 async fn xds_over_mtls_is_authorized_as_the_grpc_api() {
     use common::pki::Pki;
     use common::xds::{first_cds, tls_channel};
-    use registrar_server::{
-        AuthzConfig, Backend, Opening, RegistrarConfig, ServeOptions, TlsFiles,
-    };
-    use registry_api::{liveness::Liveness, memory::MemoryRegistry};
+    use registrar_server::{AuthzConfig, Opening, RegistrarConfig, ServeOptions, TlsFiles};
 
     let pki = Pki::new();
     let mut server = Opening::new(RegistrarConfig::new("default"));
@@ -396,17 +392,7 @@ async fn xds_over_mtls_is_authorized_as_the_grpc_api() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let xds = listener.local_addr().unwrap().to_string();
     server.protocols.xds = Some(listener);
-    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(server.serve(
-        || async { Ok(Arc::new(Liveness::new(MemoryRegistry::new())) as Arc<dyn Backend>) },
-        grpc,
-        health,
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let (_, running) = common::protocols::serve(server).await;
 
     let reader = pki.agent(&pki.ca, "reader", Some("spiffe://example.org/ci/job"));
     let resp = eventually("a CDS response over mTLS", || async {
@@ -424,10 +410,5 @@ async fn xds_over_mtls_is_authorized_as_the_grpc_api() {
     let denied = first_cds(tls_channel(&xds, &foreign)).await.unwrap_err();
     assert_eq!(denied.code(), tonic::Code::PermissionDenied, "{denied:?}");
 
-    let _ = stop.send(());
-    tokio::time::timeout(wait_limit(), task)
-        .await
-        .expect("the server did not stop")
-        .unwrap()
-        .unwrap();
+    running.stop().await.unwrap();
 }

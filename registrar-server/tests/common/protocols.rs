@@ -14,8 +14,7 @@ pub struct Stack {
     pub http: SocketAddr,
     #[cfg(feature = "dns")]
     pub dns: SocketAddr,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<registry_api::Result<()>>,
+    running: Running,
 }
 
 /// Serve on free loopback ports; DNS answers for `registry.` with TTL 0.
@@ -25,9 +24,6 @@ pub async fn start() -> Stack {
 
 /// [`start`] with the registrar configured as `cfg` says.
 pub async fn start_with(cfg: RegistrarConfig) -> Stack {
-    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let grpc_addr = grpc.local_addr().unwrap();
     let mut server = Opening::new(cfg);
     #[cfg(feature = "http-api")]
     let http = {
@@ -46,31 +42,24 @@ pub async fn start_with(cfg: RegistrarConfig) -> Stack {
         server.protocols.dns = Some((l, cfg));
         addr
     };
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(server.serve(
-        || async { Ok(Arc::new(Liveness::new(MemoryRegistry::new())) as Arc<dyn Backend>) },
-        grpc,
-        health,
-        async move {
-            let _ = rx.await;
-        },
-    ));
+    let (grpc, running) = serve(server).await;
     Stack {
-        grpc: grpc_addr,
+        grpc,
         #[cfg(feature = "http-api")]
         http,
         #[cfg(feature = "dns")]
         dns,
-        stop: Some(tx),
-        task,
+        running,
     }
 }
 
-impl Stack {
-    pub fn url(&self) -> String {
-        format!("http://{}", self.grpc)
-    }
+/// A server [`serve`] started.
+pub struct Running {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<registry_api::Result<()>>,
+}
 
+impl Running {
     /// Graceful stop; what `serve` returned.
     pub async fn stop(mut self) -> registry_api::Result<()> {
         if let Some(tx) = self.stop.take() {
@@ -80,6 +69,41 @@ impl Stack {
             .await
             .expect("the server did not stop")
             .unwrap()
+    }
+}
+
+/// Serve `opening` (its protocols and options as set) over a memory
+/// backend, gRPC and health on free loopback ports: the gRPC address.
+pub async fn serve(opening: Opening) -> (SocketAddr, Running) {
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = grpc.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(opening.serve(
+        || async { Ok(Arc::new(Liveness::new(MemoryRegistry::new())) as Arc<dyn Backend>) },
+        grpc,
+        health,
+        async move {
+            let _ = rx.await;
+        },
+    ));
+    (
+        addr,
+        Running {
+            stop: Some(tx),
+            task,
+        },
+    )
+}
+
+impl Stack {
+    pub fn url(&self) -> String {
+        format!("http://{}", self.grpc)
+    }
+
+    /// Graceful stop; what `serve` returned.
+    pub async fn stop(self) -> registry_api::Result<()> {
+        self.running.stop().await
     }
 }
 
