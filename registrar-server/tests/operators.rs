@@ -124,7 +124,9 @@ async fn backend_errors_are_one_line_with_the_product_name() {
 }
 
 /// Missing AWS credentials: one line naming DynamoDB and what to set,
-/// not the SDK's error structures; `-v` lists the causes.
+/// not the SDK's error structures; `-v` lists the causes. Needs the
+/// binary's `dynamodb` feature (`scripts/test` builds with all of them).
+#[cfg(feature = "dynamodb")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_aws_credentials_are_one_line() {
     let port = registry_tests::free_port().unwrap();
