@@ -375,6 +375,25 @@ async fn watchers_on_etcd_directly_vs_on_the_registrar() {
             let _ = stopped.await;
         },
     ));
+    // The registrar takes calls once its backend is open: wait for that,
+    // so that the watchers' burst of connections meets a serving registrar.
+    let deadline = Instant::now() + PHASE_LIMIT;
+    loop {
+        use registry_registrar::proto::registrar::v1::ListAllEndpointsRequest;
+        let listed = async {
+            Grpc::connect(url.clone())
+                .await
+                .ok()?
+                .list_all_endpoints(ListAllEndpointsRequest {})
+                .await
+                .ok()
+        };
+        if listed.await.is_some() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the registrar did not open");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let via = run(&pid, port, via_cfg, watchers, changes, rate, |clock| {
         registrar_watcher(url.clone(), clock, changes)
     })
