@@ -96,11 +96,12 @@ pub(crate) async fn phase(args: &Args) -> Res<()> {
     Ok(())
 }
 
-/// Phase 1 with `encoding` in a process of its own; its output is passed
-/// on, its figures returned.
-async fn run_apart(args: &Args, encoding: &str) -> Res<Figures> {
-    let mut child = tokio::process::Command::new(std::env::current_exe()?)
-        .args(["--phases", "fanout", "--encoding", encoding])
+/// This tool again, as a child killed with its handle: `first`, then the
+/// load's size (`--agents`, `--rate`, `--seconds`, `--open-loop`) from
+/// `args`; its stdout piped.
+fn spawn_self(args: &Args, first: &[&str]) -> std::io::Result<tokio::process::Child> {
+    tokio::process::Command::new(std::env::current_exe()?)
+        .args(first)
         .args(["--agents", &args.agents.to_string()])
         .args(["--rate", &args.rate.to_string()])
         .args(["--seconds", &args.seconds.to_string()])
@@ -108,7 +109,13 @@ async fn run_apart(args: &Args, encoding: &str) -> Res<Figures> {
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
-        .spawn()?;
+        .spawn()
+}
+
+/// Phase 1 with `encoding` in a process of its own; its output is passed
+/// on, its figures returned.
+async fn run_apart(args: &Args, encoding: &str) -> Res<Figures> {
+    let mut child = spawn_self(args, &["--phases", "fanout", "--encoding", encoding])?;
     let stdout = child.stdout.take().ok_or("the run's stdout")?;
     let mut lines = tokio::io::BufReader::new(stdout).lines();
     let limit = Duration::from_secs(args.seconds + 400);
@@ -159,17 +166,7 @@ async fn serve_one(args: &Args, encoding: StreamEncoding) -> Res<Figures> {
     .await?;
     server.registrar.state().wait_until_ready().await;
     let rss_before = rss_bytes();
-    let mut child = tokio::process::Command::new(std::env::current_exe()?)
-        .arg("--fanout-client")
-        .arg(&server.url)
-        .args(["--agents", &args.agents.to_string()])
-        .args(["--rate", &args.rate.to_string()])
-        .args(["--seconds", &args.seconds.to_string()])
-        .args(args.open_loop.then_some("--open-loop"))
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()?;
+    let mut child = spawn_self(args, &["--fanout-client", &server.url])?;
     println!(
         "[{}] processes: registrar {}, agents and writer {}",
         label(encoding),
