@@ -94,16 +94,7 @@ impl AggregatedDiscoveryService for XdsService {
         &self,
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
-        self.check(&request)?;
-        let peer = peer(&request);
-        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        tokio::spawn(stream::run(
-            Arc::clone(&self.registrar),
-            request.into_inner(),
-            tx,
-            sotw::Sotw::new(peer, Arc::clone(&self.cache)),
-        ));
-        Ok(Response::new(ReceiverStream::new(rx)))
+        self.open(request, sotw::Sotw::new)
     }
 
     type DeltaAggregatedResourcesStream = ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;
@@ -112,14 +103,30 @@ impl AggregatedDiscoveryService for XdsService {
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        self.open(request, delta::Delta::new)
+    }
+}
+
+/// The responses of one stream of variant `V`, as tonic sends them.
+type Responses<V> = ReceiverStream<Result<<V as stream::Variant>::Response, Status>>;
+
+impl XdsService {
+    /// Check the caller of `request`, then serve its stream with the
+    /// state `variant` makes (from the peer's name and the shared cache)
+    /// in a task of its own.
+    fn open<V: stream::Variant>(
+        &self,
+        request: Request<Streaming<V::Request>>,
+        variant: fn(String, Arc<resources::Cache>) -> V,
+    ) -> Result<Response<Responses<V>>, Status> {
         self.check(&request)?;
-        let peer = peer(&request);
+        let state = variant(peer(&request), Arc::clone(&self.cache));
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         tokio::spawn(stream::run(
             Arc::clone(&self.registrar),
             request.into_inner(),
             tx,
-            delta::Delta::new(peer, Arc::clone(&self.cache)),
+            state,
         ));
         Ok(Response::new(ReceiverStream::new(rx)))
     }
