@@ -50,36 +50,54 @@ pub fn node(id: &str) -> Option<Node> {
     })
 }
 
-/// A state-of-the-world ADS stream.
-pub struct Sotw {
-    pub tx: mpsc::Sender<DiscoveryRequest>,
-    pub rx: tonic::Streaming<DiscoveryResponse>,
+/// One ADS stream: requests `Q` out, responses `R` in.
+pub struct Ads<Q, R> {
+    pub tx: mpsc::Sender<Q>,
+    pub rx: tonic::Streaming<R>,
 }
 
-impl Sotw {
-    pub async fn open(xds: &str) -> Self {
-        let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{xds}"))
+/// A state-of-the-world ADS stream.
+pub type Sotw = Ads<DiscoveryRequest, DiscoveryResponse>;
+/// A delta ADS stream.
+pub type Delta = Ads<DeltaDiscoveryRequest, DeltaDiscoveryResponse>;
+
+impl<Q, R> Ads<Q, R> {
+    pub async fn send(&self, req: Q) {
+        self.tx
+            .send(req)
             .await
-            .unwrap();
-        let (tx, rx) = mpsc::channel(16);
-        let rx = client
-            .stream_aggregated_resources(ReceiverStream::new(rx))
-            .await
-            .unwrap()
-            .into_inner();
-        Self { tx, rx }
+            .unwrap_or_else(|_| panic!("the xDS stream closed"));
     }
 
-    pub async fn send(&self, req: DiscoveryRequest) {
-        self.tx.send(req).await.unwrap();
-    }
-
-    pub async fn next(&mut self) -> DiscoveryResponse {
+    pub async fn next(&mut self) -> R
+    where
+        R: prost::Message + Default + 'static,
+    {
         tokio::time::timeout(LIMIT, self.rx.message())
             .await
             .expect("no xDS response in time")
             .unwrap()
             .expect("the xDS stream ended")
+    }
+}
+
+/// The client and the channel of a stream to open on `xds`.
+async fn client(xds: &str) -> AggregatedDiscoveryServiceClient<tonic::transport::Channel> {
+    AggregatedDiscoveryServiceClient::connect(format!("http://{xds}"))
+        .await
+        .unwrap()
+}
+
+impl Sotw {
+    pub async fn open(xds: &str) -> Self {
+        let (tx, rx) = mpsc::channel(16);
+        let rx = client(xds)
+            .await
+            .stream_aggregated_resources(ReceiverStream::new(rx))
+            .await
+            .unwrap()
+            .into_inner();
+        Self { tx, rx }
     }
 
     /// Ask for `names` of `type_url`, acknowledging `last` if given; the
@@ -153,36 +171,16 @@ pub async fn first_cds(
     Ok(first.expect("the xDS stream ended"))
 }
 
-/// A delta ADS stream.
-pub struct Delta {
-    pub tx: mpsc::Sender<DeltaDiscoveryRequest>,
-    pub rx: tonic::Streaming<DeltaDiscoveryResponse>,
-}
-
 impl Delta {
     pub async fn open(xds: &str) -> Self {
-        let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{xds}"))
-            .await
-            .unwrap();
         let (tx, rx) = mpsc::channel(16);
-        let rx = client
+        let rx = client(xds)
+            .await
             .delta_aggregated_resources(ReceiverStream::new(rx))
             .await
             .unwrap()
             .into_inner();
         Self { tx, rx }
-    }
-
-    pub async fn send(&self, req: DeltaDiscoveryRequest) {
-        self.tx.send(req).await.unwrap();
-    }
-
-    pub async fn next(&mut self) -> DeltaDiscoveryResponse {
-        tokio::time::timeout(LIMIT, self.rx.message())
-            .await
-            .expect("no xDS response in time")
-            .unwrap()
-            .expect("the xDS stream ended")
     }
 
     /// Acknowledge `resp`.
