@@ -20,7 +20,7 @@
 //!   last state; the reader keeps its position, retries with backoff
 //!   (100 ms to 10 s), and after the failure sends a whole snapshot.
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use registry_api::backend::{backoff, Hub};
@@ -29,13 +29,13 @@ use registry_api::{Error, EventStream, Version};
 use crate::changelog::Entry;
 use crate::core::Table;
 use crate::shards::Change;
-use crate::watch::{publish_changes, publish_fresh, publish_snapshot_with};
+use crate::watch::{publish_changes, publish_fresh, publish_snapshot_with, FeedTask};
 
 /// The change log watch of one registry.
 pub(crate) struct LogWatch {
     table: Arc<Table>,
     hub: Arc<Hub>,
-    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    task: FeedTask,
 }
 
 impl LogWatch {
@@ -44,34 +44,14 @@ impl LogWatch {
         Self {
             table,
             hub,
-            task: Mutex::new(None),
+            task: FeedTask::default(),
         }
     }
 
     pub(crate) fn watch(&self, from: Option<Version>) -> EventStream {
-        {
-            let mut task = self.task.lock().unwrap_or_else(|p| p.into_inner());
-            if task.is_none() {
-                *task = Some(tokio::spawn(run(
-                    Arc::clone(&self.table),
-                    Arc::downgrade(&self.hub),
-                )));
-            }
-        }
+        self.task
+            .start_once(|| run(Arc::clone(&self.table), Arc::downgrade(&self.hub)));
         self.hub.subscribe(from)
-    }
-}
-
-impl Drop for LogWatch {
-    fn drop(&mut self) {
-        if let Some(task) = self
-            .task
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
-            task.abort();
-        }
     }
 }
 

@@ -58,7 +58,33 @@ pub(crate) struct StreamWatch {
     table: Arc<Table>,
     arn: String,
     hub: Arc<Hub>,
-    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    task: FeedTask,
+}
+
+/// The task that feeds a watch's hub: started by the first `watch()`,
+/// aborted when the watch (so the registry) is dropped.
+#[derive(Default)]
+pub(crate) struct FeedTask(Mutex<Option<tokio::task::JoinHandle<()>>>);
+
+impl FeedTask {
+    /// Spawn `feed()` unless it runs already.
+    pub(crate) fn start_once<F>(&self, feed: impl FnOnce() -> F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let mut task = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if task.is_none() {
+            *task = Some(tokio::spawn(feed()));
+        }
+    }
+}
+
+impl Drop for FeedTask {
+    fn drop(&mut self) {
+        if let Some(task) = self.0.get_mut().unwrap_or_else(|p| p.into_inner()).take() {
+            task.abort();
+        }
+    }
 }
 
 impl StreamWatch {
@@ -68,35 +94,19 @@ impl StreamWatch {
             table,
             arn,
             hub,
-            task: Mutex::new(None),
+            task: FeedTask::default(),
         }
     }
 
     pub(crate) fn watch(&self, from: Option<Version>) -> EventStream {
-        {
-            let mut task = self.task.lock().unwrap_or_else(|p| p.into_inner());
-            if task.is_none() {
-                *task = Some(tokio::spawn(run(
-                    Arc::clone(&self.table),
-                    self.arn.clone(),
-                    Arc::downgrade(&self.hub),
-                )));
-            }
-        }
+        self.task.start_once(|| {
+            run(
+                Arc::clone(&self.table),
+                self.arn.clone(),
+                Arc::downgrade(&self.hub),
+            )
+        });
         self.hub.subscribe(from)
-    }
-}
-
-impl Drop for StreamWatch {
-    fn drop(&mut self) {
-        if let Some(task) = self
-            .task
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
-            task.abort();
-        }
     }
 }
 
