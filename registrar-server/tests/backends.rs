@@ -11,6 +11,22 @@ use registry_api::Registry;
 
 /// The registrar binary on `backend`, with the AWS emulator's address and
 /// test credentials in its environment.
+/// A `DynamoDbRegistry` of its own on `table` at moto, to look behind the
+/// registrar.
+async fn direct_dynamodb(
+    moto: &registry_tests::MotoServer,
+    table: impl Into<String>,
+) -> registry_dynamodb::DynamoDbRegistry {
+    registry_dynamodb::DynamoDbRegistry::connect(
+        registry_dynamodb::DynamoDbConfig::new(table)
+            .with_region("us-east-1")
+            .with_endpoint_url(moto.url())
+            .with_static_credentials("test", "test"),
+    )
+    .await
+    .unwrap()
+}
+
 async fn serve_on(moto: &registry_tests::MotoServer, backend_args: &[&str]) -> common::Served {
     let mut args = vec![
         "--aws-region",
@@ -49,14 +65,7 @@ async fn registrar_on_dynamodb() {
         .register(ep("api", "a", 80).with_node("n1"))
         .await
         .unwrap();
-    let direct = registry_dynamodb::DynamoDbRegistry::connect(
-        registry_dynamodb::DynamoDbConfig::new(table)
-            .with_region("us-east-1")
-            .with_endpoint_url(moto.url())
-            .with_static_credentials("test", "test"),
-    )
-    .await
-    .unwrap();
+    let direct = direct_dynamodb(&moto, table).await;
     eventually("the endpoint in the DynamoDB table", || async {
         (direct.list("api").await.ok()?.len() == 1).then_some(())
     })
@@ -86,14 +95,7 @@ async fn registrars_on_dynamodb_share_changes_through_the_change_log() {
         .register(ep("api", "a", 80).with_node("n1"))
         .await
         .unwrap();
-    let direct = registry_dynamodb::DynamoDbRegistry::connect(
-        registry_dynamodb::DynamoDbConfig::new(table)
-            .with_region("us-east-1")
-            .with_endpoint_url(moto.url())
-            .with_static_credentials("test", "test"),
-    )
-    .await
-    .unwrap();
+    let direct = direct_dynamodb(&moto, table).await;
     // The log's head, as the crate docs lay it out.
     eventually("a change log entry in the table", || async {
         let head = direct
