@@ -64,12 +64,27 @@ pub struct RegistrarConfig {
 #[non_exhaustive]
 pub enum StreamEncoding {
     /// Each event, and each snapshot chunk of a version, is encoded to
-    /// protobuf once and the same bytes go to every stream.
+    /// protobuf once and the same bytes go to every stream; the streams
+    /// read the state's changes from one feed (one copy of each event for
+    /// all of them). A stream resuming from an older version than the
+    /// current one replays the history through a subscription of its own.
     #[default]
     Shared,
+    /// Encoded once as with `Shared`, but every stream holds a
+    /// subscription of its own to the state (each event copied into each
+    /// stream's channel): the first step of issue 21, kept as a baseline
+    /// of `registrar-load`.
+    SharedPerSubscriber,
     /// Every stream encodes every message it sends (the registrar before
     /// issue 21); kept as the baseline of `registrar-load`.
     PerStream,
+}
+
+impl StreamEncoding {
+    /// Whether streams share encodings (all but `PerStream`).
+    pub(crate) fn shares_encodings(self) -> bool {
+        !matches!(self, Self::PerStream)
+    }
 }
 
 impl RegistrarConfig {

@@ -58,6 +58,8 @@ pub struct Registrar {
     pub(crate) streams: Arc<StreamCounters>,
     /// The encodings the agents' streams share.
     pub(crate) shared: Arc<crate::stream::shared::Shared>,
+    /// The one feed of the state the agents' streams read.
+    pub(crate) fanout: Arc<crate::stream::fanout::Fanout>,
     /// The last heartbeat this replica accepted, by node.
     heartbeats: Mutex<BTreeMap<String, SystemTime>>,
 }
@@ -108,6 +110,8 @@ impl Registrar {
                 .with_capacity(cfg.write_queue_capacity)
                 .with_metrics_prefix("registrar"),
         )?;
+        let fanout = Arc::new(crate::stream::fanout::Fanout::new(cfg.agent_buffer));
+        state.store().observe(Arc::clone(&fanout) as _);
         let this = Arc::new(Self {
             cfg,
             epoch,
@@ -122,6 +126,7 @@ impl Registrar {
             tasks: Mutex::new(Vec::new()),
             streams: Arc::default(),
             shared: Arc::default(),
+            fanout,
             heartbeats: Mutex::new(BTreeMap::new()),
         });
         let tasks = vec![

@@ -3,8 +3,10 @@
 //! the registry, while healthy streams get every change in order; the
 //! snapshot's messages on the wire are unchanged; a connection whose peer
 //! stopped answering HTTP/2 PINGs is dropped with its stream. Messages
-//! encoded once for every stream (issue 21) decode, in a client generated
-//! from the proto, exactly as the ones each stream encodes itself.
+//! encoded once for every stream and read from the registrar's one feed
+//! (issue 21) decode, in a client generated from the proto, exactly as the
+//! ones each stream encodes itself; a stream resuming from the current
+//! version reads the feed without a snapshot.
 
 #![allow(clippy::unwrap_used)]
 
@@ -436,13 +438,17 @@ async fn three_watchers(encoding: StreamEncoding) -> (Vec<Vec<EndpointEvent>>, u
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_stream_decodes_shared_messages_as_the_ones_it_would_encode() {
     let (shared, shared_encoded) = three_watchers(StreamEncoding::Shared).await;
+    let (sub, sub_encoded) = three_watchers(StreamEncoding::SharedPerSubscriber).await;
     let (own, own_encoded) = three_watchers(StreamEncoding::PerStream).await;
     // Each change encoded once for the three streams, against once each.
     assert_eq!(shared_encoded, 3 * u64::from(CHANGES));
+    assert_eq!(sub_encoded, 3 * u64::from(CHANGES));
     assert_eq!(own_encoded, 3 * 3 * u64::from(CHANGES));
-    // The same messages on every stream, and as the per-stream encoding.
+    // The same messages on every stream, from the one feed, from a
+    // subscription each, and as the per-stream encoding.
     assert_eq!(shared[0], shared[1]);
     assert_eq!(shared[0], shared[2]);
+    assert_eq!(shared, sub);
     assert_eq!(shared, own);
     // And they are the proto's: the snapshot's chunks, then each change
     // in order with its endpoint (a removal carries the one it removed).
@@ -519,4 +525,59 @@ async fn a_snapshot_chunk_is_encoded_once_for_the_streams_sending_it() {
         .into_inner();
     assert_eq!(read_snapshot(&mut third).await, first_snapshot);
     assert_eq!(server.registrar.watch_stats().messages_encoded, 2 * chunks);
+}
+
+/// A stream resuming from the current version reads the registrar's feed
+/// (no snapshot, then every change, encoded once with the other streams);
+/// one resuming from an older version still gets exactly what it missed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_resuming_from_the_current_version_reads_the_feed() {
+    let server = start(registry_of(10).await, RegistrarConfig::new("test")).await;
+    server.registrar.state().wait_until_ready().await;
+    let mut grpc = Grpc::connect(server.url()).await.unwrap();
+    let register = |port: u16| RegisterEndpointRequest {
+        endpoint: Some(endpoint_to_proto(&ep("feed", "f", port))),
+        ack: 0,
+    };
+    let mut first = grpc
+        .watch_endpoints(watch_request("first"))
+        .await
+        .unwrap()
+        .into_inner();
+    let current = read_snapshot(&mut first).await.pop().unwrap().version;
+    grpc.register_endpoint(register(1)).await.unwrap();
+    let older = next(&mut first).await.version;
+    grpc.register_endpoint(register(2)).await.unwrap();
+    let now = next(&mut first).await.version;
+
+    let resume = |node: &str, last: &str| WatchEndpointsRequest {
+        last_version: last.to_string(),
+        ..watch_request(node)
+    };
+    let mut up_to_date = grpc
+        .watch_endpoints(resume("up-to-date", &now))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut behind = grpc
+        .watch_endpoints(resume("behind", &older))
+        .await
+        .unwrap()
+        .into_inner();
+    // The one behind gets what it missed, the change to port 2.
+    let missed = next(&mut behind).await;
+    assert_eq!(missed.version, now);
+    assert_eq!(missed.endpoint.unwrap().port, 2);
+    assert_ne!(current, now);
+
+    let before = server.registrar.watch_stats().messages_encoded;
+    grpc.register_endpoint(register(3)).await.unwrap();
+    for s in [&mut first, &mut up_to_date, &mut behind] {
+        let m = next(s).await;
+        assert_eq!(m.r#type, EventType::EndpointUpdated as i32);
+        assert_eq!(m.endpoint.unwrap().port, 3);
+    }
+    // Encoded once for the first stream and the resumed one (both on the
+    // feed), once more for the stream that replayed the history.
+    assert_eq!(server.registrar.watch_stats().messages_encoded - before, 2);
 }

@@ -97,9 +97,16 @@ impl RegistrarService {
             %caller,
             "agent watching"
         );
-        let events = self.registrar.state().watch(from);
-        let stream = AgentStream::new(Arc::clone(&self.registrar), events, encoding)
-            .take_until(self.registrar.closing());
+        let reg = &self.registrar;
+        let fed = match encoding {
+            StreamEncoding::Shared => reg.fanout.subscribe(reg.state().store(), from),
+            _ => None,
+        };
+        let stream = match fed {
+            Some((first, feed)) => AgentStream::fed(Arc::clone(reg), first, feed),
+            None => AgentStream::new(Arc::clone(reg), reg.state().watch(from), encoding),
+        }
+        .take_until(reg.closing());
         Ok(Box::pin(stream))
     }
 }

@@ -32,9 +32,14 @@
 //!   [`RegistrarConfig::agent_buffer`](crate::RegistrarConfig) events
 //!   (1024 by default) queued behind the snapshot; one more and the stream
 //!   is cut off with `RESOURCE_EXHAUSTED` (the agent reconnects and resumes
-//!   from its last version, or gets a fresh snapshot). The registrar keeps
-//!   the encodings of the last [`shared::DELTA_WINDOW`] events for all
-//!   streams together.
+//!   from its last version, or gets a fresh snapshot). A stream on the
+//!   registrar's one feed ([`fanout`], the default) holds only its place
+//!   in the feed's channel, which keeps each change once for all streams
+//!   (and cuts off a stream more than `agent_buffer`, rounded up to a power
+//!   of two, behind). A stream with a subscription of its own (resuming
+//!   from an older version, or a baseline encoding) has its own queue, and
+//!   the registrar keeps the encodings of the last
+//!   [`shared::DELTA_WINDOW`] events for those streams together.
 //!
 //! The messages on the wire are the ones the proto documents: a snapshot is
 //! one or more `FULL_SNAPSHOT` events of `snapshot_chunk` endpoints in key
@@ -47,20 +52,23 @@ use std::task::{Context, Poll};
 
 use futures::{Stream, StreamExt};
 use prost::Message;
-use registry_api::{EndpointKey, Event, EventStream, Op, Snapshot, Version};
+use registry_api::{Endpoint, EndpointKey, Error, Event, EventStream, Op, Snapshot, Version};
 use registry_registrar::proto::registrar::v1::endpoint_event::EventType;
 use registry_registrar::proto::registrar::v1::{EndpointEvent, WriteRefusal};
 use registry_registrar::proto::registry::v1::ServiceEndpoint;
 use registry_registrar::{endpoint_to_proto, status_from_error, Token};
+use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use tonic::Status;
 
 use crate::config::StreamEncoding;
 use crate::Registrar;
 
 pub(crate) mod codec;
+pub(crate) mod fanout;
 pub(crate) mod shared;
 
 pub(crate) use codec::Frame;
+use fanout::{Feed, Item};
 use shared::{Chunk, MemoUse};
 
 /// Counters of the registrar's watch streams ([`Registrar::watch_stats`]).
@@ -198,8 +206,8 @@ impl Cursor {
     /// The next chunk as a frame, its size in bytes, and whether this
     /// stream encoded it (rather than taking another stream's).
     fn next(&mut self, chunk: usize, encoding: StreamEncoding) -> (Frame, u64, bool) {
-        let shared = match (&self.memo, encoding) {
-            (Some(memo), StreamEncoding::Shared) => memo.chunk(self.index, || {
+        let shared = match &self.memo {
+            Some(memo) if encoding.shares_encodings() => memo.chunk(self.index, || {
                 let (msg, last, count) = self.build(chunk);
                 Chunk {
                     bytes: codec::encode(&msg),
@@ -233,15 +241,49 @@ impl Cursor {
     }
 }
 
+/// Where a stream's events come from.
+enum Source {
+    /// A subscription of its own to the registrar's state.
+    Own(EventStream),
+    /// The registrar's one feed ([`fanout`]).
+    Feed(Feed),
+    /// Cut off: nothing more.
+    Ended,
+}
+
+/// `registrar_event_broadcast_total`, one handle per type (looked up once
+/// per stream, not once per message).
+struct Broadcasts([metrics::Counter; 4]);
+
+impl Broadcasts {
+    const TYPES: [&'static str; 4] = [
+        "full_snapshot",
+        "endpoint_added",
+        "endpoint_removed",
+        "endpoint_updated",
+    ];
+
+    fn new() -> Self {
+        Self(Self::TYPES.map(|t| metrics::counter!("registrar_event_broadcast_total", "type" => t)))
+    }
+
+    fn count(&self, label: &str) {
+        if let Some(i) = Self::TYPES.iter().position(|t| *t == label) {
+            self.0[i].increment(1);
+        }
+    }
+}
+
 /// One agent's stream of `EndpointEvent`s (see the module docs).
 pub(crate) struct AgentStream {
-    events: EventStream,
+    source: Source,
     registrar: Arc<Registrar>,
     epoch: u64,
     chunk: usize,
     encoding: StreamEncoding,
     snapshot: Option<Cursor>,
     guard: StreamGuard,
+    broadcasts: Broadcasts,
 }
 
 impl AgentStream {
@@ -254,14 +296,30 @@ impl AgentStream {
     ) -> Self {
         let guard = StreamGuard::new(Arc::clone(&registrar.streams));
         Self {
-            events,
+            source: Source::Own(events),
             epoch: registrar.epoch(),
             chunk: registrar.config().snapshot_chunk.max(1),
             encoding,
             registrar,
             snapshot: None,
             guard,
+            broadcasts: Broadcasts::new(),
         }
+    }
+
+    /// The messages of the registrar's feed: `first` (unless resuming),
+    /// then what `feed` brings after it. Always shared encoding.
+    pub(crate) fn fed(registrar: Arc<Registrar>, first: Option<Snapshot>, feed: Feed) -> Self {
+        let mut stream = Self::new(
+            registrar,
+            futures::stream::empty().boxed(),
+            StreamEncoding::Shared,
+        );
+        stream.source = Source::Feed(feed);
+        if let Some(snap) = first {
+            stream.begin_snapshot(snap);
+        }
+        stream
     }
 
     fn token(&self, version: Version) -> String {
@@ -272,8 +330,9 @@ impl AgentStream {
         .to_string()
     }
 
-    /// A delta as its protobuf message, with the refusal it undoes if any.
-    fn delta(&self, ev: &Event) -> EndpointEvent {
+    /// A delta as its protobuf message, with the refusal it undoes if any;
+    /// `gone` gives what a removal took away.
+    fn delta(&self, ev: &Event, gone: impl FnOnce() -> Option<Endpoint>) -> EndpointEvent {
         let version = self.token(ev.version());
         let refusal = self
             .registrar
@@ -296,9 +355,9 @@ impl AgentStream {
             // The last endpoint stored under the key, so that a client
             // tracking endpoints by address knows which one went; only
             // the service and id when the state no longer remembers it.
-            Event::Removed { version, key } => (
+            Event::Removed { key, .. } => (
                 EventType::EndpointRemoved,
-                match self.registrar.state().store().removed(*version, key) {
+                match gone() {
                     Some(gone) => endpoint_to_proto(&gone),
                     None => ServiceEndpoint {
                         service_name: key.service.clone(),
@@ -325,22 +384,34 @@ impl AgentStream {
     /// A delta as a frame: shared with every stream that sends the same
     /// event, or this stream's own.
     fn delta_frame(&self, ev: &Event) -> Frame {
-        match self.encoding {
-            StreamEncoding::Shared => {
-                let (bytes, encoded) = self
-                    .registrar
-                    .shared
-                    .delta(ev, || codec::encode(&self.delta(ev)));
-                if encoded {
-                    self.registrar.streams.encoded(1);
-                }
-                Frame::Shared(bytes)
+        let gone = || match ev {
+            Event::Removed { version, key } => {
+                self.registrar.state().store().removed(*version, key)
             }
-            StreamEncoding::PerStream => {
-                self.registrar.streams.encoded(1);
-                Frame::Own(Box::new(self.delta(ev)))
-            }
+            _ => None,
+        };
+        if !self.encoding.shares_encodings() {
+            self.registrar.streams.encoded(1);
+            return Frame::Own(Box::new(self.delta(ev, gone)));
         }
+        let (bytes, encoded) = self
+            .registrar
+            .shared
+            .delta(ev, || codec::encode(&self.delta(ev, gone)));
+        if encoded {
+            self.registrar.streams.encoded(1);
+        }
+        Frame::Shared(bytes)
+    }
+
+    /// A change from the feed as a frame, encoded once for every stream.
+    fn fed_frame(&self, delta: &fanout::Delta) -> Frame {
+        let (bytes, encoded) =
+            delta.bytes(|| codec::encode(&self.delta(&delta.event, || delta.gone.clone())));
+        if encoded {
+            self.registrar.streams.encoded(1);
+        }
+        Frame::Shared(bytes)
     }
 
     /// The next chunk of the snapshot being sent, if any.
@@ -352,6 +423,7 @@ impl AgentStream {
             self.snapshot = None;
         }
         self.guard.set_pending(left);
+        self.broadcasts.count("full_snapshot");
         let counters = &self.registrar.streams;
         if encoded {
             counters.encoded(1);
@@ -362,12 +434,20 @@ impl AgentStream {
         Some(frame)
     }
 
-    /// Start sending `snap`.
+    /// Start sending `snap`: its first chunk.
     fn start_snapshot(&mut self, snap: Snapshot) -> Option<Frame> {
+        self.begin_snapshot(snap);
+        // Never `None`: even an empty snapshot is one message.
+        self.next_chunk()
+    }
+
+    /// Make `snap` the snapshot to send next.
+    fn begin_snapshot(&mut self, snap: Snapshot) {
         let left = snap.len();
-        let memo = match self.encoding {
-            StreamEncoding::Shared => self.registrar.shared.snapshot_memo(&snap),
-            StreamEncoding::PerStream => None,
+        let memo = if self.encoding.shares_encodings() {
+            self.registrar.shared.snapshot_memo(&snap)
+        } else {
+            None
         };
         self.snapshot = Some(Cursor {
             version: self.token(snap.version()),
@@ -378,8 +458,59 @@ impl AgentStream {
             memo,
         });
         self.guard.set_pending(left as u64);
-        // Never `None`: even an empty snapshot is one message.
-        self.next_chunk()
+    }
+
+    /// The next message from this stream's own subscription.
+    fn poll_own(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame, Status>>> {
+        let Source::Own(events) = &mut self.source else {
+            return Poll::Ready(None);
+        };
+        Poll::Ready(match std::task::ready!(events.poll_next_unpin(cx)) {
+            None => None,
+            Some(Err(e)) => Some(Err(status_from_error(&e))),
+            Some(Ok(Event::Snapshot(snap))) => self.start_snapshot(snap).map(Ok),
+            Some(Ok(delta)) => {
+                self.broadcasts.count(type_label(&delta));
+                Some(Ok(self.delta_frame(&delta)))
+            }
+        })
+    }
+
+    /// The next message from the registrar's feed.
+    fn poll_feed(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame, Status>>> {
+        loop {
+            let Source::Feed(feed) = &mut self.source else {
+                return Poll::Ready(None);
+            };
+            let item = match std::task::ready!(feed.rx.poll_next_unpin(cx)) {
+                None => return Poll::Ready(None),
+                Some(Ok(item)) => item,
+                Some(Err(BroadcastStreamRecvError::Lagged(_))) => {
+                    self.source = Source::Ended;
+                    let capacity = self.registrar.config().agent_buffer;
+                    return Poll::Ready(Some(Err(status_from_error(&Error::overloaded(format!(
+                        "watch stream fell more than {capacity} events behind and was cut \
+                             off; resubscribe to get a fresh snapshot"
+                    ))))));
+                }
+            };
+            match &*item {
+                Item::Delta(d) if d.event.version() <= feed.after => continue,
+                Item::Delta(d) => {
+                    self.broadcasts.count(type_label(&d.event));
+                    return Poll::Ready(Some(Ok(self.fed_frame(d))));
+                }
+                Item::Snapshot(snap) => {
+                    feed.after = snap.version();
+                    let snap = snap.clone();
+                    return Poll::Ready(self.start_snapshot(snap).map(Ok));
+                }
+                Item::Failed(e) => {
+                    self.source = Source::Ended;
+                    return Poll::Ready(Some(Err(status_from_error(e))));
+                }
+            }
+        }
     }
 }
 
@@ -388,20 +519,14 @@ impl Stream for AgentStream {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
-        let (frame, label) = match this.next_chunk() {
-            Some(frame) => (frame, "full_snapshot"),
-            None => match std::task::ready!(this.events.poll_next_unpin(cx)) {
-                None => return Poll::Ready(None),
-                Some(Err(e)) => return Poll::Ready(Some(Err(status_from_error(&e)))),
-                Some(Ok(Event::Snapshot(snap))) => match this.start_snapshot(snap) {
-                    Some(frame) => (frame, "full_snapshot"),
-                    None => return Poll::Ready(None),
-                },
-                Some(Ok(delta)) => (this.delta_frame(&delta), type_label(&delta)),
-            },
-        };
-        metrics::counter!("registrar_event_broadcast_total", "type" => label).increment(1);
-        Poll::Ready(Some(Ok(frame)))
+        if let Some(frame) = this.next_chunk() {
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        match this.source {
+            Source::Own(_) => this.poll_own(cx),
+            Source::Feed(_) => this.poll_feed(cx),
+            Source::Ended => Poll::Ready(None),
+        }
     }
 }
 

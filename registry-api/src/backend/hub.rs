@@ -16,6 +16,20 @@ use crate::model::{Endpoint, EndpointKey, Version};
 use crate::snapshot::{Event, Snapshot};
 use crate::traits::EventStream;
 
+/// Sees what a [`Hub`] publishes, synchronously, while the hub holds its
+/// lock ([`Hub::observe`]): one call per event, in publishing order, with
+/// the state just before it. For fanning events out to many readers
+/// without a subscription (and a copy of every event) each; an observer
+/// must be quick and must not call back into the hub.
+pub trait Observer: Send + Sync {
+    /// `event` is published; `before` is the state it applies to.
+    fn event(&self, event: &Event, before: &Snapshot);
+    /// The source reported `error` ([`Hub::report_error`]).
+    fn failed(&self, error: &Error) {
+        let _ = error;
+    }
+}
+
 /// The current state of a registry plus its live subscribers.
 ///
 /// One writer [`publish`](Hub::publish)es events; any number of readers
@@ -94,6 +108,7 @@ fn forget(lists: &mut imbl::HashMap<Arc<str>, Arc<[Endpoint]>>, event: &Event) {
 struct HubState {
     history: History,
     subscribers: Vec<Subscriber>,
+    observers: Vec<Arc<dyn Observer>>,
     /// The endpoints the last removals took away, oldest first: as many as
     /// a subscriber can still be behind (its buffer plus the history), so
     /// whoever turns a queued [`Event::Removed`] into a message can still
@@ -127,6 +142,7 @@ impl Hub {
             state: Mutex::new(HubState {
                 history: History::new(history, Version::ZERO),
                 subscribers: Vec::new(),
+                observers: Vec::new(),
                 removed: VecDeque::new(),
                 removed_cap: buffer.max(1).saturating_add(history),
             }),
@@ -209,6 +225,31 @@ impl Hub {
             .map(|(_, e)| e.clone())
     }
 
+    /// Call `observer` with every event published from now on, in order,
+    /// and every failure reported (see [`Observer`]).
+    pub fn observe(&self, observer: Arc<dyn Observer>) {
+        self.lock().observers.push(observer);
+    }
+
+    /// Run `f` on the current state (`None` before the first snapshot)
+    /// while no event is published: whatever `f` sets up (for instance a
+    /// subscription an [`Observer`] feeds) starts exactly after that state.
+    /// `f` must not call back into the hub.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use registry_api::backend::Hub;
+    /// use registry_api::Version;
+    /// let hub = Hub::new(16, 16);
+    /// assert_eq!(hub.with_current(|s| s.map(|s| s.version())), Some(Version::ZERO));
+    /// assert!(Hub::pending(16, 16).with_current(|s| s.is_none()));
+    /// ```
+    pub fn with_current<T>(&self, f: impl FnOnce(Option<&Arc<Snapshot>>) -> T) -> T {
+        let _st = self.lock();
+        let current = self.current.load();
+        f(self.is_ready().then_some(&current.snap))
+    }
+
     /// How many subscribers are connected.
     pub fn subscriber_count(&self) -> usize {
         self.lock().subscribers.len()
@@ -223,6 +264,9 @@ impl Hub {
         let mut snap = Snapshot::clone(&before.snap);
         let mut lists = before.lists.clone();
         for ev in events {
+            for o in &st.observers {
+                o.event(&ev, &snap);
+            }
             forget(&mut lists, &ev);
             if let Event::Removed { version, key } = &ev {
                 if let Some(gone) = snap.get(key) {
@@ -258,6 +302,9 @@ impl Hub {
     /// and the history are unchanged.
     pub fn report_error(&self, error: Error) {
         let mut st = self.lock();
+        for o in &st.observers {
+            o.failed(&error);
+        }
         self.send_all(&mut st, Err(error));
     }
 
@@ -368,6 +415,64 @@ mod tests {
 
     fn ep(id: &str, port: u16) -> Endpoint {
         Endpoint::new("s", id, "10.0.0.1", port)
+    }
+
+    /// Records what it sees: each event's version with the number of
+    /// endpoints in the state before it, and failures.
+    #[derive(Default)]
+    struct Seen(Mutex<Vec<String>>);
+
+    impl Observer for Seen {
+        fn event(&self, event: &Event, before: &Snapshot) {
+            let line = format!(
+                "{} v{} after {}",
+                event.type_name(),
+                event.version().0,
+                before.len()
+            );
+            self.0.lock().unwrap().push(line);
+        }
+        fn failed(&self, error: &Error) {
+            self.0.lock().unwrap().push(format!("failed: {error}"));
+        }
+    }
+
+    #[test]
+    fn observers_see_each_event_with_the_state_before_it() {
+        let hub = Hub::pending(4, 4);
+        assert!(hub.with_current(|s| s.is_none()));
+        let seen = Arc::new(Seen::default());
+        hub.observe(Arc::clone(&seen) as Arc<dyn Observer>);
+        hub.publish([Event::Snapshot(Snapshot::empty(Version(1)))]);
+        hub.publish([
+            Event::Added {
+                version: Version(2),
+                endpoint: ep("a", 1),
+            },
+            Event::Added {
+                version: Version(2),
+                endpoint: ep("b", 1),
+            },
+        ]);
+        hub.report_error(Error::unavailable("backend down"));
+        hub.publish([Event::Removed {
+            version: Version(3),
+            key: EndpointKey::new("s", "a"),
+        }]);
+        assert_eq!(
+            *seen.0.lock().unwrap(),
+            [
+                "snapshot v1 after 0",
+                "added v2 after 0",
+                "added v2 after 1",
+                "failed: unavailable: backend down",
+                "removed v3 after 2",
+            ]
+        );
+        assert_eq!(
+            hub.with_current(|s| s.map(|s| (s.version(), s.len()))),
+            Some((Version(3), 1))
+        );
     }
 
     #[test]

@@ -16,7 +16,7 @@ mod validate;
 pub use cause::{root_cause, root_cause_or_hint, ROOT_CAUSE_CHARS};
 pub use clock::VersionClock;
 pub use diff::diff;
-pub use hub::Hub;
+pub use hub::{Hub, Observer};
 pub use resume::resume_with_backoff;
 pub use settings::{check_count, check_duration};
 pub use validate::{

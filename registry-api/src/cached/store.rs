@@ -75,6 +75,20 @@ impl Store {
         self.hub.removed(version, key)
     }
 
+    /// Call `observer` with every change to the state from now on (see
+    /// [`crate::backend::Observer`]): how a fan-out to many readers avoids
+    /// a subscription each.
+    pub fn observe(&self, observer: Arc<dyn crate::backend::Observer>) {
+        self.hub.observe(observer);
+    }
+
+    /// Run `f` on the state (`None` before the first snapshot) while it
+    /// cannot change: what `f` sets up with an observer starts exactly
+    /// after that state (see [`crate::backend::Hub::with_current`]).
+    pub fn with_state<T>(&self, f: impl FnOnce(Option<&Arc<Snapshot>>) -> T) -> T {
+        self.hub.with_current(f)
+    }
+
     /// The version of the state (zero before the first snapshot).
     pub fn version(&self) -> Version {
         self.hub.current().version()

@@ -1,9 +1,12 @@
 //! Phase 1 of `registrar-load`: fan-out. The registrar runs in this
 //! process; the agents and the writer run in a child process (the same
 //! binary with `--fanout-client`), so the CPU time and memory of each side
-//! are measured apart. With `--encoding both` (the default) the phase runs
-//! twice, the baseline (every stream encodes its own messages) first, then
-//! shared encoding, each in a fresh process, and prints the ratios. The
+//! are measured apart. With `--encoding all` (the default) the phase runs
+//! three times, each in a fresh process: the baseline (every stream
+//! encodes its own messages), then each message encoded once but every
+//! stream with its own subscription to the state (`per-subscriber`), then
+//! encoded once and read from one feed (`shared`), and prints the ratios;
+//! `both` runs the first and the last. The
 //! writer waits for each tick's acknowledgements unless `--open-loop` is
 //! given, in which case it keeps up to 150 writes in flight (below the
 //! server's 200 concurrent HTTP/2 streams), so the asked rate is held
@@ -57,28 +60,31 @@ struct Figures {
 fn label(e: StreamEncoding) -> &'static str {
     match e {
         StreamEncoding::PerStream => "per-stream encoding (baseline)",
-        _ => "encoded once (shared)",
+        StreamEncoding::SharedPerSubscriber => "encoded once, a subscription per stream",
+        _ => "encoded once, one feed (shared)",
     }
 }
 
-/// Phase 1 with the encoding `--encoding` asks for; with `both`, each in
-/// a fresh process of its own (memory the first run freed would hide the
-/// second's), then the ratios.
+/// Phase 1 with the encoding `--encoding` asks for; with `both` or `all`,
+/// each in a fresh process of its own (memory the first run freed would
+/// hide the second's), then the ratios against the first.
 pub(crate) async fn phase(args: &Args) -> Res<()> {
     let encoding = match args.encoding.as_str() {
         "shared" => StreamEncoding::Shared,
+        "per-subscriber" => StreamEncoding::SharedPerSubscriber,
         "per-stream" => StreamEncoding::PerStream,
-        _ => {
+        many => {
             let base = run_apart(args, "per-stream").await?;
-            let shared = run_apart(args, "shared").await?;
-            let ratio = |b: f64, s: f64| b / s.max(1e-9);
-            println!(
-                "fan-out ratio (baseline / shared): shared reaches {:.2}x the baseline's changes/s; write -> every agent p50 {:.2}x, p99 {:.2}x lower; registrar CPU per second {:.2}x lower",
-                shared.changes_per_s / base.changes_per_s.max(1e-9),
-                ratio(base.every_p50_ms, shared.every_p50_ms),
-                ratio(base.every_p99_ms, shared.every_p99_ms),
-                ratio(base.server_cpu_per_s, shared.server_cpu_per_s),
-            );
+            if many == "all" {
+                let sub = run_apart(args, "per-subscriber").await?;
+                print_ratio("per-stream", &base, "per-subscriber", &sub);
+                let shared = run_apart(args, "shared").await?;
+                print_ratio("per-stream", &base, "shared", &shared);
+                print_ratio("per-subscriber", &sub, "shared", &shared);
+            } else {
+                let shared = run_apart(args, "shared").await?;
+                print_ratio("per-stream", &base, "shared", &shared);
+            }
             return Ok(());
         }
     };
@@ -94,6 +100,22 @@ pub(crate) async fn phase(args: &Args) -> Res<()> {
         f.encoded
     );
     Ok(())
+}
+
+/// Print how run `b` (named `bn`) compares with the baseline `a`.
+fn print_ratio(an: &str, a: &Figures, bn: &str, b: &Figures) {
+    let ratio = |x: f64, y: f64| x / y.max(1e-9);
+    println!(
+        "fan-out ratio ({an} / {bn}): {bn} reaches {:.2}x the changes/s; write -> every agent p50 {:.2}x, p99 {:.2}x lower; registrar CPU per second {:.2}x, per change {:.2}x lower",
+        b.changes_per_s / a.changes_per_s.max(1e-9),
+        ratio(a.every_p50_ms, b.every_p50_ms),
+        ratio(a.every_p99_ms, b.every_p99_ms),
+        ratio(a.server_cpu_per_s, b.server_cpu_per_s),
+        ratio(
+            a.server_cpu_per_s / a.changes_per_s.max(1e-9),
+            b.server_cpu_per_s / b.changes_per_s.max(1e-9)
+        ),
+    );
 }
 
 /// This tool again, as a child killed with its handle: `first`, then the

@@ -12,9 +12,11 @@
 //!    its delivery at every agent; the registrar's memory per agent stream
 //!    and the CPU time of each side. The registrar runs in this process,
 //!    the agents and the writer in a child process (`fanout.rs`). With
-//!    `--encoding both` (the default) it runs once with every stream
-//!    encoding its own messages (the baseline) and once with each message
-//!    encoded once for all (`shared`), and prints the ratios.
+//!    `--encoding all` (the default) it runs once with every stream
+//!    encoding its own messages (the baseline), once with each message
+//!    encoded once but a subscription to the state per stream, and once
+//!    encoded once and read from one feed (`shared`), and prints the
+//!    ratios.
 //! 2. backend load: backend connections and reads per sync interval with
 //!    the registrar in front of a polling backend, vs every agent polling
 //!    the backend itself.
@@ -78,8 +80,9 @@ struct Args {
     )]
     phases: Vec<String>,
     /// How the registrar encodes agent streams' messages in the fan-out
-    /// phase: `shared`, `per-stream` (the baseline), or `both` in turn.
-    #[arg(long, default_value = "both", value_parser = ["both", "shared", "per-stream"])]
+    /// phase: `shared`, `per-subscriber`, `per-stream` (the baseline),
+    /// `both` (per-stream, then shared) or `all` three in turn.
+    #[arg(long, default_value = "all", value_parser = ["all", "both", "shared", "per-subscriber", "per-stream"])]
     encoding: String,
     /// Fan-out phase: send each tick's writes without waiting for the
     /// previous ones (by default the writer waits for each tick's
