@@ -345,3 +345,67 @@ async fn re_asserted_writes_refused_as_overloaded_are_sent_again() {
     )
     .await;
 }
+
+/// While its backend is still opening, the registrar takes connections
+/// (many more than a small listen backlog holds) and serves them once the
+/// backend is open: a fleet reconnecting at once to a restarting registrar
+/// is not left to the kernel's accept queue, which drops or resets what
+/// overflows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_made_while_the_backend_opens_are_held_then_served() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const CLIENTS: usize = 200;
+    // A listen backlog of 4: the kernel alone would complete a handful.
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.set_nonblocking(true).unwrap();
+    let addr: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+    socket.bind(&addr.into()).unwrap();
+    socket.listen(4).unwrap();
+    let grpc = tokio::net::TcpListener::from_std(socket.into()).unwrap();
+    let addr = grpc.local_addr().unwrap();
+    let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (open, opened) = tokio::sync::watch::channel(false);
+    let backend = memory();
+    let server = tokio::spawn(
+        registrar_server::Opening::new(RegistrarConfig::new("c")).serve(
+            move || {
+                let (backend, mut opened) = (Arc::clone(&backend), opened.clone());
+                async move {
+                    let _ = opened.wait_for(|o| *o).await;
+                    Ok(backend)
+                }
+            },
+            grpc,
+            health,
+            std::future::pending(),
+        ),
+    );
+    // Every connection is established while the backend is not open.
+    let connects =
+        futures::future::join_all((0..CLIENTS).map(|_| tokio::net::TcpStream::connect(addr)));
+    let mut conns: Vec<tokio::net::TcpStream> =
+        tokio::time::timeout(Duration::from_secs(30), connects)
+            .await
+            .expect("connections were not taken while the backend was opening")
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+    assert!(!*open.borrow());
+    open.send_replace(true);
+    // Each is then served: HTTP/2's preface and an empty SETTINGS frame get
+    // the server's SETTINGS frame back.
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0";
+    for (i, conn) in conns.iter_mut().enumerate() {
+        conn.write_all(PREFACE).await.unwrap();
+        let mut head = [0u8; 9];
+        tokio::time::timeout(Duration::from_secs(30), conn.read_exact(&mut head))
+            .await
+            .unwrap_or_else(|_| panic!("connection {i} was not served"))
+            .unwrap();
+        assert_eq!(
+            head[3], 0x04,
+            "connection {i}: the first frame is not SETTINGS: {head:?}"
+        );
+    }
+    server.abort();
+}

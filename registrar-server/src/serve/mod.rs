@@ -21,6 +21,7 @@ use crate::service::RegistrarService;
 use crate::status::Status;
 use crate::{Backend, Registrar, RegistrarConfig};
 
+mod accept;
 mod options;
 mod protocols;
 
@@ -82,7 +83,16 @@ pub async fn serve_with(
     let status = Arc::clone(registrar.status());
     let slot: Slot = Arc::new(OnceLock::from(Arc::clone(&registrar)));
     let health = HealthServer::start(health, status, slot, metrics, options.ui);
-    run_grpc(registrar, grpc, secured, stop, health, Running::default()).await
+    let incoming = accept::start(grpc, secured.acceptor.clone(), options);
+    run_grpc(
+        registrar,
+        incoming,
+        secured,
+        stop,
+        health,
+        Running::default(),
+    )
+    .await
 }
 
 /// How [`Opening`] treats a backend it cannot open.
@@ -101,8 +111,9 @@ pub enum OpenPolicy {
 /// binary's `serve`): the health port answers from the start (`/readyz`
 /// 503 naming the last error while the backend cannot be opened), the
 /// backend is opened as [`OpenPolicy`] says, then the registrar serves as
-/// with [`serve_with`]. The gRPC listener is bound from the start and
-/// accepts calls once the backend is open.
+/// with [`serve_with`]. The gRPC port takes connections from the start
+/// (holding up to 1,024 that wait) and answers their calls once the
+/// backend is open.
 pub struct Opening {
     /// The registrar's settings.
     pub cfg: RegistrarConfig,
@@ -162,6 +173,9 @@ impl Opening {
         let secured = security(&options, &cfg.cluster_name)?;
         options.check_listener(&grpc)?;
         protocols.check(&options)?;
+        // Connections are taken (and held) from now on, answered once the
+        // backend is open.
+        let incoming = accept::start(grpc, secured.acceptor.clone(), options.clone());
         let stop = stop_signal(shutdown);
         status.opening_failed(&Error::unavailable("opening"));
         let slot: Slot = Arc::new(OnceLock::new());
@@ -212,7 +226,7 @@ impl Opening {
         let _ = slot.set(Arc::clone(&registrar));
         tracing::info!(backend = %registrar.backend(), epoch = registrar.epoch(), "backend open");
         let running = protocols.start(&registrar, &secured);
-        run_grpc(registrar, grpc, secured, stop, health, running).await
+        run_grpc(registrar, incoming, secured, stop, health, running).await
     }
 }
 
@@ -280,7 +294,7 @@ impl HealthServer {
 /// port (last, so `/readyz` tells the truth while draining).
 async fn run_grpc(
     registrar: Arc<Registrar>,
-    grpc: TcpListener,
+    incoming: accept::Incoming,
     secured: Secured,
     mut stop: watch::Receiver<bool>,
     health: HealthServer,
@@ -304,10 +318,7 @@ async fn run_grpc(
         let _ = stop_grpc.wait_for(|s| *s).await;
     };
     let Secured {
-        security,
-        acceptor,
-        options,
-        ..
+        security, options, ..
     } = secured;
     // Every caller is identified from its connection and headers before a
     // message is decoded (the interceptor), then by the handlers.
@@ -325,20 +336,15 @@ async fn run_grpc(
             authenticate.clone(),
         ))
         .add_service(InterceptedService::new(service, authenticate));
-    let result = match acceptor {
-        None => {
-            // Without TCP_NODELAY on accepted sockets, small responses wait
-            // for delayed ACKs (tens of milliseconds per call).
-            let incoming = tonic::transport::server::TcpIncoming::from(grpc)
-                .with_nodelay(Some(true))
-                .with_keepalive(options.tcp_keepalive);
+    let result = match incoming {
+        accept::Incoming::Plain(rx) => {
+            let incoming =
+                tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, std::io::Error>);
             grpc_router
                 .serve_with_incoming_shutdown(incoming, stopped)
                 .await
         }
-        Some(acceptor) => {
-            let (tx, rx) = tokio::sync::mpsc::channel(64);
-            tokio::spawn(accept_tls(grpc, acceptor, tx, options));
+        accept::Incoming::Tls(rx) => {
             let incoming =
                 tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, std::io::Error>);
             grpc_router
@@ -400,56 +406,5 @@ async fn mirror_readiness(
             }
             last = Some(ready);
         }
-    }
-}
-
-type TlsConn = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
-
-/// Accept TCP connections and hand those that complete the TLS handshake
-/// to the gRPC server; handshakes run concurrently, each bounded by
-/// `timeout`. Ends when the server stops taking connections.
-async fn accept_tls(
-    listener: TcpListener,
-    acceptor: tokio_rustls::TlsAcceptor,
-    tx: tokio::sync::mpsc::Sender<TlsConn>,
-    options: ServeOptions,
-) {
-    let timeout = options.handshake_timeout;
-    loop {
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            () = tx.closed() => return,
-        };
-        let (tcp, peer) = match accepted {
-            Ok(c) => c,
-            Err(e) => {
-                // Out of file descriptors and the like: do not spin.
-                tracing::warn!(error = %e, "accepting a connection failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let _ = tcp.set_nodelay(true);
-        if let Some(idle) = options.tcp_keepalive {
-            let keepalive = socket2::TcpKeepalive::new().with_time(idle);
-            if let Err(e) = socket2::SockRef::from(&tcp).set_tcp_keepalive(&keepalive) {
-                tracing::warn!(%peer, error = %e, "cannot set TCP keepalive");
-            }
-        }
-        let acceptor = acceptor.clone();
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
-                Ok(Ok(tls)) => {
-                    let _ = tx.send(tls).await;
-                }
-                Ok(Err(e)) => {
-                    tracing::warn!(%peer, error = %e, "TLS handshake failed");
-                }
-                Err(_) => {
-                    tracing::warn!(%peer, ?timeout, "TLS handshake timed out");
-                }
-            }
-        });
     }
 }

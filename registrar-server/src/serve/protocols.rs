@@ -79,7 +79,7 @@ impl Protocols {
             let listener = match (&secured.http_acceptor, listener.local_addr()) {
                 (Some(acceptor), Ok(local)) => {
                     let (tx, rx) = tokio::sync::mpsc::channel(64);
-                    tasks.push(tokio::spawn(super::accept_tls(
+                    tasks.push(tokio::spawn(super::accept::accept_tls(
                         listener,
                         acceptor.clone(),
                         tx,
@@ -173,7 +173,7 @@ async fn serve_xds(
         }
         Some(acceptor) => {
             let (tx, rx) = tokio::sync::mpsc::channel(64);
-            tokio::spawn(super::accept_tls(listener, acceptor, tx, options));
+            tokio::spawn(super::accept::accept_tls(listener, acceptor, tx, options));
             let incoming =
                 tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, std::io::Error>);
             router.serve_with_incoming_shutdown(incoming, closing).await
