@@ -67,16 +67,23 @@ pub(crate) struct Feed {
     pub(crate) after: Version,
 }
 
+/// The largest agent buffer the feed serves: its channel is allocated
+/// whole (a slot per item, rounded up to a power of two), where a stream's
+/// own queue grows only as it falls behind. With a larger
+/// `agent_buffer` every stream has a subscription of its own.
+pub(crate) const FEED_MAX: usize = 65_536;
+
 /// The registrar's one observer of its state (see the module docs).
 pub(crate) struct Fanout {
-    tx: broadcast::Sender<Arc<Item>>,
+    /// `None` when the agent buffer is above [`FEED_MAX`].
+    tx: Option<broadcast::Sender<Arc<Item>>>,
 }
 
 impl Fanout {
     /// A feed holding `capacity` items for each stream.
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
-            tx: broadcast::channel(capacity.max(1)).0,
+            tx: (capacity <= FEED_MAX).then(|| broadcast::channel(capacity.max(1)).0),
         }
     }
 
@@ -89,6 +96,7 @@ impl Fanout {
         store: &Store,
         from: Option<Version>,
     ) -> Option<(Option<Snapshot>, Feed)> {
+        let tx = self.tx.as_ref()?;
         store.with_state(|snap| {
             let snap = snap?;
             let first = match from {
@@ -97,25 +105,23 @@ impl Fanout {
                 Some(_) => return None,
             };
             let feed = Feed {
-                rx: BroadcastStream::new(self.tx.subscribe()),
+                rx: BroadcastStream::new(tx.subscribe()),
                 after: snap.version(),
             };
             Some((first, feed))
         })
     }
 
-    fn send(&self, item: Item) {
-        // No receiver: nothing to do (a stream subscribing later starts
-        // from a snapshot that holds this).
-        let _ = self.tx.send(Arc::new(item));
+    /// The channel, when some stream reads it (a stream subscribing later
+    /// starts from a snapshot that holds what is sent before).
+    fn read(&self) -> Option<&broadcast::Sender<Arc<Item>>> {
+        self.tx.as_ref().filter(|tx| tx.receiver_count() > 0)
     }
 }
 
 impl Observer for Fanout {
     fn event(&self, event: &Event, before: &Snapshot) {
-        if self.tx.receiver_count() == 0 {
-            return;
-        }
+        let Some(tx) = self.read() else { return };
         let item = match event {
             Event::Snapshot(snap) => Item::Snapshot(snap.clone()),
             Event::Removed { key, .. } => Item::Delta(Delta {
@@ -129,12 +135,42 @@ impl Observer for Fanout {
                 encoded: OnceLock::new(),
             }),
         };
-        self.send(item);
+        // A receiver gone meanwhile is no loss: it was a stream that ended.
+        let _ = tx.send(Arc::new(item));
     }
 
     fn failed(&self, error: &Error) {
-        if self.tx.receiver_count() > 0 {
-            self.send(Item::Failed(error.clone()));
+        if let Some(tx) = self.read() {
+            let _ = tx.send(Arc::new(Item::Failed(error.clone())));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use registry_api::cached::CachedRegistry;
+    use registry_api::memory::MemoryRegistry;
+    use registry_api::Version;
+
+    use super::{Fanout, FEED_MAX};
+
+    #[tokio::test]
+    async fn a_feed_serves_the_current_version_up_to_its_largest_buffer() {
+        let cache = CachedRegistry::new(MemoryRegistry::new());
+        cache.wait_until_ready().await;
+        let store = cache.store();
+        let current = store.version();
+        let feed = Fanout::new(FEED_MAX);
+        assert!(matches!(feed.subscribe(store, None), Some((Some(_), _))));
+        assert!(matches!(
+            feed.subscribe(store, Some(current)),
+            Some((None, _))
+        ));
+        // An older (or unknown) version replays the history on its own.
+        assert!(feed
+            .subscribe(store, Some(Version(current.0 + 1)))
+            .is_none());
+        // Above the largest buffer every stream subscribes on its own.
+        assert!(Fanout::new(FEED_MAX + 1).subscribe(store, None).is_none());
     }
 }
