@@ -113,12 +113,21 @@ impl Machine {
     /// to the budget; when the budget cuts it, the last datagram names its
     /// last address, where the next pull continues.
     fn send_member_pages(&mut self, to: SocketAddr, after: Option<SocketAddr>) {
-        let view = self.membership.view_after(after);
         let room = self
             .settings
             .max_packet
             .saturating_sub(self.settings.overhead() + MemberMessage::list_head_max());
         let mut budget = self.settings.ae_budget;
+        // The pages below stop within `budget + room` bytes: copy a little
+        // more than that of the view (so a cut answer still names where to
+        // go on), not all of it.
+        let (mut copied, mut cut) = (0usize, false);
+        let enough = budget.saturating_add(2 * room);
+        let view = self.membership.view_after(after, |id| {
+            cut = copied > enough;
+            copied += MemberMessage::id_len(id);
+            !cut
+        });
         let mut page: Vec<GossipId> = Vec::new();
         let mut used = 0;
         for id in view {
@@ -150,10 +159,17 @@ impl Machine {
             used += len;
             page.push(id);
         }
+        // Only when the copy was cut short (never with a sane packet size):
+        // say where to go on.
+        let next = if cut {
+            page.last().map(|last| last.addr)
+        } else {
+            None
+        };
         self.send_member_message(
             to,
             &MemberMessage::List {
-                next: None,
+                next,
                 members: page,
             },
         );

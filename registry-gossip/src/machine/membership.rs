@@ -256,16 +256,24 @@ impl Membership {
     }
 
     /// This node and its active members with an address above `after`, by
-    /// ascending address.
-    pub(super) fn view_after(&self, after: Option<SocketAddr>) -> Vec<GossipId> {
+    /// ascending address, as many as `take` accepts (it is given each
+    /// identity in turn and says whether to go on): a page of a view is
+    /// copied, not the whole view.
+    pub(super) fn view_after(
+        &self,
+        after: Option<SocketAddr>,
+        mut take: impl FnMut(&GossipId) -> bool,
+    ) -> Vec<GossipId> {
         let me = self.foca.identity();
-        let mut view: Vec<GossipId> = std::iter::once(me)
+        let mut view: Vec<&GossipId> = std::iter::once(me)
             .chain(self.foca.iter_members().map(|m| m.id()))
             .filter(|id| after.is_none_or(|a| id.addr > a))
-            .cloned()
             .collect();
         view.sort_unstable_by_key(|id| id.addr);
-        view
+        view.into_iter()
+            .take_while(|id| take(id))
+            .cloned()
+            .collect()
     }
 
     /// A random active member's address, picked with `rng` (from foca's
@@ -322,14 +330,13 @@ impl Membership {
     /// node has no live member, also up to three members seen before,
     /// picked with `rng`.
     pub(super) fn rejoin_targets(&self, rng: &mut SmallRng) -> Vec<SocketAddr> {
-        let live: BTreeSet<SocketAddr> = self.foca.iter_members().map(|m| m.id().addr).collect();
         let mut targets: Vec<SocketAddr> = self
             .seeds
             .iter()
-            .filter(|s| !live.contains(s))
+            .filter(|s| !self.is_member_addr(s))
             .copied()
             .collect();
-        if !live.is_empty() {
+        if self.foca.num_members() > 0 {
             return targets;
         }
         let me = self.foca.identity().addr;
