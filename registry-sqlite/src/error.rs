@@ -37,7 +37,6 @@
 //! `chattr +i` on the `-shm` is not survivable: SQLite writes it through
 //! a memory map, and the process gets `SIGBUS`.
 
-use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 
 use registry_api::Error;
@@ -201,16 +200,36 @@ pub(crate) fn companions(path: &Path) -> Vec<PathBuf> {
     files
 }
 
-/// Open the database file and its companions for writing, without
-/// creating, truncating or writing anything: the operating system's own
-/// answer to "may this store be written?". The first refusal, with the
-/// file it concerns.
+/// Ask the operating system whether the database file and its companions
+/// may be written (`access(2)` with `W_OK`: permissions and a read-only
+/// mount), without opening them: the first refusal, with the file it
+/// concerns.
+///
+/// Never by opening the file: closing any descriptor of a file drops every
+/// POSIX lock this process holds on it, SQLite's included, and another
+/// process opening the database would then take itself for the only one,
+/// reset the shared-memory file this process has mapped and kill it with
+/// `SIGBUS` (which the probe every few seconds did to a registrar when
+/// another process opened its file).
 pub(crate) fn writable(path: &Path) -> std::result::Result<(), (PathBuf, std::io::Error)> {
     for file in companions(path) {
-        OpenOptions::new()
-            .write(true)
-            .open(&file)
-            .map_err(|e| (file.clone(), e))?;
+        may_write(&file).map_err(|e| (file.clone(), e))?;
+    }
+    Ok(())
+}
+
+#[cfg(unix)]
+fn may_write(file: &Path) -> std::io::Result<()> {
+    rustix::fs::access(file, rustix::fs::Access::WRITE_OK).map_err(std::io::Error::from)
+}
+
+#[cfg(not(unix))]
+fn may_write(file: &Path) -> std::io::Result<()> {
+    if std::fs::metadata(file)?.permissions().readonly() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            "the file is read-only",
+        ));
     }
     Ok(())
 }
