@@ -5,12 +5,11 @@
 //! and the change log's watch add their methods in their own modules.
 //!
 //! Opening, in order:
-//! 1. the path: a directory, or a file without the SQLite header, is
-//!    refused before SQLite opens it;
+//! 1. the path: a directory is refused before SQLite opens it;
 //! 2. an existing file is inspected through a read-only connection that
-//!    sets no pragma: a file that is another application's SQLite
-//!    database is refused before anything could switch it to WAL or add
-//!    a table to it;
+//!    sets no pragma: a file that is not an SQLite database, or is another
+//!    application's, is refused before anything could switch it to WAL or
+//!    add a table to it;
 //! 3. the pools connect (WAL mode, `synchronous = NORMAL`);
 //! 4. one write transaction checks and migrates the file
 //!    ([`crate::layout::prepare`]);
@@ -18,7 +17,6 @@
 //!    background tasks (the change-log poller and the liveness sweep).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,7 +31,7 @@ use tokio::sync::{watch, Mutex};
 use tokio::task::JoinHandle;
 
 use crate::config::SqliteConfig;
-use crate::error::{check_writable, corrupt, io, map_sqlx, refine_write};
+use crate::error::{check_writable, corrupt, io, map_sqlx, not_a_database, refine_write};
 use crate::layout::{
     decode, delete_rows, encode, load_rows, log_rows, prepare, store_rows, to_i64, to_u64,
     touch_meta, EpRow, Found,
@@ -67,9 +65,6 @@ impl Drop for Database {
         }
     }
 }
-
-/// The first 16 bytes of every SQLite database file.
-const SQLITE_HEADER: &[u8; 16] = b"SQLite format 3\0";
 
 impl Database {
     /// Open (creating if needed) the database at `cfg.path`, check it,
@@ -451,24 +446,11 @@ fn precheck(path: &Path) -> Result<bool> {
             "path",
             format!("{p} is a directory, not an SQLite database file"),
         )),
-        Ok(m) if m.len() > 0 => {
-            let mut head = Vec::with_capacity(16);
-            std::fs::File::open(path)
-                .and_then(|f| f.take(16).read_to_end(&mut head))
-                .map_err(|e| io(path, "cannot read the registry database", e))?;
-            if head.as_slice() == SQLITE_HEADER {
-                Ok(true)
-            } else {
-                Err(Error::invalid(
-                    "path",
-                    format!(
-                        "{p} is not an SQLite database (it does not start with the SQLite \
-                         header); the file was left untouched"
-                    ),
-                ))
-            }
-        }
-        Ok(_) => Ok(false),
+        // Its content is SQLite's to judge ([`inspect`], read-only): reading
+        // the header here through a descriptor of our own, then closing it,
+        // would drop the POSIX locks SQLite holds on the file for any other
+        // connection of this process (see `error::writable`).
+        Ok(m) => Ok(m.len() > 0),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let parent = match path.parent() {
                 Some(d) if !d.as_os_str().is_empty() => d,
@@ -498,8 +480,10 @@ async fn inspect(path: &Path, busy_timeout: Duration) -> Result<()> {
         .busy_timeout(busy_timeout)
         .connect()
         .await
-        .map_err(|e| map_sqlx(e, path, what))?;
-    let found = Found::read(&mut conn, path, what).await;
+        .map_err(|e| not_a_database(map_sqlx(e, path, what), path))?;
+    let found = Found::read(&mut conn, path, what)
+        .await
+        .map_err(|e| not_a_database(e, path));
     if let Err(e) = conn.close().await {
         tracing::debug!(path = %path.display(), error = %e, "closing the inspection connection");
     }

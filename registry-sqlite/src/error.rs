@@ -166,6 +166,25 @@ pub(crate) fn refine_write(err: Error, path: &Path) -> Error {
     }
 }
 
+/// `err` as `InvalidInput` naming `path` when SQLite found the file is not
+/// a database (`NOTADB`): the inspection reads it through a read-only
+/// connection, so the file was left as it was.
+pub(crate) fn not_a_database(err: Error, path: &Path) -> Error {
+    let code = sqlx_source(&err).and_then(sqlite_code).map(|c| c & 0xff);
+    if code != Some(code::NOTADB) {
+        return err;
+    }
+    Error::invalid(
+        "path",
+        format!(
+            "{} is not an SQLite database (SQLite says: file is not a database); the file \
+             was left untouched",
+            path.display()
+        ),
+    )
+    .with_source(err)
+}
+
 /// The sqlx error an [`Error`] was mapped from, if any ([`Error::with_source`]
 /// keeps it behind an `Arc`).
 fn sqlx_source(err: &Error) -> Option<&sqlx::Error> {
