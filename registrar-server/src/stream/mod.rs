@@ -294,9 +294,23 @@ impl AgentStream {
         events: EventStream,
         encoding: StreamEncoding,
     ) -> Self {
+        Self::from_source(registrar, Source::Own(events), encoding)
+    }
+
+    /// The messages of the registrar's feed: `first` (unless resuming),
+    /// then what `feed` brings after it. Always shared encoding.
+    pub(crate) fn fed(registrar: Arc<Registrar>, first: Option<Snapshot>, feed: Feed) -> Self {
+        let mut stream = Self::from_source(registrar, Source::Feed(feed), StreamEncoding::Shared);
+        if let Some(snap) = first {
+            stream.begin_snapshot(snap);
+        }
+        stream
+    }
+
+    fn from_source(registrar: Arc<Registrar>, source: Source, encoding: StreamEncoding) -> Self {
         let guard = StreamGuard::new(Arc::clone(&registrar.streams));
         Self {
-            source: Source::Own(events),
+            source,
             epoch: registrar.epoch(),
             chunk: registrar.config().snapshot_chunk.max(1),
             encoding,
@@ -305,21 +319,6 @@ impl AgentStream {
             guard,
             broadcasts: Broadcasts::new(),
         }
-    }
-
-    /// The messages of the registrar's feed: `first` (unless resuming),
-    /// then what `feed` brings after it. Always shared encoding.
-    pub(crate) fn fed(registrar: Arc<Registrar>, first: Option<Snapshot>, feed: Feed) -> Self {
-        let mut stream = Self::new(
-            registrar,
-            futures::stream::empty().boxed(),
-            StreamEncoding::Shared,
-        );
-        stream.source = Source::Feed(feed);
-        if let Some(snap) = first {
-            stream.begin_snapshot(snap);
-        }
-        stream
     }
 
     fn token(&self, version: Version) -> String {
