@@ -7,6 +7,11 @@ pub mod greeter;
 #[cfg(doctest)]
 pub struct WorkspaceReadme;
 
+/// docs/combinators.md, so that its code compiles as doctests.
+#[doc = include_str!("../docs/combinators.md")]
+#[cfg(doctest)]
+pub struct CombinatorsDoc;
+
 /// The outcome of an example's `run` as its exit code: on an error, one
 /// line on stderr — the error and each of its causes, separated by `: ` —
 /// instead of the `Debug` dump `main` returning a `Result` prints.

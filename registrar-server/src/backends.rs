@@ -38,6 +38,21 @@ pub enum BackendKind {
 }
 
 impl BackendKind {
+    /// Its `--registry-backend` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Memory => "memory",
+            #[cfg(feature = "sqlite")]
+            BackendKind::Sqlite => "sqlite",
+            #[cfg(feature = "etcd")]
+            BackendKind::Etcd => "etcd",
+            #[cfg(feature = "dynamodb")]
+            BackendKind::Dynamodb => "dynamodb",
+            #[cfg(feature = "cloudmap")]
+            BackendKind::Cloudmap => "cloudmap",
+        }
+    }
+
     /// The product's name, for messages.
     pub fn name(self) -> &'static str {
         match self {

@@ -36,8 +36,8 @@ use crate::Backend;
 ///   the epoch (the start time in microseconds) they form the tokens agents
 ///   resume from.
 /// - A monitor task probes the backend, follows the write queue's status
-///   and the background tasks, and keeps [`Status`] true (see the README's
-///   reliability section).
+///   and the background tasks, and keeps [`Status`] true (see
+///   `docs/registrar/health.md`).
 /// - Replicas are independent: each keeps its own state from the shared
 ///   backend, which is also how endpoints of other clusters arrive.
 pub struct Registrar {
@@ -166,8 +166,8 @@ impl Registrar {
     }
 
     /// Counters of the agents' `WatchEndpoints` streams: how many are open
-    /// and how much of their first snapshots they encoded (see the
-    /// README's section on streams).
+    /// and how much of their first snapshots they encoded (see
+    /// `docs/registrar/streams.md`).
     pub fn watch_stats(&self) -> WatchStats {
         self.streams.stats()
     }

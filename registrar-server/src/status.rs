@@ -1,8 +1,8 @@
 //! [`Status`]: what the registrar knows about its own health, read by
 //! `/readyz`, by the write path and by the metrics.
 //!
-//! Two kinds of trouble are told apart (the registrar's README has the
-//! table):
+//! Two kinds of trouble are told apart (`docs/registrar/health.md` has
+//! the table):
 //!
 //! - **The backend is unreachable or slow.** The registrar stays ready:
 //!   agents keep their streams and cached reads, writes queue (bounded) and

@@ -14,7 +14,7 @@ use registry_api::Registry;
 /// A `DynamoDbRegistry` of its own on `table` at moto, to look behind the
 /// registrar.
 async fn direct_dynamodb(
-    moto: &registry_tests::MotoServer,
+    moto: &registry_fixtures::MotoServer,
     table: impl Into<String>,
 ) -> registry_dynamodb::DynamoDbRegistry {
     registry_dynamodb::DynamoDbRegistry::connect(
@@ -27,7 +27,7 @@ async fn direct_dynamodb(
     .unwrap()
 }
 
-async fn serve_on(moto: &registry_tests::MotoServer, backend_args: &[&str]) -> common::Served {
+async fn serve_on(moto: &registry_fixtures::MotoServer, backend_args: &[&str]) -> common::Served {
     let mut args = vec![
         "--aws-region",
         "us-east-1",
@@ -47,7 +47,7 @@ async fn serve_on(moto: &registry_tests::MotoServer, backend_args: &[&str]) -> c
 #[cfg(feature = "dynamodb")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registrar_on_dynamodb() {
-    let moto = registry_tests::MotoServer::start_async().await.unwrap();
+    let moto = registry_fixtures::MotoServer::start_async().await.unwrap();
     let table = unique("registrar");
     let server = serve_on(
         &moto,
@@ -78,7 +78,7 @@ async fn registrar_on_dynamodb() {
 #[cfg(feature = "dynamodb")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registrars_on_dynamodb_share_changes_through_the_change_log() {
-    let moto = registry_tests::MotoServer::start_async().await.unwrap();
+    let moto = registry_fixtures::MotoServer::start_async().await.unwrap();
     let table = unique("registrar-log");
     let args = [
         "--registry-backend",
@@ -137,7 +137,7 @@ async fn a_deleted_dynamodb_table_stops_acknowledging_then_heals() {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Arc;
 
-    let moto = registry_tests::MotoServer::start_async().await.unwrap();
+    let moto = registry_fixtures::MotoServer::start_async().await.unwrap();
     let table = unique("healing");
     let creds = [
         ("AWS_ACCESS_KEY_ID", "test"),
@@ -268,7 +268,7 @@ async fn a_deleted_dynamodb_table_stops_acknowledging_then_heals() {
 #[cfg(feature = "cloudmap")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registrar_on_cloudmap() {
-    let moto = registry_tests::MotoServer::start_async().await.unwrap();
+    let moto = registry_fixtures::MotoServer::start_async().await.unwrap();
     let ns = unique("ns");
     let server = serve_on(
         &moto,

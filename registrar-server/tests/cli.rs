@@ -10,7 +10,7 @@ use std::process::Stdio;
 
 use common::cli::{cli, next_line, BIN, LIMIT};
 use common::pki::{write_bundle, Ca};
-use common::{http_get, parse, serve_binary, Scrape, Served};
+use common::{http_get, parse, serve_binary, serve_binary_in, Scrape, Served};
 use registry_api::testing::{ep, eventually};
 use registry_api::Registry;
 use registry_registrar::{ClientConfig, RegistrarClient};
@@ -156,7 +156,7 @@ async fn bad_flags_exit_2_and_failures_name_the_address() {
     let out = cli(&["register", "svc"]).await;
     assert_eq!(out.code, 2, "{}", out.stderr);
 
-    let port = registry_tests::free_port().unwrap();
+    let port = registry_fixtures::free_port().unwrap();
     let addr = format!("http://127.0.0.1:{port}");
     for args in [
         vec!["--address", addr.as_str(), "ls"],
@@ -509,4 +509,203 @@ async fn out_of_range_values_exit_2_naming_the_flag() {
     }
     let out = cli(&["serve", "--sync-interval", "0s"]).await;
     assert!(out.stderr.contains("allowed 10ms to 1h"), "{}", out.stderr);
+}
+
+/// The endpoints `ls --json` lists at `url`, as JSON objects.
+async fn listed(url: &str) -> Vec<serde_json::Value> {
+    let out = cli(&["--address", url, "ls", "--json"]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    out.stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// With no flag choosing a backend, `serve` runs on SQLite (`registry.db`
+/// in its working directory) and serves gRPC and health only: restarted
+/// the same way, it still holds what it acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_with_its_defaults_keeps_what_it_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_binary_in(dir.path(), &[]).await;
+    for face in ["http-api=", "dns=", "xds="] {
+        assert!(!server.line.contains(face), "{face} in {}", server.line);
+    }
+    let url = server.url();
+    for id in ["pod-1", "pod-2"] {
+        let out = cli(&["--address", &url, "register", "payments", id, "10.0.0.5:8080"]).await;
+        assert_eq!(out.code, 0, "{}", out.stderr);
+    }
+    assert_eq!(server.terminate().await.code(), Some(0));
+    assert!(dir.path().join("registry.db").is_file());
+
+    let server = serve_binary_in(dir.path(), &[]).await;
+    let url = server.url();
+    eventually("both endpoints after the restart", || async {
+        let ids: Vec<String> = listed(&url)
+            .await
+            .iter()
+            .map(|e| e["id"].as_str().unwrap_or_default().to_string())
+            .collect();
+        (ids == ["pod-1", "pod-2"]).then_some(())
+    })
+    .await;
+}
+
+/// A backend's own flag selects it; beside another backend's flag, or
+/// another `--registry-backend`, it is refused naming both flags (it
+/// would otherwise be ignored); `memory` says it keeps nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_flag_selects_its_backend_or_is_refused_naming_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("elsewhere.db");
+    let server = serve_binary_in(dir.path(), &["--sqlite-path", db.to_str().unwrap()]).await;
+    let out = cli(&["--address", &server.url(), "register", "web", "a", "10.0.0.1:80"]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(server.terminate().await.code(), Some(0));
+    assert!(db.is_file());
+    assert!(!dir.path().join("registry.db").exists());
+
+    let refused: [(&[&str], [&str; 2]); 3] = [
+        (
+            &["serve", "--registry-backend=memory", "--sqlite-path", "x.db"],
+            ["--sqlite-path", "--registry-backend=memory"],
+        ),
+        (
+            &["serve", "--sqlite-path", "x.db", "--etcd-endpoints", "http://127.0.0.1:1"],
+            ["--sqlite-path", "--etcd-endpoints"],
+        ),
+        (
+            &["serve", "--registry-backend=sqlite", "--dynamodb-table", "t"],
+            ["--dynamodb-table", "--registry-backend=sqlite"],
+        ),
+    ];
+    for (args, flags) in refused {
+        let out = cli(args).await;
+        assert_eq!(out.code, 2, "{args:?}: {}", out.stderr);
+        for flag in flags {
+            assert!(out.stderr.contains(flag), "{flag} not named: {}", out.stderr);
+        }
+    }
+
+    let mut memory = common::spawn_serve(&["--registry-backend=memory"]).await;
+    memory.signal("TERM");
+    assert_eq!(memory.exit_code(LIMIT).await, Some(0));
+    assert!(
+        memory.stderr().contains("every write is lost when the registrar exits"),
+        "{}",
+        memory.stderr()
+    );
+}
+
+/// With their defaults, two registrars start side by side on one host,
+/// and one starts while Consul's agent ports (8500 HTTP, 8600 DNS) are
+/// taken: the faces beyond gRPC and health are off unless asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_registrars_start_side_by_side_and_beside_consuls_ports() {
+    // Held by this test when free; otherwise someone else holds them.
+    let _consul_http = std::net::TcpListener::bind("127.0.0.1:8500");
+    let _consul_dns_udp = std::net::UdpSocket::bind("127.0.0.1:8600");
+    let _consul_dns_tcp = std::net::TcpListener::bind("127.0.0.1:8600");
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let one = serve_binary_in(a.path(), &[]).await;
+    let two = serve_binary_in(b.path(), &[]).await;
+    for server in [&one, &two] {
+        eventually("ready", || async {
+            (http_get(&server.health, "/readyz").await.0 == 200).then_some(())
+        })
+        .await;
+    }
+    assert_eq!(one.terminate().await.code(), Some(0));
+    assert_eq!(two.terminate().await.code(), Some(0));
+}
+
+/// The default mTLS policy lets a node register its own endpoints with
+/// default values: an endpoint written without a cluster, over plain gRPC
+/// or with the CLI (no `--cluster`), belongs to the registrar's cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_without_a_cluster_is_the_registrars_under_the_default_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ca = Ca::new("test CA");
+    let p = |x: &std::path::Path| x.to_str().unwrap().to_string();
+    let bundle = p(&write_bundle(d, "ca.pem", &[&ca]));
+    let (scert, skey) = ca.server().write(d, "server");
+    let (scert, skey) = (p(&scert), p(&skey));
+    let (ncert, nkey) = ca
+        .client(Some("spiffe://example.org/node/n1"))
+        .write(d, "n1");
+    let server = serve_binary(&[
+        "--tls-ca",
+        &bundle,
+        "--tls-cert",
+        &scert,
+        "--tls-key",
+        &skey,
+        "--trust-domain",
+        "example.org",
+        "--cluster-name",
+        "east",
+    ])
+    .await;
+    let url = format!("https://{}", server.grpc);
+    let out = cli(&[
+        "--address",
+        &url,
+        "--tls-ca",
+        &bundle,
+        "--tls-cert",
+        &p(&ncert),
+        "--tls-key",
+        &p(&nkey),
+        "register",
+        "api",
+        "by-cli",
+        "10.0.0.2:80",
+        "--node",
+        "n1",
+    ])
+    .await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+
+    let files = registry_registrar::TlsFiles::new(&bundle, &ncert, &nkey);
+    let cfg = ClientConfig::new(&url, "east", "n1").with_tls(files);
+    let rpc = registry_registrar::RpcClient::connect(cfg).unwrap();
+    let plain = registry_api::Endpoint::new("api", "by-grpc", "10.0.0.3", 80)
+        .with_cluster("")
+        .with_node("n1");
+    rpc.send(
+        &registry_api::Op::Register(plain),
+        registry_registrar::Ack::Durable,
+    )
+    .await
+    .unwrap();
+
+    let out = cli(&[
+        "--address",
+        &url,
+        "--tls-ca",
+        &bundle,
+        "--tls-cert",
+        &p(&ncert),
+        "--tls-key",
+        &p(&nkey),
+        "ls",
+        "--json",
+    ])
+    .await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let clusters: Vec<(String, String)> = out
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .map(|e| (e["id"].to_string(), e["cluster"].to_string()))
+        .collect();
+    assert_eq!(
+        clusters,
+        [
+            ("\"by-cli\"".to_string(), "\"east\"".to_string()),
+            ("\"by-grpc\"".to_string(), "\"east\"".to_string())
+        ]
+    );
 }

@@ -59,8 +59,8 @@ async fn wait_listening(port: u16) {
 async fn registrar_killed_mid_burst_loses_nothing_agents_hold() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("registry.db");
-    let grpc = registry_tests::free_port().unwrap();
-    let health = registry_tests::free_port().unwrap();
+    let grpc = registry_fixtures::free_port().unwrap();
+    let health = registry_fixtures::free_port().unwrap();
     let mut proc = spawn_registrar(&db, grpc, health);
     wait_listening(grpc).await;
 

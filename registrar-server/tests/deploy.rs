@@ -1,7 +1,8 @@
 //! The monitoring files in `deploy/` (issue 20): the Prometheus alert rules
 //! pass `promtool check rules` and their unit tests (`promtool test rules`),
 //! and the Grafana dashboard is JSON that queries only metrics the
-//! registrar's README lists, and all of them.
+//! registrar's metrics page (`docs/registrar/metrics.md`) lists, and all
+//! of them.
 //!
 //! `promtool` comes from Debian's `prometheus` package (`scripts/test`
 //! installs it); without it these tests fail, naming the package.
@@ -57,10 +58,10 @@ fn alert_rules_pass_their_unit_tests() {
     assert!(out.contains("SUCCESS"), "{out}");
 }
 
-/// The metric names the registrar's README lists in its "Metrics" section
+/// The metric names `docs/registrar/metrics.md` lists in its "Metrics" section
 /// (each in backquotes, labels cut off).
 fn documented_metrics() -> BTreeSet<String> {
-    let readme = std::fs::read_to_string(repo().join("registrar-server/README.md")).unwrap();
+    let readme = std::fs::read_to_string(repo().join("docs/registrar/metrics.md")).unwrap();
     let start = readme.find("\n## Metrics").expect("a Metrics section");
     let rest = &readme[start + 1..];
     let section = match rest[1..].find("\n## ") {

@@ -30,7 +30,7 @@ use registry_etcd::{EtcdConfig, EtcdRegistry};
 use registry_registrar::proto::registrar::v1::endpoint_event::EventType;
 use registry_registrar::proto::registrar::v1::registrar_client::RegistrarClient as Grpc;
 use registry_registrar::proto::registrar::v1::WatchEndpointsRequest;
-use registry_tests::EtcdServer;
+use registry_fixtures::EtcdServer;
 
 /// Every phase ends by this deadline, finished or not.
 const PHASE_LIMIT: Duration = Duration::from_secs(180);

@@ -17,8 +17,8 @@ use common::{parse, spawn_serve, Spawned};
 use registry_api::testing::{ep, eventually, unique};
 use registry_api::{EndpointKey, Registry};
 use registry_registrar::{Ack, ClientConfig, RpcClient};
-use registry_tests::fs::{immutable_blocks_open_writers, with_suffix, Immutable, ReadOnlyFile};
-use registry_tests::EtcdServer;
+use registry_fixtures::fs::{immutable_blocks_open_writers, with_suffix, Immutable, ReadOnlyFile};
+use registry_fixtures::EtcdServer;
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -149,7 +149,7 @@ async fn sqlite_made_read_only_while_running_refuses_writes_until_writable() {
 /// degraded, and every one lands once there is room, without a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_disk_full_then_restored_loses_no_acknowledged_write() {
-    let fs = match registry_tests::fs::Tmpfs::mount("2m") {
+    let fs = match registry_fixtures::fs::Tmpfs::mount("2m") {
         Ok(fs) => fs,
         Err(why) => return skip(&why),
     };
@@ -163,7 +163,7 @@ async fn sqlite_disk_full_then_restored_loses_no_acknowledged_write() {
     .await;
     ready(&s).await;
     let ballast = fs.path().join("ballast");
-    registry_tests::fs::fill(&ballast);
+    registry_fixtures::fs::fill(&ballast);
     let client = raw(&s, Ack::Optimistic);
     let eps: Vec<_> = (0..50)
         .map(|i| ep("svc", &format!("e{i}"), 1).with_label("pad", "x".repeat(512)))
@@ -277,7 +277,7 @@ async fn a_backend_down_at_start_is_waited_for() {
 /// `--fail-fast` keeps the old behaviour: exit at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fail_fast_exits_when_the_backend_is_down_at_start() {
-    let port = registry_tests::free_port().unwrap();
+    let port = registry_fixtures::free_port().unwrap();
     let mut s = spawn_serve(&[
         "--registry-backend=etcd",
         &format!("--etcd-endpoints=http://127.0.0.1:{port}"),
@@ -410,7 +410,7 @@ async fn etcd_down_for_10s_degrades_visibly_and_loses_nothing() {
 /// during an optimistic burst from 8 plain gRPC writers; prints how many
 /// acknowledged writes were lost and how long before the kill the oldest
 /// lost one was acknowledged: the window of the optimistic mode. The
-/// README's reliability section quotes it.
+/// reliability table (`docs/reliability.md`) quotes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement: run with --ignored --nocapture"]
 async fn measure_the_optimistic_loss_window() {

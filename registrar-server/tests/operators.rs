@@ -33,7 +33,7 @@ async fn addresses_without_a_scheme_are_taken_as_http() {
     assert!(out.stdout.starts_with("SERVICE"), "{}", out.stdout);
     // Unreachable, without a scheme: the message names the address as
     // used, not "invalid URI".
-    let port = registry_tests::free_port().unwrap();
+    let port = registry_fixtures::free_port().unwrap();
     let addr = format!("127.0.0.1:{port}");
     let out = cli(&["--address", &addr, "ls"]).await;
     assert_eq!(out.code, 1, "{}", out.stderr);
@@ -129,7 +129,7 @@ async fn backend_errors_are_one_line_with_the_product_name() {
 #[cfg(feature = "dynamodb")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_aws_credentials_are_one_line() {
-    let port = registry_tests::free_port().unwrap();
+    let port = registry_fixtures::free_port().unwrap();
     let endpoint = format!("http://127.0.0.1:{port}");
     let run = |verbose: bool| {
         let mut cmd = Command::new(BIN);

@@ -1,5 +1,5 @@
 //! Benchmarks of the Cloud Map backend's polling against `moto_server` on
-//! loopback (started through `registry_tests::MotoServer::start()`,
+//! loopback (started through `registry_fixtures::MotoServer::start()`,
 //! stopped at the end). Run with
 //! `cargo bench -p registry-cloudmap --bench cloudmap`.
 //!
@@ -22,7 +22,7 @@ use registry_api::testing::unique;
 use registry_api::{Batch, Endpoint, Op, Registry};
 use registry_cloudmap::aws_sdk_servicediscovery::config::{BehaviorVersion, Credentials, Region};
 use registry_cloudmap::{CloudMapConfig, CloudMapRegistry, CloudMapStats, ReadMode};
-use registry_tests::MotoServer;
+use registry_fixtures::MotoServer;
 
 const SERVICES: usize = 100;
 const PER_SERVICE: usize = 10;
@@ -196,7 +196,7 @@ async fn run(url: &str) {
 fn main() {
     let moto = MotoServer::start().expect("moto_server (pip install 'moto[server]')");
     println!(
-        "SETUP moto {:?} at {} (fixture registry_tests::MotoServer)",
+        "SETUP moto {:?} at {} (fixture registry_fixtures::MotoServer)",
         moto.provision(),
         moto.url()
     );

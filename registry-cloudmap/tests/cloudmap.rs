@@ -15,7 +15,7 @@ use registry_api::{Batch, Endpoint, Error, ErrorKind, Op, Registry};
 use registry_cloudmap::aws_sdk_servicediscovery::types::CustomHealthStatus;
 use registry_cloudmap::aws_sdk_servicediscovery::types::HealthStatusFilter;
 use registry_cloudmap::{layout, ReadMode, WriteMode};
-use registry_tests::MotoServer;
+use registry_fixtures::MotoServer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_discover_instances_sees_standard_attributes() {

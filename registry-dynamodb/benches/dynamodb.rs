@@ -1,5 +1,5 @@
 //! Benchmarks of the DynamoDB backend against `moto_server` on loopback
-//! (started through `registry_tests::MotoServer::start()`, stopped at the
+//! (started through `registry_fixtures::MotoServer::start()`, stopped at the
 //! end). Run with `cargo bench -p registry-dynamodb --bench dynamodb`.
 //!
 //! Plain timing (no criterion): 10k registrations, one `register` call per
@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use registry_api::testing::{unique, Faulty};
 use registry_api::{coalescing::Coalescing, Endpoint, Op, Registry};
 use registry_dynamodb::{DynamoDbConfig, DynamoDbRegistry};
-use registry_tests::MotoServer;
+use registry_fixtures::MotoServer;
 
 /// Registrations per run.
 const N: usize = 10_000;
@@ -152,7 +152,7 @@ async fn coalesced(url: &str) -> Coalesced {
 fn start_moto() -> MotoServer {
     let moto = MotoServer::start().expect("moto_server (pip install 'moto[server]')");
     println!(
-        "SETUP moto {:?} at {} (fixture registry_tests::MotoServer)",
+        "SETUP moto {:?} at {} (fixture registry_fixtures::MotoServer)",
         moto.provision(),
         moto.url()
     );

@@ -15,7 +15,7 @@ use registry_api::testing::{eventually, first_snapshot, unique, wait_limit};
 use registry_api::{Batch, Endpoint, EndpointKey, Event, EventStream, Op, Registry, Watch};
 use registry_dynamodb::aws_sdk_dynamodb::types::AttributeValue;
 use registry_dynamodb::{DynamoDbConfig, DynamoDbRegistry, WatchMode};
-use registry_tests::MotoServer;
+use registry_fixtures::MotoServer;
 
 /// The partition of the log and the sort key of its head, as the crate
 /// docs give them.

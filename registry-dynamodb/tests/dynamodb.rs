@@ -23,7 +23,7 @@ use registry_api::{
 };
 use registry_dynamodb::aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
 use registry_dynamodb::{DynamoDbConfig, DynamoDbRegistry};
-use registry_tests::MotoServer;
+use registry_fixtures::MotoServer;
 
 /// The batch rule: 101 ops are refused before anything is sent; 100 ops
 /// are one transaction, with a token of its own.

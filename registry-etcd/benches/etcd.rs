@@ -1,5 +1,5 @@
 //! Benchmarks of the etcd backend against a real etcd on loopback (started
-//! through `registry_tests::EtcdServer::start()`, stopped at the end). Run
+//! through `registry_fixtures::EtcdServer::start()`, stopped at the end). Run
 //! with `cargo bench -p registry-etcd --bench etcd`.
 //!
 //! Plain timing (no criterion): each phase runs once on a prefix of its own
@@ -23,7 +23,7 @@ use registry_api::testing::{unique, Faulty};
 use registry_api::{cached::CachedRegistry, coalescing::Coalescing, Batch, Endpoint, Op, Registry};
 use registry_etcd::etcd_client::Client;
 use registry_etcd::{EtcdConfig, EtcdRegistry};
-use registry_tests::EtcdServer;
+use registry_fixtures::EtcdServer;
 
 /// Registrations per write phase.
 const N: usize = 10_000;
@@ -246,7 +246,7 @@ fn main() {
     // `cargo bench` passes `--bench`; nothing here takes arguments.
     let server = EtcdServer::start().expect("etcd (apt-get install etcd-server)");
     println!(
-        "SETUP etcd {:?} at {} (fixture registry_tests::EtcdServer)",
+        "SETUP etcd {:?} at {} (fixture registry_fixtures::EtcdServer)",
         server.provision(),
         server.endpoint()
     );

@@ -19,3 +19,8 @@ pub use layout::ENCODING_VERSION;
 
 /// The etcd client this crate uses, for [`EtcdRegistry::client`].
 pub use etcd_client;
+
+/// docs/migrating-from-etcd.md, so that its code compiles as doctests.
+#[doc = include_str!("../../docs/migrating-from-etcd.md")]
+#[cfg(doctest)]
+pub struct MigratingFromEtcdDoc;

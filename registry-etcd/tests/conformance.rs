@@ -1,14 +1,14 @@
 //! The registry-api conformance suite against a real etcd (the
-//! `registry_tests` fixture), the only place it runs for this backend:
+//! `registry_fixtures` fixture), the only place it runs for this backend:
 //! each check gets an etcd of its own, because `lose_history` compacts the
 //! whole server.
 
 use registry_api::testing::Guarded;
 use registry_etcd::EtcdRegistry;
-use registry_tests::EtcdServer;
+use registry_fixtures::EtcdServer;
 
 async fn make() -> Guarded<EtcdRegistry> {
-    registry_tests::registries::etcd()
+    registry_fixtures::registries::etcd()
         .await
         .expect("a registry on a fixture etcd (apt-get install etcd-server)")
 }
@@ -16,7 +16,7 @@ async fn make() -> Guarded<EtcdRegistry> {
 /// Compact etcd past every change made so far.
 async fn lose_history(reg: &Guarded<EtcdRegistry>) {
     let etcd = reg.guard::<EtcdServer>().expect("the etcd fixture");
-    registry_tests::registries::compact_etcd(etcd.endpoint())
+    registry_fixtures::registries::compact_etcd(etcd.endpoint())
         .await
         .expect("compact");
 }

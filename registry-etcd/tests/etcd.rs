@@ -1,4 +1,4 @@
-//! etcd-specific behaviour against a real etcd (the `registry_tests`
+//! etcd-specific behaviour against a real etcd (the `registry_fixtures`
 //! fixture): key layout, the batch rule, leases, compaction and restarts during a watch.
 
 mod common;

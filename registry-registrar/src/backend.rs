@@ -172,9 +172,22 @@ impl fmt::Debug for RegistrarClient {
     }
 }
 
+impl RegistrarClient {
+    /// `endpoint`, in this agent's cluster when it names none.
+    fn in_own_cluster(&self, mut endpoint: Endpoint) -> Endpoint {
+        if endpoint.cluster.is_empty() {
+            endpoint.cluster = self.state.cfg.cluster_name.clone();
+        }
+        endpoint
+    }
+}
+
 #[async_trait]
 impl Registry for RegistrarClient {
+    /// An endpoint without a cluster belongs to this agent's
+    /// (`ClientConfig::cluster_name`), as the registrar would write it.
     async fn register(&self, endpoint: Endpoint) -> Result<()> {
+        let endpoint = self.in_own_cluster(endpoint);
         endpoint.validate()?;
         self.write(Op::Register(endpoint)).await
     }
@@ -210,6 +223,10 @@ impl Batch for RegistrarClient {
     async fn apply(&self, ops: Vec<Op>) -> Result<()> {
         check_batch(&ops, MAX_BATCH)?;
         for op in ops {
+            let op = match op {
+                Op::Register(e) => Op::Register(self.in_own_cluster(e)),
+                deregister => deregister,
+            };
             self.write(op).await?;
         }
         Ok(())

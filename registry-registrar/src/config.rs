@@ -19,7 +19,8 @@ pub enum Ack {
     /// the backend later refuses is undone, and the undo reaches agents on
     /// their stream with the refusal. Writes queued in a registrar that is
     /// killed before they reach the backend are lost (measured window in
-    /// the registrar's README); `RegistrarClient` re-asserts what it owns.
+    /// `docs/registrar/acknowledgement.md`); `RegistrarClient` re-asserts
+    /// what it owns.
     #[default]
     Optimistic,
     /// Once the backend committed it; a refusal is the call's error.

@@ -279,5 +279,5 @@ fn container_fallback(kind: &str, err: &FixtureError) {
         kind,
         "fixture container failed, using a local process: {err}"
     );
-    eprintln!("registry-tests: {kind} container failed, using a local process: {err}");
+    eprintln!("registry-fixtures: {kind} container failed, using a local process: {err}");
 }

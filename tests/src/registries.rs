@@ -4,9 +4,9 @@
 //! namespace). The server lives as long as the returned registry.
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), registry_tests::FixtureError> {
+//! # async fn demo() -> Result<(), registry_fixtures::FixtureError> {
 //! use registry_api::Registry;
-//! let reg = registry_tests::registries::etcd().await?;   // feature `etcd`
+//! let reg = registry_fixtures::registries::etcd().await?;   // feature `etcd`
 //! reg.register(registry_api::Endpoint::new("api", "a", "127.0.0.1", 80)).await.unwrap();
 //! # Ok(()) }
 //! ```

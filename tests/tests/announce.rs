@@ -70,8 +70,8 @@ async fn on_sqlite_pruned_then_back_then_gone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_etcd_lease_revoked_then_back_then_gone() {
-    let reg = Arc::new(registry_tests::registries::etcd().await.unwrap());
-    let server = reg.guard::<registry_tests::EtcdServer>().unwrap();
+    let reg = Arc::new(registry_fixtures::registries::etcd().await.unwrap());
+    let server = reg.guard::<registry_fixtures::EtcdServer>().unwrap();
     let e = me("etcd");
     let a = announce(Arc::clone(&reg), vec![e.clone()], cfg()).unwrap();
     registered_within_bound(&a).await;
@@ -205,7 +205,7 @@ async fn a_killed_service_turns_unhealthy_then_goes_on_sqlite() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_service_goes_with_its_lease_on_etcd() {
-    let server = registry_tests::EtcdServer::start_async().await.unwrap();
+    let server = registry_fixtures::EtcdServer::start_async().await.unwrap();
     let prefix = format!("/{}", unique("killed"));
     let reg = registry_etcd::EtcdRegistry::connect(
         registry_etcd::EtcdConfig::new(vec![server.endpoint().to_string()]).with_prefix(&prefix),

@@ -12,15 +12,15 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use registry_api::{Endpoint, Registry};
-use registry_tests::containers::{engine_probe, EngineAddr};
-use registry_tests::{EtcdServer, MotoServer, Provision};
+use registry_fixtures::containers::{engine_probe, EngineAddr};
+use registry_fixtures::{EtcdServer, MotoServer, Provision};
 
 /// The engine to use, or `None` (after saying so) when the test should be
 /// skipped: no engine answers, or `REGISTRY_TEST_CONTAINERS` leaves `kind`
 /// out (as `scripts/containers-setup.sh` does when it has no moto image).
 fn engine(test: &str, kind: &str) -> Option<EngineAddr> {
     let required = std::env::var_os("REGISTRY_TEST_REQUIRE_CONTAINERS").is_some_and(|v| v == "1");
-    if !registry_tests::containers::containers_allowed(kind) {
+    if !registry_fixtures::containers::containers_allowed(kind) {
         eprintln!("{test}: skipped: REGISTRY_TEST_CONTAINERS leaves out {kind}");
         return None;
     }

@@ -27,7 +27,7 @@ use registry_api::{
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_killed_during_a_10k_churn_loses_nothing() {
-    let mut etcd = registry_tests::EtcdServer::start().unwrap();
+    let mut etcd = registry_fixtures::EtcdServer::start().unwrap();
     let cfg = registry_etcd::EtcdConfig::new([etcd.endpoint().to_string()])
         .with_prefix(format!("/{}", unique("churn")))
         .with_request_timeout(Duration::from_secs(2))
@@ -280,7 +280,7 @@ async fn hundred_drops_sqlite() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_drops_etcd() {
-    let etcd = registry_tests::EtcdServer::start().unwrap();
+    let etcd = registry_fixtures::EtcdServer::start().unwrap();
     let cfg = registry_etcd::EtcdConfig::new([etcd.endpoint().to_string()])
         .with_prefix(format!("/{}", unique("drops")));
     hundred_drops(registry_etcd::EtcdRegistry::connect(cfg).await.unwrap()).await;

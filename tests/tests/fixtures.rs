@@ -10,7 +10,7 @@ fn addr_of(url: &str) -> String {
 
 #[test]
 fn etcd_starts_restarts_and_stops() {
-    let mut etcd = registry_tests::EtcdServer::start().unwrap();
+    let mut etcd = registry_fixtures::EtcdServer::start().unwrap();
     let addr = addr_of(etcd.endpoint());
     assert!(TcpStream::connect(&addr).is_ok());
     etcd.kill();
@@ -29,7 +29,7 @@ fn etcd_starts_restarts_and_stops() {
 
 #[test]
 fn moto_starts_and_stops() {
-    let moto = registry_tests::MotoServer::start().unwrap();
+    let moto = registry_fixtures::MotoServer::start().unwrap();
     let addr = addr_of(moto.url());
     assert!(TcpStream::connect(&addr).is_ok());
     drop(moto);
@@ -41,7 +41,7 @@ fn moto_starts_and_stops() {
 
 #[test]
 fn a_missing_program_is_named() {
-    let err = registry_tests::ServerProcess::spawn(
+    let err = registry_fixtures::ServerProcess::spawn(
         "no-such-server-binary",
         "install it",
         |_| vec![],

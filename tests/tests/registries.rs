@@ -1,4 +1,4 @@
-//! The ready registries of `registry_tests::registries` work and are
+//! The ready registries of `registry_fixtures::registries` work and are
 //! isolated from each other.
 
 #![allow(clippy::unwrap_used)]
@@ -18,22 +18,22 @@ async fn works_and_is_isolated<R: Registry>(a: R, b: R) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd() {
     let (a, b) = (
-        registry_tests::registries::etcd().await.unwrap(),
-        registry_tests::registries::etcd().await.unwrap(),
+        registry_fixtures::registries::etcd().await.unwrap(),
+        registry_fixtures::registries::etcd().await.unwrap(),
     );
     works_and_is_isolated(a, b).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dynamodb() {
-    let a = registry_tests::registries::dynamodb(true).await.unwrap();
-    let b = registry_tests::registries::dynamodb(false).await.unwrap();
+    let a = registry_fixtures::registries::dynamodb(true).await.unwrap();
+    let b = registry_fixtures::registries::dynamodb(false).await.unwrap();
     works_and_is_isolated(a, b).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cloudmap() {
-    let a = registry_tests::registries::cloudmap().await.unwrap();
-    let b = registry_tests::registries::cloudmap().await.unwrap();
+    let a = registry_fixtures::registries::cloudmap().await.unwrap();
+    let b = registry_fixtures::registries::cloudmap().await.unwrap();
     works_and_is_isolated(a, b).await;
 }

@@ -201,7 +201,11 @@ impl GrpcRegistrar for RegistrarService {
         let proto = req
             .endpoint
             .ok_or_else(|| status(Error::invalid("endpoint", "missing")))?;
-        let endpoint = endpoint_from_proto(proto, "endpoint.").map_err(status)?;
+        let mut endpoint = endpoint_from_proto(proto, "endpoint.").map_err(status)?;
+        if endpoint.cluster.is_empty() {
+            // No cluster given: this registrar's, as on every write path.
+            endpoint.cluster = self.registrar.config().cluster_name.clone();
+        }
         let key = endpoint.key();
         let span = write_span("register", &endpoint.node, &key, &caller);
         async {

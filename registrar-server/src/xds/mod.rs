@@ -4,7 +4,8 @@
 //!
 //! Each service of the registry is one listener, one route configuration,
 //! one cluster and one load assignment, all named by the service's name
-//! (see the README), so a proxyless gRPC client resolves `xds:///<service>`.
+//! (see `docs/registrar/xds.md`), so a proxyless gRPC client resolves
+//! `xds:///<service>`.
 //! Every stream follows the registrar's own state (the snapshot and change
 //! notifications `WatchEndpoints`, DNS and the HTTP API read): when the
 //! state changes, each stream takes the resources its client subscribed

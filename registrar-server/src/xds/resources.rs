@@ -1,6 +1,6 @@
 //! The four xDS resource types built from a snapshot of the registry: one
 //! listener, route configuration, cluster and load assignment per service,
-//! each named by the service's name (see the README's xDS section).
+//! each named by the service's name (see `docs/registrar/xds.md`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;

@@ -144,13 +144,27 @@ pub const PROTOCOL_ARGS: &[&str] = &[
     "--dns-addr=127.0.0.1:0",
 ];
 
-/// `args` with [`PROTOCOL_ARGS`] added when they run `serve`.
+/// `args` with [`PROTOCOL_ARGS`] (and [`memory_unless_chosen`]) added
+/// when they run `serve`.
 pub fn serve_args<'a>(args: &[&'a str]) -> Vec<&'a str> {
     let mut out = args.to_vec();
     if args.contains(&"serve") && !args.contains(&"--help") {
         out.extend_from_slice(PROTOCOL_ARGS);
+        out.extend(memory_unless_chosen(args));
     }
     out
+}
+
+/// `--registry-backend=memory` unless `args` choose a backend: `serve`'s
+/// default is a SQLite file in the working directory, which tests running
+/// at once would share.
+pub fn memory_unless_chosen(args: &[&str]) -> Option<&'static str> {
+    let chooses = |a: &&str| {
+        ["--registry-backend", "--sqlite-path", "--etcd-", "--dynamodb-", "--cloudmap-"]
+            .iter()
+            .any(|flag| a.starts_with(flag))
+    };
+    (!args.iter().any(chooses)).then_some("--registry-backend=memory")
 }
 
 use std::collections::BTreeMap;
@@ -173,18 +187,39 @@ pub async fn serve_binary(extra: &[&str]) -> Served {
 
 /// [`serve_binary`] with extra environment variables for the child.
 pub async fn serve_binary_with_env(extra: &[&str], env: &[(&str, &str)]) -> Served {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_registrar"))
-        .args([
-            "serve",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--health-addr",
-            "127.0.0.1:0",
-        ])
-        .args(PROTOCOL_ARGS)
-        .args(extra)
+    let mut cmd = serve_command(extra);
+    cmd.args(PROTOCOL_ARGS)
+        .args(memory_unless_chosen(extra))
+        .envs(env.iter().copied());
+    served(cmd).await
+}
+
+/// `registrar serve` in `dir` on free loopback ports with `extra`, every
+/// other flag at its default (the backend, and which faces are served).
+pub async fn serve_binary_in(dir: &std::path::Path, extra: &[&str]) -> Served {
+    let mut cmd = serve_command(extra);
+    cmd.current_dir(dir);
+    served(cmd).await
+}
+
+/// `registrar serve` on free loopback gRPC and health ports, with `extra`.
+fn serve_command(extra: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_registrar"));
+    cmd.args([
+        "serve",
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--health-addr",
+        "127.0.0.1:0",
+    ])
+    .args(extra);
+    cmd
+}
+
+/// Start `cmd` and wait for its address line.
+async fn served(mut cmd: Command) -> Served {
+    let mut child = cmd
         .env("RUST_LOG", "info")
-        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .kill_on_drop(true)
@@ -214,6 +249,17 @@ pub async fn serve_binary_with_env(extra: &[&str], env: &[(&str, &str)]) -> Serv
 impl Served {
     pub fn url(&self) -> String {
         format!("http://{}", self.grpc)
+    }
+
+    /// SIGTERM, then its exit status (bounded).
+    pub async fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self._child.id().expect("the server is running").to_string();
+        let killed = Command::new("kill").args(["-TERM", &pid]).status().await;
+        assert!(killed.unwrap().success(), "kill -TERM {pid} failed");
+        tokio::time::timeout(Duration::from_secs(30), self._child.wait())
+            .await
+            .expect("the server did not exit within 30 s of SIGTERM")
+            .unwrap()
     }
 }
 
@@ -308,6 +354,7 @@ pub async fn spawn_serve_env(extra: &[&str], env: &[(&str, &str)]) -> Spawned {
             "127.0.0.1:0",
         ])
         .args(PROTOCOL_ARGS)
+        .args(memory_unless_chosen(extra))
         .args(extra)
         .env("RUST_LOG", "info")
         .envs(env.iter().copied())

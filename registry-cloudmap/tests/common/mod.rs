@@ -1,4 +1,4 @@
-//! Test fixtures: a `moto_server` per test (via `registry-tests`), a
+//! Test fixtures: a `moto_server` per test (via `registry-fixtures`), a
 //! registry on a namespace of its own, and that registry behind `Polling`.
 #![allow(dead_code)]
 
@@ -9,7 +9,7 @@ use registry_api::polling::{Polling, PollingConfig};
 use registry_api::testing::Guarded;
 use registry_cloudmap::aws_sdk_servicediscovery::config::{BehaviorVersion, Credentials, Region};
 use registry_cloudmap::{CloudMapConfig, CloudMapRegistry};
-use registry_tests::MotoServer;
+use registry_fixtures::MotoServer;
 
 /// Deltas the polling hub keeps; `lose_history` writes more than this.
 pub const HISTORY: usize = 8;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use registry_api::polling::{Polling, PollingConfig};
 use registry_api::testing::{unique, Guarded};
 use registry_dynamodb::{DynamoDbConfig, DynamoDbRegistry};
-use registry_tests::MotoServer;
+use registry_fixtures::MotoServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The `X-Amz-Target` of `TransactWriteItems`.

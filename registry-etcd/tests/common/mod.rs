@@ -1,4 +1,4 @@
-//! Test helpers over the shared fixture (`registry_tests::EtcdServer`, a
+//! Test helpers over the shared fixture (`registry_fixtures::EtcdServer`, a
 //! real etcd on loopback): starting, restarting and reaching it, a config
 //! under a prefix of its own, and a TCP proxy that can cut connections.
 #![allow(dead_code)]
@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use registry_etcd::etcd_client::Client;
 use registry_etcd::EtcdConfig;
-pub use registry_tests::EtcdServer;
+pub use registry_fixtures::EtcdServer;
 
 /// A fresh etcd of this test's own.
 pub async fn start_etcd() -> EtcdServer {
@@ -42,7 +42,7 @@ pub async fn client(etcd: &EtcdServer) -> Client {
 
 /// Compact `etcd`'s history past every change made so far.
 pub async fn compact(etcd: &EtcdServer) {
-    registry_tests::registries::compact_etcd(etcd.endpoint())
+    registry_fixtures::registries::compact_etcd(etcd.endpoint())
         .await
         .expect("compact etcd");
 }

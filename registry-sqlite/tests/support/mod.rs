@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::Duration;
 
 #[allow(unused_imports)]
-pub use registry_tests::fs::{
+pub use registry_fixtures::fs::{
     fill, immutable_blocks_open_writers, run, with_suffix, Immutable, ReadOnlyFile, Tmpfs,
 };
 

@@ -148,9 +148,9 @@ pub struct RegisterArgs {
     /// Transport: tcp, udp, http, https, grpc.
     #[arg(long, default_value = "tcp")]
     pub protocol: Protocol,
-    /// Owning cluster.
-    #[arg(long, default_value = registry_api::Endpoint::DEFAULT_CLUSTER)]
-    pub cluster: String,
+    /// Owning cluster [default: the registrar's own, --cluster-name].
+    #[arg(long)]
+    pub cluster: Option<String>,
     /// Owning node.
     #[arg(long, default_value = "")]
     pub node: String,
@@ -194,9 +194,11 @@ pub struct DeregisterArgs {
 
 #[derive(clap::Args, Clone)]
 pub struct ServeArgs {
-    /// The backend holding the registry.
-    #[arg(long, value_enum, default_value = "memory")]
-    pub registry_backend: BackendKind,
+    /// The backend holding the registry [default: sqlite, or the backend
+    /// whose own flags are given]. `memory` keeps nothing: every write is
+    /// lost on exit.
+    #[arg(long, value_enum)]
+    pub registry_backend: Option<BackendKind>,
     /// This registrar's cluster.
     #[arg(long, default_value = "default")]
     pub cluster_name: String,
@@ -256,26 +258,31 @@ pub struct ServeArgs {
     /// are refused before they are read.
     #[arg(long, default_value = "65536", value_parser = count_in(1024, 256 * 1024 * 1024))]
     pub max_request_bytes: usize,
-    /// Health and metrics address.
-    #[arg(long, default_value = "0.0.0.0:8081")]
+    /// Health and metrics address (plaintext, unauthenticated). Loopback
+    /// by default; give `0.0.0.0:8081` where probes and scrapers come from
+    /// other hosts (the pod IP in Kubernetes).
+    #[arg(long, default_value = "127.0.0.1:8081")]
     pub health_addr: SocketAddr,
     /// The HTTP/JSON API's address (`/v1/services`, `/v1/watch`, writes and
     /// heartbeats; Consul's `/v1/health/service/<name>` and
-    /// `/v1/catalog/services`; `/services`). Secured as the gRPC port: mTLS
-    /// and authorization with TLS; without TLS, a non-loopback address
-    /// needs --insecure.
-    #[cfg(feature = "http-api")]
-    #[arg(long, default_value = "127.0.0.1:8500")]
-    pub http_api_addr: SocketAddr,
-    /// Do not serve the HTTP/JSON API.
+    /// `/v1/catalog/services`; `/services`); off unless given (Consul's
+    /// agent uses `127.0.0.1:8500`). Secured as the gRPC port: mTLS and
+    /// authorization with TLS; without TLS, a non-loopback address needs
+    /// --insecure.
     #[cfg(feature = "http-api")]
     #[arg(long)]
+    pub http_api_addr: Option<SocketAddr>,
+    /// Accepted for scripts of earlier releases, where the HTTP API was on
+    /// by default; it is off unless --http-api-addr is given.
+    #[cfg(feature = "http-api")]
+    #[arg(long, hide = true, conflicts_with = "http_api_addr")]
     pub no_http_api: bool,
-    /// The DNS responder's address (UDP and TCP); a non-loopback address
-    /// needs --insecure.
+    /// The DNS responder's address (UDP and TCP); off unless given
+    /// (Consul's agent uses `127.0.0.1:8600`). A non-loopback address needs
+    /// --insecure.
     #[cfg(feature = "dns")]
-    #[arg(long, default_value = "127.0.0.1:8600")]
-    pub dns_addr: SocketAddr,
+    #[arg(long)]
+    pub dns_addr: Option<SocketAddr>,
     /// The domain the DNS responder answers for
     /// (`<service>.<domain>`, `<service>.<cluster>.<domain>`).
     #[cfg(feature = "dns")]
@@ -285,9 +292,10 @@ pub struct ServeArgs {
     #[cfg(feature = "dns")]
     #[arg(long, default_value = "5s", value_parser = duration_in(Duration::ZERO, registrar_server::dns::MAX_DNS_TTL))]
     pub dns_ttl: Duration,
-    /// Do not serve DNS.
+    /// Accepted for scripts of earlier releases, where DNS was on by
+    /// default; it is off unless --dns-addr is given.
     #[cfg(feature = "dns")]
-    #[arg(long)]
+    #[arg(long, hide = true, conflicts_with = "dns_addr")]
     pub no_dns: bool,
     /// The xDS server's address (aggregated discovery, state of the world
     /// and delta, for proxyless gRPC clients and Envoy); off unless given.
@@ -301,19 +309,22 @@ pub struct ServeArgs {
     /// shows every endpoint to anyone who can reach it.
     #[arg(long)]
     pub ui: bool,
-    /// The SQLite file (`--registry-backend=sqlite`).
-    #[arg(long, default_value = "registry.db")]
-    pub sqlite_path: PathBuf,
-    /// etcd endpoints, comma-separated (`--registry-backend=etcd`).
-    #[arg(long, default_value = "http://127.0.0.1:2379", value_delimiter = ',')]
-    pub etcd_endpoints: Vec<String>,
-    /// Key prefix in etcd (earlier releases defaulted to `/aether`).
-    #[arg(long, default_value = "/registry")]
-    pub etcd_prefix: String,
-    /// The DynamoDB table (`--registry-backend=dynamodb`; earlier releases
-    /// defaulted to `aether-registry`).
-    #[arg(long, default_value = "registry")]
-    pub dynamodb_table: String,
+    /// The SQLite file (`--registry-backend=sqlite`) [default:
+    /// registry.db].
+    #[arg(long)]
+    pub sqlite_path: Option<PathBuf>,
+    /// etcd endpoints, comma-separated (`--registry-backend=etcd`)
+    /// [default: http://127.0.0.1:2379].
+    #[arg(long, value_delimiter = ',')]
+    pub etcd_endpoints: Option<Vec<String>>,
+    /// Key prefix in etcd [default: /registry] (earlier releases defaulted
+    /// to `/aether`).
+    #[arg(long)]
+    pub etcd_prefix: Option<String>,
+    /// The DynamoDB table (`--registry-backend=dynamodb`) [default:
+    /// registry] (earlier releases defaulted to `aether-registry`).
+    #[arg(long)]
+    pub dynamodb_table: Option<String>,
     /// Create the DynamoDB table (on-demand, with a stream) if it is missing.
     #[arg(long)]
     pub dynamodb_create_table: bool,
@@ -322,12 +333,14 @@ pub struct ServeArgs {
     /// --sync-interval), `changelog` (a change log in the table, one Query
     /// per --sync-interval; for many replicas; every registrar writing the
     /// table must use it) or `scan` (a full scan every --sync-interval).
-    #[arg(long, value_enum, default_value = "auto")]
-    pub dynamodb_sync: registrar_server::DynamoDbSync,
+    /// [default: auto]
+    #[arg(long, value_enum)]
+    pub dynamodb_sync: Option<registrar_server::DynamoDbSync>,
     /// The Cloud Map namespace (`--registry-backend=cloudmap`); created as an
-    /// HTTP namespace if missing (earlier releases defaulted to `aether`).
-    #[arg(long, default_value = "registry")]
-    pub cloudmap_namespace: String,
+    /// HTTP namespace if missing [default: registry] (earlier releases
+    /// defaulted to `aether`).
+    #[arg(long)]
+    pub cloudmap_namespace: Option<String>,
     /// AWS region for DynamoDB and Cloud Map (default: the AWS chain's).
     #[arg(long, env = "AWS_REGION")]
     pub aws_region: Option<String>,
@@ -390,21 +403,94 @@ impl ServeArgs {
         cfg
     }
 
-    /// Where the backend is.
-    pub fn backend_options(&self) -> BackendOptions {
-        let mut o = BackendOptions::new(self.registry_backend);
+    /// The backend: `--registry-backend`, else the one whose own flags are
+    /// given, else SQLite. A backend's flag given beside another backend
+    /// (selected, or named by its own flags) is an error naming both
+    /// flags: it would otherwise be ignored.
+    pub fn backend_kind(&self) -> Result<BackendKind, String> {
+        let given = self.backend_flags_given();
+        if let Some(kind) = self.registry_backend {
+            if let Some((flag, other)) = given.iter().find(|(_, k)| *k != kind.as_str()) {
+                return Err(format!(
+                    "{flag} is a flag of the {other} backend, but --registry-backend={} \
+                     was given: drop one of them",
+                    kind.as_str()
+                ));
+            }
+            return Ok(kind);
+        }
+        let Some((flag, name)) = given.first() else {
+            return Ok(default_backend());
+        };
+        if let Some((other_flag, other)) = given.iter().find(|(_, k)| k != name) {
+            return Err(format!(
+                "{flag} selects the {name} backend and {other_flag} the {other} backend: \
+                 give --registry-backend and only that backend's flags"
+            ));
+        }
+        <BackendKind as clap::ValueEnum>::from_str(name, false).map_err(|_| {
+            format!(
+                "{flag} selects the {name} backend, which this build does not include \
+                 (cargo feature `{name}`)"
+            )
+        })
+    }
+
+    /// The backend flags given, each with its backend's `--registry-backend`
+    /// value.
+    fn backend_flags_given(&self) -> Vec<(&'static str, &'static str)> {
+        let flags = [
+            ("--sqlite-path", "sqlite", self.sqlite_path.is_some()),
+            ("--etcd-endpoints", "etcd", self.etcd_endpoints.is_some()),
+            ("--etcd-prefix", "etcd", self.etcd_prefix.is_some()),
+            ("--dynamodb-table", "dynamodb", self.dynamodb_table.is_some()),
+            ("--dynamodb-create-table", "dynamodb", self.dynamodb_create_table),
+            ("--dynamodb-sync", "dynamodb", self.dynamodb_sync.is_some()),
+            ("--cloudmap-namespace", "cloudmap", self.cloudmap_namespace.is_some()),
+        ];
+        flags
+            .into_iter()
+            .filter(|(_, _, given)| *given)
+            .map(|(flag, kind, _)| (flag, kind))
+            .collect()
+    }
+
+    /// Where the backend is: the flags given, the defaults for the rest.
+    pub fn backend_options(&self) -> Result<BackendOptions, String> {
+        let mut o = BackendOptions::new(self.backend_kind()?);
         o.sync_interval = self.sync_interval;
-        o.sqlite_path = self.sqlite_path.clone();
-        o.etcd_endpoints = self.etcd_endpoints.clone();
-        o.etcd_prefix = self.etcd_prefix.clone();
-        o.dynamodb_table = self.dynamodb_table.clone();
+        if let Some(path) = &self.sqlite_path {
+            o.sqlite_path = path.clone();
+        }
+        if let Some(endpoints) = &self.etcd_endpoints {
+            o.etcd_endpoints = endpoints.clone();
+        }
+        if let Some(prefix) = &self.etcd_prefix {
+            o.etcd_prefix = prefix.clone();
+        }
+        if let Some(table) = &self.dynamodb_table {
+            o.dynamodb_table = table.clone();
+        }
         o.dynamodb_create_table = self.dynamodb_create_table;
-        o.dynamodb_sync = self.dynamodb_sync;
-        o.cloudmap_namespace = self.cloudmap_namespace.clone();
+        if let Some(sync) = self.dynamodb_sync {
+            o.dynamodb_sync = sync;
+        }
+        if let Some(namespace) = &self.cloudmap_namespace {
+            o.cloudmap_namespace = namespace.clone();
+        }
         o.aws_region = self.aws_region.clone();
         o.aws_endpoint_url = self.aws_endpoint_url.clone();
-        o
+        Ok(o)
     }
+}
+
+/// The backend when no flag names one: SQLite, which keeps what it
+/// acknowledged; in-memory only in a build without it.
+fn default_backend() -> BackendKind {
+    #[cfg(feature = "sqlite")]
+    return BackendKind::Sqlite;
+    #[cfg(not(feature = "sqlite"))]
+    return BackendKind::Memory;
 }
 
 const MS: Duration = Duration::from_millis(1);

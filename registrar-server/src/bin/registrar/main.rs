@@ -10,7 +10,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use registrar_server::{open_backend, AuthzConfig, OpenPolicy, Opening, ServeOptions, Status};
+use registrar_server::{
+    open_backend, AuthzConfig, BackendKind, OpenPolicy, Opening, ServeOptions, Status,
+};
 
 use crate::cli::{Cli, Command, LogFormat, ServeArgs};
 use crate::error::CliError;
@@ -77,6 +79,14 @@ fn install_metrics() -> Result<metrics_exporter_prometheus::PrometheusHandle, St
 }
 
 async fn run_serve(args: ServeArgs) -> Result<(), CliError> {
+    let backend = args.backend_options()?;
+    let kind = backend.kind.name();
+    if backend.kind == BackendKind::Memory {
+        tracing::warn!(
+            "the in-memory backend keeps nothing: every write is lost when the registrar exits \
+             (without --registry-backend=memory it runs on SQLite, --sqlite-path)"
+        );
+    }
     let tls_files = args.tls.files()?;
     let authz = args.trust_domain.as_ref().map(|td| {
         let base = AuthzConfig::new(td.clone()).with_id_pattern(args.spiffe_id_pattern.clone());
@@ -146,7 +156,7 @@ async fn run_serve(args: ServeArgs) -> Result<(), CliError> {
         });
     }
     tracing::info!(
-        backend = args.registry_backend.name(),
+        backend = kind,
         cluster = %args.cluster_name,
         ack = args.ack.as_str(),
         tls = server.options.tls.is_some(),
@@ -154,8 +164,6 @@ async fn run_serve(args: ServeArgs) -> Result<(), CliError> {
     );
     // One line for scripts and tests to read the bound addresses from.
     println!("{listening}");
-    let backend = args.backend_options();
-    let kind = args.registry_backend.name();
     server
         .serve(
             || {
@@ -183,8 +191,7 @@ async fn bind_protocols(
     listening: &mut String,
 ) -> Result<(), CliError> {
     #[cfg(feature = "http-api")]
-    if !args.no_http_api {
-        let addr = args.http_api_addr;
+    if let Some(addr) = args.http_api_addr {
         let l = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| format!("cannot listen on {addr} (HTTP API): {e}"))?;
@@ -193,10 +200,10 @@ async fn bind_protocols(
         server.protocols.http_api = Some(l);
     }
     #[cfg(feature = "dns")]
-    if !args.no_dns {
+    if let Some(addr) = args.dns_addr {
         let config = registrar_server::DnsConfig::new(&args.dns_domain, args.dns_ttl)
             .map_err(|e| e.to_string())?;
-        let l = registrar_server::DnsListeners::bind(args.dns_addr)
+        let l = registrar_server::DnsListeners::bind(addr)
             .await
             .map_err(|e| e.to_string())?;
         let bound = l.local_addr().map_err(|e| e.to_string())?;
@@ -248,14 +255,19 @@ fn init_logging(format: LogFormat, default_level: &str) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let (Command::Serve(_), Some(flag)) = (&cli.command, cli.early.first_given()) {
+    if let Command::Serve(args) = &cli.command {
         use clap::CommandFactory;
-        Cli::command()
-            .error(
-                clap::error::ErrorKind::ArgumentConflict,
-                format!("{flag} is an option of the client commands, not of `serve`"),
-            )
-            .exit();
+        let conflict = match cli.early.first_given() {
+            Some(flag) => Some(format!(
+                "{flag} is an option of the client commands, not of `serve`"
+            )),
+            None => args.backend_kind().err(),
+        };
+        if let Some(message) = conflict {
+            Cli::command()
+                .error(clap::error::ErrorKind::ArgumentConflict, message)
+                .exit();
+        }
     }
     let default_level = match cli.command {
         Command::Serve(_) => "info",

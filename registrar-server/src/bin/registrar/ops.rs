@@ -167,7 +167,8 @@ fn endpoint(args: &RegisterArgs) -> Result<Endpoint, CliError> {
     let (host, port) = args.target.clone();
     let mut ep = Endpoint::new(args.service.clone(), args.id.clone(), host, port)
         .with_protocol(args.protocol)
-        .with_cluster(args.cluster.clone())
+        // Without --cluster, none: the registrar writes its own.
+        .with_cluster(args.cluster.clone().unwrap_or_default())
         .with_node(args.node.clone());
     if args.unhealthy {
         ep = ep.with_health(Health::Unhealthy);
