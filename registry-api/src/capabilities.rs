@@ -37,6 +37,9 @@ pub struct Capabilities {
     /// [`crate::limits::encoded_len`] (at most
     /// [`crate::limits::MAX_ENCODED_LEN`]; Cloud Map allows less).
     pub max_encoded_len: usize,
+    /// An endpoint written without a cluster is stored in the writer's
+    /// own cluster (the registrar and its agents), not with an empty one.
+    pub assigns_cluster: bool,
 }
 
 impl Default for Capabilities {
@@ -50,11 +53,17 @@ impl Default for Capabilities {
             native_liveness: false,
             max_labels: crate::limits::MAX_LABELS,
             max_encoded_len: crate::limits::MAX_ENCODED_LEN,
+            assigns_cluster: false,
         }
     }
 }
 
 impl Capabilities {
+    /// Set `assigns_cluster`.
+    pub fn with_assigns_cluster(mut self, v: bool) -> Self {
+        self.assigns_cluster = v;
+        self
+    }
     /// Set `native_watch`.
     pub fn with_native_watch(mut self, v: bool) -> Self {
         self.native_watch = v;

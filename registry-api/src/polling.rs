@@ -18,8 +18,8 @@ use crate::traits::{Batch, EventStream, Heartbeat, Registry, Watch};
 #[non_exhaustive]
 #[derive(Debug, Clone)]
 pub struct PollingConfig {
-    /// Time between two `snapshot()` calls. Default 5 s (the registrar
-    /// document's sync interval).
+    /// Time between two `snapshot()` calls. Default 5 s (the registrar's
+    /// `--sync-interval`).
     pub interval: Duration,
     /// Deltas kept so a watch can resume. Default 4096.
     pub history: usize,

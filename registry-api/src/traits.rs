@@ -129,6 +129,7 @@ pub trait Heartbeat: Send + Sync + 'static {
 
 macro_rules! forward {
     ($($ptr:ident),*) => {$(
+        #[deny(clippy::missing_trait_methods)]
         #[async_trait]
         impl<T: Registry + ?Sized> Registry for $ptr<T> {
             async fn register(&self, endpoint: Endpoint) -> Result<()> {
@@ -154,12 +155,14 @@ macro_rules! forward {
             }
         }
 
+        #[deny(clippy::missing_trait_methods)]
         impl<T: Watch + ?Sized> Watch for $ptr<T> {
             fn watch(&self, from: Option<Version>) -> EventStream {
                 (**self).watch(from)
             }
         }
 
+        #[deny(clippy::missing_trait_methods)]
         #[async_trait]
         impl<T: Batch + ?Sized> Batch for $ptr<T> {
             async fn apply(&self, ops: Vec<Op>) -> Result<()> {
@@ -170,6 +173,7 @@ macro_rules! forward {
             }
         }
 
+        #[deny(clippy::missing_trait_methods)]
         #[async_trait]
         impl<T: Heartbeat + ?Sized> Heartbeat for $ptr<T> {
             async fn heartbeat(&self, node: &str) -> Result<()> {

@@ -41,10 +41,7 @@ pub(crate) const QUOTE_MAX: usize = 96;
 
 /// `s` cut to at most [`QUOTE_MAX`] characters (`…` marks a cut).
 pub(crate) fn short(s: &str) -> String {
-    match s.char_indices().nth(QUOTE_MAX) {
-        Some((at, _)) => format!("{}…", &s[..at]),
-        None => s.to_string(),
-    }
+    registry_api::backend::prefix(s, QUOTE_MAX).into_owned()
 }
 
 /// An endpoint key for a message: `service "s" id "i"`, each quoted short.
@@ -114,7 +111,7 @@ where
         SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) | SdkError::ResponseError(_) => {
             let detail = root_cause(&err);
             let what = match &err {
-                _ if detail == NO_CREDENTIALS => "was not called",
+                _ if detail == registry_api::backend::NO_AWS_CREDENTIALS => "was not called",
                 SdkError::TimeoutError(_) => "timed out",
                 SdkError::ResponseError(_) => "sent a response that could not be read",
                 _ => "could not be reached",
@@ -285,16 +282,9 @@ pub(crate) fn is_position_lost<E: ProvideErrorMetadata>(err: &SdkError<E>) -> bo
     )
 }
 
-/// What [`root_cause`] says of a missing credential.
-pub(crate) const NO_CREDENTIALS: &str = "no usable AWS credentials (set AWS_PROFILE, or \
-     AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or give the process a role; the error's causes \
-     list each provider tried)";
-
-/// The deepest cause of `err` on one line, or where to set credentials
-/// when one is missing ([`registry_api::backend::root_cause_or_hint`]).
-pub(crate) fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
-    registry_api::backend::root_cause_or_hint(err, "credential", NO_CREDENTIALS)
-}
+/// The deepest cause of an AWS error on one line, or where to set
+/// credentials when one is missing.
+pub(crate) use registry_api::backend::aws_root_cause as root_cause;
 
 #[cfg(test)]
 mod tests {

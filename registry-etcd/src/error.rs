@@ -111,10 +111,7 @@ pub(crate) const QUOTE_MAX: usize = 96;
 /// `s` cut to at most [`QUOTE_MAX`] characters (`…` marks a cut), so an
 /// error never carries a whole value.
 pub(crate) fn short(s: &str) -> String {
-    match s.char_indices().nth(QUOTE_MAX) {
-        Some((at, _)) => format!("{}…", &s[..at]),
-        None => s.to_string(),
-    }
+    registry_api::backend::prefix(s, QUOTE_MAX).into_owned()
 }
 
 /// Whether etcd's message is about authentication (a wrong password is

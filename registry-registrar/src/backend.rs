@@ -209,6 +209,7 @@ impl Registry for RegistrarClient {
             .with_resumable_watch(true)
             .with_native_liveness(true)
             .with_max_batch(MAX_BATCH)
+            .with_assigns_cluster(true)
     }
     async fn probe(&self) -> Result<()> {
         self.state.cache.get_ref().probe().await

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use registry_api::cached::{CachedConfig, CachedRegistry, UpstreamFilter, Writer};
+use registry_api::cached::{CachedConfig, CachedRegistry, LocalWrites, UpstreamFilter};
 use registry_api::{Endpoint, EndpointKey, Event, Op, Registry, Result, Watch};
 use tokio::time::Instant;
 
@@ -104,7 +104,7 @@ impl UpstreamFilter for Holds {
 #[derive(Clone)]
 pub struct Overlay {
     holds: Arc<Holds>,
-    writer: Writer,
+    writer: LocalWrites,
     hold: Duration,
 }
 
@@ -118,11 +118,13 @@ impl Overlay {
     ) -> Result<(CachedRegistry<R>, Overlay)> {
         let holds = Arc::new(Holds::default());
         let filter: Arc<dyn UpstreamFilter> = holds.clone();
-        let cache =
-            CachedRegistry::with_config(inner, cfg.with_local_versions(true).with_filter(filter))?;
+        let (cache, writer) = CachedRegistry::with_local_writes(
+            inner,
+            cfg.with_local_versions(true).with_filter(filter),
+        )?;
         let overlay = Overlay {
             holds,
-            writer: cache.writer().clone(),
+            writer,
             hold: DEFAULT_HOLD,
         };
         Ok((cache, overlay))

@@ -218,6 +218,47 @@ impl ResolvesClientCert for CertReloader {
     }
 }
 
+/// The signature checks of a reloading verifier: those of the verifier it
+/// holds now (`self.current()`).
+macro_rules! signatures_of_current {
+    () => {
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+            self.current().verify_tls12_signature(message, cert, dss)
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+            self.current().verify_tls13_signature(message, cert, dss)
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.current().supported_verify_schemes()
+        }
+    };
+}
+
+/// `Debug` of a reloading verifier: the files it reads.
+macro_rules! debug_files {
+    ($ty:ident) => {
+        impl fmt::Debug for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.debug_struct(stringify!($ty))
+                    .field("files", &self.inner.paths)
+                    .finish()
+            }
+        }
+    };
+}
+
 /// Verifies agents' certificates against a CA bundle re-read when it
 /// changes (a new [`WebPkiClientVerifier`] each time). A client without a
 /// certificate passes the handshake so that the registrar can answer
@@ -250,13 +291,7 @@ impl ClientCaVerifier {
     }
 }
 
-impl fmt::Debug for ClientCaVerifier {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ClientCaVerifier")
-            .field("files", &self.inner.paths)
-            .finish()
-    }
-}
+debug_files!(ClientCaVerifier);
 
 impl ClientCertVerifier for ClientCaVerifier {
     fn offer_client_auth(&self) -> bool {
@@ -282,27 +317,7 @@ impl ClientCertVerifier for ClientCaVerifier {
             .verify_client_cert(end_entity, intermediates, now)
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        self.current().verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        self.current().verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.current().supported_verify_schemes()
-    }
+    signatures_of_current!();
 }
 
 /// Verifies the registrar's certificate against a CA bundle re-read when
@@ -333,13 +348,7 @@ impl ServerCaVerifier {
     }
 }
 
-impl fmt::Debug for ServerCaVerifier {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ServerCaVerifier")
-            .field("files", &self.inner.paths)
-            .finish()
-    }
-}
+debug_files!(ServerCaVerifier);
 
 impl ServerCertVerifier for ServerCaVerifier {
     fn verify_server_cert(
@@ -359,27 +368,7 @@ impl ServerCertVerifier for ServerCaVerifier {
         )
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        self.current().verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        self.current().verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.current().supported_verify_schemes()
-    }
+    signatures_of_current!();
 }
 
 /// The registrar's rustls configuration: its certificate from `files`

@@ -16,12 +16,15 @@ use tokio::sync::watch;
 use tonic::service::interceptor::InterceptedService;
 
 use crate::auth;
-use crate::registrar::Slot;
-use crate::service::RegistrarService;
-use crate::status::Status;
-use crate::{Backend, Registrar, RegistrarConfig};
+use crate::core::backends::Backend;
+use crate::core::config::RegistrarConfig;
+use crate::core::registrar::Registrar;
+use crate::core::registrar::Slot;
+use crate::core::status::Status;
+use crate::faces::grpc::RegistrarService;
 
 mod accept;
+pub(crate) mod health;
 mod options;
 mod protocols;
 
@@ -266,12 +269,19 @@ impl HealthServer {
         metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
         ui: bool,
     ) -> Self {
+        if metrics.is_some() {
+            // A recorder is installed: every metric described, and present
+            // from the start.
+            crate::metrics::describe_metrics();
+            crate::metrics::zero();
+        }
         let (stop, mut stopped) = watch::channel(false);
         // The dashboard's event streams end when the server stops, or the
         // graceful shutdown would wait for them.
-        let ui =
-            ui.then(|| crate::ui::Ui::new(Arc::clone(&status), Arc::clone(&slot), stopped.clone()));
-        let router = crate::http::router(status, slot, metrics, ui);
+        let ui = ui.then(|| {
+            crate::faces::ui::Ui::new(Arc::clone(&status), Arc::clone(&slot), stopped.clone())
+        });
+        let router = crate::serve::health::router(status, slot, metrics, ui);
         let task = tokio::spawn(async move {
             axum::serve(listener, router)
                 .with_graceful_shutdown(async move {
@@ -302,7 +312,7 @@ async fn run_grpc(
 ) -> Result<()> {
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let mirror = tokio::spawn(mirror_readiness(Arc::clone(&registrar), reporter));
-    let closing = registrar.closing.clone();
+    let closer = Arc::clone(&registrar);
     let status = Arc::clone(registrar.status());
     let (stop_grpc_tx, mut stop_grpc) = watch::channel(false);
     tokio::spawn(async move {
@@ -311,7 +321,7 @@ async fn run_grpc(
             _ = status.failed() => {}
         }
         // End the agents' streams first: they would hold the server open.
-        closing.send_replace(true);
+        closer.close();
         let _ = stop_grpc_tx.send(true);
     });
     let stopped = async move {

@@ -8,7 +8,8 @@ use registry_api::{backend::check_duration, Error, Result};
 use tokio::net::TcpListener;
 
 use crate::auth;
-use crate::{AuthzConfig, TlsFiles};
+use crate::auth::AuthzConfig;
+use registry_registrar::TlsFiles;
 
 /// How [`serve_with`](super::serve_with) secures the gRPC port.
 #[non_exhaustive]
@@ -58,7 +59,7 @@ impl Default for ServeOptions {
             authz: None,
             insecure: false,
             any_certificate: false,
-            max_request_bytes: crate::DEFAULT_MAX_REQUEST_BYTES,
+            max_request_bytes: crate::core::config::DEFAULT_MAX_REQUEST_BYTES,
             handshake_timeout: Duration::from_secs(10),
             http2_keepalive_interval: Some(Duration::from_secs(30)),
             http2_keepalive_timeout: Duration::from_secs(10),

@@ -8,7 +8,7 @@ use registry_api::Result;
 
 use super::options::Secured;
 use super::ServeOptions;
-use crate::Registrar;
+use crate::core::registrar::Registrar;
 
 /// The field protocols' listeners (each behind its cargo feature); `None`
 /// (the default) leaves a protocol off. The HTTP API and the xDS server
@@ -25,7 +25,10 @@ pub struct Protocols {
     pub http_api: Option<tokio::net::TcpListener>,
     /// The DNS responder's sockets and settings (`--dns-addr`).
     #[cfg(feature = "dns")]
-    pub dns: Option<(crate::dns::DnsListeners, crate::dns::DnsConfig)>,
+    pub dns: Option<(
+        crate::faces::dns::DnsListeners,
+        crate::faces::dns::DnsConfig,
+    )>,
     /// The xDS server's listener (`--xds-addr`).
     #[cfg(feature = "xds")]
     pub xds: Option<tokio::net::TcpListener>,
@@ -75,7 +78,7 @@ impl Protocols {
         let mut tasks = Vec::new();
         #[cfg(feature = "http-api")]
         if let Some(listener) = self.http_api {
-            use crate::api_http::{peer::TlsListener, HttpListener};
+            use crate::faces::http::{peer::TlsListener, HttpListener};
             let listener = match (&secured.http_acceptor, listener.local_addr()) {
                 (Some(acceptor), Ok(local)) => {
                     let (tx, rx) = tokio::sync::mpsc::channel(64);
@@ -92,14 +95,14 @@ impl Protocols {
             let registrar = Arc::clone(registrar);
             let security = Arc::new(secured.security.clone());
             tasks.push(tokio::spawn(async move {
-                if let Err(e) = crate::api_http::serve(registrar, listener, security).await {
+                if let Err(e) = crate::faces::http::serve(registrar, listener, security).await {
                     tracing::warn!(error = %e, "the HTTP API failed");
                 }
             }));
         }
         #[cfg(feature = "dns")]
         if let Some((listeners, config)) = self.dns {
-            tasks.push(tokio::spawn(crate::dns::serve_dns(
+            tasks.push(tokio::spawn(crate::faces::dns::serve_dns(
                 Arc::clone(registrar),
                 listeners,
                 config,
@@ -152,7 +155,7 @@ async fn serve_xds(
     use tonic::service::interceptor::InterceptedService;
 
     let security = Arc::new(security);
-    let service = crate::xds::XdsService::new(Arc::clone(&registrar))
+    let service = crate::faces::xds::XdsService::new(Arc::clone(&registrar))
         .with_security(Arc::clone(&security))
         .into_server();
     let router = tonic::transport::Server::builder()

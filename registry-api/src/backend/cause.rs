@@ -55,3 +55,20 @@ pub fn root_cause_or_hint(
     }
     root_cause(err)
 }
+
+/// What [`aws_root_cause`] says of a missing AWS credential.
+pub const NO_AWS_CREDENTIALS: &str = "no usable AWS credentials (set AWS_PROFILE, or \
+     AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or give the process a role; the error's causes \
+     list each provider tried)";
+
+/// [`root_cause`] of an AWS SDK error, or [`NO_AWS_CREDENTIALS`] when a
+/// credential is missing: the one message of the AWS backends for it.
+///
+/// ```
+/// use registry_api::backend::{aws_root_cause, NO_AWS_CREDENTIALS};
+/// let err = std::io::Error::other("no Credentials provider found");
+/// assert_eq!(aws_root_cause(&err), NO_AWS_CREDENTIALS);
+/// ```
+pub fn aws_root_cause(err: &(dyn std::error::Error + 'static)) -> String {
+    root_cause_or_hint(err, "credential", NO_AWS_CREDENTIALS)
+}

@@ -13,14 +13,17 @@ mod resume;
 mod settings;
 mod validate;
 
-pub use cause::{root_cause, root_cause_or_hint, ROOT_CAUSE_CHARS};
+pub use cause::{
+    aws_root_cause, root_cause, root_cause_or_hint, NO_AWS_CREDENTIALS, ROOT_CAUSE_CHARS,
+};
 pub use clock::VersionClock;
 pub use diff::diff;
 pub use hub::{Hub, Observer};
 pub use resume::resume_with_backoff;
 pub use settings::{check_count, check_duration};
 pub use validate::{
-    check_batch, check_name, forbidden_in_name, quote, validate_endpoint, validate_ops, QUOTE_BYTES,
+    check_batch, check_name, forbidden_in_name, prefix, quote, validate_endpoint, validate_ops,
+    QUOTE_BYTES,
 };
 
 use std::time::Duration;

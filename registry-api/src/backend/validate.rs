@@ -31,6 +31,21 @@ pub fn quote(value: &str) -> String {
     format!("{:?}… ({} bytes)", &value[..end], value.len())
 }
 
+/// `value` cut to its first `max_chars` characters, with `…` when cut:
+/// the bounded prefix an error message quotes of a value it names.
+///
+/// ```
+/// use registry_api::backend::prefix;
+/// assert_eq!(prefix("zone", 10), "zone");
+/// assert_eq!(prefix("abcdef", 3), "abc…");
+/// ```
+pub fn prefix(value: &str, max_chars: usize) -> std::borrow::Cow<'_, str> {
+    match value.char_indices().nth(max_chars) {
+        Some((at, _)) => format!("{}…", &value[..at]).into(),
+        None => value.into(),
+    }
+}
+
 /// A character a name must not contain: control characters, whitespace,
 /// and the invisible format characters (Unicode category Cf: zero-width
 /// spaces and joiners, the bidirectional overrides and isolates

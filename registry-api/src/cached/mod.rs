@@ -13,7 +13,8 @@ use async_trait::async_trait;
 use futures::StreamExt;
 
 pub use store::Store;
-pub use writer::{UpstreamFilter, Writer};
+pub use writer::UpstreamFilter;
+use writer::Writer;
 
 use crate::backend::{check_count, check_duration, resume_with_backoff, Hub};
 use crate::capabilities::Capabilities;
@@ -42,7 +43,7 @@ pub struct CachedConfig {
     pub write_wait: Duration,
     /// Number the cache's events with its own counter (starting at the
     /// clock in microseconds) instead of the inner registry's versions.
-    /// Needed when changes are applied with [`Writer::apply`] beside the
+    /// Needed when changes are applied with [`LocalWrites::apply`] beside the
     /// inner registry's: local watchers then resume on one sequence.
     /// Default false.
     pub local_versions: bool,
@@ -142,6 +143,23 @@ impl CachedConfig {
     }
 }
 
+/// Changes made beside a cache's inner registry (an optimistic write not
+/// yet echoed), published to the cache's state and watchers at once.
+/// Handed out once, with the cache, by
+/// [`CachedRegistry::with_local_writes`].
+#[derive(Clone)]
+pub struct LocalWrites(Writer);
+
+impl LocalWrites {
+    /// Apply a change made here (not from the inner registry): what it
+    /// changes is published, renumbered with the cache's own versions when
+    /// configured. Returns the events published (none before the first
+    /// snapshot, none when it changes nothing).
+    pub fn apply(&self, ev: Event) -> Vec<Event> {
+        self.0.apply(ev)
+    }
+}
+
 /// Serves reads from memory, kept current by one watch on the inner
 /// registry.
 ///
@@ -203,6 +221,15 @@ impl<R: Registry + Watch> CachedRegistry<R> {
         Ok(Self::start(inner, config))
     }
 
+    /// Cache `inner` with `config`, and the one handle that applies
+    /// changes made beside it ([`LocalWrites`]): only the creator of the
+    /// cache holds it, so nobody reading the cache can inject changes.
+    pub fn with_local_writes(inner: R, config: CachedConfig) -> Result<(Self, LocalWrites)> {
+        let cache = Self::with_config(inner, config)?;
+        let local = LocalWrites(cache.writer.clone());
+        Ok((cache, local))
+    }
+
     fn start(inner: R, config: CachedConfig) -> Self {
         let inner = Arc::new(inner);
         let hub = Arc::new(Hub::pending(config.buffer, config.history));
@@ -237,11 +264,6 @@ impl<R: Registry + Watch> CachedRegistry<R> {
     /// The read side: cheap to clone, never waits.
     pub fn store(&self) -> &Store {
         &self.store
-    }
-
-    /// Applies changes made beside the inner registry (see [`Writer`]).
-    pub fn writer(&self) -> &Writer {
-        &self.writer
     }
 
     /// How stale the cache may be: see [`Store::cache_age`].

@@ -21,9 +21,10 @@ pub trait UpstreamFilter: Send + Sync + 'static {
 /// Applies changes to a cache's state and publishes them to its local
 /// watchers, one change at a time. The cache's own task applies what the
 /// inner registry sends; [`Writer::apply`] applies a change made here (for
-/// example an optimistic write not yet echoed).
+/// example an optimistic write not yet echoed), for the holder of the
+/// cache's [`super::LocalWrites`] only.
 #[derive(Clone)]
-pub struct Writer {
+pub(crate) struct Writer {
     hub: Arc<Hub>,
     /// Held while computing and publishing a change.
     lock: Arc<Mutex<()>>,
@@ -50,7 +51,7 @@ impl Writer {
     /// changes is published, renumbered with the cache's own versions when
     /// configured. Returns the events published (none before the first
     /// snapshot, none when it changes nothing).
-    pub fn apply(&self, ev: Event) -> Vec<Event> {
+    pub(crate) fn apply(&self, ev: Event) -> Vec<Event> {
         self.publish(ev, false)
     }
 

@@ -188,6 +188,7 @@ impl<R: Registry> std::fmt::Debug for Faulty<R> {
 }
 
 #[async_trait::async_trait]
+#[deny(clippy::missing_trait_methods)] // a forwarder: no method left to its default
 impl<R: Registry> Registry for Faulty<R> {
     async fn register(&self, endpoint: Endpoint) -> Result<()> {
         self.gate_ops(true, &[Op::Register(endpoint.clone())])
@@ -223,6 +224,7 @@ impl<R: Registry> Registry for Faulty<R> {
 }
 
 #[async_trait::async_trait]
+#[deny(clippy::missing_trait_methods)] // a forwarder: no method left to its default
 impl<R: Batch> Batch for Faulty<R> {
     async fn apply(&self, ops: Vec<Op>) -> Result<()> {
         self.gate_ops(true, &ops).await?;
@@ -237,6 +239,7 @@ impl<R: Batch> Batch for Faulty<R> {
 }
 
 #[async_trait::async_trait]
+#[deny(clippy::missing_trait_methods)] // a forwarder: no method left to its default
 impl<R: crate::Heartbeat> crate::Heartbeat for Faulty<R> {
     async fn heartbeat(&self, node: &str) -> Result<()> {
         self.gate(false).await?;
@@ -244,6 +247,7 @@ impl<R: crate::Heartbeat> crate::Heartbeat for Faulty<R> {
     }
 }
 
+#[deny(clippy::missing_trait_methods)] // a forwarder: no method left to its default
 impl<R: Watch> Watch for Faulty<R> {
     fn watch(&self, from: Option<Version>) -> EventStream {
         let down = {

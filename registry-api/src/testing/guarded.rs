@@ -69,6 +69,7 @@ impl<R: Registry> std::fmt::Debug for Guarded<R> {
 }
 
 #[async_trait::async_trait]
+#[deny(clippy::missing_trait_methods)] // a forwarder: no method left to its default
 impl<R: Registry> Registry for Guarded<R> {
     async fn register(&self, endpoint: Endpoint) -> Result<()> {
         self.inner.register(endpoint).await
@@ -94,6 +95,7 @@ impl<R: Registry> Registry for Guarded<R> {
 }
 
 #[async_trait::async_trait]
+#[deny(clippy::missing_trait_methods)] // a forwarder: no method left to its default
 impl<R: Batch> Batch for Guarded<R> {
     async fn apply(&self, ops: Vec<Op>) -> Result<()> {
         self.inner.apply(ops).await
@@ -103,6 +105,7 @@ impl<R: Batch> Batch for Guarded<R> {
     }
 }
 
+#[deny(clippy::missing_trait_methods)] // a forwarder: no method left to its default
 impl<R: Watch> Watch for Guarded<R> {
     fn watch(&self, from: Option<Version>) -> EventStream {
         self.inner.watch(from)
@@ -110,6 +113,7 @@ impl<R: Watch> Watch for Guarded<R> {
 }
 
 #[async_trait::async_trait]
+#[deny(clippy::missing_trait_methods)] // a forwarder: no method left to its default
 impl<R: Heartbeat> Heartbeat for Guarded<R> {
     async fn heartbeat(&self, node: &str) -> Result<()> {
         self.inner.heartbeat(node).await

@@ -171,6 +171,7 @@ impl fmt::Display for Counting {
 }
 
 #[async_trait]
+#[deny(clippy::missing_trait_methods)] // a forwarder: no method left to its default
 impl Registry for Counting {
     async fn register(&self, endpoint: Endpoint) -> Result<()> {
         self.inner.register(endpoint).await
@@ -180,6 +181,12 @@ impl Registry for Counting {
     }
     async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
         self.inner.list(service).await
+    }
+    async fn list_shared(&self, service: &str) -> Result<std::sync::Arc<[Endpoint]>> {
+        self.inner.list_shared(service).await
+    }
+    async fn probe(&self) -> Result<()> {
+        self.inner.probe().await
     }
     async fn snapshot(&self) -> Result<Snapshot> {
         self.snapshots.fetch_add(1, Ordering::Relaxed);
@@ -193,13 +200,18 @@ impl Registry for Counting {
 }
 
 #[async_trait]
+#[deny(clippy::missing_trait_methods)] // a forwarder: no method left to its default
 impl Batch for Counting {
     async fn apply(&self, ops: Vec<Op>) -> Result<()> {
         self.inner.apply(ops).await
     }
+    fn max_batch(&self) -> usize {
+        self.inner.max_batch()
+    }
 }
 
 #[async_trait]
+#[deny(clippy::missing_trait_methods)] // a forwarder: no method left to its default
 impl Heartbeat for Counting {
     async fn heartbeat(&self, node: &str) -> Result<()> {
         self.inner.heartbeat(node).await

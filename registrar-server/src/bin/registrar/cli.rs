@@ -286,11 +286,11 @@ pub struct ServeArgs {
     /// The domain the DNS responder answers for
     /// (`<service>.<domain>`, `<service>.<cluster>.<domain>`).
     #[cfg(feature = "dns")]
-    #[arg(long, default_value = registrar_server::dns::DEFAULT_DNS_DOMAIN)]
+    #[arg(long, default_value = registrar_server::DEFAULT_DNS_DOMAIN)]
     pub dns_domain: String,
     /// The TTL of DNS records (0s to 5s, whole seconds).
     #[cfg(feature = "dns")]
-    #[arg(long, default_value = "5s", value_parser = duration_in(Duration::ZERO, registrar_server::dns::MAX_DNS_TTL))]
+    #[arg(long, default_value = "5s", value_parser = duration_in(Duration::ZERO, registrar_server::MAX_DNS_TTL))]
     pub dns_ttl: Duration,
     /// Accepted for scripts of earlier releases, where DNS was on by
     /// default; it is off unless --dns-addr is given.
@@ -443,10 +443,22 @@ impl ServeArgs {
             ("--sqlite-path", "sqlite", self.sqlite_path.is_some()),
             ("--etcd-endpoints", "etcd", self.etcd_endpoints.is_some()),
             ("--etcd-prefix", "etcd", self.etcd_prefix.is_some()),
-            ("--dynamodb-table", "dynamodb", self.dynamodb_table.is_some()),
-            ("--dynamodb-create-table", "dynamodb", self.dynamodb_create_table),
+            (
+                "--dynamodb-table",
+                "dynamodb",
+                self.dynamodb_table.is_some(),
+            ),
+            (
+                "--dynamodb-create-table",
+                "dynamodb",
+                self.dynamodb_create_table,
+            ),
             ("--dynamodb-sync", "dynamodb", self.dynamodb_sync.is_some()),
-            ("--cloudmap-namespace", "cloudmap", self.cloudmap_namespace.is_some()),
+            (
+                "--cloudmap-namespace",
+                "cloudmap",
+                self.cloudmap_namespace.is_some(),
+            ),
         ];
         flags
             .into_iter()

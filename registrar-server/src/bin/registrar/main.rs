@@ -40,42 +40,9 @@ pub(crate) async fn shutdown_signal() {
     tracing::info!("shutdown signal received");
 }
 
-/// Histogram buckets (the exporter renders histograms without buckets as
-/// summaries).
-const SECONDS_BUCKETS: &[f64] = &[
-    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-];
-const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0];
-
 fn install_metrics() -> Result<metrics_exporter_prometheus::PrometheusHandle, String> {
-    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
-    let handle = PrometheusBuilder::new()
-        .set_buckets_for_metric(
-            Matcher::Full("registrar_sync_duration_seconds".into()),
-            SECONDS_BUCKETS,
-        )
-        .and_then(|b| {
-            b.set_buckets_for_metric(
-                Matcher::Full("registrar_write_batch_size".into()),
-                BATCH_BUCKETS,
-            )
-        })
-        .and_then(|b| b.install_recorder())
-        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
-    registrar_server::describe_metrics();
-    // Present from the start, at zero, rather than after the first event.
-    metrics::gauge!("registrar_connected_agents").increment(0.0);
-    metrics::gauge!("registrar_snapshot_pending_endpoints").increment(0.0);
-    metrics::counter!("registrar_snapshot_bytes_total").increment(0);
-    metrics::counter!("registrar_stream_messages_encoded_total").increment(0);
-    metrics::gauge!("registrar_write_queue_depth").set(0.0);
-    metrics::counter!("registrar_sync_errors_total").increment(0);
-    metrics::counter!("registrar_stream_reconnects_total").increment(0);
-    metrics::gauge!("registrar_cache_age_seconds").set(0.0);
-    metrics::gauge!("registrar_backend_up").set(1.0);
-    metrics::gauge!("registrar_backend_down_seconds").set(0.0);
-    metrics::gauge!("registrar_ready").set(0.0);
-    Ok(handle)
+    registrar_server::install_prometheus_recorder()
+        .map_err(|e| format!("cannot install the metrics recorder: {e}"))
 }
 
 async fn run_serve(args: ServeArgs) -> Result<(), CliError> {

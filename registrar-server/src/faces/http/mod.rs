@@ -1,0 +1,212 @@
+//! The HTTP/JSON API (feature `http-api`): the registry's own routes
+//! (services, endpoints, an SSE watch, writes and heartbeats), a
+//! Consul-compatible read subset with blocking queries, and the node
+//! registry's `GET /services`. Reads are answered from the registrar's
+//! state ([`Registrar::state`]), never from the backend; writes go through
+//! [`Registrar::write`] as the gRPC port's do.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{DefaultBodyLimit, Path, RawQuery, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::Router;
+use registry_api::{Health, Snapshot};
+use serde::Serialize;
+
+use crate::auth::{Caller, Security};
+use crate::core::registrar::Registrar;
+
+mod error;
+mod json;
+mod native;
+pub(crate) mod peer;
+mod query;
+mod watch;
+mod write;
+
+pub use error::ApiError;
+use json::{NodeRegistryService, ServiceEntry};
+use query::Query;
+pub use watch::LAST_EVENT_ID;
+
+/// The header carrying the registrar's version (Consul's name for it).
+pub const INDEX_HEADER: &str = "X-Consul-Index";
+/// How long a blocking query waits without `wait` (as Consul: 5 minutes).
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(5 * 60);
+/// The longest `wait` honoured; longer ones are cut to it (as Consul).
+pub const MAX_WAIT: Duration = Duration::from_secs(10 * 60);
+
+/// The routes of the HTTP API over `registrar`'s state, for anyone
+/// (no authentication: serve it on loopback, or behind your own):
+///
+/// - `GET /v1/services`: every service with its endpoint counts;
+/// - `GET /v1/services/{service}`: its endpoints (`?healthy=true`,
+///   `?cluster=`);
+/// - `GET /v1/watch`: Server-Sent Events, a snapshot then each change
+///   (resumed with `Last-Event-ID`);
+/// - `PUT`/`DELETE /v1/services/{service}/{id}`: register (JSON body) or
+///   remove an endpoint, acknowledged as `?ack=` says;
+/// - `POST /v1/nodes/{node}/heartbeat`: `404` for a node the registry
+///   does not know;
+/// - `GET /v1/health/service/{name}`: Consul's health endpoint
+///   (`?passing`, `?tag=`, `?dc=`);
+/// - `GET /v1/catalog/services`: Consul's service → tags;
+/// - `GET /services`: the node registry's list (`?status=running`).
+///
+/// Every read can block with `?index=&wait=`; every answer carries the
+/// state's version in [`INDEX_HEADER`]. The registrar binary serves these
+/// routes with the gRPC port's mTLS and authorization when it has TLS.
+pub fn http_api_router(registrar: Arc<Registrar>) -> Router {
+    routes()
+        .layer(axum::Extension(Caller::Anyone))
+        .with_state(registrar)
+}
+
+/// The largest request body read (an endpoint's JSON): 64 KiB, as the gRPC
+/// port's request limit.
+pub const MAX_BODY_BYTES: usize = crate::core::config::DEFAULT_MAX_REQUEST_BYTES;
+
+fn routes() -> Router<Arc<Registrar>> {
+    Router::new()
+        .route("/v1/services", get(native::services))
+        .route("/v1/services/{service}", get(native::service))
+        .route(
+            "/v1/services/{service}/{id}",
+            put(write::put_endpoint).delete(write::delete_endpoint),
+        )
+        .route("/v1/nodes/{node}/heartbeat", post(write::heartbeat))
+        .route("/v1/watch", get(watch::watch))
+        .route("/v1/health/service/{name}", get(health_service))
+        .route("/v1/catalog/services", get(catalog_services))
+        .route("/services", get(node_registry_services))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+}
+
+/// Where the HTTP API takes its connections from.
+pub(crate) enum HttpListener {
+    /// Plaintext: every caller is anyone.
+    Plain(tokio::net::TcpListener),
+    /// mTLS: callers are identified by their certificate.
+    Tls(peer::TlsListener),
+}
+
+/// Serve the HTTP API on `listener` until the registrar closes, callers
+/// authenticated and authorized by `security`.
+pub(crate) async fn serve(
+    registrar: Arc<Registrar>,
+    listener: HttpListener,
+    security: Arc<Security>,
+) -> std::io::Result<()> {
+    let closing = registrar.closing();
+    let router = routes()
+        .layer(axum::middleware::from_fn_with_state(
+            security,
+            peer::authenticate,
+        ))
+        .with_state(registrar);
+    let service = router.into_make_service_with_connect_info::<peer::Peer>();
+    match listener {
+        HttpListener::Plain(l) => {
+            axum::serve(l, service)
+                .with_graceful_shutdown(closing)
+                .await
+        }
+        HttpListener::Tls(l) => {
+            axum::serve(l, service)
+                .with_graceful_shutdown(closing)
+                .await
+        }
+    }
+}
+
+fn json_response<T: Serialize>(status: StatusCode, body: &T, index: Option<u64>) -> Response {
+    let mut resp = match serde_json::to_vec(body) {
+        Ok(bytes) => (status, bytes).into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("{{\"error\":\"cannot encode the answer: {e}\"}}"),
+        )
+            .into_response(),
+    };
+    let headers = resp.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if let Some(i) = index {
+        headers.insert(INDEX_HEADER, HeaderValue::from(i));
+    }
+    resp
+}
+
+/// Block as the query asks, then the state and its version (shared, not
+/// copied: a request costs what it reads, whatever the registry's size).
+async fn read_state(registrar: &Registrar, q: &Query) -> Result<(Arc<Snapshot>, u64), ApiError> {
+    let store = registrar.state().store();
+    if !store.is_ready() {
+        return Err(ApiError::NotReady);
+    }
+    if let Some(index) = q.index {
+        // Returns at once when the version differs from `index`: it passed
+        // it, or went backwards (a restarted registrar numbers from 1).
+        let wait = q.wait.unwrap_or(DEFAULT_WAIT).min(MAX_WAIT);
+        tokio::select! {
+            _ = store.wait_until(|s| s.version().0 != index, wait) => {}
+            () = registrar.closing() => return Err(ApiError::ShuttingDown),
+        }
+    }
+    let snap = store.snapshot().ok_or(ApiError::NotReady)?;
+    let version = snap.version().0;
+    Ok((snap, version))
+}
+
+async fn health_service(
+    State(registrar): State<Arc<Registrar>>,
+    Path(name): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let q = Query::parse(raw.as_deref())?;
+    let (snap, index) = read_state(&registrar, &q).await?;
+    let entries: Vec<ServiceEntry> = snap
+        .service(&name)
+        .filter(|e| !q.passing || e.health == Health::Healthy)
+        .filter(|e| q.dc.as_ref().is_none_or(|dc| &e.cluster == dc))
+        .filter(|e| q.tag.as_ref().is_none_or(|t| json::tags(e).contains(t)))
+        .map(ServiceEntry::from_endpoint)
+        .collect();
+    Ok(json_response(StatusCode::OK, &entries, Some(index)))
+}
+
+async fn catalog_services(
+    State(registrar): State<Arc<Registrar>>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let q = Query::parse(raw.as_deref())?;
+    let (snap, index) = read_state(&registrar, &q).await?;
+    let services = json::catalog(
+        snap.iter()
+            .filter(|e| q.dc.as_ref().is_none_or(|dc| &e.cluster == dc)),
+    );
+    Ok(json_response(StatusCode::OK, &services, Some(index)))
+}
+
+async fn node_registry_services(
+    State(registrar): State<Arc<Registrar>>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let q = Query::parse(raw.as_deref())?;
+    let (snap, index) = read_state(&registrar, &q).await?;
+    let services: Vec<NodeRegistryService> = snap
+        .iter()
+        .filter(|e| {
+            q.status
+                .as_deref()
+                .is_none_or(|s| json::node_registry_status(e.health) == s)
+        })
+        .map(NodeRegistryService::from_endpoint)
+        .collect();
+    Ok(json_response(StatusCode::OK, &services, Some(index)))
+}

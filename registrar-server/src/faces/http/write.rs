@@ -1,0 +1,281 @@
+//! The HTTP API's writes: `PUT`/`DELETE /v1/services/<service>/<id>` and
+//! `POST /v1/nodes/<node>/heartbeat`, validated, authorized and
+//! acknowledged exactly as the gRPC port's `RegisterEndpoint`,
+//! `UnregisterEndpoint` and `Heartbeat`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use axum::Extension;
+use registry_api::{Endpoint, EndpointKey, Error, Health, Op, Protocol};
+use registry_registrar::Token;
+use serde::{Deserialize, Serialize};
+use tracing::Instrument;
+
+use super::query::{bounded, Query};
+use super::{json_response, ApiError};
+use crate::auth::{authorize_write, write_span, Caller};
+use crate::core::config::Ack;
+use crate::core::config::{parse_ack, ACK_METADATA};
+use crate::core::registrar::Registrar;
+
+/// The body of `PUT /v1/services/<service>/<id>`: an endpoint without its
+/// key (the path names it; `service` and `id` may be repeated, and must
+/// then agree). Unknown fields are refused.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct EndpointBody {
+    #[serde(default)]
+    service: Option<String>,
+    #[serde(default)]
+    id: Option<String>,
+    address: String,
+    port: u16,
+    #[serde(default)]
+    protocol: Protocol,
+    /// The registrar's own cluster when left out.
+    #[serde(default)]
+    cluster: Option<String>,
+    #[serde(default)]
+    node: String,
+    #[serde(default)]
+    health: Health,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+}
+
+impl EndpointBody {
+    /// Parse `body` (JSON) for the endpoint at `service`/`id`; errors name
+    /// the field (`port`, `labels.zone`, …).
+    pub(crate) fn parse(
+        body: &[u8],
+        service: String,
+        id: String,
+        own_cluster: &str,
+    ) -> Result<Endpoint, Error> {
+        let de = &mut serde_json::Deserializer::from_slice(body);
+        let b: EndpointBody = serde_path_to_error::deserialize(de).map_err(|e| {
+            // `.` (the document itself) or `?` (where the JSON broke off).
+            let field = match e.path().to_string() {
+                p if p == "." || p.starts_with('?') => "body".to_string(),
+                p => p,
+            };
+            Error::invalid(field, e.into_inner().to_string())
+        })?;
+        for (field, given, path) in [("service", &b.service, &service), ("id", &b.id, &id)] {
+            if let Some(given) = given.as_ref().filter(|g| *g != path) {
+                return Err(Error::invalid(
+                    field,
+                    format!(
+                        "{:?} differs from the path's {:?}",
+                        bounded(given),
+                        bounded(path)
+                    ),
+                ));
+            }
+        }
+        Ok(Endpoint {
+            service,
+            id,
+            address: b.address,
+            port: b.port,
+            protocol: b.protocol,
+            cluster: b.cluster.unwrap_or_else(|| own_cluster.to_string()),
+            node: b.node,
+            health: b.health,
+            labels: b.labels,
+        })
+    }
+}
+
+/// What a write answers: the version it was acknowledged at, the token
+/// an agent resumes from (as gRPC's `version`).
+#[derive(Debug, Serialize)]
+struct Written {
+    version: String,
+}
+
+/// The acknowledgement the request asks for: `?ack=`, else the
+/// `x-registrar-ack` header, else the registrar's default.
+fn ack(q: &Query, headers: &HeaderMap) -> Result<Option<Ack>, Error> {
+    if let Some(a) = &q.ack {
+        return parse_ack("ack", a).map(Some);
+    }
+    match headers.get(ACK_METADATA) {
+        None => Ok(None),
+        Some(v) => {
+            let text = v
+                .to_str()
+                .map_err(|_| Error::invalid(ACK_METADATA, "not ASCII: optimistic or durable"))?;
+            parse_ack(ACK_METADATA, text).map(Some)
+        }
+    }
+}
+
+fn body_error(r: BytesRejection) -> ApiError {
+    ApiError::BadBody {
+        status: r.status(),
+        reason: r.body_text(),
+    }
+}
+
+fn written(token: Token) -> Response {
+    let body = Written {
+        version: token.to_string(),
+    };
+    json_response(StatusCode::OK, &body, Some(token.version.0))
+}
+
+/// Write `op` for `caller` after authorizing it; the span names the node,
+/// key and caller as the gRPC port's does.
+async fn write(
+    registrar: &Arc<Registrar>,
+    caller: &Caller,
+    op: Op,
+    ack: Option<Ack>,
+    node: &str,
+) -> Result<Response, ApiError> {
+    let key = op.key();
+    let what = match op {
+        Op::Register(_) => "register",
+        Op::Deregister(_) => "deregister",
+    };
+    let span = write_span(what, node, &key, caller);
+    async {
+        let new = match &op {
+            Op::Register(e) => Some(e),
+            Op::Deregister(_) => None,
+        };
+        authorize_write(registrar, caller, &key, new).await?;
+        let token = registrar.write(op, ack).await.inspect_err(|e| {
+            tracing::debug!(error = %e, "write refused");
+        })?;
+        tracing::debug!(version = %token, "written through the HTTP API");
+        Ok(written(token))
+    }
+    .instrument(span)
+    .await
+}
+
+/// `PUT /v1/services/<service>/<id>`: register (or replace) the endpoint
+/// the JSON body describes.
+pub(super) async fn put_endpoint(
+    State(registrar): State<Arc<Registrar>>,
+    Extension(caller): Extension<Caller>,
+    Path((service, id)): Path<(String, String)>,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let q = Query::parse(raw.as_deref())?;
+    let ack = ack(&q, &headers)?;
+    let body = body.map_err(body_error)?;
+    let endpoint = EndpointBody::parse(&body, service, id, &registrar.config().cluster_name)?;
+    let node = endpoint.node.clone();
+    write(&registrar, &caller, Op::Register(endpoint), ack, &node).await
+}
+
+/// `DELETE /v1/services/<service>/<id>`: remove the endpoint (a no-op
+/// answered the same when it is not there).
+pub(super) async fn delete_endpoint(
+    State(registrar): State<Arc<Registrar>>,
+    Extension(caller): Extension<Caller>,
+    Path((service, id)): Path<(String, String)>,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let q = Query::parse(raw.as_deref())?;
+    let ack = ack(&q, &headers)?;
+    let key = EndpointKey::new(service, id);
+    let node = registrar
+        .state()
+        .store()
+        .snapshot()
+        .and_then(|s| s.get(&key).map(|e| e.node.clone()))
+        .unwrap_or_default();
+    write(&registrar, &caller, Op::Deregister(key), ack, &node).await
+}
+
+/// `POST /v1/nodes/<node>/heartbeat`: the node is alive; `404` when the
+/// registry holds no endpoint of it (the agent should register again).
+pub(super) async fn heartbeat(
+    State(registrar): State<Arc<Registrar>>,
+    Extension(caller): Extension<Caller>,
+    Path(node): Path<String>,
+) -> Result<Response, ApiError> {
+    let span = tracing::info_span!("heartbeat", node = %node, %caller);
+    async {
+        caller.may_heartbeat(&node)?;
+        registrar.heartbeat(&node).await?;
+        tracing::trace!("heartbeat through the HTTP API");
+        #[derive(Serialize)]
+        struct Beat<'a> {
+            node: &'a str,
+        }
+        Ok(json_response(StatusCode::OK, &Beat { node: &node }, None))
+    }
+    .instrument(span)
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn parse(body: &str) -> Result<Endpoint, Error> {
+        EndpointBody::parse(body.as_bytes(), "web".into(), "a".into(), "east")
+    }
+
+    fn field(body: &str) -> String {
+        match parse(body).unwrap_err() {
+            Error::InvalidInput { field, .. } => field,
+            other => panic!("{body}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_body_becomes_the_endpoint_of_the_path() {
+        let e = parse(r#"{"address":"10.0.0.1","port":8080,"labels":{"zone":"z1"}}"#).unwrap();
+        assert_eq!(e.key(), EndpointKey::new("web", "a"));
+        assert_eq!(e.cluster, "east");
+        assert_eq!(e.health, Health::Healthy);
+        assert_eq!(e.labels["zone"], "z1");
+        let e = parse(
+            r#"{"service":"web","id":"a","address":"h","port":1,"cluster":"west",
+                "health":"unhealthy","protocol":"udp","node":"n1"}"#,
+        )
+        .unwrap();
+        assert_eq!((e.cluster.as_str(), e.node.as_str()), ("west", "n1"));
+        assert_eq!(e.health, Health::Unhealthy);
+        assert_eq!(e.protocol, Protocol::Udp);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        assert_eq!(field(r#"{"address":"h","port":70000}"#), "port");
+        assert_eq!(field(r#"{"address":"h","port":"80"}"#), "port");
+        assert_eq!(field(r#"{"address":"h"}"#), "body");
+        assert_eq!(
+            field(r#"{"address":"h","port":1,"colour":"red"}"#),
+            "colour"
+        );
+        assert_eq!(field(r#"{"address":"h","port":1,"health":"ok"}"#), "health");
+        assert_eq!(
+            field(r#"{"address":"h","port":1,"labels":{"z":1}}"#),
+            "labels.z"
+        );
+        assert_eq!(field(r#"{"address":"h","port":1,"id":"b"}"#), "id");
+        assert_eq!(field("not json"), "body");
+        assert_eq!(field("{not json"), "body");
+        let e = parse(r#"{"address":"h","port":1,"colour":"red"}"#).unwrap_err();
+        assert!(e.to_string().contains("colour"), "{e}");
+        let e = parse(r#"{"address":"h"}"#).unwrap_err();
+        assert!(e.to_string().contains("port"), "{e}");
+    }
+}

@@ -1,0 +1,186 @@
+//! Every metric of the registrar, by name ([`names`]), described once
+//! ([`describe_metrics`]) and present from the start ([`zero`]); `serve`
+//! calls both, so a library user of it exports what the binary does.
+//!
+//! The combinators of `registry-api` the registrar stacks record theirs
+//! under [`names::PREFIX`] (`registrar_write_batch_size`, …): they are
+//! named here too, so that the whole list is in one place.
+
+/// The names, as the dashboard and the alerts in `deploy/` know them.
+pub(crate) mod names {
+    /// The prefix given to the combinators (`Coalescing`, `CachedRegistry`,
+    /// `Polling`), which name their metrics after it.
+    pub(crate) const PREFIX: &str = "registrar";
+    pub(crate) const BACKEND_UP: &str = "registrar_backend_up";
+    pub(crate) const BACKEND_DOWN_SECONDS: &str = "registrar_backend_down_seconds";
+    pub(crate) const READY: &str = "registrar_ready";
+    pub(crate) const WRITE_ERRORS_TOTAL: &str = "registrar_write_errors_total";
+    pub(crate) const CONNECTED_AGENTS: &str = "registrar_connected_agents";
+    pub(crate) const ENDPOINT_COUNT: &str = "registrar_endpoint_count";
+    pub(crate) const SYNC_DURATION_SECONDS: &str = "registrar_sync_duration_seconds";
+    pub(crate) const SYNC_ERRORS_TOTAL: &str = "registrar_sync_errors_total";
+    pub(crate) const WRITE_BATCH_SIZE: &str = "registrar_write_batch_size";
+    pub(crate) const WRITE_QUEUE_DEPTH: &str = "registrar_write_queue_depth";
+    pub(crate) const EVENT_BROADCAST_TOTAL: &str = "registrar_event_broadcast_total";
+    pub(crate) const SNAPSHOT_PENDING_ENDPOINTS: &str = "registrar_snapshot_pending_endpoints";
+    pub(crate) const STREAM_MESSAGES_ENCODED_TOTAL: &str =
+        "registrar_stream_messages_encoded_total";
+    pub(crate) const SNAPSHOT_BYTES_TOTAL: &str = "registrar_snapshot_bytes_total";
+    pub(crate) const CACHE_AGE_SECONDS: &str = "registrar_cache_age_seconds";
+    pub(crate) const STREAM_RECONNECTS_TOTAL: &str = "registrar_stream_reconnects_total";
+    pub(crate) const XDS_STREAMS: &str = "registrar_xds_streams";
+    pub(crate) const XDS_PUSHES_TOTAL: &str = "registrar_xds_pushes_total";
+    pub(crate) const XDS_RESOURCES_SENT_TOTAL: &str = "registrar_xds_resources_sent_total";
+    pub(crate) const XDS_NACKS_TOTAL: &str = "registrar_xds_nacks_total";
+}
+
+use names::*;
+
+/// Describe the registrar's metrics (help text and unit) to the installed
+/// recorder; [`serve`](crate::serve) calls it. (The agents' two metrics,
+/// `agent_registrar_cache_age_seconds` and
+/// `agent_registrar_stream_reconnects_total`, are exported by the agents.)
+pub fn describe_metrics() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    let gauges = [
+        (
+            BACKEND_UP,
+            Unit::Count,
+            "1 while the backend answers, 0 while it is unreachable",
+        ),
+        (
+            BACKEND_DOWN_SECONDS,
+            Unit::Seconds,
+            "How long the backend has been unreachable (0 while it answers)",
+        ),
+        (READY, Unit::Count, "1 while /readyz answers 200"),
+        (
+            CONNECTED_AGENTS,
+            Unit::Count,
+            "Number of agents with active watch streams",
+        ),
+        (
+            ENDPOINT_COUNT,
+            Unit::Count,
+            "Total endpoints in snapshot, by cluster",
+        ),
+        (WRITE_QUEUE_DEPTH, Unit::Count, "Pending writes in buffer"),
+        (
+            SNAPSHOT_PENDING_ENDPOINTS,
+            Unit::Count,
+            "Endpoints of first snapshots that open watch streams have not sent yet \
+             (taken chunk by chunk as each agent reads)",
+        ),
+        (
+            CACHE_AGE_SECONDS,
+            Unit::Seconds,
+            "How stale the registrar's cache of the backend may be (0 while its watch delivers)",
+        ),
+        (
+            XDS_STREAMS,
+            Unit::Count,
+            "Open xDS (ADS) streams, by variant (sotw, delta)",
+        ),
+    ];
+    for (name, unit, help) in gauges {
+        describe_gauge!(name, unit, help);
+    }
+    let counters = [
+        (
+            WRITE_ERRORS_TOTAL,
+            Unit::Count,
+            "Failed backend write calls, by error kind",
+        ),
+        (SYNC_ERRORS_TOTAL, Unit::Count, "Failed sync attempts"),
+        (
+            EVENT_BROADCAST_TOTAL,
+            Unit::Count,
+            "Events pushed to agents, by type",
+        ),
+        (
+            STREAM_MESSAGES_ENCODED_TOTAL,
+            Unit::Count,
+            "Watch stream messages encoded to protobuf (once for every stream that sends them)",
+        ),
+        (
+            SNAPSHOT_BYTES_TOTAL,
+            Unit::Bytes,
+            "Encoded size of the FULL_SNAPSHOT messages sent to agents",
+        ),
+        (
+            STREAM_RECONNECTS_TOTAL,
+            Unit::Count,
+            "Failures or ends of the registrar's watch of the backend",
+        ),
+        (
+            XDS_PUSHES_TOTAL,
+            Unit::Count,
+            "xDS responses pushed, by type URL",
+        ),
+        (
+            XDS_RESOURCES_SENT_TOTAL,
+            Unit::Count,
+            "xDS resources sent in responses, by type URL",
+        ),
+        (
+            XDS_NACKS_TOTAL,
+            Unit::Count,
+            "xDS responses rejected by clients (NACK), by type URL",
+        ),
+    ];
+    for (name, unit, help) in counters {
+        describe_counter!(name, unit, help);
+    }
+    describe_histogram!(
+        SYNC_DURATION_SECONDS,
+        Unit::Seconds,
+        "External registry sync latency"
+    );
+    describe_histogram!(WRITE_BATCH_SIZE, Unit::Count, "Operations per write batch");
+}
+
+/// Make the metrics that are not labelled present from the start, at
+/// their idle values, rather than after their first event; `serve` calls
+/// it before the backend is open.
+pub(crate) fn zero() {
+    for gauge in [CONNECTED_AGENTS, SNAPSHOT_PENDING_ENDPOINTS] {
+        metrics::gauge!(gauge).increment(0.0);
+    }
+    for counter in [
+        SNAPSHOT_BYTES_TOTAL,
+        STREAM_MESSAGES_ENCODED_TOTAL,
+        SYNC_ERRORS_TOTAL,
+        STREAM_RECONNECTS_TOTAL,
+    ] {
+        metrics::counter!(counter).increment(0);
+    }
+    for (gauge, idle) in [
+        (WRITE_QUEUE_DEPTH, 0.0),
+        (CACHE_AGE_SECONDS, 0.0),
+        (BACKEND_UP, 1.0),
+        (BACKEND_DOWN_SECONDS, 0.0),
+        (READY, 0.0),
+    ] {
+        metrics::gauge!(gauge).set(idle);
+    }
+}
+
+/// Histogram buckets (the exporter renders histograms without buckets as
+/// summaries).
+const SECONDS_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0];
+
+/// Install a Prometheus recorder for this process, with the registrar's
+/// histogram buckets; hand its handle to [`Opening`](crate::Opening)'s
+/// `metrics` to serve `/metrics` on the health port.
+pub fn install_prometheus_recorder(
+) -> Result<metrics_exporter_prometheus::PrometheusHandle, metrics_exporter_prometheus::BuildError>
+{
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full(SYNC_DURATION_SECONDS.into()), SECONDS_BUCKETS)?
+        .set_buckets_for_metric(Matcher::Full(WRITE_BATCH_SIZE.into()), BATCH_BUCKETS)?
+        .install_recorder()
+}

@@ -1,0 +1,31 @@
+//! The integration tests of `registrar-server`, one module per area, in
+//! one binary (each test binary links the whole server).
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+mod backends;
+mod cli;
+mod crash;
+mod deploy;
+#[cfg(feature = "dns")]
+mod dns;
+#[cfg(feature = "etcd")]
+mod etcd_fanout;
+#[cfg(all(feature = "sqlite", feature = "etcd"))]
+mod faults;
+mod hardening;
+#[cfg(feature = "http-api")]
+mod http_api;
+#[cfg(feature = "http-api")]
+mod http_native;
+mod operators;
+mod registrar;
+mod streams;
+mod tls;
+mod trust;
+mod ui;
+mod ui_browser;
+#[cfg(feature = "xds")]
+mod xds;

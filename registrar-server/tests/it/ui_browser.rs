@@ -1,0 +1,314 @@
+//! The dashboard at `/ui` (issue 20) in a real browser: headless Chromium
+//! driven over WebDriver (chromedriver started here on a free loopback
+//! port). The page loads, a registration appears without a reload, an
+//! unhealthy endpoint is shown as such, a removal disappears, the filters
+//! work, and it fits a phone's width.
+//!
+//! Chromium and chromedriver come from Debian's `chromium` and
+//! `chromium-driver` packages (`scripts/test` installs them); without them
+//! the test fails, naming the packages.
+//!
+//! Set `REGISTRAR_UI_SCREENSHOT=docs/registrar-ui.png` (relative to the
+//! repository root) to save the screenshot there.
+
+use crate::common;
+
+use std::path::Path;
+use std::process::Stdio;
+
+use common::dashboard::{endpoint, start, Server, LIMIT};
+use fantoccini::{Client, ClientBuilder, Locator};
+use registry_api::testing::eventually;
+use registry_api::Health;
+
+/// chromedriver on a free loopback port, killed (with the browsers it
+/// started, its process group) when dropped.
+struct Driver {
+    child: std::process::Child,
+    url: String,
+}
+
+impl Driver {
+    async fn start() -> Self {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let child = {
+            use std::os::unix::process::CommandExt;
+            std::process::Command::new("chromedriver")
+                .arg(format!("--port={port}"))
+                .arg("--allowed-ips=127.0.0.1")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .process_group(0)
+                .spawn()
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "cannot start chromedriver ({e}): install Debian's `chromium` and \
+                         `chromium-driver` (scripts/test does when they are missing)"
+                    )
+                })
+        };
+        let driver = Self {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        };
+        let addr = format!("127.0.0.1:{port}");
+        eventually("chromedriver listens", || {
+            let addr = addr.clone();
+            async move { tokio::net::TcpStream::connect(addr).await.ok().map(drop) }
+        })
+        .await;
+        driver
+    }
+
+    async fn browser(&self) -> Client {
+        let mut caps = serde_json::Map::new();
+        caps.insert(
+            "goog:chromeOptions".into(),
+            serde_json::json!({
+                "args": [
+                    "--headless=new",
+                    "--no-sandbox",
+                    "--disable-dev-shm-usage",
+                    "--disable-gpu",
+                    "--window-size=1280,1000"
+                ]
+            }),
+        );
+        let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+        tokio::time::timeout(
+            LIMIT,
+            ClientBuilder::new(connector)
+                .capabilities(caps)
+                .connect(&self.url),
+        )
+        .await
+        .expect("no browser session in time")
+        .expect("headless Chromium did not start")
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        // The whole group: chromedriver and the Chromium it started.
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.child.id())])
+            .status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The `data-key`s of the endpoint rows shown. Read in one script: the
+/// page replaces its rows on every change, so element handles go stale.
+async fn rows(browser: &Client) -> Vec<String> {
+    let keys = browser
+        .execute(
+            "return Array.from(document.querySelectorAll('#endpoints tbody tr'))\
+             .map(r => r.dataset.key);",
+            vec![],
+        )
+        .await
+        .unwrap();
+    serde_json::from_value(keys).unwrap()
+}
+
+async fn shows(browser: &Client, what: &str, want: &[&str]) {
+    eventually(what, || async move {
+        let have = rows(browser).await;
+        (have == want).then_some(())
+    })
+    .await;
+}
+
+/// The text and class of the element `css` selects; `None` while there is
+/// none.
+async fn element(browser: &Client, css: &str) -> Option<(String, String)> {
+    let found = browser
+        .execute(
+            "const e = document.querySelector(arguments[0]);\
+             return e === null ? null : [e.textContent, e.className];",
+            vec![serde_json::json!(css)],
+        )
+        .await
+        .unwrap();
+    serde_json::from_value(found).unwrap()
+}
+
+async fn text_of(browser: &Client, css: &str) -> String {
+    element(browser, css)
+        .await
+        .unwrap_or_else(|| panic!("nothing matches {css}"))
+        .0
+}
+
+#[tokio::test]
+async fn the_dashboard_in_headless_chromium() {
+    let server = start(true).await;
+    server
+        .register(endpoint(
+            "payments",
+            "pod-a",
+            8080,
+            "node-1",
+            Health::Healthy,
+        ))
+        .await;
+    server
+        .register(endpoint(
+            "checkout",
+            "pod-c",
+            9090,
+            "node-1",
+            Health::Healthy,
+        ))
+        .await;
+    // Accepted once the registration is in the state or the backend.
+    let registrar = &server.registrar;
+    eventually("node-1's heartbeat is accepted", || async move {
+        registrar.heartbeat("node-1").await.ok()
+    })
+    .await;
+    let driver = Driver::start().await;
+    let browser = driver.browser().await;
+    // On a panic, dropping the driver kills the browser too.
+    check_dashboard(&server, &browser).await;
+    let _ = browser.close().await;
+    drop(driver);
+    server.stop().await;
+}
+
+async fn check_dashboard(server: &Server, browser: &Client) {
+    browser.goto(&server.url("/ui")).await.unwrap();
+    eventually("the page is live", || async move {
+        let (text, _) = element(browser, "#link").await?;
+        (text == "live").then_some(())
+    })
+    .await;
+    shows(
+        browser,
+        "the first snapshot",
+        &["checkout/pod-c", "payments/pod-a"],
+    )
+    .await;
+
+    // A registration appears without a reload.
+    server
+        .register(endpoint(
+            "payments",
+            "pod-b",
+            8081,
+            "node-2",
+            Health::Healthy,
+        ))
+        .await;
+    shows(
+        browser,
+        "the registration",
+        &["checkout/pod-c", "payments/pod-a", "payments/pod-b"],
+    )
+    .await;
+
+    // An unhealthy one is shown as such.
+    server
+        .register(endpoint(
+            "payments",
+            "pod-b",
+            8081,
+            "node-2",
+            Health::Unhealthy,
+        ))
+        .await;
+    let row = r#"#endpoints tr[data-key="payments/pod-b"]"#;
+    eventually("pod-b shown unhealthy", || async move {
+        let (text, class) = element(browser, row).await?;
+        (class.contains("unhealthy") && text.contains("unhealthy")).then_some(())
+    })
+    .await;
+    let healthy = text_of(browser, r#"#endpoints tr[data-key="payments/pod-a"]"#).await;
+    assert!(
+        healthy.contains("healthy") && !healthy.contains("unhealthy"),
+        "{healthy}"
+    );
+    let service = text_of(browser, r#"#services tr[data-service="payments"]"#).await;
+    assert!(service.contains("degraded"), "{service}");
+
+    // The filter: by words of any column, and by health.
+    let filter = browser.find(Locator::Css("#filter")).await.unwrap();
+    filter.send_keys("payments 8081").await.unwrap();
+    shows(browser, "the text filter", &["payments/pod-b"]).await;
+    filter.clear().await.unwrap();
+    filter.send_keys("zone=eu-west").await.unwrap();
+    shows(
+        browser,
+        "the label filter",
+        &["checkout/pod-c", "payments/pod-a", "payments/pod-b"],
+    )
+    .await;
+    filter.clear().await.unwrap();
+    browser
+        .find(Locator::Css("#health-filter option[value=unhealthy]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    shows(browser, "the health filter", &["payments/pod-b"]).await;
+    browser
+        .find(Locator::Css("#health-filter option[value='']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    shows(
+        browser,
+        "no filter",
+        &["checkout/pod-c", "payments/pod-a", "payments/pod-b"],
+    )
+    .await;
+
+    // A removal disappears.
+    server.deregister("checkout", "pod-c").await;
+    shows(
+        browser,
+        "the removal",
+        &["payments/pod-a", "payments/pod-b"],
+    )
+    .await;
+
+    // The registrar's own state and the nodes.
+    eventually("the registrar's state", || async move {
+        let ready = text_of(browser, "#st-ready").await;
+        let epoch = text_of(browser, "#st-epoch").await;
+        (ready == "ready" && epoch == server.registrar.epoch().to_string()).then_some(())
+    })
+    .await;
+    let node = text_of(browser, r#"#nodes tr[data-node="node-1"]"#).await;
+    assert!(node.contains("ago"), "node-1's heartbeat: {node}");
+    let node = text_of(browser, r#"#nodes tr[data-node="node-2"]"#).await;
+    assert!(
+        node.contains("not seen here"),
+        "node-2 never heartbeat: {node}"
+    );
+
+    if let Ok(path) = std::env::var("REGISTRAR_UI_SCREENSHOT") {
+        let png = browser.screenshot().await.unwrap();
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        std::fs::write(root.join(path), png).unwrap();
+    }
+
+    // A phone's width: nothing wider than the screen but the tables,
+    // which scroll inside their boxes.
+    browser.set_window_size(390, 844).await.unwrap();
+    let overflow = browser
+        .execute(
+            "return document.documentElement.scrollWidth - document.documentElement.clientWidth;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(overflow.as_i64(), Some(0), "the page is wider than a phone");
+}

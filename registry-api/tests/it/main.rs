@@ -1,0 +1,12 @@
+//! The integration tests of `registry-api`, one module per area, in one
+//! binary.
+
+#![allow(clippy::unwrap_used)]
+
+mod announce;
+mod cached;
+mod coalescing;
+mod discover_balance;
+mod liveness;
+mod memory_conformance;
+mod suite_catches;

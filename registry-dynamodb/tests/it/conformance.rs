@@ -1,0 +1,45 @@
+//! The registry-api conformance suite against moto, the only place it runs
+//! for this backend: once on tables with a stream (native watch) and once
+//! on tables without (`Polling` every 50 ms, as `registry_api::stack::stack`
+//! wraps such a registry), and once in change log mode
+//! (`WatchMode::ChangeLog`): the three ways this backend is watched. Each check
+//! gets a table of its own on one shared moto server.
+
+use crate::common;
+
+use common::Harness;
+use registry_api::polling::Polling;
+use registry_api::testing::{overflow_history, Guarded};
+use registry_api::{Registry, Watch};
+use registry_dynamodb::DynamoDbRegistry;
+
+/// More changes than the watch history (64) holds, seen by a watch.
+async fn lose_history<R: Registry + Watch>(reg: &R) {
+    overflow_history(reg, 70).await;
+}
+
+mod with_stream {
+    use super::*;
+    async fn make() -> Guarded<DynamoDbRegistry> {
+        Harness::new(true).await.guarded()
+    }
+    registry_api::conformance_tests!(make, super::lose_history);
+}
+
+mod polling {
+    use super::*;
+    async fn make() -> Guarded<Polling<DynamoDbRegistry>> {
+        Harness::new(false).await.polled()
+    }
+    registry_api::conformance_tests!(make, super::lose_history);
+}
+
+mod changelog {
+    use super::*;
+    async fn make() -> Guarded<DynamoDbRegistry> {
+        let h = Harness::changelog().await;
+        assert!(h.reg.uses_changelog());
+        h.guarded()
+    }
+    registry_api::conformance_tests!(make, super::lose_history);
+}

@@ -1,0 +1,10 @@
+//! The integration tests of `registry-dynamodb`, one module per area, in one
+//! binary.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+mod changelog;
+mod conformance;
+mod dynamodb;

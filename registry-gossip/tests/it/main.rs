@@ -1,0 +1,13 @@
+//! The integration tests of `registry-gossip`, one module per area, in one
+//! binary.
+
+#![allow(clippy::unwrap_used)]
+
+mod conformance;
+mod crdt_laws;
+mod formation;
+mod replay;
+mod seed;
+mod simulation;
+mod udp;
+mod udp_replay;

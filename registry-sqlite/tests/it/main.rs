@@ -1,0 +1,10 @@
+//! The integration tests of `registry-sqlite`, one module per area, in one
+//! binary.
+
+mod support;
+
+mod behaviour;
+mod conformance;
+mod faults;
+mod ownership;
+mod processes;
