@@ -213,6 +213,6 @@ impl crate::stack::IntoStack for MemoryRegistry {
         self,
         cfg: &crate::stack::StackConfig,
     ) -> crate::Result<std::sync::Arc<dyn crate::stack::Stack>> {
-        crate::stack::full(self, cfg)
+        crate::stack::by_capabilities(self, cfg)
     }
 }

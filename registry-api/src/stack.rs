@@ -9,8 +9,8 @@
 //!   it sees every registration.
 //!
 //! Each backend says which traits it implements itself by implementing
-//! [`IntoStack`] with one of [`full`], [`without_heartbeat`] or
-//! [`registry_only`]; what is wrapped is then decided from its
+//! [`IntoStack`] with one of [`by_capabilities`], [`with_liveness`] or
+//! [`polled_with_liveness`]; what is wrapped is then decided from its
 //! capabilities at run time (a DynamoDB table without a stream is polled).
 //!
 //! ```
@@ -60,7 +60,7 @@ impl StackConfig {
 }
 
 /// How a backend becomes a [`Stack`]: implemented by each backend with one
-/// of [`full`], [`without_heartbeat`] or [`registry_only`], by the traits
+/// of [`by_capabilities`], [`with_liveness`] or [`polled_with_liveness`], by the traits
 /// it implements.
 pub trait IntoStack: Sized {
     /// Wrap `self` as its capabilities call for.
@@ -79,7 +79,10 @@ fn caps(b: &impl Registry) -> Capabilities {
 
 /// For a backend implementing all four traits: [`Polling`] when it does
 /// not watch natively, [`Liveness`] when it has no liveness of its own.
-pub fn full<B: Batch + Watch + Heartbeat>(b: B, cfg: &StackConfig) -> Result<Arc<dyn Stack>> {
+pub fn by_capabilities<B: Batch + Watch + Heartbeat>(
+    b: B,
+    cfg: &StackConfig,
+) -> Result<Arc<dyn Stack>> {
     let c = caps(&b);
     let liveness = cfg.liveness.clone();
     Ok(match (c.native_watch, c.native_liveness) {
@@ -95,7 +98,7 @@ pub fn full<B: Batch + Watch + Heartbeat>(b: B, cfg: &StackConfig) -> Result<Arc
 
 /// For a backend without heartbeats of its own: always [`Liveness`], and
 /// [`Polling`] when it does not watch natively.
-pub fn without_heartbeat<B: Batch + Watch>(b: B, cfg: &StackConfig) -> Result<Arc<dyn Stack>> {
+pub fn with_liveness<B: Batch + Watch>(b: B, cfg: &StackConfig) -> Result<Arc<dyn Stack>> {
     let liveness = cfg.liveness.clone();
     if caps(&b).native_watch {
         Ok(Arc::new(Liveness::with_config(b, liveness)?))
@@ -107,7 +110,7 @@ pub fn without_heartbeat<B: Batch + Watch>(b: B, cfg: &StackConfig) -> Result<Ar
 
 /// For a backend with neither a watch nor heartbeats: [`Polling`] inside
 /// [`Liveness`].
-pub fn registry_only<B: Batch>(b: B, cfg: &StackConfig) -> Result<Arc<dyn Stack>> {
+pub fn polled_with_liveness<B: Batch>(b: B, cfg: &StackConfig) -> Result<Arc<dyn Stack>> {
     let polled = Polling::with_config(b, cfg.polling.clone())?;
     Ok(Arc::new(Liveness::with_config(
         polled,

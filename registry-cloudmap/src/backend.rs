@@ -180,6 +180,6 @@ impl registry_api::stack::IntoStack for CloudMapRegistry {
         self,
         cfg: &registry_api::stack::StackConfig,
     ) -> registry_api::Result<std::sync::Arc<dyn registry_api::stack::Stack>> {
-        registry_api::stack::registry_only(self, cfg)
+        registry_api::stack::polled_with_liveness(self, cfg)
     }
 }

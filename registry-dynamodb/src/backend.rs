@@ -215,6 +215,6 @@ impl registry_api::stack::IntoStack for DynamoDbRegistry {
         self,
         cfg: &registry_api::stack::StackConfig,
     ) -> registry_api::Result<std::sync::Arc<dyn registry_api::stack::Stack>> {
-        registry_api::stack::without_heartbeat(self, cfg)
+        registry_api::stack::with_liveness(self, cfg)
     }
 }

@@ -181,6 +181,6 @@ impl registry_api::stack::IntoStack for EtcdRegistry {
         self,
         cfg: &registry_api::stack::StackConfig,
     ) -> registry_api::Result<std::sync::Arc<dyn registry_api::stack::Stack>> {
-        registry_api::stack::full(self, cfg)
+        registry_api::stack::by_capabilities(self, cfg)
     }
 }

@@ -31,7 +31,7 @@ fn spawn_child(task: &str, path: &Path) -> (Child, Lines<BufReader<ChildStdout>>
     let mut child = Command::new(exe)
         .args([
             "--exact",
-            "zz_child_helper",
+            "processes::zz_child_helper",
             "--nocapture",
             "--test-threads=1",
         ])
