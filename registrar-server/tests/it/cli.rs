@@ -685,23 +685,19 @@ async fn an_endpoint_without_a_cluster_is_the_registrars_under_the_default_polic
     ])
     .await;
     let url = format!("https://{}", server.grpc);
-    let out = cli(&[
+    let (ncert_s, nkey_s) = (p(&ncert), p(&nkey));
+    let node1 = [
         "--address",
         &url,
         "--tls-ca",
         &bundle,
         "--tls-cert",
-        &p(&ncert),
+        &ncert_s,
         "--tls-key",
-        &p(&nkey),
-        "register",
-        "api",
-        "by-cli",
-        "10.0.0.2:80",
-        "--node",
-        "n1",
-    ])
-    .await;
+        &nkey_s,
+    ];
+    let register = ["register", "api", "by-cli", "10.0.0.2:80", "--node", "n1"];
+    let out = cli(&[&node1[..], &register].concat()).await;
     assert_eq!(out.code, 0, "{}", out.stderr);
 
     let files = registry_registrar::TlsFiles::new(&bundle, &ncert, &nkey);
@@ -717,19 +713,7 @@ async fn an_endpoint_without_a_cluster_is_the_registrars_under_the_default_polic
     .await
     .unwrap();
 
-    let out = cli(&[
-        "--address",
-        &url,
-        "--tls-ca",
-        &bundle,
-        "--tls-cert",
-        &p(&ncert),
-        "--tls-key",
-        &p(&nkey),
-        "ls",
-        "--json",
-    ])
-    .await;
+    let out = cli(&[&node1[..], &["ls", "--json"]].concat()).await;
     assert_eq!(out.code, 0, "{}", out.stderr);
     let clusters: Vec<(String, String)> = out
         .stdout
