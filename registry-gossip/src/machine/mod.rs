@@ -116,7 +116,7 @@ impl Machine {
             node: node.clone(),
             bump: 0,
         };
-        let store = StoreHandle::new(now, settings.max_skew);
+        let store = StoreHandle::new(now, settings.max_skew, settings.ttl);
         let membership = Membership::new(identity, config, settings.swim_max, seed, store.clone());
         let anti_entropy =
             AntiEntropy::new(settings.max_packet, settings.overhead(), settings.ae_budget);
@@ -323,7 +323,10 @@ impl Machine {
     /// The counters.
     pub fn stats(&self) -> Stats {
         let mut stats = self.stats.clone();
-        stats.entries_refused = self.store.lock().refused;
+        let store = self.store.lock();
+        stats.entries_refused = store.refused;
+        stats.expired_tombstones_dropped = store.expired_dropped;
+        drop(store);
         stats
     }
 
@@ -539,10 +542,7 @@ impl Machine {
 
     fn collect_tombstones(&mut self) {
         let alone = self.membership.num_members() == 0;
-        let collected = self
-            .store
-            .lock()
-            .collect_tombstones(alone, self.settings.ttl);
+        let collected = self.store.lock().collect_tombstones(alone);
         self.stats.tombstones_collected += collected as u64;
     }
 

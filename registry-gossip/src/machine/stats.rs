@@ -54,6 +54,9 @@ pub struct Stats {
     pub entries_repaired: u64,
     /// Tombstones garbage-collected.
     pub tombstones_collected: u64,
+    /// Tombstones received after their TTL for keys this node no longer
+    /// held (collected already), dropped instead of kept again.
+    pub expired_tombstones_dropped: u64,
     /// Death tombstones this node wrote for dead members' entries.
     pub death_tombstones: u64,
     /// Entries re-asserted after this node was (wrongly) declared dead.

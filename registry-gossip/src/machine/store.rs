@@ -6,6 +6,14 @@
 //! broadcast handler, which merges entries as they arrive in the middle of
 //! foca's own processing.
 //!
+//! A deregistration's tombstone older than the tombstone TTL (and the
+//! skew) that arrives for a key the store holds nothing of is dropped: it
+//! was collected here (or would be at once), and taking it again would
+//! keep it for another TTL and bounce it between nodes that collect at
+//! different times. One for a key still held live is merged: it deletes
+//! that entry. (A death tombstone carries the stamp of the entry it kills,
+//! so its timestamp tells nothing of its age: it is always merged.)
+//!
 //! The store also bounds the clock: an entry stamped further ahead of this
 //! node's clock than the allowed skew (or at `u64::MAX`) is refused before
 //! the replica sees it, so it neither replaces a register nor drags the
@@ -43,12 +51,16 @@ pub(super) struct Store {
     pub(super) target: u32,
     /// How far ahead of `now` an entry's timestamp may be.
     max_skew: Duration,
+    /// How long a tombstone is kept once disseminated.
+    ttl: Duration,
     /// Entries refused for a timestamp too far ahead.
     pub(super) refused: u64,
+    /// Expired tombstones received for keys not held, dropped.
+    pub(super) expired_dropped: u64,
 }
 
 impl Store {
-    fn new(now: Duration, max_skew: Duration) -> Self {
+    fn new(now: Duration, max_skew: Duration, ttl: Duration) -> Self {
         Self {
             replica: Replica::new(),
             dissemination: HashMap::new(),
@@ -57,7 +69,9 @@ impl Store {
             now,
             target: 1,
             max_skew,
+            ttl,
             refused: 0,
+            expired_dropped: 0,
         }
     }
 
@@ -74,8 +88,15 @@ impl Store {
 
     /// Merge an entry received from another node, unless it is stamped
     /// after [`Store::max_ts`]: then it is refused (counted, not merged,
-    /// the clock unmoved). Otherwise as [`Store::merge`].
+    /// the clock unmoved), or it is an expired tombstone of a key not held
+    /// (dropped, counted; see the module docs). Otherwise as
+    /// [`Store::merge`].
     pub(super) fn merge_remote(&mut self, entry: Entry, disseminated: bool) -> bool {
+        if self.expired_unheld(&entry) {
+            self.expired_dropped += 1;
+            tracing::debug!(key = %entry.key, ts = entry.stamp.ts, "dropped an expired tombstone of a key not held");
+            return false;
+        }
         let limit = self.max_ts();
         if entry.stamp.ts > limit {
             self.refused += 1;
@@ -89,6 +110,16 @@ impl Store {
             return false;
         }
         self.merge(entry, disseminated)
+    }
+
+    /// Whether `entry` is a deregistration's tombstone older than the TTL
+    /// plus the skew (by its timestamp against this node's clock) for a
+    /// key not held here.
+    fn expired_unheld(&self, entry: &Entry) -> bool {
+        entry.is_tombstone()
+            && !entry.died
+            && self.replica.get(&entry.key).is_none()
+            && self.now_us().saturating_sub(entry.stamp.ts) > micros(self.ttl + self.max_skew)
     }
 
     /// Merge `entry` (a local write, or a remote one already checked);
@@ -144,9 +175,9 @@ impl Store {
 
     /// Forget every tombstone that was sent its target number of times (or
     /// needs no sending because this node is `alone`) and is older than
-    /// `ttl`. Returns how many were forgotten.
-    pub(super) fn collect_tombstones(&mut self, alone: bool, ttl: Duration) -> usize {
-        let now = self.now;
+    /// the TTL. Returns how many were forgotten.
+    pub(super) fn collect_tombstones(&mut self, alone: bool) -> usize {
+        let (now, ttl) = (self.now, self.ttl);
         let expired: Vec<EndpointKey> = self
             .replica
             .entries()
@@ -172,9 +203,9 @@ pub(super) struct StoreHandle(Arc<Mutex<Store>>);
 
 impl StoreHandle {
     /// An empty store at time `now`, refusing entries stamped more than
-    /// `max_skew` after it.
-    pub(super) fn new(now: Duration, max_skew: Duration) -> Self {
-        Self(Arc::new(Mutex::new(Store::new(now, max_skew))))
+    /// `max_skew` after it, keeping tombstones for `ttl` once disseminated.
+    pub(super) fn new(now: Duration, max_skew: Duration, ttl: Duration) -> Self {
+        Self(Arc::new(Mutex::new(Store::new(now, max_skew, ttl))))
     }
 
     /// Lock the store.

@@ -535,3 +535,80 @@ fn restarted_node_retracts_what_it_no_longer_owns() {
     );
     assert!(sim.nodes[3].as_ref().unwrap().stats().retracted >= 1);
 }
+
+/// How long after the last deletion the property below waits for every
+/// tombstone to be gone: twice the TTL, plus rounds to spread and count
+/// the tombstones over a lossy network of 64.
+const TOMBSTONE_TTL: Duration = Duration::from_secs(5);
+const COLLECT_ROUNDS: Duration = Duration::from_secs(15);
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig {
+        cases: 3,
+        failure_persistence: None,
+        ..proptest::prelude::ProptestConfig::default()
+    })]
+
+    /// 64 nodes over a lossy network delete names at different moments
+    /// (so each node collects each tombstone at its own time): no deleted
+    /// name comes back anywhere once it is gone everywhere, and after
+    /// twice the TTL plus a bounded number of rounds no node holds
+    /// anything of them, tombstone or live.
+    #[test]
+    fn collected_tombstones_stay_collected(
+        seed in 0u64..1_000_000,
+        deletes in proptest::collection::vec((0usize..64, 0u64..3_000), 4..8),
+    ) {
+        let config = sim_config().with_tombstone_ttl(TOMBSTONE_TTL);
+        let mut sim = cluster(seed, 64, LOSSY, config);
+        let eps: Vec<Endpoint> = deletes
+            .iter()
+            .enumerate()
+            .map(|(k, (owner, _))| ep("gc", &format!("k{k}"), 1 + k as u16, *owner))
+            .collect();
+        for e in &eps {
+            let owner = deletes[eps.iter().position(|x| x == e).unwrap()].0;
+            sim.register(owner, e.clone());
+        }
+        assert!(
+            sim.run_until(Duration::from_secs(60), |s| s
+                .alive()
+                .all(|(_, m)| eps.iter().all(|e| m.endpoint(&e.key()).is_some()))),
+            "seed {seed}: the registrations did not spread"
+        );
+        let start = sim.now;
+        let mut order: Vec<usize> = (0..eps.len()).collect();
+        order.sort_by_key(|&k| deletes[k].1);
+        let mut gone = vec![false; eps.len()];
+        let check = |sim: &Sim, gone: &mut [bool]| {
+            for (k, e) in eps.iter().enumerate() {
+                let visible = sim.alive().any(|(_, m)| m.endpoint(&e.key()).is_some());
+                assert!(!(gone[k] && visible), "seed {seed}: {} came back at {:?}", e.key(), sim.now);
+                gone[k] |= !visible;
+            }
+        };
+        for &k in &order {
+            let at = start + Duration::from_millis(deletes[k].1);
+            while sim.now < at {
+                sim.step();
+                check(&sim, &mut gone);
+            }
+            sim.deregister(deletes[k].0, &eps[k].key());
+        }
+        let end = sim.now + 2 * TOMBSTONE_TTL + COLLECT_ROUNDS;
+        while sim.now < end {
+            sim.step();
+            check(&sim, &mut gone);
+        }
+        for (i, m) in sim.alive() {
+            for e in &eps {
+                assert!(
+                    m.entry(&e.key()).is_none(),
+                    "seed {seed}: node {i} still holds {:?} at {:?}",
+                    m.entry(&e.key()),
+                    sim.now
+                );
+            }
+        }
+    }
+}
