@@ -420,7 +420,7 @@ fn head_version(item: &Item) -> Option<u64> {
 }
 
 /// A number in `0..1` that differs between calls, for spreading retries.
-fn jitter() -> f64 {
+pub(crate) fn jitter() -> f64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(

@@ -16,12 +16,18 @@
 //!   scan (which makes it the state at the head read last, without moving
 //!   any endpoint back in its history), and goes on from there. The first
 //!   state is sent as [`registry_api::Event::Snapshot`], later ones as the difference.
+//! - **Checks**: every `changelog_check_interval` (±20 %) the reader
+//!   resyncs anyway, so that what bypasses the log (another tool's
+//!   writes, endpoints expired by `item_ttl`) reaches its watchers as the
+//!   difference to what they hold.
 //! - **Failures** reach every watcher as an `Err` item while they keep the
 //!   last state; the reader keeps its position, retries with backoff
 //!   (100 ms to 10 s), and after the failure sends a whole snapshot.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use registry_api::backend::{backoff, Hub};
 use registry_api::{Error, EventStream, Version};
@@ -97,6 +103,7 @@ enum Resync {
     Trimmed,
     Gap,
     HeadBack,
+    Check,
 }
 
 impl Resync {
@@ -106,6 +113,7 @@ impl Resync {
             Resync::Trimmed => "the versions after this reader's position were trimmed",
             Resync::Gap => "a log entry is missing",
             Resync::HeadBack => "the log's head went back (the table was recreated?)",
+            Resync::Check => "the periodic check of the table",
         }
     }
 }
@@ -129,13 +137,28 @@ async fn run(table: Arc<Table>, hub: Weak<Hub>) {
         failed: false,
     };
     let interval = table.cfg.poll_interval.max(Duration::from_millis(10));
+    let every = table
+        .cfg
+        .changelog_check_interval
+        .max(Duration::from_secs(1));
+    let next = || Instant::now() + every.mul_f64(0.8 + 0.4 * crate::changelog::jitter());
+    let mut check_at = next();
     let mut delays = backoff(Duration::from_millis(100), Duration::from_secs(10));
     loop {
         if hub.strong_count() == 0 {
             return;
         }
+        if r.pos.is_some() && Instant::now() >= check_at {
+            resync_next(&table, &mut r, Resync::Check);
+        }
         let res = match r.pos {
-            None => resync(&table, &hub, &mut r).await,
+            None => {
+                let res = resync(&table, &hub, &mut r).await;
+                if r.pos.is_some() {
+                    check_at = next();
+                }
+                res
+            }
             Some(pos) => sync(&table, &hub, &mut r, pos).await,
         };
         match res {
@@ -199,7 +222,11 @@ async fn sync(table: &Table, hub: &Weak<Hub>, r: &mut Reader, pos: u64) -> Resul
 
 /// Resync on the next round, for `why`.
 fn resync_next(table: &Table, r: &mut Reader, why: Resync) {
-    tracing::info!(table = %table.cfg.table, why = why.as_str(), "change log: resyncing from a scan");
+    if matches!(why, Resync::Check) {
+        tracing::debug!(table = %table.cfg.table, why = why.as_str(), "change log: resyncing from a scan");
+    } else {
+        tracing::info!(table = %table.cfg.table, why = why.as_str(), "change log: resyncing from a scan");
+    }
     metrics::counter!("registry_dynamodb_changelog_resyncs_total", "reason" => why.as_str())
         .increment(1);
     r.pos = None;

@@ -129,6 +129,13 @@ pub struct DynamoDbConfig {
     /// deletes it after that (lazily). A reader away for longer falls back
     /// to one `Scan`. Default 1 h (see the crate docs for why not more).
     pub changelog_retention: Duration,
+    /// How often a change log reader checks the table itself
+    /// ([`WatchMode::ChangeLog`]): a scan, jittered by ±20 %, whose
+    /// difference to what watchers hold is published. It is how changes
+    /// that bypass the log reach log readers: another tool's writes, and
+    /// endpoints expired by `item_ttl` (reads skip expired items at once;
+    /// DynamoDB deletes them later). At least 1 s. Default 5 min.
+    pub changelog_check_interval: Duration,
     /// Time limit of one API call including retries. Default 10 s.
     pub operation_timeout: Duration,
     /// Attempts per API call (the SDK's standard retry with backoff on
@@ -152,6 +159,7 @@ impl Default for DynamoDbConfig {
             ttl_attribute: Some("expires_at".into()),
             item_ttl: None,
             changelog_retention: Duration::from_secs(3600),
+            changelog_check_interval: Duration::from_secs(300),
             operation_timeout: Duration::from_secs(10),
             max_attempts: 3,
         }
@@ -218,6 +226,11 @@ impl DynamoDbConfig {
     /// Set `ttl_attribute`.
     pub fn with_ttl_attribute(mut self, name: Option<String>) -> Self {
         self.ttl_attribute = name;
+        self
+    }
+    /// Set `changelog_check_interval` (at least 1 s).
+    pub fn with_changelog_check_interval(mut self, d: Duration) -> Self {
+        self.changelog_check_interval = d;
         self
     }
     /// Set `item_ttl`.

@@ -403,3 +403,50 @@ async fn log_items_are_invisible_to_reads() {
         .unwrap();
     assert_eq!(plain.snapshot().await.unwrap().len(), 1);
 }
+
+/// What bypasses the log reaches every log reader at its periodic check:
+/// an item deleted with the client (as another tool, or DynamoDB's TTL
+/// deletion of an `item_ttl` endpoint, would) leaves both readers' state,
+/// and the one written beside it stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_item_removed_behind_the_logs_back_leaves_every_reader() {
+    let (cfg, _moto) = table().await;
+    let cfg = cfg.with_changelog_check_interval(std::time::Duration::from_secs(1));
+    let writer = changelog_registry(&cfg).await;
+    let readers = [
+        changelog_registry(&cfg).await,
+        changelog_registry(&cfg).await,
+    ];
+    let mut streams: Vec<EventStream> = readers.iter().map(|r| r.watch(None)).collect();
+    let svc = unique("behind");
+    let (gone, kept) = (
+        Endpoint::new(&svc, "gone", "10.0.0.1", 80),
+        Endpoint::new(&svc, "kept", "10.0.0.2", 80),
+    );
+    writer.register(gone.clone()).await.unwrap();
+    writer.register(kept.clone()).await.unwrap();
+    let both: BTreeMap<_, _> = [(gone.key(), gone.clone()), (kept.key(), kept.clone())].into();
+    let mut states = vec![BTreeMap::new(); streams.len()];
+    let mut hist = Histories::new();
+    for (stream, state) in streams.iter_mut().zip(states.iter_mut()) {
+        follow_to(stream, state, &mut hist, &both, false).await;
+    }
+    let out = writer
+        .client()
+        .delete_item()
+        .table_name(writer.table())
+        .key("service", AttributeValue::S(svc.clone()))
+        .key("id", AttributeValue::S("gone".into()))
+        .return_values(registry_dynamodb::aws_sdk_dynamodb::types::ReturnValue::AllOld)
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        out.attributes.is_some(),
+        "the item was not where the crate docs put it"
+    );
+    let only_kept: BTreeMap<_, _> = [(kept.key(), kept.clone())].into();
+    for (stream, state) in streams.iter_mut().zip(states.iter_mut()) {
+        follow_to(stream, state, &mut hist, &only_kept, false).await;
+    }
+}
