@@ -17,27 +17,42 @@ use registrar_server::{
 use crate::cli::{Cli, Command, LogFormat, ServeArgs};
 use crate::error::CliError;
 
-/// Resolves on Ctrl-C or SIGTERM.
-pub(crate) async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Resolves on Ctrl-C or SIGTERM. The handlers are installed when this is
+/// called, not when the future is first polled: a signal sent as soon as
+/// the registrar says it listens is then a graceful stop, never the
+/// default action that kills the process without draining.
+pub(crate) fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => futures::future::pending::<()>().await,
-        }
+    let mut signals = {
+        use tokio::signal::unix::{signal, SignalKind};
+        [SignalKind::interrupt(), SignalKind::terminate()].map(|kind| signal(kind).ok())
     };
-    #[cfg(not(unix))]
-    let term = futures::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term => {}
+    async move {
+        #[cfg(unix)]
+        {
+            let [interrupt, terminate] = &mut signals;
+            tokio::select! {
+                () = received(interrupt) => {}
+                () = received(terminate) => {}
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+        tracing::info!("shutdown signal received");
     }
-    tracing::info!("shutdown signal received");
+}
+
+/// Resolves when `signal` arrives; never when it could not be installed.
+#[cfg(unix)]
+async fn received(signal: &mut Option<tokio::signal::unix::Signal>) {
+    match signal {
+        Some(s) => {
+            s.recv().await;
+        }
+        None => futures::future::pending::<()>().await,
+    }
 }
 
 fn install_metrics() -> Result<metrics_exporter_prometheus::PrometheusHandle, String> {
@@ -129,6 +144,9 @@ async fn run_serve(args: ServeArgs) -> Result<(), CliError> {
         tls = server.options.tls.is_some(),
         "registrar starting"
     );
+    // Before the line that says it listens: a signal from then on stops
+    // it gracefully.
+    let shutdown = shutdown_signal();
     // One line for scripts and tests to read the bound addresses from.
     println!("{listening}");
     server
@@ -144,7 +162,7 @@ async fn run_serve(args: ServeArgs) -> Result<(), CliError> {
             },
             grpc,
             health,
-            shutdown_signal(),
+            shutdown,
         )
         .await
         .map_err(|e| CliError::registry(format!("{kind} backend"), e))
