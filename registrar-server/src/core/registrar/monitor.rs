@@ -26,70 +26,66 @@ const TASK_CHECK: Duration = Duration::from_millis(500);
 impl Registrar {
     /// The monitor task (see the module docs): until `this` is gone.
     pub(super) async fn monitor(this: Weak<Registrar>) {
-        run(this).await
-    }
-}
-
-async fn run(this: Weak<Registrar>) {
-    let Some(reg) = this.upgrade() else { return };
-    let mut writer = reg.writer.status();
-    let mut probe = tokio::time::interval(reg.cfg.probe_interval);
-    probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut tasks = tokio::time::interval(TASK_CHECK);
-    tasks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let first_snapshot = {
-        let reg = Arc::clone(&reg);
-        async move { reg.state.wait_until_ready().await }
-    };
-    drop(reg);
-    tokio::pin!(first_snapshot);
-    let mut synced = false;
-    loop {
-        let mut heal_now = false;
-        tokio::select! {
-            () = &mut first_snapshot, if !synced => {
-                synced = true;
-                if let Some(reg) = this.upgrade() {
-                    reg.status.synced();
-                }
-            }
-            changed = writer.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-                let st = writer.borrow_and_update().clone();
-                let Some(reg) = this.upgrade() else { return };
-                match (st.failing_since, st.last_error) {
-                    (None, _) => reg.status.backend_up(),
-                    (Some(_), Some(e)) => reg.status.backend_failed(&e),
-                    (Some(_), None) => {}
-                }
-            }
-            _ = probe.tick() => {
-                let Some(reg) = this.upgrade() else { return };
-                if needs_healing(&reg) {
-                    heal_now = true;
-                } else {
-                    match probe_once(&reg).await {
-                        Ok(()) => reg.status.backend_up(),
-                        Err(e) => reg.status.backend_failed(&e),
+        let Some(reg) = this.upgrade() else { return };
+        let mut writer = reg.writer.status();
+        let mut probe = tokio::time::interval(reg.cfg.probe_interval);
+        probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut tasks = tokio::time::interval(TASK_CHECK);
+        tasks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let first_snapshot = {
+            let reg = Arc::clone(&reg);
+            async move { reg.state.wait_until_ready().await }
+        };
+        drop(reg);
+        tokio::pin!(first_snapshot);
+        let mut synced = false;
+        loop {
+            let mut heal_now = false;
+            tokio::select! {
+                () = &mut first_snapshot, if !synced => {
+                    synced = true;
+                    if let Some(reg) = this.upgrade() {
+                        reg.status.synced();
                     }
                 }
-            }
-            _ = tasks.tick() => {
-                let Some(reg) = this.upgrade() else { return };
-                if let Err(why) = reg.tasks_running() {
-                    reg.status.fail(why);
+                changed = writer.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let st = writer.borrow_and_update().clone();
+                    let Some(reg) = this.upgrade() else { return };
+                    match (st.failing_since, st.last_error) {
+                        (None, _) => reg.status.backend_up(),
+                        (Some(_), Some(e)) => reg.status.backend_failed(&e),
+                        (Some(_), None) => {}
+                    }
                 }
+                _ = probe.tick() => {
+                    let Some(reg) = this.upgrade() else { return };
+                    if needs_healing(&reg) {
+                        heal_now = true;
+                    } else {
+                        match probe_once(&reg).await {
+                            Ok(()) => reg.status.backend_up(),
+                            Err(e) => reg.status.backend_failed(&e),
+                        }
+                    }
+                }
+                _ = tasks.tick() => {
+                    let Some(reg) = this.upgrade() else { return };
+                    if let Err(why) = reg.tasks_running() {
+                        reg.status.fail(why);
+                    }
+                }
+                () = wake(&this) => heal_now = true,
             }
-            () = wake(&this) => heal_now = true,
-        }
-        if !heal_now {
-            continue;
-        }
-        let Some(reg) = this.upgrade() else { return };
-        if needs_healing(&reg) {
-            heal(&reg).await;
+            if !heal_now {
+                continue;
+            }
+            let Some(reg) = this.upgrade() else { return };
+            if needs_healing(&reg) {
+                heal(&reg).await;
+            }
         }
     }
 }
