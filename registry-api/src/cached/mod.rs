@@ -39,7 +39,8 @@ pub struct CachedConfig {
     pub buffer: usize,
     /// After a write succeeds, wait up to this long for the cache to show
     /// it, so a caller reads its own writes. Zero turns the wait off.
-    /// Default 5 s; the wait is skipped while the watch is down.
+    /// Default 5 s; the wait is skipped while the watch is down, and holds
+    /// before the first snapshot (the write is then in it).
     pub write_wait: Duration,
     /// Number the cache's events with its own counter (starting at the
     /// clock in microseconds) instead of the inner registry's versions.
@@ -307,7 +308,10 @@ impl<R: Registry + Watch> CachedRegistry<R> {
     /// effect (bounded; skipped while disconnected or before the first
     /// snapshot).
     async fn await_own_writes(&self, ops: &[Op]) {
-        if self.write_wait.is_zero() || self.store.cache_age() != Some(Duration::ZERO) {
+        // Before the first snapshot the wait holds too: a watch opened after
+        // the write returns then starts from a state that has it. Only a
+        // watch known to be down skips the wait.
+        if self.write_wait.is_zero() || self.store.is_lost() {
             return;
         }
         let mut want: BTreeMap<EndpointKey, Option<&Endpoint>> = BTreeMap::new();

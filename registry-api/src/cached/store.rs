@@ -40,6 +40,14 @@ impl Store {
         }
     }
 
+    /// Whether the watch has reported a failure and not delivered since.
+    pub(super) fn is_lost(&self) -> bool {
+        self.lost_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+
     /// Whether the first snapshot has arrived.
     pub fn is_ready(&self) -> bool {
         self.hub.is_ready()

@@ -27,6 +27,7 @@ pub struct Faulty<R> {
     inner: R,
     state: std::sync::Mutex<FaultState>,
     cut: tokio::sync::watch::Sender<u64>,
+    held: tokio::sync::watch::Sender<bool>,
     latency: std::sync::Mutex<Duration>,
 }
 
@@ -50,6 +51,7 @@ impl<R> Faulty<R> {
             inner,
             state: std::sync::Mutex::new(FaultState::default()),
             cut: tokio::sync::watch::channel(0).0,
+            held: tokio::sync::watch::channel(false).0,
             latency: std::sync::Mutex::new(Duration::ZERO),
         }
     }
@@ -98,6 +100,13 @@ impl<R> Faulty<R> {
     /// End every open watch stream with an `Unavailable` error.
     pub fn cut_streams(&self) {
         self.cut.send_modify(|g| *g += 1);
+    }
+
+    /// While `hold` is set, watch streams (open ones included) send nothing
+    /// until it is cleared: a backend whose first snapshot is slow to come.
+    /// Writes and reads go through meanwhile.
+    pub fn hold_watches(&self, hold: bool) {
+        self.held.send_replace(hold);
     }
 
     /// Every call sleeps this long first (a slow backend).
@@ -266,6 +275,19 @@ impl<R: Watch> Watch for Faulty<R> {
         };
         let tail =
             futures::stream::once(async { Err(Error::unavailable("injected: watch stream cut")) });
-        self.inner.watch(from).take_until(until).chain(tail).boxed()
+        let held = self.held.subscribe();
+        self.inner
+            .watch(from)
+            .then(move |item| {
+                let mut held = held.clone();
+                async move {
+                    // The sender lives in `self`; if it is gone, so is the hold.
+                    let _ = held.wait_for(|h| !*h).await;
+                    item
+                }
+            })
+            .take_until(until)
+            .chain(tail)
+            .boxed()
     }
 }

@@ -76,6 +76,42 @@ async fn before_the_first_snapshot_reads_go_to_the_inner_registry() {
     assert_eq!(cached.list("s").await.unwrap(), vec![ep("s", "a", 1)]);
 }
 
+/// A write made while the cache's first snapshot is still on its way
+/// returns once the cache holds it, so a watch opened after it starts from
+/// a state with the write and then sees the next change as a change (the
+/// README's one-screen code: register, watch, deregister, see `Removed`).
+#[tokio::test]
+async fn a_write_before_the_first_snapshot_returns_once_the_cache_holds_it() {
+    let inner = Faulty::new(MemoryRegistry::new());
+    inner.hold_watches(true);
+    let cached = Arc::new(CachedRegistry::with_config(inner, fast()).unwrap());
+    let release = {
+        let cached = Arc::clone(&cached);
+        tokio::spawn(async move {
+            eventually("the write to reach the backend", || async {
+                let held = cached.get_ref().get_ref().list("s").await.unwrap();
+                (!held.is_empty()).then_some(())
+            })
+            .await;
+            cached.get_ref().hold_watches(false);
+        })
+    };
+    cached.register(ep("s", "a", 1)).await.unwrap();
+    assert!(cached.is_ready(), "the write returned before the cache had a snapshot");
+    release.await.unwrap();
+
+    let mut events = cached.watch(None);
+    cached.deregister(&ep("s", "a", 1).key()).await.unwrap();
+    match next_event(&mut events, "the first snapshot").await {
+        Event::Snapshot(s) => assert_eq!(s.len(), 1, "the snapshot misses the write: {s:?}"),
+        other => panic!("expected a snapshot first, got {other:?}"),
+    }
+    match next_event(&mut events, "the deregistration").await {
+        Event::Removed { key, .. } => assert_eq!(key, ep("s", "a", 1).key()),
+        other => panic!("expected the deregistration, got {other:?}"),
+    }
+}
+
 /// 100 random stream drops while the backend changes: local subscribers see
 /// every change exactly once, in order, and the cache ends equal to the
 /// backend.
