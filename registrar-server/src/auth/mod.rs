@@ -159,6 +159,14 @@ impl Caller {
         matches!(self, Caller::Anyone)
     }
 
+    /// The node this caller's identity names, if any.
+    pub(crate) fn node(&self) -> Option<&str> {
+        match self {
+            Caller::Anyone => None,
+            Caller::Id { node, .. } => node.as_deref(),
+        }
+    }
+
     /// May this caller watch and list?
     pub(crate) fn may_read(&self) -> Result<(), Status> {
         match self {

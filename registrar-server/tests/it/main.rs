@@ -7,6 +7,8 @@ mod common;
 
 mod backends;
 mod cli;
+#[cfg(feature = "http-api")]
+mod consul_agent;
 mod crash;
 mod deploy;
 #[cfg(feature = "dns")]

@@ -97,7 +97,10 @@ async fn a_write_before_the_first_snapshot_returns_once_the_cache_holds_it() {
         })
     };
     cached.register(ep("s", "a", 1)).await.unwrap();
-    assert!(cached.is_ready(), "the write returned before the cache had a snapshot");
+    assert!(
+        cached.is_ready(),
+        "the write returned before the cache had a snapshot"
+    );
     release.await.unwrap();
 
     let mut events = cached.watch(None);

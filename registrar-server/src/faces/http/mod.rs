@@ -8,17 +8,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{DefaultBodyLimit, Path, RawQuery, State};
+use axum::extract::{DefaultBodyLimit, RawQuery, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
-use axum::Router;
-use registry_api::{Health, Snapshot};
+use axum::{Extension, Router};
+use registry_api::Snapshot;
 use serde::Serialize;
 
 use crate::auth::{Caller, Security};
 use crate::core::registrar::Registrar;
 
+pub(crate) mod consul;
 mod error;
 mod json;
 mod native;
@@ -27,8 +28,9 @@ mod query;
 mod watch;
 mod write;
 
+use consul::Consul;
 pub use error::ApiError;
-use json::{NodeRegistryService, ServiceEntry};
+use json::NodeRegistryService;
 use query::Query;
 pub use watch::LAST_EVENT_ID;
 
@@ -51,17 +53,23 @@ pub const MAX_WAIT: Duration = Duration::from_secs(10 * 60);
 ///   remove an endpoint, acknowledged as `?ack=` says;
 /// - `POST /v1/nodes/{node}/heartbeat`: `404` for a node the registry
 ///   does not know;
-/// - `GET /v1/health/service/{name}`: Consul's health endpoint
-///   (`?passing`, `?tag=`, `?dc=`);
-/// - `GET /v1/catalog/services`: Consul's service → tags;
+/// - Consul's agent API (`PUT /v1/agent/service/register` with checks,
+///   `/v1/agent/check/pass/{id}`, …), health and catalog reads
+///   (`/v1/health/service/{name}`, `/v1/catalog/service/{name}`, …) and
+///   `/v1/status/leader`;
 /// - `GET /services`: the node registry's list (`?status=running`).
 ///
 /// Every read can block with `?index=&wait=`; every answer carries the
-/// state's version in [`INDEX_HEADER`]. The registrar binary serves these
-/// routes with the gRPC port's mTLS and authorization when it has TLS.
+/// state's version in [`INDEX_HEADER`] (a query on one service, its own
+/// modify index). The registrar binary serves these routes with the gRPC
+/// port's mTLS and authorization when it has TLS.
+///
+/// This also starts the runner of the checks registered through Consul's
+/// agent API (it stops when the registrar closes), so call it inside a
+/// Tokio runtime.
 pub fn http_api_router(registrar: Arc<Registrar>) -> Router {
-    routes()
-        .layer(axum::Extension(Caller::Anyone))
+    routes(&registrar)
+        .layer(Extension(Caller::Anyone))
         .with_state(registrar)
 }
 
@@ -69,7 +77,7 @@ pub fn http_api_router(registrar: Arc<Registrar>) -> Router {
 /// port's request limit.
 pub const MAX_BODY_BYTES: usize = crate::core::config::DEFAULT_MAX_REQUEST_BYTES;
 
-fn routes() -> Router<Arc<Registrar>> {
+fn routes(registrar: &Arc<Registrar>) -> Router<Arc<Registrar>> {
     Router::new()
         .route("/v1/services", get(native::services))
         .route("/v1/services/{service}", get(native::service))
@@ -79,9 +87,9 @@ fn routes() -> Router<Arc<Registrar>> {
         )
         .route("/v1/nodes/{node}/heartbeat", post(write::heartbeat))
         .route("/v1/watch", get(watch::watch))
-        .route("/v1/health/service/{name}", get(health_service))
-        .route("/v1/catalog/services", get(catalog_services))
         .route("/services", get(node_registry_services))
+        .merge(consul::routes())
+        .layer(Extension(Consul::start(registrar)))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
 }
 
@@ -101,7 +109,15 @@ pub(crate) async fn serve(
     security: Arc<Security>,
 ) -> std::io::Result<()> {
     let closing = registrar.closing();
-    let router = routes()
+    let local = match &listener {
+        HttpListener::Plain(l) => l.local_addr().ok(),
+        HttpListener::Tls(l) => Some(l.local()),
+    };
+    let mut router = routes(&registrar);
+    if let Some(addr) = local {
+        router = router.layer(Extension(consul::LocalAddr(addr)));
+    }
+    let router = router
         .layer(axum::middleware::from_fn_with_state(
             security,
             peer::authenticate,
@@ -161,36 +177,6 @@ async fn read_state(registrar: &Registrar, q: &Query) -> Result<(Arc<Snapshot>, 
     let snap = store.snapshot().ok_or(ApiError::NotReady)?;
     let version = snap.version().0;
     Ok((snap, version))
-}
-
-async fn health_service(
-    State(registrar): State<Arc<Registrar>>,
-    Path(name): Path<String>,
-    RawQuery(raw): RawQuery,
-) -> Result<Response, ApiError> {
-    let q = Query::parse(raw.as_deref())?;
-    let (snap, index) = read_state(&registrar, &q).await?;
-    let entries: Vec<ServiceEntry> = snap
-        .service(&name)
-        .filter(|e| !q.passing || e.health == Health::Healthy)
-        .filter(|e| q.dc.as_ref().is_none_or(|dc| &e.cluster == dc))
-        .filter(|e| q.tag.as_ref().is_none_or(|t| json::tags(e).contains(t)))
-        .map(ServiceEntry::from_endpoint)
-        .collect();
-    Ok(json_response(StatusCode::OK, &entries, Some(index)))
-}
-
-async fn catalog_services(
-    State(registrar): State<Arc<Registrar>>,
-    RawQuery(raw): RawQuery,
-) -> Result<Response, ApiError> {
-    let q = Query::parse(raw.as_deref())?;
-    let (snap, index) = read_state(&registrar, &q).await?;
-    let services = json::catalog(
-        snap.iter()
-            .filter(|e| q.dc.as_ref().is_none_or(|dc| &e.cluster == dc)),
-    );
-    Ok(json_response(StatusCode::OK, &services, Some(index)))
 }
 
 async fn node_registry_services(

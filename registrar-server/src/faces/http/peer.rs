@@ -55,6 +55,11 @@ impl TlsListener {
     pub(crate) fn new(conns: tokio::sync::mpsc::Receiver<TlsConn>, local: SocketAddr) -> Self {
         Self { conns, local }
     }
+
+    /// The address it accepts on.
+    pub(crate) fn local(&self) -> SocketAddr {
+        self.local
+    }
 }
 
 impl Listener for TlsListener {
@@ -108,5 +113,7 @@ pub(crate) async fn authenticate(
         }
     }
     req.extensions_mut().insert::<Caller>(caller);
+    req.extensions_mut()
+        .insert(super::consul::PeerIp(peer.addr.ip()));
     next.run(req).await
 }

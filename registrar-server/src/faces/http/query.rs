@@ -27,6 +27,8 @@ pub(crate) struct Query {
     pub(crate) cluster: Option<String>,
     /// `ack` (writes): `optimistic` or `durable`.
     pub(crate) ack: Option<String>,
+    /// `note` (Consul's check reports): the check's output.
+    pub(crate) note: Option<String>,
 }
 
 /// The first 64 characters of a value, to quote in an error.
@@ -86,6 +88,7 @@ impl Query {
                 "healthy" => q.healthy = flag("healthy", v.as_deref())?,
                 "cluster" => q.cluster = v,
                 "ack" => q.ack = v,
+                "note" => q.note = v,
                 "tag" => q.tag = v,
                 "dc" => q.dc = v,
                 "status" => q.status = v,

@@ -61,11 +61,16 @@ impl EndpointBody {
         let de = &mut serde_json::Deserializer::from_slice(body);
         let b: EndpointBody = serde_path_to_error::deserialize(de).map_err(|e| {
             // `.` (the document itself) or `?` (where the JSON broke off).
-            let field = match e.path().to_string() {
-                p if p == "." || p.starts_with('?') => "body".to_string(),
-                p => p,
+            let path = e.path().to_string();
+            let reason = e.into_inner().to_string();
+            let field = match missing_field(&reason) {
+                // serde reports a missing field at the object that lacks it.
+                Some(name) if path == "." => name.to_string(),
+                Some(name) => format!("{path}.{name}"),
+                None if path == "." || path.starts_with('?') => "body".to_string(),
+                None => path,
             };
-            Error::invalid(field, e.into_inner().to_string())
+            Error::invalid(field, reason)
         })?;
         for (field, given, path) in [("service", &b.service, &service), ("id", &b.id, &id)] {
             if let Some(given) = given.as_ref().filter(|g| *g != path) {
@@ -93,6 +98,12 @@ impl EndpointBody {
     }
 }
 
+/// The field serde's "missing field `x`" names.
+fn missing_field(reason: &str) -> Option<&str> {
+    let rest = reason.strip_prefix("missing field `")?;
+    rest.split_once('`').map(|(name, _)| name)
+}
+
 /// What a write answers: the version it was acknowledged at, the token
 /// an agent resumes from (as gRPC's `version`).
 #[derive(Debug, Serialize)]
@@ -117,7 +128,7 @@ fn ack(q: &Query, headers: &HeaderMap) -> Result<Option<Ack>, Error> {
     }
 }
 
-fn body_error(r: BytesRejection) -> ApiError {
+pub(super) fn body_error(r: BytesRejection) -> ApiError {
     ApiError::BadBody {
         status: r.status(),
         reason: r.body_text(),
@@ -133,7 +144,7 @@ fn written(token: Token) -> Response {
 
 /// Write `op` for `caller` after authorizing it; the span names the node,
 /// key and caller as the gRPC port's does.
-async fn write(
+pub(super) async fn write(
     registrar: &Arc<Registrar>,
     caller: &Caller,
     op: Op,
@@ -260,7 +271,8 @@ mod tests {
     fn errors_name_the_field() {
         assert_eq!(field(r#"{"address":"h","port":70000}"#), "port");
         assert_eq!(field(r#"{"address":"h","port":"80"}"#), "port");
-        assert_eq!(field(r#"{"address":"h"}"#), "body");
+        assert_eq!(field(r#"{"address":"h"}"#), "port");
+        assert_eq!(field(r#"{"port":1}"#), "address");
         assert_eq!(
             field(r#"{"address":"h","port":1,"colour":"red"}"#),
             "colour"

@@ -32,10 +32,25 @@ pub async fn send_with(
     body: Option<String>,
     headers: &[(&str, &str)],
 ) -> Answer {
+    request(stack.http, method, path, body, headers).await
+}
+
+/// `GET path` of the HTTP API at `http`.
+pub async fn get_at(http: std::net::SocketAddr, path: &str) -> Answer {
+    request(http, "GET", path, None, &[]).await
+}
+
+async fn request(
+    http: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<String>,
+    headers: &[(&str, &str)],
+) -> Answer {
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let mut req = hyper::Request::builder()
         .method(method)
-        .uri(format!("http://{}{path}", stack.http));
+        .uri(format!("http://{http}{path}"));
     for (k, v) in headers {
         req = req.header(*k, *v);
     }

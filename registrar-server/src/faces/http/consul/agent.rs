@@ -1,0 +1,346 @@
+//! Consul's agent API: services registered with their checks, checks
+//! reported by the services. The registrar is the agent of every node of
+//! its cluster; writes are validated, authorized and acknowledged as the
+//! registry's own `PUT /v1/services/<service>/<id>`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use axum::Extension;
+use registry_api::backend::quote;
+use registry_api::{Endpoint, EndpointKey, Error, Op, Snapshot};
+
+use super::body::{self, Registration};
+use super::check::{self, Probe, Status};
+use super::shapes::{self, ConsulService, HealthCheck, TAGS_LABEL};
+use super::{Consul, PeerIp};
+use crate::auth::Caller;
+use crate::core::registrar::Registrar;
+use crate::faces::http::query::Query;
+use crate::faces::http::write::{body_error, write};
+use crate::faces::http::{json_response, ApiError};
+
+/// The endpoints that are `caller`'s agent services: those of the
+/// registrar's cluster, and of the caller's node when its identity names
+/// one.
+fn agent_endpoints<'a>(
+    snap: &'a Snapshot,
+    registrar: &'a Registrar,
+    caller: &'a Caller,
+) -> impl Iterator<Item = &'a Endpoint> + 'a {
+    let cluster = registrar.config().cluster_name.as_str();
+    let node = caller.node();
+    snap.iter()
+        .filter(move |e| e.cluster == cluster && node.is_none_or(|n| e.node == n))
+}
+
+fn state(registrar: &Registrar) -> Result<Arc<Snapshot>, ApiError> {
+    registrar
+        .state()
+        .store()
+        .snapshot()
+        .ok_or(ApiError::NotReady)
+}
+
+/// The one agent service with this id (Consul's agent keys services by id).
+fn by_id<'a>(
+    snap: &'a Snapshot,
+    registrar: &'a Registrar,
+    caller: &'a Caller,
+    id: &str,
+) -> Result<&'a Endpoint, ApiError> {
+    let mut found = agent_endpoints(snap, registrar, caller).filter(|e| e.id == id);
+    let first = found
+        .next()
+        .ok_or_else(|| Error::not_found(format!("service ID {}", quote(id))))?;
+    if let Some(other) = found.next() {
+        return Err(Error::conflict(format!(
+            "service ID {} is held by services {} and {}: deregister one through PUT /v1/services/<service>/<id>",
+            quote(id),
+            quote(&first.service),
+            quote(&other.service)
+        ))
+        .into());
+    }
+    Ok(first)
+}
+
+/// An error of the registry's validation, named by the agent API's field.
+fn consul_field(e: Error) -> Error {
+    match e {
+        Error::InvalidInput { field, reason, .. } => {
+            let field = match field.as_str() {
+                "service" => "Name".to_string(),
+                "id" => "ID".to_string(),
+                "address" => "Address".to_string(),
+                "port" => "Port".to_string(),
+                f => match f.strip_prefix("labels") {
+                    Some(rest) => format!("Meta{rest}"),
+                    None => f.to_string(),
+                },
+            };
+            Error::invalid(field, reason)
+        }
+        other => other,
+    }
+}
+
+/// The endpoint a registration describes. A check registered again with
+/// the same definition keeps the state it had.
+fn endpoint(
+    reg: Registration,
+    cluster: &str,
+    node: &str,
+    address: String,
+    current: Option<&Endpoint>,
+) -> Result<Endpoint, Error> {
+    let mut e = Endpoint::new(reg.name, reg.id, address, reg.port)
+        .with_cluster(cluster)
+        .with_node(node);
+    for (k, v) in reg.meta {
+        if k == TAGS_LABEL || check::is_check_label(&k) {
+            return Err(Error::invalid(
+                format!("Meta[{}]", quote(&k)),
+                "this key is the registrar's own (the service's Tags, or its checks)",
+            ));
+        }
+        e.labels.insert(k, v);
+    }
+    if !reg.tags.is_empty() {
+        e.labels.insert(TAGS_LABEL.to_string(), reg.tags.join(","));
+    }
+    for (id, mut c) in reg.checks {
+        if let Some(old) = current.and_then(|cur| check::check(cur, &id)) {
+            if old.probe == c.probe {
+                c.status = old.status;
+                c.output = old.output;
+                c.since_ms = old.since_ms;
+            }
+        }
+        check::put(&mut e, &id, &c);
+    }
+    registry_api::backend::validate_endpoint(&e).map_err(consul_field)?;
+    Ok(e)
+}
+
+/// `PUT /v1/agent/service/register`: register (or replace) a service and
+/// its checks. `Address` defaults to the caller's address.
+pub(super) async fn register(
+    State(registrar): State<Arc<Registrar>>,
+    Extension(caller): Extension<Caller>,
+    Extension(consul): Extension<Consul>,
+    peer: Option<Extension<PeerIp>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body.map_err(body_error)?;
+    let reg = body::registration(&body, check::now_ms())?;
+    let address = match (&reg.address, peer) {
+        (Some(a), _) => a.clone(),
+        (None, Some(Extension(PeerIp(ip)))) => ip.to_string(),
+        (None, None) => {
+            return Err(Error::invalid(
+                "Address",
+                "required here: the registrar does not see the caller's address",
+            )
+            .into())
+        }
+    };
+    let snap = state(&registrar)?;
+    let node = caller.node().unwrap_or_default().to_string();
+    let key = EndpointKey::new(reg.name.clone(), reg.id.clone());
+    if let Some(other) = agent_endpoints(&snap, &registrar, &caller)
+        .find(|e| e.id == reg.id && e.service != reg.name && e.node == node)
+    {
+        return Err(Error::conflict(format!(
+            "service ID {} is already service {}'s: deregister it first",
+            quote(&reg.id),
+            quote(&other.service)
+        ))
+        .into());
+    }
+    for (id, _) in &reg.checks {
+        if let Some(holder) = consul.view.check_owner(id).filter(|k| *k != key) {
+            return Err(Error::conflict(format!(
+                "check ID {} is already a check of {}/{}",
+                quote(id),
+                quote(&holder.service),
+                quote(&holder.id)
+            ))
+            .into());
+        }
+    }
+    let ttls: Vec<(String, u64)> = reg
+        .checks
+        .iter()
+        .filter_map(|(id, c)| match c.probe {
+            Probe::Ttl { ttl_ms } => Some((id.clone(), ttl_ms)),
+            _ => None,
+        })
+        .collect();
+    let cluster = registrar.config().cluster_name.clone();
+    let e = endpoint(reg, &cluster, &node, address, snap.get(&key))?;
+    let gone: Vec<String> = snap
+        .get(&key)
+        .map(|old| {
+            check::check_ids(old)
+                .filter(|id| !e.labels.contains_key(&check::label_key(id)))
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
+    let resp = write(&registrar, &caller, Op::Register(e), None, &node).await?;
+    for (id, ttl_ms) in ttls {
+        consul.ttl.arm(&id, Duration::from_millis(ttl_ms));
+    }
+    for id in gone {
+        consul.ttl.disarm(&id);
+    }
+    Ok(resp)
+}
+
+/// `PUT /v1/agent/service/deregister/<id>`.
+pub(super) async fn deregister(
+    State(registrar): State<Arc<Registrar>>,
+    Extension(caller): Extension<Caller>,
+    Extension(consul): Extension<Consul>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let snap = state(&registrar)?;
+    let e = by_id(&snap, &registrar, &caller, &id)?;
+    for check in check::check_ids(e) {
+        consul.ttl.disarm(check);
+    }
+    write(&registrar, &caller, Op::Deregister(e.key()), None, &e.node).await
+}
+
+/// `GET /v1/agent/services`: `{"<id>": {…}, …}`.
+pub(super) async fn services(
+    State(registrar): State<Arc<Registrar>>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Response, ApiError> {
+    let snap = state(&registrar)?;
+    let mut out: BTreeMap<&str, ConsulService> = BTreeMap::new();
+    for e in agent_endpoints(&snap, &registrar, &caller) {
+        out.entry(e.id.as_str())
+            .or_insert_with(|| ConsulService::from_endpoint(e));
+    }
+    Ok(json_response(StatusCode::OK, &out, None))
+}
+
+/// `GET /v1/agent/service/<id>`.
+pub(super) async fn service(
+    State(registrar): State<Arc<Registrar>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let snap = state(&registrar)?;
+    let e = by_id(&snap, &registrar, &caller, &id)?;
+    Ok(json_response(
+        StatusCode::OK,
+        &ConsulService::from_endpoint(e),
+        None,
+    ))
+}
+
+/// `GET /v1/agent/checks`: `{"<check id>": {…}, …}`, the checks
+/// registered through the agent API.
+pub(super) async fn checks(
+    State(registrar): State<Arc<Registrar>>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Response, ApiError> {
+    let snap = state(&registrar)?;
+    let out: BTreeMap<String, HealthCheck> = agent_endpoints(&snap, &registrar, &caller)
+        .flat_map(shapes::own_checks)
+        .map(|c| (c.check_id().to_string(), c))
+        .collect();
+    Ok(json_response(StatusCode::OK, &out, None))
+}
+
+/// `PUT /v1/agent/check/pass/<id>` (`?note=`).
+pub(super) async fn pass(
+    registrar: State<Arc<Registrar>>,
+    caller: Extension<Caller>,
+    consul: Extension<Consul>,
+    Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let note = Query::parse(raw.as_deref())?.note.unwrap_or_default();
+    report(registrar, caller, consul, id, Status::Passing, note).await
+}
+
+/// `PUT /v1/agent/check/warn/<id>` (`?note=`).
+pub(super) async fn warn(
+    registrar: State<Arc<Registrar>>,
+    caller: Extension<Caller>,
+    consul: Extension<Consul>,
+    Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let note = Query::parse(raw.as_deref())?.note.unwrap_or_default();
+    report(registrar, caller, consul, id, Status::Warning, note).await
+}
+
+/// `PUT /v1/agent/check/fail/<id>` (`?note=`).
+pub(super) async fn fail(
+    registrar: State<Arc<Registrar>>,
+    caller: Extension<Caller>,
+    consul: Extension<Consul>,
+    Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let note = Query::parse(raw.as_deref())?.note.unwrap_or_default();
+    report(registrar, caller, consul, id, Status::Critical, note).await
+}
+
+/// `PUT /v1/agent/check/update/<id>`: `{"Status": "…", "Output": "…"}`.
+pub(super) async fn update(
+    registrar: State<Arc<Registrar>>,
+    caller: Extension<Caller>,
+    consul: Extension<Consul>,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body.map_err(body_error)?;
+    let (status, output) = body::update(&body)?;
+    report(registrar, caller, consul, id, status, output).await
+}
+
+/// A service reports its TTL check `id`: the check's timer starts again
+/// on this replica, and its state is written when it changes.
+async fn report(
+    State(registrar): State<Arc<Registrar>>,
+    Extension(caller): Extension<Caller>,
+    Extension(consul): Extension<Consul>,
+    id: String,
+    status: Status,
+    output: String,
+) -> Result<Response, ApiError> {
+    let unknown = || Error::not_found(format!("check ID {}", quote(&id)));
+    let key = consul.view.check_owner(&id).ok_or_else(unknown)?;
+    let snap = state(&registrar)?;
+    let e = snap.get(&key).ok_or_else(unknown)?;
+    let c = check::check(e, &id).ok_or_else(unknown)?;
+    let Probe::Ttl { ttl_ms } = c.probe else {
+        return Err(Error::invalid(
+            "CheckID",
+            format!(
+                "check {} is a {} check, which the registrar runs; only TTL checks take reports",
+                quote(&id),
+                c.probe.type_name()
+            ),
+        )
+        .into());
+    };
+    caller.may_write(e)?;
+    consul.ttl.arm(&id, Duration::from_millis(ttl_ms));
+    match check::with_status(e, &id, status, &output) {
+        Some(updated) => write(&registrar, &caller, Op::Register(updated), None, &e.node).await,
+        None => Ok(json_response(StatusCode::OK, &(), None)),
+    }
+}

@@ -1,0 +1,556 @@
+//! The body of Consul's `PUT /v1/agent/service/register`, read as
+//! Consul's agent reads it: field names in any case, with or without
+//! underscores (`Name`, `name`, `DeregisterCriticalServiceAfter`,
+//! `deregister_critical_service_after`), durations as Go writes them
+//! (`"10s"`, `"1m30s"`, or nanoseconds). Errors name the field by Consul's
+//! name (`Port`, `Checks[1].Interval`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use registry_api::backend::quote;
+use registry_api::Error;
+use serde_json::{Map, Value};
+
+use super::check::{Check, Probe, Status};
+
+/// Consul's default check timeout.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The shortest interval the registrar runs a check at (as Consul's agent).
+const MIN_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A JSON object whose fields are looked up as Consul does.
+struct Obj<'a> {
+    map: &'a Map<String, Value>,
+    /// Where it is in the body (`""`, `Check.`, `Checks[1].`).
+    at: String,
+}
+
+fn fold(name: &str) -> String {
+    name.chars()
+        .filter(|c| *c != '_' && *c != '-')
+        .map(|c| c.to_ascii_lowercase())
+        .collect()
+}
+
+impl<'a> Obj<'a> {
+    fn new(v: &'a Value, at: String) -> Result<Self, Error> {
+        match v {
+            Value::Object(map) => Ok(Self { map, at }),
+            _ => {
+                let field = match at.trim_end_matches('.') {
+                    "" => "body",
+                    f => f,
+                };
+                Err(Error::invalid(field, "must be a JSON object"))
+            }
+        }
+    }
+
+    fn field(&self, name: &str) -> String {
+        format!("{}{name}", self.at)
+    }
+
+    /// The value of `name`, `null` counting as absent.
+    fn get(&self, name: &str) -> Option<&'a Value> {
+        let want = fold(name);
+        self.map
+            .iter()
+            .find(|(k, _)| fold(k) == want)
+            .map(|(_, v)| v)
+            .filter(|v| !v.is_null())
+    }
+
+    fn string(&self, name: &str) -> Result<Option<String>, Error> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(other) => Err(Error::invalid(
+                self.field(name),
+                format!("must be a string, got {}", quote(&other.to_string())),
+            )),
+        }
+    }
+
+    fn duration(&self, name: &str) -> Result<Option<Duration>, Error> {
+        let bad = |v: &str| {
+            Error::invalid(
+                self.field(name),
+                format!("{} is not a duration such as 10s, 1m30s or 500ms", quote(v)),
+            )
+        };
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::String(s)) if s.is_empty() => Ok(None),
+            Some(Value::String(s)) => humantime::parse_duration(s).map(Some).map_err(|_| bad(s)),
+            // Go's time.Duration in JSON: nanoseconds.
+            Some(Value::Number(n)) => n
+                .as_u64()
+                .map(|ns| Some(Duration::from_nanos(ns)))
+                .ok_or_else(|| bad(&n.to_string())),
+            Some(other) => Err(bad(&other.to_string())),
+        }
+    }
+
+    /// Refuse `name` when it is present and not empty: a feature the
+    /// registrar does not have, named rather than ignored.
+    fn unsupported(&self, name: &str, why: &str) -> Result<(), Error> {
+        let present = match self.get(name) {
+            None => false,
+            Some(Value::String(s)) => !s.is_empty(),
+            Some(Value::Array(a)) => !a.is_empty(),
+            Some(Value::Object(o)) => !o.is_empty(),
+            Some(Value::Bool(b)) => *b,
+            Some(_) => true,
+        };
+        if present {
+            return Err(Error::invalid(self.field(name), why.to_string()));
+        }
+        Ok(())
+    }
+}
+
+/// A service as the agent API registers it.
+#[derive(Debug, PartialEq)]
+pub(crate) struct Registration {
+    pub(crate) name: String,
+    pub(crate) id: String,
+    pub(crate) tags: Vec<String>,
+    pub(crate) address: Option<String>,
+    pub(crate) port: u16,
+    pub(crate) meta: BTreeMap<String, String>,
+    /// Each check with its id.
+    pub(crate) checks: Vec<(String, Check)>,
+}
+
+/// Parse the JSON `body` of a registration.
+pub(crate) fn registration(body: &[u8], now_ms: u64) -> Result<Registration, Error> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| Error::invalid("body", format!("not JSON: {e}")))?;
+    let o = Obj::new(&value, String::new())?;
+    let name = o
+        .string("Name")?
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| Error::invalid("Name", "required: the service's name"))?;
+    let id = o
+        .string("ID")?
+        .filter(|i| !i.is_empty())
+        .unwrap_or_else(|| name.clone());
+    let tags = match o.get("Tags") {
+        None => Vec::new(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(|(i, t)| match t {
+                Value::String(s) if s.contains(',') => Err(Error::invalid(
+                    format!("Tags[{i}]"),
+                    format!(
+                        "{} contains a comma, which separates tags in the registry's `tags` label",
+                        quote(s)
+                    ),
+                )),
+                Value::String(s) => Ok(s.clone()),
+                other => Err(Error::invalid(
+                    format!("Tags[{i}]"),
+                    format!("must be a string, got {}", quote(&other.to_string())),
+                )),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(other) => {
+            return Err(Error::invalid(
+                "Tags",
+                format!(
+                    "must be a list of strings, got {}",
+                    quote(&other.to_string())
+                ),
+            ))
+        }
+    };
+    let address = o.string("Address")?.filter(|a| !a.is_empty());
+    let port = match o.get("Port") {
+        None => 0,
+        Some(v) => v
+            .as_u64()
+            .and_then(|p| u16::try_from(p).ok())
+            .ok_or_else(|| {
+                Error::invalid(
+                    "Port",
+                    format!(
+                        "must be a number from 1 to 65535, got {}",
+                        quote(&v.to_string())
+                    ),
+                )
+            })?,
+    };
+    let mut meta = BTreeMap::new();
+    match o.get("Meta") {
+        None => {}
+        Some(Value::Object(m)) => {
+            for (k, v) in m {
+                let Value::String(s) = v else {
+                    return Err(Error::invalid(
+                        format!("Meta[{}]", quote(k)),
+                        format!("must be a string, got {}", quote(&v.to_string())),
+                    ));
+                };
+                meta.insert(k.clone(), s.clone());
+            }
+        }
+        Some(other) => {
+            return Err(Error::invalid(
+                "Meta",
+                format!(
+                    "must be an object of strings, got {}",
+                    quote(&other.to_string())
+                ),
+            ))
+        }
+    }
+    if let Some(kind) = o
+        .string("Kind")?
+        .filter(|k| !k.is_empty() && k != "typical")
+    {
+        return Err(Error::invalid(
+            "Kind",
+            format!(
+                "{}: the registrar registers plain services only",
+                quote(&kind)
+            ),
+        ));
+    }
+    o.unsupported(
+        "Proxy",
+        "Connect proxies are not supported by the registrar",
+    )?;
+    o.unsupported("Connect", "Connect is not supported by the registrar")?;
+    o.unsupported(
+        "SocketPath",
+        "the registry holds address and port, not sockets",
+    )?;
+
+    let mut defs: Vec<(String, &Value)> = Vec::new();
+    if let Some(c) = o.get("Check") {
+        defs.push(("Check.".to_string(), c));
+    }
+    match o.get("Checks") {
+        None => {}
+        Some(Value::Array(items)) => {
+            defs.extend(
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| (format!("Checks[{i}]."), c)),
+            );
+        }
+        Some(other) => {
+            return Err(Error::invalid(
+                "Checks",
+                format!(
+                    "must be a list of checks, got {}",
+                    quote(&other.to_string())
+                ),
+            ))
+        }
+    }
+    let numbered = defs.len() > 1;
+    let mut checks: Vec<(String, Check)> = Vec::new();
+    for (n, (at, def)) in defs.into_iter().enumerate() {
+        let c = Obj::new(def, at)?;
+        let default_id = if numbered {
+            format!("service:{id}:{}", n + 1)
+        } else {
+            format!("service:{id}")
+        };
+        let check_id = c
+            .string("CheckID")?
+            .or(c.string("ID")?)
+            .filter(|i| !i.is_empty())
+            .unwrap_or(default_id);
+        if checks.iter().any(|(other, _)| *other == check_id) {
+            return Err(Error::invalid(
+                c.field("CheckID"),
+                format!("{} is given to two checks", quote(&check_id)),
+            ));
+        }
+        checks.push((check_id, check(&c, &name, now_ms)?));
+    }
+    Ok(Registration {
+        name,
+        id,
+        tags,
+        address,
+        port,
+        meta,
+        checks,
+    })
+}
+
+/// One check definition of service `service`.
+fn check(c: &Obj<'_>, service: &str, now_ms: u64) -> Result<Check, Error> {
+    for (name, what) in [
+        ("Args", "script checks"),
+        ("ScriptArgs", "script checks"),
+        ("Script", "script checks"),
+        ("DockerContainerID", "Docker checks"),
+        ("H2PING", "HTTP/2 ping checks"),
+        ("UDP", "UDP checks"),
+        ("OSService", "OS service checks"),
+        ("AliasService", "alias checks"),
+        ("AliasNode", "alias checks"),
+        ("Body", "HTTP checks with a request body"),
+        ("GRPCUseTLS", "gRPC checks over TLS"),
+    ] {
+        c.unsupported(name, &format!("the registrar does not run {what}"))?;
+    }
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let interval = |c: &Obj<'_>| -> Result<u64, Error> {
+        let d = c
+            .duration("Interval")?
+            .ok_or_else(|| Error::invalid(c.field("Interval"), "required for this check"))?;
+        if d < MIN_INTERVAL {
+            return Err(Error::invalid(
+                c.field("Interval"),
+                format!("{d:?} is shorter than the least interval, {MIN_INTERVAL:?}"),
+            ));
+        }
+        Ok(ms(d))
+    };
+    let timeout = |c: &Obj<'_>| -> Result<u64, Error> {
+        Ok(ms(c.duration("Timeout")?.unwrap_or(DEFAULT_TIMEOUT)))
+    };
+    let mut probes = Vec::new();
+    if let Some(ttl) = c.duration("TTL")? {
+        if ttl.is_zero() {
+            return Err(Error::invalid(c.field("TTL"), "must be longer than zero"));
+        }
+        probes.push(Probe::Ttl { ttl_ms: ms(ttl) });
+    }
+    if let Some(url) = c.string("HTTP")?.filter(|u| !u.is_empty()) {
+        if !url.starts_with("http://") {
+            return Err(Error::invalid(
+                c.field("HTTP"),
+                format!(
+                    "{}: the registrar runs plain http:// checks only",
+                    quote(&url)
+                ),
+            ));
+        }
+        let method = c
+            .string("Method")?
+            .filter(|m| !m.is_empty())
+            .unwrap_or_else(|| "GET".into());
+        if axum::http::Method::from_bytes(method.as_bytes()).is_err() {
+            return Err(Error::invalid(
+                c.field("Method"),
+                format!("{} is not an HTTP method", quote(&method)),
+            ));
+        }
+        probes.push(Probe::Http {
+            url,
+            method,
+            header: header(c)?,
+            interval_ms: interval(c)?,
+            timeout_ms: timeout(c)?,
+        });
+    }
+    if let Some(target) = c.string("TCP")?.filter(|t| !t.is_empty()) {
+        probes.push(Probe::Tcp {
+            target,
+            interval_ms: interval(c)?,
+            timeout_ms: timeout(c)?,
+        });
+    }
+    if let Some(target) = c.string("GRPC")?.filter(|t| !t.is_empty()) {
+        probes.push(Probe::Grpc {
+            target,
+            interval_ms: interval(c)?,
+            timeout_ms: timeout(c)?,
+        });
+    }
+    let probe = match probes.len() {
+        1 => probes.remove(0),
+        0 => {
+            return Err(Error::invalid(
+                c.field("TTL"),
+                "a check needs one of TTL, HTTP, TCP or GRPC",
+            ))
+        }
+        _ => {
+            return Err(Error::invalid(
+                c.field("TTL"),
+                "a check takes only one of TTL, HTTP, TCP or GRPC",
+            ))
+        }
+    };
+    let status = match c.string("Status")?.filter(|s| !s.is_empty()) {
+        None => Status::Critical,
+        Some(s) => Status::parse(&s).ok_or_else(|| {
+            Error::invalid(
+                c.field("Status"),
+                format!("{} is not passing, warning or critical", quote(&s)),
+            )
+        })?,
+    };
+    Ok(Check {
+        name: c
+            .string("Name")?
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| format!("Service '{service}' check")),
+        probe,
+        deregister_after_ms: c.duration("DeregisterCriticalServiceAfter")?.map(ms),
+        status,
+        output: String::new(),
+        since_ms: now_ms,
+    })
+}
+
+/// An HTTP check's `Header`: `{"Name": ["value", …]}`.
+fn header(c: &Obj<'_>) -> Result<BTreeMap<String, Vec<String>>, Error> {
+    let mut out = BTreeMap::new();
+    let Some(h) = c.get("Header") else {
+        return Ok(out);
+    };
+    let bad = || {
+        Error::invalid(
+            c.field("Header"),
+            "must be an object of lists of strings, such as {\"X-Probe\": [\"1\"]}",
+        )
+    };
+    let Value::Object(m) = h else {
+        return Err(bad());
+    };
+    for (k, v) in m {
+        let Value::Array(items) = v else {
+            return Err(bad());
+        };
+        let values = items
+            .iter()
+            .map(|i| i.as_str().map(str::to_string).ok_or_else(bad))
+            .collect::<Result<Vec<_>, _>>()?;
+        out.insert(k.clone(), values);
+    }
+    Ok(out)
+}
+
+/// The body of `PUT /v1/agent/check/update/<id>`: `Status` and `Output`.
+pub(crate) fn update(body: &[u8]) -> Result<(Status, String), Error> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| Error::invalid("body", format!("not JSON: {e}")))?;
+    let o = Obj::new(&value, String::new())?;
+    let status = o
+        .string("Status")?
+        .ok_or_else(|| Error::invalid("Status", "required: passing, warning or critical"))?;
+    let status = Status::parse(&status).ok_or_else(|| {
+        Error::invalid(
+            "Status",
+            format!("{} is not passing, warning or critical", quote(&status)),
+        )
+    })?;
+    Ok((status, o.string("Output")?.unwrap_or_default()))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn field(body: &str) -> String {
+        match registration(body.as_bytes(), 0).unwrap_err() {
+            Error::InvalidInput { field, .. } => field,
+            other => panic!("{body}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn py_consul_s_lower_case_body_reads_as_consul_s() {
+        let r = registration(
+            br#"{"name":"web","id":"web-1","address":"127.0.0.1","port":8080,
+                 "tags":["a","b"],"meta":{"zone":"z1"},
+                 "checks":[{"ttl":"10s"},{"http":"http://127.0.0.1:9/h","interval":"1m30s",
+                            "DeregisterCriticalServiceAfter":"90m"}]}"#,
+            5,
+        )
+        .unwrap();
+        assert_eq!(
+            (r.name.as_str(), r.id.as_str(), r.port),
+            ("web", "web-1", 8080)
+        );
+        assert_eq!(r.tags, vec!["a", "b"]);
+        assert_eq!(r.meta["zone"], "z1");
+        assert_eq!(r.checks[0].0, "service:web-1:1");
+        assert_eq!(r.checks[0].1.probe, Probe::Ttl { ttl_ms: 10_000 });
+        assert_eq!(r.checks[0].1.status, Status::Critical);
+        assert_eq!(r.checks[1].0, "service:web-1:2");
+        match &r.checks[1].1.probe {
+            Probe::Http {
+                interval_ms,
+                timeout_ms,
+                method,
+                ..
+            } => assert_eq!(
+                (*interval_ms, *timeout_ms, method.as_str()),
+                (90_000, 10_000, "GET")
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(r.checks[1].1.deregister_after_ms, Some(90 * 60_000));
+    }
+
+    #[test]
+    fn one_check_is_service_colon_id_and_the_id_defaults_to_the_name() {
+        let r = registration(
+            br#"{"Name":"api","Port":1,"Check":{"TCP":"127.0.0.1:1","Interval":"10s","Timeout":"1s","Status":"passing"}}"#,
+            0,
+        )
+        .unwrap();
+        assert_eq!(r.id, "api");
+        assert_eq!(r.checks[0].0, "service:api");
+        assert_eq!(r.checks[0].1.status, Status::Passing);
+        assert_eq!(r.checks[0].1.name, "Service 'api' check");
+    }
+
+    #[test]
+    fn errors_name_consul_s_field() {
+        assert_eq!(field(r#"{"Port":1}"#), "Name");
+        assert_eq!(field(r#"{"Name":"w","Port":70000}"#), "Port");
+        assert_eq!(field(r#"{"Name":"w","Port":"80"}"#), "Port");
+        assert_eq!(field(r#"{"Name":"w","Tags":["a,b"]}"#), "Tags[0]");
+        assert_eq!(field(r#"{"Name":"w","Meta":{"k":1}}"#), "Meta[\"k\"]");
+        assert_eq!(
+            field(r#"{"Name":"w","Check":{"HTTP":"http://x","Interval":"soon"}}"#),
+            "Check.Interval"
+        );
+        assert_eq!(
+            field(r#"{"Name":"w","Check":{"HTTP":"http://x"}}"#),
+            "Check.Interval"
+        );
+        assert_eq!(
+            field(r#"{"Name":"w","Check":{"HTTP":"https://x","Interval":"5s"}}"#),
+            "Check.HTTP"
+        );
+        assert_eq!(
+            field(r#"{"Name":"w","Checks":[{"TTL":"5s"},{"Args":["true"],"Interval":"5s"}]}"#),
+            "Checks[1].Args"
+        );
+        assert_eq!(
+            field(r#"{"Name":"w","Check":{"Interval":"5s"}}"#),
+            "Check.TTL"
+        );
+        assert_eq!(
+            field(r#"{"Name":"w","Check":{"TTL":"5s","Status":"ok"}}"#),
+            "Check.Status"
+        );
+        assert_eq!(field(r#"{"Name":"w","Kind":"connect-proxy"}"#), "Kind");
+        assert_eq!(field("[1]"), "body");
+        assert_eq!(field("{"), "body");
+    }
+
+    #[test]
+    fn an_update_names_its_status() {
+        assert_eq!(
+            update(br#"{"Status":"warning","Output":"slow"}"#).unwrap(),
+            (Status::Warning, "slow".to_string())
+        );
+        assert!(update(br#"{"Status":"fine"}"#).is_err());
+    }
+}

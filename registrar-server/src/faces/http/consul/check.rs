@@ -1,0 +1,254 @@
+//! Consul checks as the registrar keeps them: one label per check on the
+//! endpoint it belongs to, `consul.check/<CheckID>`, whose value is the
+//! check's definition and its last status in JSON. The definition travels
+//! with the endpoint through the backend, so every replica (a restarted
+//! one too) knows every check.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use registry_api::{Endpoint, Health};
+use serde::{Deserialize, Serialize};
+
+/// The prefix of a check's label key; the rest is its `CheckID`.
+pub(crate) const LABEL_PREFIX: &str = "consul.check/";
+
+/// The longest `Output` kept with a check, in characters.
+pub(crate) const MAX_OUTPUT_CHARS: usize = 256;
+
+/// A check's state, as Consul names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Status {
+    /// Healthy.
+    Passing,
+    /// Serving, but something is off: still healthy for the registry.
+    Warning,
+    /// Not serving: the endpoint is unhealthy.
+    Critical,
+}
+
+impl Status {
+    /// `passing`, `warning` or `critical`.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Status::Passing => "passing",
+            Status::Warning => "warning",
+            Status::Critical => "critical",
+        }
+    }
+
+    /// A status from Consul's name for it.
+    pub(crate) fn parse(s: &str) -> Option<Self> {
+        match s {
+            "passing" => Some(Status::Passing),
+            "warning" => Some(Status::Warning),
+            "critical" => Some(Status::Critical),
+            _ => None,
+        }
+    }
+}
+
+/// How a check learns its state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub(crate) enum Probe {
+    /// The service reports it (`/v1/agent/check/pass|warn|fail|update`);
+    /// critical when no report came within `ttl_ms`.
+    Ttl { ttl_ms: u64 },
+    /// An HTTP request every `interval_ms`: 2xx passing, 429 warning,
+    /// anything else (or no answer within `timeout_ms`) critical.
+    Http {
+        url: String,
+        method: String,
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        header: BTreeMap<String, Vec<String>>,
+        interval_ms: u64,
+        timeout_ms: u64,
+    },
+    /// A TCP connection to `target` (`host:port`): passing when it opens.
+    Tcp {
+        target: String,
+        interval_ms: u64,
+        timeout_ms: u64,
+    },
+    /// `grpc.health.v1.Health/Check` at `target` (`host:port`, optionally
+    /// `/service`): passing when it answers `SERVING`.
+    Grpc {
+        target: String,
+        interval_ms: u64,
+        timeout_ms: u64,
+    },
+}
+
+impl Probe {
+    /// Consul's `Type` of the check.
+    pub(crate) fn type_name(&self) -> &'static str {
+        match self {
+            Probe::Ttl { .. } => "ttl",
+            Probe::Http { .. } => "http",
+            Probe::Tcp { .. } => "tcp",
+            Probe::Grpc { .. } => "grpc",
+        }
+    }
+
+    /// How often the registrar runs it (`None` for a TTL check, which the
+    /// service reports).
+    pub(crate) fn interval(&self) -> Option<Duration> {
+        match self {
+            Probe::Ttl { .. } => None,
+            Probe::Http { interval_ms, .. }
+            | Probe::Tcp { interval_ms, .. }
+            | Probe::Grpc { interval_ms, .. } => Some(Duration::from_millis(*interval_ms)),
+        }
+    }
+}
+
+/// One check of an endpoint: its definition and its last status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Check {
+    /// Consul's `Name`.
+    pub(crate) name: String,
+    #[serde(flatten)]
+    pub(crate) probe: Probe,
+    /// `DeregisterCriticalServiceAfter`: the endpoint is removed once the
+    /// check has been critical this long.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) deregister_after_ms: Option<u64>,
+    pub(crate) status: Status,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub(crate) output: String,
+    /// When `status` began (milliseconds since the Unix epoch).
+    pub(crate) since_ms: u64,
+}
+
+/// Now, in milliseconds since the Unix epoch.
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// The label key of check `id`.
+pub(crate) fn label_key(id: &str) -> String {
+    format!("{LABEL_PREFIX}{id}")
+}
+
+/// Whether a label key is a check's.
+pub(crate) fn is_check_label(key: &str) -> bool {
+    key.starts_with(LABEL_PREFIX)
+}
+
+/// The ids of `e`'s checks.
+pub(crate) fn check_ids(e: &Endpoint) -> impl Iterator<Item = &str> + '_ {
+    e.labels.keys().filter_map(|k| k.strip_prefix(LABEL_PREFIX))
+}
+
+/// `e`'s checks by id; a label that does not parse (written by someone
+/// else) is left out.
+pub(crate) fn checks(e: &Endpoint) -> impl Iterator<Item = (&str, Check)> + '_ {
+    e.labels.iter().filter_map(|(k, v)| {
+        let id = k.strip_prefix(LABEL_PREFIX)?;
+        serde_json::from_str(v).ok().map(|c| (id, c))
+    })
+}
+
+/// The check `id` of `e`, if it has one that parses.
+pub(crate) fn check(e: &Endpoint, id: &str) -> Option<Check> {
+    serde_json::from_str(e.labels.get(&label_key(id))?).ok()
+}
+
+/// The endpoint's health given its checks: unhealthy when one is critical.
+pub(crate) fn health_of<'a>(statuses: impl IntoIterator<Item = &'a Check>) -> Health {
+    if statuses.into_iter().any(|c| c.status == Status::Critical) {
+        Health::Unhealthy
+    } else {
+        Health::Healthy
+    }
+}
+
+/// Store `check` as `id` in `e`, and set `e`'s health from all its checks.
+pub(crate) fn put(e: &mut Endpoint, id: &str, check: &Check) {
+    // Serializing plain strings, numbers and maps of strings cannot fail.
+    let value = serde_json::to_string(check).unwrap_or_default();
+    e.labels.insert(label_key(id), value);
+    let all: Vec<Check> = checks(e).map(|(_, c)| c).collect();
+    e.health = health_of(&all);
+}
+
+/// `e` with check `id` set to `status` (and `output`), or `None` when the
+/// check is not there or already has that status: only a change of state
+/// is written.
+pub(crate) fn with_status(
+    e: &Endpoint,
+    id: &str,
+    status: Status,
+    output: &str,
+) -> Option<Endpoint> {
+    let mut c = check(e, id)?;
+    if c.status == status {
+        return None;
+    }
+    c.status = status;
+    c.output = registry_api::backend::prefix(output, MAX_OUTPUT_CHARS).into_owned();
+    c.since_ms = now_ms();
+    let mut updated = e.clone();
+    put(&mut updated, id, &c);
+    Some(updated)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn ttl(status: Status) -> Check {
+        Check {
+            name: "t".into(),
+            probe: Probe::Ttl { ttl_ms: 10_000 },
+            deregister_after_ms: None,
+            status,
+            output: String::new(),
+            since_ms: 1,
+        }
+    }
+
+    #[test]
+    fn a_check_round_trips_through_its_label() {
+        let mut e = Endpoint::new("web", "a", "10.0.0.1", 80);
+        let http = Check {
+            name: "h".into(),
+            probe: Probe::Http {
+                url: "http://127.0.0.1:1/health".into(),
+                method: "GET".into(),
+                header: BTreeMap::new(),
+                interval_ms: 1000,
+                timeout_ms: 500,
+            },
+            deregister_after_ms: Some(60_000),
+            status: Status::Passing,
+            output: String::new(),
+            since_ms: 7,
+        };
+        put(&mut e, "service:a", &http);
+        assert_eq!(check(&e, "service:a"), Some(http));
+        let label = &e.labels["consul.check/service:a"];
+        assert!(label.contains(r#""type":"http""#), "{label}");
+        assert_eq!(e.health, Health::Healthy);
+    }
+
+    #[test]
+    fn one_critical_check_makes_the_endpoint_unhealthy() {
+        let mut e = Endpoint::new("web", "a", "10.0.0.1", 80);
+        put(&mut e, "one", &ttl(Status::Warning));
+        assert_eq!(e.health, Health::Healthy);
+        put(&mut e, "two", &ttl(Status::Critical));
+        assert_eq!(e.health, Health::Unhealthy);
+        let back = with_status(&e, "two", Status::Passing, "ok").unwrap();
+        assert_eq!(back.health, Health::Healthy);
+        assert!(with_status(&back, "two", Status::Passing, "again").is_none());
+        assert!(with_status(&back, "nope", Status::Critical, "").is_none());
+        assert_eq!(check_ids(&back).collect::<Vec<_>>(), vec!["one", "two"]);
+    }
+}

@@ -1,0 +1,241 @@
+//! The checks the registrar runs for the endpoints of its cluster: HTTP,
+//! TCP and gRPC checks on their interval (at most [`MAX_RUNNING`] at once,
+//! each first run spread over its interval), TTL checks that no report
+//! reached in time, and `DeregisterCriticalServiceAfter`. A check's new
+//! state is written only when it changes.
+
+use std::collections::{HashMap, HashSet};
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use registry_api::{EndpointKey, Op};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use super::check::{self, Probe, Status};
+use super::probe::Prober;
+use super::view::ConsulView;
+use crate::core::registrar::Registrar;
+
+/// How often the runner looks for due checks.
+pub(crate) const TICK: Duration = Duration::from_millis(250);
+/// The most checks running at once.
+pub(crate) const MAX_RUNNING: usize = 64;
+/// How soon a state that could not be written is tried again.
+const RETRY: Duration = Duration::from_secs(1);
+
+/// When each TTL check this replica heard of expires.
+///
+/// A replica times a TTL check from the registration or report it
+/// accepted (Consul's agent model: a service reports to its own agent);
+/// the check's state itself is stored with the endpoint, for every
+/// replica to serve.
+#[derive(Debug, Default)]
+pub(crate) struct TtlTimers {
+    deadlines: Mutex<HashMap<String, Instant>>,
+}
+
+impl TtlTimers {
+    /// Check `id` expires `ttl` from now, unless reported again.
+    pub(crate) fn arm(&self, id: &str, ttl: Duration) {
+        let at = Instant::now() + ttl;
+        self.lock().insert(id.to_string(), at);
+    }
+
+    /// Stop timing check `id`.
+    pub(crate) fn disarm(&self, id: &str) {
+        self.lock().remove(id);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+        self.deadlines.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The checks whose time ran out by `now`, no longer timed.
+    fn expired(&self, now: Instant) -> Vec<String> {
+        let mut d = self.lock();
+        let gone: Vec<String> = d
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &gone {
+            d.remove(id);
+        }
+        gone
+    }
+}
+
+/// What a task of the runner finished.
+enum Done {
+    /// A check ran (and its state was written if it changed).
+    Ran(String),
+    /// An endpoint was deregistered (`true`), or the write failed.
+    Removed(EndpointKey, bool),
+}
+
+struct Scheduled {
+    key: EndpointKey,
+    probe: Probe,
+    next: Instant,
+    running: bool,
+}
+
+/// A first run somewhere in the check's first interval, different on each
+/// replica and for each check, so that checks and replicas spread out.
+fn first_run(now: Instant, id: &str, every: Duration) -> Instant {
+    let spread = u64::try_from(every.as_millis()).unwrap_or(u64::MAX).max(1);
+    let offset = std::collections::hash_map::RandomState::new().hash_one(id) % spread;
+    now + Duration::from_millis(offset)
+}
+
+/// Run the checks of `registrar`'s cluster until it closes.
+pub(crate) async fn run(registrar: Arc<Registrar>, view: Arc<ConsulView>, ttl: Arc<TtlTimers>) {
+    let prober = Prober::default();
+    let own = registrar.config().cluster_name.clone();
+    let mut schedule: HashMap<String, Scheduled> = HashMap::new();
+    let mut running: JoinSet<Done> = JoinSet::new();
+    let mut removing: HashSet<EndpointKey> = HashSet::new();
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let closing = registrar.closing();
+    tokio::pin!(closing);
+    loop {
+        tokio::select! {
+            () = &mut closing => return,
+            Some(done) = running.join_next() => {
+                match done {
+                    Ok(Done::Ran(id)) => {
+                        if let Some(s) = schedule.get_mut(&id) {
+                            s.running = false;
+                        }
+                    }
+                    // Tried again at the next tick.
+                    Ok(Done::Removed(key, false)) => {
+                        removing.remove(&key);
+                    }
+                    Ok(Done::Removed(_, true)) | Err(_) => {}
+                }
+                continue;
+            }
+            _ = tick.tick() => {}
+        }
+        let Some(snap) = registrar.state().store().snapshot() else {
+            continue;
+        };
+        let now = Instant::now();
+        let now_ms = check::now_ms();
+        let mut seen = HashSet::new();
+        for (id, key) in view.all_checks() {
+            let Some(e) = snap.get(&key).filter(|e| e.cluster == own) else {
+                continue;
+            };
+            let Some(c) = check::check(e, &id) else {
+                continue;
+            };
+            seen.insert(id.clone());
+            if let Some(after) = c.deregister_after_ms {
+                let overdue = now_ms.saturating_sub(c.since_ms) >= after;
+                if c.status == Status::Critical && overdue && removing.insert(key.clone()) {
+                    let registrar = Arc::clone(&registrar);
+                    running.spawn(async move {
+                        let ok = deregister(&registrar, &key, &id).await;
+                        Done::Removed(key, ok)
+                    });
+                    continue;
+                }
+            }
+            let Some(every) = c.probe.interval() else {
+                continue;
+            };
+            let s = schedule.entry(id.clone()).or_insert_with(|| Scheduled {
+                key: key.clone(),
+                probe: c.probe.clone(),
+                next: first_run(now, &id, every),
+                running: false,
+            });
+            if s.probe != c.probe || s.key != key {
+                // Registered again with another definition: run it soon.
+                s.probe = c.probe.clone();
+                s.key = key.clone();
+                s.next = now;
+            }
+            if s.running || s.next > now || running.len() >= MAX_RUNNING {
+                continue;
+            }
+            s.running = true;
+            s.next = now + every;
+            let (registrar, prober, probe) = (Arc::clone(&registrar), prober.clone(), c.probe);
+            running.spawn(async move {
+                let (status, output) = prober.run(&probe).await;
+                set_status(&registrar, &key, &id, status, &output).await;
+                Done::Ran(id)
+            });
+        }
+        schedule.retain(|id, _| seen.contains(id));
+        removing.retain(|k| snap.contains(k));
+        for id in ttl.expired(now) {
+            let Some(key) = view.check_owner(&id) else {
+                continue;
+            };
+            let Some(Probe::Ttl { ttl_ms }) = snap
+                .get(&key)
+                .and_then(|e| check::check(e, &id))
+                .map(|c| c.probe)
+            else {
+                continue;
+            };
+            let output = format!(
+                "TTL expired: no report within {:?}",
+                Duration::from_millis(ttl_ms)
+            );
+            if !set_status(&registrar, &key, &id, Status::Critical, &output).await {
+                ttl.arm(&id, RETRY);
+            }
+        }
+    }
+}
+
+/// Write check `id` of endpoint `key` as `status` when that is a change;
+/// whether the state is now stored (`false` when the write failed).
+pub(crate) async fn set_status(
+    registrar: &Arc<Registrar>,
+    key: &EndpointKey,
+    id: &str,
+    status: Status,
+    output: &str,
+) -> bool {
+    let Some(snap) = registrar.state().store().snapshot() else {
+        return false;
+    };
+    let Some(updated) = snap
+        .get(key)
+        .and_then(|e| check::with_status(e, id, status, output))
+    else {
+        return true;
+    };
+    match registrar.write(Op::Register(updated), None).await {
+        Ok(_) => {
+            tracing::info!(check = id, service = %key.service, id = %key.id, status = status.as_str(), output, "check changed state");
+            true
+        }
+        Err(e) => {
+            tracing::warn!(check = id, service = %key.service, id = %key.id, error = %e, "could not write a check's new state");
+            false
+        }
+    }
+}
+
+async fn deregister(registrar: &Arc<Registrar>, key: &EndpointKey, check: &str) -> bool {
+    match registrar.write(Op::Deregister(key.clone()), None).await {
+        Ok(_) => {
+            tracing::info!(check, service = %key.service, id = %key.id, "deregistered: its check stayed critical past DeregisterCriticalServiceAfter");
+            true
+        }
+        Err(e) => {
+            tracing::warn!(check, service = %key.service, id = %key.id, error = %e, "could not deregister an endpoint whose check stayed critical");
+            false
+        }
+    }
+}

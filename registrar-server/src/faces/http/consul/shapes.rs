@@ -1,0 +1,308 @@
+//! Consul's JSON documents (a subset of their fields), built from
+//! endpoints.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use registry_api::{Endpoint, Health};
+use serde::Serialize;
+
+use super::check::{self, Check, Status};
+
+/// The label whose value (comma-separated) becomes Consul's `Tags`.
+pub(crate) const TAGS_LABEL: &str = "tags";
+
+/// The check id an endpoint without checks of its own carries.
+pub(crate) const HEALTH_CHECK_ID: &str = "registrar:health";
+
+/// The `tags` label split on commas, trimmed, empty parts dropped.
+pub(crate) fn tags(e: &Endpoint) -> Vec<String> {
+    e.labels
+        .get(TAGS_LABEL)
+        .map(|t| {
+            t.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The node an endpoint is shown under: its node, or its service when it
+/// has none (Consul always names one).
+pub(crate) fn node_name(e: &Endpoint) -> &str {
+    if e.node.is_empty() {
+        &e.service
+    } else {
+        &e.node
+    }
+}
+
+/// Consul's `Meta`: every label but the checks' own.
+fn meta(e: &Endpoint) -> BTreeMap<String, String> {
+    e.labels
+        .iter()
+        .filter(|(k, _)| !check::is_check_label(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// Consul's `Weights` (the registry has none: the defaults).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub(crate) struct Weights {
+    passing: u32,
+    warning: u32,
+}
+
+const WEIGHTS: Weights = Weights {
+    passing: 1,
+    warning: 1,
+};
+
+/// One entry of `GET /v1/health/service/<name>`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub(crate) struct ServiceEntry {
+    node: ConsulNode,
+    service: ConsulService,
+    checks: Vec<HealthCheck>,
+}
+
+/// Consul's `Node`: the endpoint's node; its cluster as the datacenter.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct ConsulNode {
+    node: String,
+    address: String,
+    datacenter: String,
+}
+
+/// Consul's `Service` (also what `/v1/agent/services` lists).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub(crate) struct ConsulService {
+    #[serde(rename = "ID")]
+    id: String,
+    service: String,
+    tags: Vec<String>,
+    address: String,
+    port: u16,
+    meta: BTreeMap<String, String>,
+    weights: Weights,
+    enable_tag_override: bool,
+    datacenter: String,
+}
+
+impl ConsulService {
+    pub(crate) fn from_endpoint(e: &Endpoint) -> Self {
+        Self {
+            id: e.id.clone(),
+            service: e.service.clone(),
+            tags: tags(e),
+            address: e.address.clone(),
+            port: e.port,
+            meta: meta(e),
+            weights: WEIGHTS,
+            enable_tag_override: false,
+            datacenter: e.cluster.clone(),
+        }
+    }
+}
+
+/// One Consul health check.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub(crate) struct HealthCheck {
+    node: String,
+    #[serde(rename = "CheckID")]
+    check_id: String,
+    name: String,
+    status: &'static str,
+    notes: String,
+    output: String,
+    #[serde(rename = "ServiceID")]
+    service_id: String,
+    service_name: String,
+    service_tags: Vec<String>,
+    #[serde(rename = "Type")]
+    kind: &'static str,
+}
+
+/// Consul's check status for a health: `passing` or `critical`.
+pub(crate) fn health_status(h: Health) -> &'static str {
+    match h {
+        Health::Healthy => "passing",
+        Health::Unhealthy => "critical",
+    }
+}
+
+/// The checks of `e` as Consul shows them: its own (registered through
+/// the agent API), plus `registrar:health`, critical, when the endpoint is
+/// unhealthy for another reason (its node went silent); an endpoint
+/// without checks of its own has only `registrar:health`.
+pub(crate) fn health_checks(e: &Endpoint) -> Vec<HealthCheck> {
+    let mut out = own_checks(e);
+    let any_critical = out.iter().any(|c| c.status == Status::Critical.as_str());
+    if out.is_empty() || (e.health == Health::Unhealthy && !any_critical) {
+        out.push(HealthCheck {
+            node: node_name(e).to_string(),
+            check_id: HEALTH_CHECK_ID.to_string(),
+            name: "registrar endpoint health".to_string(),
+            status: health_status(e.health),
+            notes: String::new(),
+            output: String::new(),
+            service_id: e.id.clone(),
+            service_name: e.service.clone(),
+            service_tags: tags(e),
+            kind: "",
+        });
+    }
+    out
+}
+
+/// The checks registered with `e` through the agent API.
+pub(crate) fn own_checks(e: &Endpoint) -> Vec<HealthCheck> {
+    check::checks(e)
+        .map(|(id, c): (&str, Check)| HealthCheck {
+            node: node_name(e).to_string(),
+            check_id: id.to_string(),
+            name: c.name,
+            status: c.status.as_str(),
+            notes: String::new(),
+            output: c.output,
+            service_id: e.id.clone(),
+            service_name: e.service.clone(),
+            service_tags: tags(e),
+            kind: c.probe.type_name(),
+        })
+        .collect()
+}
+
+impl HealthCheck {
+    /// Its `CheckID`.
+    pub(crate) fn check_id(&self) -> &str {
+        &self.check_id
+    }
+}
+
+/// Whether every check of `e` passes (Consul's `?passing`: a warning does
+/// not).
+pub(crate) fn passing(e: &Endpoint) -> bool {
+    e.health == Health::Healthy && check::checks(e).all(|(_, c)| c.status == Status::Passing)
+}
+
+impl ServiceEntry {
+    pub(crate) fn from_endpoint(e: &Endpoint) -> Self {
+        Self {
+            node: ConsulNode {
+                node: node_name(e).to_string(),
+                address: e.address.clone(),
+                datacenter: e.cluster.clone(),
+            },
+            service: ConsulService::from_endpoint(e),
+            checks: health_checks(e),
+        }
+    }
+}
+
+/// One entry of `GET /v1/catalog/service/<name>`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub(crate) struct CatalogService {
+    node: String,
+    address: String,
+    datacenter: String,
+    tagged_addresses: BTreeMap<String, String>,
+    node_meta: BTreeMap<String, String>,
+    #[serde(rename = "ServiceID")]
+    service_id: String,
+    service_name: String,
+    service_tags: Vec<String>,
+    service_address: String,
+    service_port: u16,
+    service_meta: BTreeMap<String, String>,
+    service_weights: Weights,
+    service_enable_tag_override: bool,
+}
+
+impl CatalogService {
+    pub(crate) fn from_endpoint(e: &Endpoint) -> Self {
+        Self {
+            node: node_name(e).to_string(),
+            address: e.address.clone(),
+            datacenter: e.cluster.clone(),
+            tagged_addresses: BTreeMap::new(),
+            node_meta: BTreeMap::new(),
+            service_id: e.id.clone(),
+            service_name: e.service.clone(),
+            service_tags: tags(e),
+            service_address: e.address.clone(),
+            service_port: e.port,
+            service_meta: meta(e),
+            service_weights: WEIGHTS,
+            service_enable_tag_override: false,
+        }
+    }
+}
+
+/// `GET /v1/catalog/services`: every service with the union of its
+/// endpoints' tags (sorted).
+pub(crate) fn catalog<'a>(
+    endpoints: impl Iterator<Item = &'a Endpoint>,
+) -> BTreeMap<String, BTreeSet<String>> {
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for e in endpoints {
+        out.entry(e.service.clone()).or_default().extend(tags(e));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::faces::http::consul::check::Probe;
+
+    #[test]
+    fn tags_come_from_the_tags_label() {
+        let e = Endpoint::new("web", "a", "10.0.0.1", 80).with_label("tags", "v1, primary,,");
+        assert_eq!(tags(&e), vec!["v1".to_string(), "primary".to_string()]);
+        assert!(tags(&Endpoint::new("web", "b", "10.0.0.2", 80)).is_empty());
+    }
+
+    #[test]
+    fn consul_entry_has_consul_field_names() {
+        let e = Endpoint::new("web", "a", "10.0.0.1", 80)
+            .with_node("n1")
+            .with_health(Health::Unhealthy);
+        let v = serde_json::to_value(ServiceEntry::from_endpoint(&e)).expect("serializes");
+        assert_eq!(v["Service"]["ID"], "a");
+        assert_eq!(v["Service"]["Port"], 80);
+        assert_eq!(v["Node"]["Node"], "n1");
+        assert_eq!(v["Checks"][0]["Status"], "critical");
+        assert_eq!(v["Checks"][0]["CheckID"], "registrar:health");
+    }
+
+    #[test]
+    fn an_endpoint_s_own_checks_replace_the_registrar_s_and_stay_out_of_meta() {
+        let mut e = Endpoint::new("web", "a", "10.0.0.1", 80).with_label("zone", "z1");
+        let warn = Check {
+            name: "ttl".into(),
+            probe: Probe::Ttl { ttl_ms: 1000 },
+            deregister_after_ms: None,
+            status: Status::Warning,
+            output: "slow".into(),
+            since_ms: 1,
+        };
+        check::put(&mut e, "service:a", &warn);
+        let v = serde_json::to_value(ServiceEntry::from_endpoint(&e)).expect("serializes");
+        assert_eq!(v["Checks"].as_array().map(Vec::len), Some(1));
+        assert_eq!(v["Checks"][0]["CheckID"], "service:a");
+        assert_eq!(v["Checks"][0]["Status"], "warning");
+        assert_eq!(v["Checks"][0]["Type"], "ttl");
+        assert_eq!(v["Service"]["Meta"], serde_json::json!({"zone": "z1"}));
+        // A warning is healthy for the registry, but not `?passing`.
+        assert_eq!(e.health, Health::Healthy);
+        assert!(!passing(&e));
+    }
+}
