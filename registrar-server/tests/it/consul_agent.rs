@@ -424,3 +424,78 @@ async fn py_consul_registers_checks_and_watches_through_the_registrar() {
     assert!(stdout.contains("py-consul: ok"), "{stdout}\n{stderr}");
     stack.stop().await.unwrap();
 }
+
+/// VictoriaMetrics (Debian's `victoria-metrics`), whose `consul_sd_configs`
+/// reads what Prometheus' reads, given only the server: it asks
+/// `/v1/agent/self` for the datacenter, discovers an agent-registered
+/// service with its tags, meta and health, and drops it once deregistered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn victoria_metrics_discovers_an_agent_registered_service() {
+    let found = std::process::Command::new("victoria-metrics")
+        .arg("-version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    assert!(
+        found,
+        "victoria-metrics is not installed: `apt-get install victoria-metrics` (scripts/test does)"
+    );
+    let stack = start().await;
+    let r = register(
+        &stack,
+        json!({"Name": "web", "ID": "web-1", "Address": "127.0.0.1", "Port": stack.http.port(),
+               "Tags": ["v1"], "Meta": {"zone": "z1"}, "Check": {"TTL": "1m", "Status": "passing"}}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("scrape.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "scrape_configs:\n  - job_name: registry\n    scrape_interval: 1s\n    consul_sd_configs:\n      - server: {}\n        services: [web]\n",
+            stack.http
+        ),
+    )
+    .unwrap();
+    let vm_addr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let _vm = tokio::process::Command::new("victoria-metrics")
+        .arg(format!("-promscrape.config={}", config.display()))
+        .arg(format!("-httpListenAddr={vm_addr}"))
+        .arg(format!(
+            "-storageDataPath={}",
+            dir.path().join("data").display()
+        ))
+        .arg("-promscrape.consulSDCheckInterval=1s")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let targets = |want: usize| async move {
+        let answer =
+            tokio::time::timeout(LIMIT, common::http::try_get_at(vm_addr, "/api/v1/targets")).await;
+        let body = answer.ok().flatten()?;
+        let active = body["data"]["activeTargets"].as_array()?.clone();
+        (active.len() == want).then_some(active)
+    };
+    let active = eventually("VictoriaMetrics to discover web-1", || targets(1)).await;
+    let labels = &active[0]["discoveredLabels"];
+    assert_eq!(labels["__meta_consul_service_id"], "web-1", "{labels}");
+    assert_eq!(labels["__meta_consul_dc"], "test", "{labels}");
+    assert_eq!(labels["__meta_consul_health"], "passing", "{labels}");
+    assert_eq!(labels["__meta_consul_tags"], ",v1,", "{labels}");
+    assert_eq!(
+        labels["__meta_consul_service_metadata_zone"], "z1",
+        "{labels}"
+    );
+
+    let gone = send(&stack, "PUT", "/v1/agent/service/deregister/web-1", None).await;
+    assert_eq!(gone.status, 200);
+    eventually("VictoriaMetrics to drop web-1", || targets(0)).await;
+    stack.stop().await.unwrap();
+}

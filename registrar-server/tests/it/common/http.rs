@@ -35,6 +35,16 @@ pub async fn send_with(
     request(stack.http, method, path, body, headers).await
 }
 
+/// The JSON answer to `GET path` at `http`, or `None` when nothing (or
+/// no JSON) answers there yet.
+pub async fn try_get_at(http: std::net::SocketAddr, path: &str) -> Option<Value> {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let uri: hyper::Uri = format!("http://{http}{path}").parse().ok()?;
+    let resp = client.get(uri).await.ok()?;
+    let bytes = resp.into_body().collect().await.ok()?.to_bytes();
+    serde_json::from_slice(&bytes).ok()
+}
+
 /// `GET path` of the HTTP API at `http`.
 pub async fn get_at(http: std::net::SocketAddr, path: &str) -> Answer {
     request(http, "GET", path, None, &[]).await

@@ -233,6 +233,27 @@ pub(super) async fn services(
     Ok(json_response(StatusCode::OK, &out, None))
 }
 
+/// `GET /v1/agent/self`: the part of it clients read. Prometheus' and
+/// VictoriaMetrics' Consul discovery take the datacenter from
+/// `Config.Datacenter`: the registrar's cluster.
+pub(super) async fn agent_self(
+    State(registrar): State<Arc<Registrar>>,
+    Extension(caller): Extension<Caller>,
+) -> Response {
+    let cluster = registrar.config().cluster_name.as_str();
+    let node = caller.node().unwrap_or("registrar");
+    let body = serde_json::json!({
+        "Config": {
+            "Datacenter": cluster,
+            "NodeName": node,
+            "Server": false,
+            "Version": env!("CARGO_PKG_VERSION"),
+        },
+        "Member": {"Name": node, "Tags": {"dc": cluster}},
+    });
+    json_response(StatusCode::OK, &body, None)
+}
+
 /// `GET /v1/agent/service/<id>`.
 pub(super) async fn service(
     State(registrar): State<Arc<Registrar>>,

@@ -71,6 +71,7 @@ pub(crate) fn routes() -> Router<Arc<Registrar>> {
         .route("/v1/status/peers", get(peers))
         .route("/v1/agent/service/register", put(agent::register))
         .route("/v1/agent/service/deregister/{id}", put(agent::deregister))
+        .route("/v1/agent/self", get(agent::agent_self))
         .route("/v1/agent/services", get(agent::services))
         .route("/v1/agent/service/{id}", get(agent::service))
         .route("/v1/agent/checks", get(agent::checks))
