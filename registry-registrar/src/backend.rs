@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use registry_api::{
     backend::check_batch,
     cached::{CachedConfig, CachedRegistry},
-    Batch, Capabilities, Endpoint, EndpointKey, EventStream, Heartbeat, Op, Registry, Result,
-    Snapshot, Version, Watch,
+    Batch, Capabilities, Endpoint, EndpointKey, ErrorKind, EventStream, Heartbeat, Op, Registry,
+    Result, Snapshot, Version, Watch,
 };
 use tokio::sync::broadcast;
 
@@ -33,7 +33,11 @@ const MAX_BATCH: usize = 1000;
 ///   then [`registry_api::Error::Overloaded`]) and re-sent when it is back; other errors
 ///   undo the local change and are returned. In durable mode
 ///   ([`Ack::Durable`]) a write returns once the backend committed it, and
-///   any error (unreachable included) undoes it and is returned.
+///   any error (unreachable included) undoes it and is returned. A durable
+///   write that met an unreachable registrar may still have been applied
+///   (the answer was lost): the client then sends the key's earlier state
+///   (its earlier value, or its removal when it held nothing) until the
+///   registrar accepts it, so the registry ends as the caller was told.
 /// - When the backend refuses a write the registrar had acknowledged, the
 ///   registrar undoes it and says so on the stream: this client reports it
 ///   ([`RegistrarClient::refusals`], the counter
@@ -138,7 +142,12 @@ impl RegistrarClient {
         match state.send(&op, queue).await {
             Ok(()) => Ok(()),
             Err(e) => {
-                state.writes.restore(&key, previous_owned);
+                state.writes.restore(&key, previous_owned.clone());
+                if e.kind() == ErrorKind::Unavailable {
+                    state
+                        .writes
+                        .compensate(&key, previous_owned, previous_local.is_none(), &e);
+                }
                 let undo = match previous_local {
                     Some(ep) => Op::Register(ep),
                     None => Op::Deregister(key),

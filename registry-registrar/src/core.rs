@@ -124,6 +124,32 @@ impl Writes {
         };
     }
 
+    /// A durable write of `key` failed without an answer (the registrar
+    /// was unreachable mid-call): it may still have been applied. After
+    /// [`Writes::restore`], send the key's state from before the write
+    /// again until the registrar accepts it, so the registry does not keep
+    /// a write its caller was told failed: the restored desire, or, for a
+    /// key that held nothing before (`was_absent`), its removal. A key that
+    /// held another writer's endpoint is left as the registrar has it.
+    pub(crate) fn compensate(
+        &self,
+        key: &EndpointKey,
+        previous: Option<Option<Endpoint>>,
+        was_absent: bool,
+        cause: &Error,
+    ) {
+        match previous {
+            Some(_) => {}
+            None if was_absent => {
+                lock(&self.owned).insert(key.clone(), None);
+            }
+            None => return,
+        }
+        if let Err(e) = self.queue(key.clone(), cause) {
+            tracing::warn!(%key, error = %e, "cannot queue the undo of a write whose outcome is unknown");
+        }
+    }
+
     /// `op` was accepted: not pending any more; a removal is forgotten.
     pub(crate) fn sent(&self, op: &Op) {
         let key = op.key();

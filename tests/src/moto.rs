@@ -115,6 +115,16 @@ impl MotoServer {
         }
     }
 
+    /// The process id, when moto runs as a local process
+    /// ([`MotoServer::start_process`]): to pause it with `SIGSTOP`, a
+    /// fault it survives (unlike a kill, which loses its state).
+    pub fn pid(&self) -> Option<u32> {
+        match &self.inner {
+            Inner::Process(p) => Some(p.pid()),
+            _ => None,
+        }
+    }
+
     /// The container, when moto runs in one.
     pub fn container(&self) -> Option<&ServerContainer> {
         match &self.inner {

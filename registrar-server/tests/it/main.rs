@@ -24,6 +24,8 @@ mod http_api;
 mod http_native;
 mod operators;
 mod registrar;
+#[cfg(all(feature = "sqlite", feature = "http-api"))]
+mod soak;
 mod streams;
 mod tls;
 mod trust;

@@ -187,6 +187,61 @@ async fn agents_read_through_a_backend_outage_and_writes_land_after() {
     assert_eq!(server.registrar.queue_depth(), 0);
 }
 
+/// A durable write whose answer never reaches the agent (its request
+/// timed out while the registrar went on and committed it) was reported
+/// failed: the agent then removes it again, instead of leaving in the
+/// registry an endpoint it does not hold (found by the chaos soak on
+/// DynamoDB: a durable agent's register cut mid-call stayed for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_write_reported_failed_does_not_stay_in_the_registry() {
+    let faulty = Arc::new(Faulty::new(Liveness::new(MemoryRegistry::new())));
+    let server = start(
+        Arc::clone(&faulty) as Arc<dyn Backend>,
+        RegistrarConfig::new("c").with_ack(registrar_server::Ack::Durable),
+    )
+    .await;
+    let agent = RegistrarClient::connect(
+        ClientConfig::new(server.url(), "c", "n1")
+            .with_ack(registry_registrar::Ack::Durable)
+            .with_timeouts(Duration::from_secs(5), Duration::from_millis(300))
+            .with_retry_interval(Duration::from_millis(50)),
+    )
+    .unwrap();
+    agent.register(ep("s", "kept", 1)).await.unwrap();
+    // The backend now takes longer than the agent waits for an answer.
+    faulty.set_latency(Duration::from_millis(1500));
+    let err = agent.register(ep("s", "lost", 2)).await.unwrap_err();
+    assert_eq!(err.kind(), registry_api::ErrorKind::Unavailable, "{err}");
+    assert!(agent.owned().iter().all(|e| e.id != "lost"));
+    // The registrar goes on and commits it after the agent gave up: a
+    // write queued behind it (another agent's) reaches the backend after it.
+    let other = fast_client(&server.url(), "c", "n2");
+    other.register(ep("t", "sentinel", 3)).await.unwrap();
+    eventually("the write queued after it in the backend", || async {
+        (faulty.get_ref().list("t").await.unwrap().len() == 1).then_some(())
+    })
+    .await;
+    faulty.set_latency(Duration::ZERO);
+    // The agent, told it failed, has it removed again.
+    eventually("the failed write undone in the backend", || async {
+        let ids: Vec<String> = faulty
+            .get_ref()
+            .list("s")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.id)
+            .collect();
+        (ids == ["kept"]).then_some(())
+    })
+    .await;
+    assert_eq!(agent.owned().len(), 1);
+    eventually("the agent's cache as the backend", || async {
+        (agent.list("s").await.unwrap().len() == 1).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_are_invalid_argument_naming_the_field() {
     let backend = memory();

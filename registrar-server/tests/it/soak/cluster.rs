@@ -1,0 +1,252 @@
+//! What the soak runs and breaks: two `registrar serve` replicas (on fixed
+//! loopback ports, so a restarted one comes back where its proxy points),
+//! the backend they share, and a direct reader of that backend.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use registry_api::{Registry, Snapshot};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+use super::proxy::Proxy;
+
+/// The backend under the replicas.
+pub enum Backend {
+    Sqlite(PathBuf),
+    #[cfg(feature = "etcd")]
+    Etcd(registry_fixtures::EtcdServer),
+    #[cfg(feature = "dynamodb")]
+    DynamoDb(registry_fixtures::MotoServer, String),
+}
+
+impl Backend {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Backend::Sqlite(_) => "sqlite",
+            #[cfg(feature = "etcd")]
+            Backend::Etcd(_) => "etcd",
+            #[cfg(feature = "dynamodb")]
+            Backend::DynamoDb(..) => "dynamodb",
+        }
+    }
+
+    /// `serve`'s flags for this backend.
+    fn args(&self) -> Vec<String> {
+        match self {
+            Backend::Sqlite(path) => vec![format!("--sqlite-path={}", path.display())],
+            #[cfg(feature = "etcd")]
+            Backend::Etcd(etcd) => vec![format!("--etcd-endpoints={}", etcd.endpoint())],
+            #[cfg(feature = "dynamodb")]
+            Backend::DynamoDb(moto, table) => vec![
+                format!("--dynamodb-table={table}"),
+                "--dynamodb-create-table".into(),
+                format!("--aws-endpoint-url={}", moto.url()),
+                "--aws-region=us-east-1".into(),
+            ],
+        }
+    }
+
+    fn env(&self) -> Vec<(&'static str, &'static str)> {
+        match self {
+            #[cfg(feature = "dynamodb")]
+            Backend::DynamoDb(..) => vec![
+                ("AWS_ACCESS_KEY_ID", "test"),
+                ("AWS_SECRET_ACCESS_KEY", "test"),
+            ],
+            _ => Vec::new(),
+        }
+    }
+
+    /// The backend's process, when it runs as one the soak may pause.
+    pub fn pid(&self) -> Option<u32> {
+        match self {
+            Backend::Sqlite(_) => None,
+            #[cfg(feature = "etcd")]
+            Backend::Etcd(etcd) => etcd.pid(),
+            #[cfg(feature = "dynamodb")]
+            Backend::DynamoDb(moto, _) => moto.pid(),
+        }
+    }
+
+    /// Whether the backend survives a kill (its data on disk).
+    pub fn can_restart(&self) -> bool {
+        match self {
+            #[cfg(feature = "etcd")]
+            Backend::Etcd(etcd) => etcd.pid().is_some(),
+            _ => false,
+        }
+    }
+
+    /// SIGKILL the backend (etcd only).
+    pub fn kill(&mut self) {
+        #[cfg(feature = "etcd")]
+        if let Backend::Etcd(etcd) = self {
+            etcd.kill();
+        }
+    }
+
+    /// Start it again on the same port with the same data (etcd only).
+    pub fn restart(&mut self) {
+        #[cfg(feature = "etcd")]
+        if let Backend::Etcd(etcd) = self {
+            etcd.restart().expect("etcd did not come back");
+        }
+    }
+
+    /// Every endpoint the backend holds, read directly (bounded).
+    pub async fn snapshot(&self) -> Snapshot {
+        let reader: Arc<dyn Registry> = match self {
+            Backend::Sqlite(path) => Arc::new(
+                registry_sqlite::SqliteRegistry::open_path(path)
+                    .await
+                    .unwrap(),
+            ),
+            #[cfg(feature = "etcd")]
+            Backend::Etcd(etcd) => Arc::new(
+                registry_etcd::EtcdRegistry::connect(registry_etcd::EtcdConfig::new(vec![etcd
+                    .endpoint()
+                    .to_string()]))
+                .await
+                .unwrap(),
+            ),
+            #[cfg(feature = "dynamodb")]
+            Backend::DynamoDb(moto, table) => Arc::new(
+                registry_dynamodb::DynamoDbRegistry::connect(
+                    registry_dynamodb::DynamoDbConfig::new(table.clone())
+                        .with_region("us-east-1")
+                        .with_endpoint_url(moto.url())
+                        .with_static_credentials("test", "test"),
+                )
+                .await
+                .unwrap(),
+            ),
+        };
+        tokio::time::timeout(Duration::from_secs(30), reader.snapshot())
+            .await
+            .expect("the backend did not answer a snapshot")
+            .unwrap()
+    }
+}
+
+/// Send `signal` (`KILL`, `STOP`, `CONT`, `TERM`) to `pid`.
+pub fn signal(pid: u32, signal: &str) {
+    let _ = std::process::Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status();
+}
+
+fn free_addr() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
+
+/// One `registrar serve` replica, with the proxy agents reach it through.
+pub struct Replica {
+    pub grpc: SocketAddr,
+    pub http: SocketAddr,
+    health: SocketAddr,
+    pub proxy: Proxy,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Replica {
+    pub async fn start(backend: &Backend, log: PathBuf) -> Replica {
+        let grpc = free_addr();
+        let mut r = Replica {
+            grpc,
+            http: free_addr(),
+            health: free_addr(),
+            proxy: Proxy::start(grpc).await,
+            child: None,
+            log,
+        };
+        r.spawn(backend).await;
+        r
+    }
+
+    /// Start the process on this replica's ports and wait for its
+    /// `registrar listening` line.
+    pub async fn spawn(&mut self, backend: &Backend) {
+        let stderr = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_registrar"))
+            .arg("serve")
+            .arg(format!("--grpc-addr={}", self.grpc))
+            .arg(format!("--health-addr={}", self.health))
+            .arg(format!("--http-api-addr={}", self.http))
+            .arg("--cluster-name=soak")
+            .arg("--drain-timeout=5s")
+            .args(backend.args())
+            .envs(backend.env())
+            .env("RUST_LOG", "info")
+            .stdout(std::process::Stdio::piped())
+            .stderr(stderr)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+            .await
+            .unwrap_or_else(|_| panic!("a replica did not start; see {}", self.log.display()))
+            .unwrap();
+        assert!(
+            line.is_some_and(|l| l.starts_with("registrar listening")),
+            "a replica exited at start; see {}",
+            self.log.display()
+        );
+        self.child = Some(child);
+    }
+
+    fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(Child::id)
+    }
+
+    /// SIGKILL, and reap it.
+    pub async fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.start_kill();
+            let _ = c.wait().await;
+        }
+    }
+
+    /// SIGTERM (a drain), reaped within the drain timeout; whether it
+    /// exited 0.
+    pub async fn terminate(&mut self) -> bool {
+        let Some(mut c) = self.child.take() else {
+            return true;
+        };
+        if let Some(pid) = c.id() {
+            signal(pid, "TERM");
+        }
+        match tokio::time::timeout(Duration::from_secs(30), c.wait()).await {
+            Ok(Ok(status)) => status.success(),
+            _ => {
+                let _ = c.start_kill();
+                false
+            }
+        }
+    }
+
+    pub fn pause(&mut self) {
+        if let Some(pid) = self.pid() {
+            signal(pid, "STOP");
+        }
+    }
+
+    pub fn resume(&mut self) {
+        if let Some(pid) = self.pid() {
+            signal(pid, "CONT");
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.proxy.addr)
+    }
+}
