@@ -161,22 +161,35 @@ fn json_response<T: Serialize>(status: StatusCode, body: &T, index: Option<u64>)
 /// Block as the query asks, then the state and its version (shared, not
 /// copied: a request costs what it reads, whatever the registry's size).
 async fn read_state(registrar: &Registrar, q: &Query) -> Result<(Arc<Snapshot>, u64), ApiError> {
+    read_blocking(registrar, q, |s| s.version().0).await
+}
+
+/// Block as the query asks (`?index=` and `?wait=`) until `index` of the
+/// state differs from the one given, then the state and its index, read
+/// together. Returns at once when the index differs: it passed the one
+/// given, or went back (the client read another replica, or a registrar
+/// since restarted, which numbers anew).
+async fn read_blocking(
+    registrar: &Registrar,
+    q: &Query,
+    index: impl Fn(&Snapshot) -> u64,
+) -> Result<(Arc<Snapshot>, u64), ApiError> {
     let store = registrar.state().store();
     if !store.is_ready() {
         return Err(ApiError::NotReady);
     }
-    if let Some(index) = q.index {
-        // Returns at once when the version differs from `index`: it passed
-        // it, or went backwards (a restarted registrar numbers from 1).
+    if let Some(given) = q.index {
         let wait = q.wait.unwrap_or(DEFAULT_WAIT).min(MAX_WAIT);
         tokio::select! {
-            _ = store.wait_until(|s| s.version().0 != index, wait) => {}
+            _ = store.wait_until(|s| index(s) != given, wait) => {}
             () = registrar.closing() => return Err(ApiError::ShuttingDown),
         }
     }
-    let snap = store.snapshot().ok_or(ApiError::NotReady)?;
-    let version = snap.version().0;
-    Ok((snap, version))
+    // An index kept beside the state changes under the store's lock: read
+    // both under it.
+    store
+        .with_state(|s| s.map(|s| (Arc::clone(s), index(s))))
+        .ok_or(ApiError::NotReady)
 }
 
 async fn node_registry_services(

@@ -283,40 +283,28 @@ pub(super) async fn checks(
     Ok(json_response(StatusCode::OK, &out, None))
 }
 
-/// `PUT /v1/agent/check/pass/<id>` (`?note=`).
-pub(super) async fn pass(
+/// `PUT /v1/agent/check/{pass,warn,fail}/<id>` (`?note=`).
+pub(super) async fn pass_warn_fail(
     registrar: State<Arc<Registrar>>,
     caller: Extension<Caller>,
     consul: Extension<Consul>,
-    Path(id): Path<String>,
+    Path((verb, id)): Path<(String, String)>,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
+    let status = match verb.as_str() {
+        "pass" => Status::Passing,
+        "warn" => Status::Warning,
+        "fail" => Status::Critical,
+        other => {
+            return Err(Error::not_found(format!(
+                "route /v1/agent/check/{}/…: pass, warn, fail or update",
+                quote(other)
+            ))
+            .into())
+        }
+    };
     let note = Query::parse(raw.as_deref())?.note.unwrap_or_default();
-    report(registrar, caller, consul, id, Status::Passing, note).await
-}
-
-/// `PUT /v1/agent/check/warn/<id>` (`?note=`).
-pub(super) async fn warn(
-    registrar: State<Arc<Registrar>>,
-    caller: Extension<Caller>,
-    consul: Extension<Consul>,
-    Path(id): Path<String>,
-    RawQuery(raw): RawQuery,
-) -> Result<Response, ApiError> {
-    let note = Query::parse(raw.as_deref())?.note.unwrap_or_default();
-    report(registrar, caller, consul, id, Status::Warning, note).await
-}
-
-/// `PUT /v1/agent/check/fail/<id>` (`?note=`).
-pub(super) async fn fail(
-    registrar: State<Arc<Registrar>>,
-    caller: Extension<Caller>,
-    consul: Extension<Consul>,
-    Path(id): Path<String>,
-    RawQuery(raw): RawQuery,
-) -> Result<Response, ApiError> {
-    let note = Query::parse(raw.as_deref())?.note.unwrap_or_default();
-    report(registrar, caller, consul, id, Status::Critical, note).await
+    report(registrar, caller, consul, id, status, note).await
 }
 
 /// `PUT /v1/agent/check/update/<id>`: `{"Status": "…", "Output": "…"}`.

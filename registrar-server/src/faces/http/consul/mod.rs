@@ -15,7 +15,7 @@ use axum::{Extension, Router};
 use registry_api::Snapshot;
 
 use super::query::Query;
-use super::{json_response, read_state, ApiError, DEFAULT_WAIT, MAX_WAIT};
+use super::{json_response, read_blocking, read_state, ApiError};
 use crate::core::registrar::Registrar;
 
 mod agent;
@@ -75,10 +75,8 @@ pub(crate) fn routes() -> Router<Arc<Registrar>> {
         .route("/v1/agent/services", get(agent::services))
         .route("/v1/agent/service/{id}", get(agent::service))
         .route("/v1/agent/checks", get(agent::checks))
-        .route("/v1/agent/check/pass/{id}", put(agent::pass))
-        .route("/v1/agent/check/warn/{id}", put(agent::warn))
-        .route("/v1/agent/check/fail/{id}", put(agent::fail))
         .route("/v1/agent/check/update/{id}", put(agent::update))
+        .route("/v1/agent/check/{verb}/{id}", put(agent::pass_warn_fail))
 }
 
 /// Block as the query asks on `service`'s own index, then the state and
@@ -89,23 +87,18 @@ async fn read_service(
     q: &Query,
     service: &str,
 ) -> Result<(Arc<Snapshot>, u64), ApiError> {
-    let store = registrar.state().store();
-    if !store.is_ready() {
-        return Err(ApiError::NotReady);
-    }
-    if let Some(index) = q.index {
-        // Returns at once when the index differs: it passed `index`, or
-        // the client read another replica or a registrar since restarted.
-        let wait = q.wait.unwrap_or(DEFAULT_WAIT).min(MAX_WAIT);
-        tokio::select! {
-            _ = store.wait_until(|_| consul.view.index(service) != index, wait) => {}
-            () = registrar.closing() => return Err(ApiError::ShuttingDown),
-        }
-    }
-    // The view changes under the store's lock: read both under it.
-    store
-        .with_state(|s| s.map(|s| (Arc::clone(s), consul.view.index(service))))
-        .ok_or(ApiError::NotReady)
+    read_blocking(registrar, q, |_| consul.view.index(service)).await
+}
+
+/// The endpoints of `name` that the query's `dc` and `tag` keep.
+fn selected<'a>(
+    snap: &'a Snapshot,
+    name: &'a str,
+    q: &'a Query,
+) -> impl Iterator<Item = &'a registry_api::Endpoint> + 'a {
+    snap.service(name)
+        .filter(|e| q.dc.as_ref().is_none_or(|dc| &e.cluster == dc))
+        .filter(|e| q.tag.as_ref().is_none_or(|t| shapes::tags(e).contains(t)))
 }
 
 async fn health_service(
@@ -116,11 +109,8 @@ async fn health_service(
 ) -> Result<Response, ApiError> {
     let q = Query::parse(raw.as_deref())?;
     let (snap, index) = read_service(&registrar, &consul, &q, &name).await?;
-    let entries: Vec<ServiceEntry> = snap
-        .service(&name)
+    let entries: Vec<ServiceEntry> = selected(&snap, &name, &q)
         .filter(|e| !q.passing || shapes::passing(e))
-        .filter(|e| q.dc.as_ref().is_none_or(|dc| &e.cluster == dc))
-        .filter(|e| q.tag.as_ref().is_none_or(|t| shapes::tags(e).contains(t)))
         .map(ServiceEntry::from_endpoint)
         .collect();
     Ok(json_response(StatusCode::OK, &entries, Some(index)))
@@ -134,9 +124,7 @@ async fn health_checks(
 ) -> Result<Response, ApiError> {
     let q = Query::parse(raw.as_deref())?;
     let (snap, index) = read_service(&registrar, &consul, &q, &name).await?;
-    let checks: Vec<shapes::HealthCheck> = snap
-        .service(&name)
-        .filter(|e| q.dc.as_ref().is_none_or(|dc| &e.cluster == dc))
+    let checks: Vec<shapes::HealthCheck> = selected(&snap, &name, &q)
         .flat_map(shapes::health_checks)
         .collect();
     Ok(json_response(StatusCode::OK, &checks, Some(index)))
@@ -150,10 +138,7 @@ async fn catalog_service(
 ) -> Result<Response, ApiError> {
     let q = Query::parse(raw.as_deref())?;
     let (snap, index) = read_service(&registrar, &consul, &q, &name).await?;
-    let entries: Vec<CatalogService> = snap
-        .service(&name)
-        .filter(|e| q.dc.as_ref().is_none_or(|dc| &e.cluster == dc))
-        .filter(|e| q.tag.as_ref().is_none_or(|t| shapes::tags(e).contains(t)))
+    let entries: Vec<CatalogService> = selected(&snap, &name, &q)
         .map(CatalogService::from_endpoint)
         .collect();
     Ok(json_response(StatusCode::OK, &entries, Some(index)))
