@@ -15,7 +15,7 @@ use registry_api::{
 use tokio::sync::broadcast;
 
 use crate::config::{Ack, ClientConfig};
-use crate::core::{reconcile_loop, ClientState, Refusal, Writes};
+use crate::core::{reconcile_loop, ClientState, KeyLocks, Refusal, Writes};
 use crate::overlay::Overlay;
 use crate::rpc::RpcClient;
 
@@ -91,6 +91,7 @@ impl RegistrarClient {
             cache,
             overlay,
             writes: Writes::new(cfg.max_pending),
+            keys: KeyLocks::default(),
             refusals: broadcast::channel(256).0,
             cfg,
         });
@@ -131,6 +132,7 @@ impl RegistrarClient {
     async fn write(&self, op: Op) -> Result<()> {
         let state = &self.state;
         let key = op.key();
+        let _key = state.keys.lock(&key).await;
         let previous_local = state
             .cache
             .store()

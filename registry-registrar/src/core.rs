@@ -40,6 +40,9 @@ pub(crate) struct ClientState {
     pub(crate) cache: CachedRegistry<RpcClient>,
     pub(crate) overlay: Overlay,
     pub(crate) writes: Writes,
+    /// One send of a key at a time: a caller's write and the re-send of an
+    /// earlier desire of the same key never overtake each other.
+    pub(crate) keys: KeyLocks,
     pub(crate) cfg: ClientConfig,
     pub(crate) refusals: broadcast::Sender<Refusal>,
 }
@@ -64,6 +67,45 @@ impl ClientState {
             }
             Err(e) if queue && e.kind() == ErrorKind::Unavailable => self.writes.queue(key, &e),
             Err(e) => Err(e),
+        }
+    }
+}
+
+/// A lock per key, held across deciding what to send for the key and
+/// sending it; a key's entry is dropped once no one holds or waits for it.
+#[derive(Default)]
+pub(crate) struct KeyLocks {
+    map: Mutex<BTreeMap<EndpointKey, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// [`KeyLocks::lock`]'s guard.
+pub(crate) struct KeyGuard<'a> {
+    locks: &'a KeyLocks,
+    key: EndpointKey,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl KeyLocks {
+    /// Wait for `key`'s lock.
+    pub(crate) async fn lock(&self, key: &EndpointKey) -> KeyGuard<'_> {
+        let m = Arc::clone(lock(&self.map).entry(key.clone()).or_default());
+        KeyGuard {
+            locks: self,
+            key: key.clone(),
+            guard: Some(m.lock_owned().await),
+        }
+    }
+}
+
+impl Drop for KeyGuard<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut map = lock(&self.locks.map);
+        if map
+            .get(&self.key)
+            .is_some_and(|m| Arc::strong_count(m) == 1)
+        {
+            map.remove(&self.key);
         }
     }
 }
@@ -267,6 +309,12 @@ pub(crate) async fn reconcile_loop(
         }
         let ops = state.writes.ops(reassert);
         for op in ops {
+            // A caller may have written the key since the ops were read:
+            // send only what is still wanted, never over a newer write.
+            let _key = state.keys.lock(&op.key()).await;
+            if !state.writes.wants(&op) {
+                continue;
+            }
             match state.send(&op, true).await {
                 Ok(()) => {}
                 Err(e) if e.is_request_fault() => {

@@ -138,9 +138,26 @@ pub fn signal(pid: u32, signal: &str) {
         .status();
 }
 
+/// A free loopback port below the kernel's ephemeral range (32768 and
+/// up): a replica restarts on its ports, and a port from the ephemeral
+/// range could meanwhile be handed to a connection or a `:0` listener of
+/// another test.
 fn free_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
+    use rand::RngExt;
+    let mut rng = rand::rng();
+    loop {
+        let port = rng.random_range(20_000..32_000);
+        if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            return l.local_addr().unwrap();
+        }
+    }
+}
+
+/// The last lines of a replica's log, for a failure message.
+fn tail(log: &std::path::Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().rev().take(20).collect();
+    lines.into_iter().rev().collect::<Vec<_>>().join("\n")
 }
 
 /// One `registrar serve` replica, with the proxy agents reach it through.
@@ -194,12 +211,12 @@ impl Replica {
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
             .await
-            .unwrap_or_else(|_| panic!("a replica did not start; see {}", self.log.display()))
+            .unwrap_or_else(|_| panic!("a replica did not start:\n{}", tail(&self.log)))
             .unwrap();
         assert!(
             line.is_some_and(|l| l.starts_with("registrar listening")),
-            "a replica exited at start; see {}",
-            self.log.display()
+            "a replica exited at start:\n{}",
+            tail(&self.log)
         );
         self.child = Some(child);
     }

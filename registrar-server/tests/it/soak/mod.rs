@@ -486,14 +486,8 @@ async fn short_on_etcd() {
     on_etcd(seconds(45), seed(3102)).await;
 }
 
-/// Not in CI yet: on moto it finds phantoms (a durably acknowledged
-/// deregistration overturned by an older write of the same key that
-/// reached the backend later: a request left in flight by a killed or
-/// retrying replica while the backend was paused). DynamoDB writes carry
-/// no order of their own to refuse a stale one; see docs/reliability.md.
 #[cfg(feature = "dynamodb")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "finds phantoms on DynamoDB (stale in-flight writes land late): docs/reliability.md"]
 async fn short_on_dynamodb() {
     on_dynamodb(seconds(45), seed(3103)).await;
 }
