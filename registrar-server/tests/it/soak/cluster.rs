@@ -96,13 +96,22 @@ impl Backend {
         }
     }
 
-    /// Every endpoint the backend holds, read directly (bounded).
-    pub async fn snapshot(&self) -> Snapshot {
+    /// Every endpoint the backend holds, read directly; `None` when the
+    /// backend does not answer within 30 s (a loaded emulator), to be
+    /// asked again.
+    pub async fn snapshot(&self) -> Option<Snapshot> {
+        tokio::time::timeout(Duration::from_secs(30), self.read())
+            .await
+            .ok()
+            .flatten()
+    }
+
+    async fn read(&self) -> Option<Snapshot> {
         let reader: Arc<dyn Registry> = match self {
             Backend::Sqlite(path) => Arc::new(
                 registry_sqlite::SqliteRegistry::open_path(path)
                     .await
-                    .unwrap(),
+                    .ok()?,
             ),
             #[cfg(feature = "etcd")]
             Backend::Etcd(etcd) => Arc::new(
@@ -110,7 +119,7 @@ impl Backend {
                     .endpoint()
                     .to_string()]))
                 .await
-                .unwrap(),
+                .ok()?,
             ),
             #[cfg(feature = "dynamodb")]
             Backend::DynamoDb(moto, table) => Arc::new(
@@ -121,13 +130,10 @@ impl Backend {
                         .with_static_credentials("test", "test"),
                 )
                 .await
-                .unwrap(),
+                .ok()?,
             ),
         };
-        tokio::time::timeout(Duration::from_secs(30), reader.snapshot())
-            .await
-            .expect("the backend did not answer a snapshot")
-            .unwrap()
+        reader.snapshot().await.ok()
     }
 }
 

@@ -365,7 +365,14 @@ async fn soak(backend: Backend, seconds: u64, seed: u64) {
     let limit = Duration::from_secs(120);
     let quiet = Instant::now();
     let findings = loop {
-        let backend = w.backend.snapshot().await;
+        let Some(backend) = w.backend.snapshot().await else {
+            assert!(
+                quiet.elapsed() < limit,
+                "soak[{name}]: the backend did not answer a read within {limit:?} of healing"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        };
         let mut views = Vec::new();
         for (name, r) in &readers {
             if let Ok(s) = r.cache().snapshot().await {
