@@ -51,11 +51,21 @@ impl Consul {
     pub(crate) fn start(registrar: &Arc<Registrar>) -> Self {
         let view = ConsulView::attach(registrar);
         let ttl = Arc::new(runner::TtlTimers::default());
-        tokio::spawn(runner::run(
+        let runner = tokio::spawn(runner::run(
             Arc::clone(registrar),
             Arc::clone(&view),
             Arc::clone(&ttl),
         ));
+        // It returns only when the registrar closes: a panic must not leave
+        // a registrar that looks healthy with no checks running.
+        let status = Arc::clone(registrar.status());
+        tokio::spawn(async move {
+            if let Err(e) = runner.await {
+                if e.is_panic() {
+                    status.fail(format!("the Consul check runner panicked: {e}"));
+                }
+            }
+        });
         Self { view, ttl }
     }
 }
