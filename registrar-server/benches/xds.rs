@@ -1,8 +1,9 @@
 //! Measurements, not checks (`cargo bench -p registrar-server --bench
 //! xds`), quoted in BENCHMARKS.md: the time from a registration to its
 //! push reaching 100 state-of-the-world ADS clients subscribed to the
-//! service's load assignment, against a `WatchEndpoints` stream's delivery
-//! of the same change in the same run; and the time from a registration to
+//! service's load assignment, against the same change reaching 100
+//! `WatchEndpoints` streams of another registrar in the same process
+//! (changes alternate between the two); and the time from a registration to
 //! the change being visible through each protocol the registrar speaks
 //! (gRPC watch, xDS, the HTTP API's blocking query, DNS).
 
@@ -34,8 +35,8 @@ const BUDGET: Duration = Duration::from_secs(240);
 /// `BASE_PORT + i`.
 const BASE_PORT: u32 = 20_000;
 
-/// Who saw the port: an xDS client (its index) or the watch (`None`).
-type Seen = (Option<usize>, u32, Instant);
+/// Which stream saw the port (its index among its kind), and when.
+type Seen = (usize, u32, Instant);
 
 /// One ADS client on its own connection, subscribed to the load
 /// assignment of `bench`, reporting each port it sees and acknowledging
@@ -63,7 +64,7 @@ async fn ads_client(xds: String, i: usize, seen: mpsc::UnboundedSender<Seen>) {
         let at = Instant::now();
         for r in &resp.resources {
             for (_, port) in endpoints(&r.value) {
-                let _ = seen.send((Some(i), port, at));
+                let _ = seen.send((i, port, at));
             }
         }
         if tx.send(ask(resp.version_info, resp.nonce)).await.is_err() {
@@ -72,14 +73,14 @@ async fn ads_client(xds: String, i: usize, seen: mpsc::UnboundedSender<Seen>) {
     }
 }
 
-/// The baseline: one `WatchEndpoints` stream, reporting the port of each
-/// added or updated `bench` endpoint.
-async fn watcher(url: String, seen: mpsc::UnboundedSender<Seen>) {
+/// The baseline: one `WatchEndpoints` stream (its index `i`), reporting
+/// the port of each added or updated `bench` endpoint.
+async fn watcher(url: String, i: usize, seen: mpsc::UnboundedSender<Seen>) {
     let mut grpc = Grpc::connect(url).await.unwrap();
     let mut stream = grpc
         .watch_endpoints(WatchEndpointsRequest {
             cluster_name: "bench".into(),
-            node_name: "watcher".into(),
+            node_name: format!("watcher-{i}"),
             last_version: String::new(),
         })
         .await
@@ -89,7 +90,7 @@ async fn watcher(url: String, seen: mpsc::UnboundedSender<Seen>) {
         let at = Instant::now();
         let eps = ev.endpoint.into_iter().chain(ev.snapshot_endpoints);
         for e in eps.filter(|e| e.service_name == "bench") {
-            let _ = seen.send((None, e.port, at));
+            let _ = seen.send((i, e.port, at));
         }
     }
 }
@@ -134,84 +135,125 @@ fn ms(h: &Histogram<u64>, q: f64) -> f64 {
     h.value_at_quantile(q) as f64 / 1000.0
 }
 
-async fn measure_eds_push_latency_to_100_clients() {
-    let started = Instant::now();
-    let xds_l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let xds = xds_l.local_addr().unwrap().to_string();
-    let mut server = Opening::new(RegistrarConfig::new("bench"));
-    server.protocols.xds = Some(xds_l);
-    let (url, mut writer) = serve(server).await;
+/// One registrar and its [`CLIENTS`] streams, each reporting what it saw.
+struct Fleet {
+    writer: Grpc<tonic::transport::Channel>,
+    seen: mpsc::UnboundedReceiver<Seen>,
+    /// Per stream, from the registration to the stream's decode.
+    one: Histogram<u64>,
+    /// From the registration to the last stream's decode.
+    all: Histogram<u64>,
+}
 
-    let (seen_tx, mut seen) = mpsc::unbounded_channel::<Seen>();
-    for i in 0..CLIENTS {
-        tokio::spawn(ads_client(xds.clone(), i, seen_tx.clone()));
-    }
-    tokio::spawn(watcher(url.clone(), seen_tx.clone()));
-    // Every client and the watcher hold the first port.
-    let mut ready = std::collections::BTreeSet::new();
-    while ready.len() < CLIENTS + 1 {
-        let (who, port, _) = tokio::time::timeout(BUDGET, seen.recv())
-            .await
-            .unwrap()
-            .unwrap();
-        if port == BASE_PORT {
-            ready.insert(who);
+impl Fleet {
+    /// Wait until every stream holds `port`.
+    async fn holds(&mut self, port: u32) {
+        let mut ready = std::collections::BTreeSet::new();
+        while ready.len() < CLIENTS {
+            let (who, p, _) = tokio::time::timeout(BUDGET, self.seen.recv())
+                .await
+                .unwrap()
+                .unwrap();
+            if p == port {
+                ready.insert(who);
+            }
         }
     }
 
-    let mut one = Histogram::<u64>::new(3).unwrap();
-    let mut all = Histogram::<u64>::new(3).unwrap();
-    let mut watch = Histogram::<u64>::new(3).unwrap();
-    let mut done = 0;
-    for i in 1..=CHANGES {
-        if started.elapsed() > BUDGET {
-            break;
-        }
-        let port = BASE_PORT + i;
+    /// Move the endpoint to `port` and record when each stream saw it.
+    async fn change(&mut self, port: u32) {
         let t0 = Instant::now();
-        writer.register_endpoint(register(port)).await.unwrap();
+        self.writer.register_endpoint(register(port)).await.unwrap();
         let mut got = std::collections::BTreeSet::new();
         let mut last = t0;
-        while got.len() < CLIENTS + 1 {
-            let Ok(Some((who, p, at))) = tokio::time::timeout(BUDGET, seen.recv()).await else {
-                panic!("change {i}: {} of {} saw it", got.len(), CLIENTS + 1);
+        while got.len() < CLIENTS {
+            let Ok(Some((who, p, at))) = tokio::time::timeout(BUDGET, self.seen.recv()).await
+            else {
+                panic!("port {port}: {} of {CLIENTS} saw it", got.len());
             };
             if p != port || !got.insert(who) {
                 continue;
             }
             let us = u64::try_from(at.duration_since(t0).as_micros()).unwrap_or(u64::MAX);
-            match who {
-                None => watch.record(us).unwrap(),
-                Some(_) => {
-                    one.record(us).unwrap();
-                    last = last.max(at);
-                }
-            }
+            self.one.record(us.max(1)).unwrap();
+            last = last.max(at);
         }
-        all.record(u64::try_from(last.duration_since(t0).as_micros()).unwrap())
-            .unwrap();
+        let us = u64::try_from(last.duration_since(t0).as_micros()).unwrap_or(u64::MAX);
+        self.all.record(us.max(1)).unwrap();
+    }
+}
+
+async fn measure_eds_push_latency_to_100_clients() {
+    let started = Instant::now();
+    // The baseline: a registrar and 100 `WatchEndpoints` streams.
+    let (url, writer) = serve(Opening::new(RegistrarConfig::new("bench"))).await;
+    let (seen_tx, seen) = mpsc::unbounded_channel::<Seen>();
+    for i in 0..CLIENTS {
+        tokio::spawn(watcher(url.clone(), i, seen_tx.clone()));
+    }
+    let hist = || Histogram::<u64>::new(3).unwrap();
+    let mut watch = Fleet {
+        writer,
+        seen,
+        one: hist(),
+        all: hist(),
+    };
+    // Another registrar and 100 ADS clients.
+    let xds_l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let xds = xds_l.local_addr().unwrap().to_string();
+    let mut server = Opening::new(RegistrarConfig::new("bench"));
+    server.protocols.xds = Some(xds_l);
+    let (_, writer) = serve(server).await;
+    let (seen_tx, seen) = mpsc::unbounded_channel::<Seen>();
+    for i in 0..CLIENTS {
+        tokio::spawn(ads_client(xds.clone(), i, seen_tx.clone()));
+    }
+    let mut ads = Fleet {
+        writer,
+        seen,
+        one: hist(),
+        all: hist(),
+    };
+    watch.holds(BASE_PORT).await;
+    ads.holds(BASE_PORT).await;
+
+    let mut done = 0;
+    for i in 1..=CHANGES {
+        if started.elapsed() > BUDGET {
+            break;
+        }
+        // Alternate which goes first, so neither always follows the other.
+        if i % 2 == 0 {
+            watch.change(BASE_PORT + i).await;
+            ads.change(BASE_PORT + i).await;
+        } else {
+            ads.change(BASE_PORT + i).await;
+            watch.change(BASE_PORT + i).await;
+        }
         done = i;
     }
     println!(
-        "{done} changes, {CLIENTS} ADS clients (SotW, EDS) and 1 WatchEndpoints stream, in {:.1} s",
+        "{done} changes to each of two registrars in one process: {CLIENTS} WatchEndpoints \
+         streams on one, {CLIENTS} ADS clients (SotW, EDS) on the other, in {:.1} s",
         started.elapsed().as_secs_f64()
     );
+    let (w50, w99) = (ms(&watch.one, 0.5), ms(&watch.one, 0.99));
+    println!("gRPC WatchEndpoints (baseline), each stream: p50 {w50:.2} ms, p99 {w99:.2} ms");
     println!(
-        "gRPC WatchEndpoints (baseline): p50 {:.2} ms, p99 {:.2} ms",
-        ms(&watch, 0.5),
-        ms(&watch, 0.99)
+        "xDS EDS push, each client:                  p50 {:.2} ms, p99 {:.2} ms ({:.2}x / {:.2}x the baseline)",
+        ms(&ads.one, 0.5),
+        ms(&ads.one, 0.99),
+        ms(&ads.one, 0.5) / w50,
+        ms(&ads.one, 0.99) / w99
     );
+    let (a50, a99) = (ms(&watch.all, 0.5), ms(&watch.all, 0.99));
+    println!("gRPC WatchEndpoints, all {CLIENTS} streams:       p50 {a50:.2} ms, p99 {a99:.2} ms");
     println!(
-        "xDS EDS push, each client:      p50 {:.2} ms, p99 {:.2} ms ({:.2}x / {:.2}x the baseline)",
-        ms(&one, 0.5),
-        ms(&one, 0.99),
-        ms(&one, 0.5) / ms(&watch, 0.5),
-        ms(&one, 0.99) / ms(&watch, 0.99)
-    );
-    println!(
-        "xDS EDS push, all {CLIENTS} clients: p50 {:.2} ms, p99 {:.2} ms",
-        ms(&all, 0.5),
-        ms(&all, 0.99)
+        "xDS EDS push, all {CLIENTS} clients:              p50 {:.2} ms, p99 {:.2} ms ({:.2}x / {:.2}x)",
+        ms(&ads.all, 0.5),
+        ms(&ads.all, 0.99),
+        ms(&ads.all, 0.5) / a50,
+        ms(&ads.all, 0.99) / a99
     );
     assert!(done > 0, "no change measured within {BUDGET:?}");
 }
@@ -343,19 +385,16 @@ async fn measure_change_visibility_per_protocol() {
     let (url, mut writer) = serve(server).await;
 
     let (seen_tx, mut seen) = mpsc::unbounded_channel::<(Proto, u32, Instant)>();
-    // The xDS client and the watch report through their own channel.
-    let (inner_tx, mut inner) = mpsc::unbounded_channel::<Seen>();
-    tokio::spawn(ads_client(xds.clone(), 0, inner_tx.clone()));
-    tokio::spawn(watcher(url.clone(), inner_tx));
-    {
+    // The xDS client and the watch report through channels of their own.
+    for proto in [Proto::Xds, Proto::Watch] {
+        let (inner_tx, mut inner) = mpsc::unbounded_channel::<Seen>();
+        match proto {
+            Proto::Xds => tokio::spawn(ads_client(xds.clone(), 0, inner_tx)),
+            _ => tokio::spawn(watcher(url.clone(), 0, inner_tx)),
+        };
         let seen_tx = seen_tx.clone();
         tokio::spawn(async move {
-            while let Some((who, port, at)) = inner.recv().await {
-                let proto = if who.is_some() {
-                    Proto::Xds
-                } else {
-                    Proto::Watch
-                };
+            while let Some((_, port, at)) = inner.recv().await {
                 if seen_tx.send((proto, port, at)).is_err() {
                     return;
                 }

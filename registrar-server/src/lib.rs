@@ -26,7 +26,9 @@ pub use crate::faces::http::{
     http_api_router, ApiError, DEFAULT_WAIT, INDEX_HEADER, LAST_EVENT_ID, MAX_BODY_BYTES, MAX_WAIT,
 };
 #[cfg(feature = "xds")]
-pub use crate::faces::xds::{XdsService, MAX_WEIGHT, REGION_LABEL, WEIGHT_LABEL, ZONE_LABEL};
+pub use crate::faces::xds::{
+    XdsServer, XdsService, MAX_WEIGHT, REGION_LABEL, WEIGHT_LABEL, ZONE_LABEL,
+};
 pub use crate::metrics::{describe_metrics, install_prometheus_recorder};
 pub use crate::serve::health::health_router;
 pub use crate::serve::{serve, serve_with, Bound, OpenPolicy, Opening, Protocols, ServeOptions};

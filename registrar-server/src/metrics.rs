@@ -32,6 +32,11 @@ pub(crate) mod names {
     pub(crate) const XDS_PUSHES_TOTAL: &str = "registrar_xds_pushes_total";
     pub(crate) const XDS_RESOURCES_SENT_TOTAL: &str = "registrar_xds_resources_sent_total";
     pub(crate) const XDS_NACKS_TOTAL: &str = "registrar_xds_nacks_total";
+    pub(crate) const HTTP_REQUESTS_TOTAL: &str = "registrar_http_requests_total";
+    pub(crate) const HTTP_REQUEST_DURATION_SECONDS: &str =
+        "registrar_http_request_duration_seconds";
+    pub(crate) const HTTP_BLOCKING_QUERIES: &str = "registrar_http_blocking_queries";
+    pub(crate) const HTTP_SSE_STREAMS: &str = "registrar_http_sse_streams";
 }
 
 use names::*;
@@ -81,6 +86,16 @@ pub fn describe_metrics() {
             Unit::Count,
             "Open xDS (ADS) streams, by variant (sotw, delta)",
         ),
+        (
+            HTTP_BLOCKING_QUERIES,
+            Unit::Count,
+            "HTTP API blocking queries (?index=) waiting, by route",
+        ),
+        (
+            HTTP_SSE_STREAMS,
+            Unit::Count,
+            "Open Server-Sent Events streams (the HTTP API's /v1/watch, the dashboard's feed), by route",
+        ),
     ];
     for (name, unit, help) in gauges {
         describe_gauge!(name, unit, help);
@@ -127,6 +142,11 @@ pub fn describe_metrics() {
             Unit::Count,
             "xDS responses rejected by clients (NACK), by type URL",
         ),
+        (
+            HTTP_REQUESTS_TOTAL,
+            Unit::Count,
+            "HTTP API requests answered, by route, method and status",
+        ),
     ];
     for (name, unit, help) in counters {
         describe_counter!(name, unit, help);
@@ -137,6 +157,11 @@ pub fn describe_metrics() {
         "External registry sync latency"
     );
     describe_histogram!(WRITE_BATCH_SIZE, Unit::Count, "Operations per write batch");
+    describe_histogram!(
+        HTTP_REQUEST_DURATION_SECONDS,
+        Unit::Seconds,
+        "HTTP API time to the answer's headers, by route, method and blocking (a blocking query's includes its wait)"
+    );
 }
 
 /// Make the metrics that are not labelled present from the start, at
@@ -165,10 +190,36 @@ pub(crate) fn zero() {
     }
 }
 
+/// One open request or stream in the gauge `name{route}` while it lives.
+pub(crate) struct Open {
+    gauge: metrics::Gauge,
+}
+
+impl Open {
+    /// Count one more open in `name{route}`.
+    pub(crate) fn new(name: &'static str, route: &str) -> Self {
+        let gauge = metrics::gauge!(name, "route" => route.to_string());
+        gauge.increment(1.0);
+        Self { gauge }
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.gauge.decrement(1.0);
+    }
+}
+
 /// Histogram buckets (the exporter renders histograms without buckets as
 /// summaries).
 const SECONDS_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+/// The HTTP API's: from a fraction of a millisecond to a blocking query's
+/// longest wait (10 minutes).
+const HTTP_SECONDS_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, 300.0, 600.0,
 ];
 const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0];
 
@@ -182,5 +233,9 @@ pub fn install_prometheus_recorder(
     PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Full(SYNC_DURATION_SECONDS.into()), SECONDS_BUCKETS)?
         .set_buckets_for_metric(Matcher::Full(WRITE_BATCH_SIZE.into()), BATCH_BUCKETS)?
+        .set_buckets_for_metric(
+            Matcher::Full(HTTP_REQUEST_DURATION_SECONDS.into()),
+            HTTP_SECONDS_BUCKETS,
+        )?
         .install_recorder()
 }

@@ -324,6 +324,13 @@ impl Hub {
             });
     }
 
+    /// A stream that yields once after the state changes (several changes
+    /// between two polls yield once): for a reader that looks at the whole
+    /// state again on each change, without a subscription's queue.
+    pub fn changes(&self) -> tokio_stream::wrappers::WatchStream<()> {
+        tokio_stream::wrappers::WatchStream::from_changes(self.changed.subscribe())
+    }
+
     /// Wait until `cond` holds for the current state, at most `limit`.
     /// Returns whether it held.
     pub async fn wait_until(

@@ -102,6 +102,31 @@ impl Store {
         self.hub.current().version()
     }
 
+    /// A stream that yields once after each change of the state (changes
+    /// made between two polls yield once); read the state again with
+    /// [`Store::snapshot`]. Cheaper than [`Store::watch`] for a reader that
+    /// looks at the whole state on each change: nothing is queued for it.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use futures::StreamExt;
+    /// use registry_api::cached::CachedRegistry;
+    /// use registry_api::memory::MemoryRegistry;
+    /// use registry_api::{Endpoint, Registry};
+    ///
+    /// let cache = CachedRegistry::new(MemoryRegistry::new());
+    /// cache.wait_until_ready().await;
+    /// let mut changes = cache.store().changes();
+    /// cache.register(Endpoint::new("api", "a", "10.0.0.1", 80)).await?;
+    /// changes.next().await;
+    /// assert_eq!(cache.store().snapshot().map(|s| s.len()), Some(1));
+    /// # Ok::<(), registry_api::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn changes(&self) -> tokio_stream::wrappers::WatchStream<()> {
+        self.hub.changes()
+    }
+
     /// A stream of the state from `from` (see [`crate::Watch`]): local
     /// watchers share the cache's one upstream watch; one too slow is cut
     /// off and resubscribes.

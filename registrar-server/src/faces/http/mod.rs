@@ -22,6 +22,7 @@ use crate::core::registrar::Registrar;
 pub(crate) mod consul;
 mod error;
 mod json;
+mod metered;
 mod native;
 pub(crate) mod peer;
 mod query;
@@ -91,6 +92,7 @@ fn routes(registrar: &Arc<Registrar>) -> Router<Arc<Registrar>> {
         .merge(consul::routes())
         .layer(Extension(Consul::start(registrar)))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn(metered::meter))
 }
 
 /// Where the HTTP API takes its connections from.

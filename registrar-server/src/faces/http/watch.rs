@@ -32,6 +32,7 @@ use serde::Serialize;
 
 use super::ApiError;
 use crate::core::registrar::Registrar;
+use crate::metrics::{names, Open};
 
 /// The header a reconnecting client names its last event in.
 pub const LAST_EVENT_ID: &str = "last-event-id";
@@ -73,6 +74,8 @@ struct Feed {
     /// The snapshot being sent and the last key sent from it.
     sending: Option<(Snapshot, Option<EndpointKey>)>,
     done: bool,
+    /// This stream in `registrar_http_sse_streams` while it lasts.
+    _open: Open,
 }
 
 impl Feed {
@@ -194,6 +197,7 @@ pub(super) async fn watch(
         registrar: Arc::clone(&registrar),
         sending: None,
         done: false,
+        _open: Open::new(names::HTTP_SSE_STREAMS, "/v1/watch"),
     };
     let stream = futures::stream::unfold(feed, Feed::next)
         .map(Ok)

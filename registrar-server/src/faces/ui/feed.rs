@@ -28,6 +28,7 @@ use tokio::sync::{mpsc, watch};
 use crate::core::registrar::Registrar;
 use crate::core::registrar::Slot;
 use crate::core::status::{Readiness, Status};
+use crate::metrics::{names, Open};
 
 /// How often the status is sent (and a closed subscription renewed).
 const TICK: Duration = Duration::from_secs(1);
@@ -180,6 +181,7 @@ pub(super) async fn run(
     tx: mpsc::Sender<SseEvent>,
 ) {
     let mut page = Page { tx, stop };
+    let _open = Open::new(names::HTTP_SSE_STREAMS, "/ui/events");
     // Before the backend is open there is only the status to show.
     let registrar = loop {
         if let Some(r) = slot.get() {

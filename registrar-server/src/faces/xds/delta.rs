@@ -19,13 +19,14 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::discovery::v3::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource,
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse,
 };
 use registry_api::Snapshot;
 
+use super::frame::Frame;
 use super::resources::{self, Kind};
 use super::stream::{PerStream, Variant};
-use super::{count_push, Client};
+use super::{Client, Shared};
 
 /// Responses remembered for their ACK or NACK, per type.
 const OUTSTANDING: usize = 16;
@@ -62,17 +63,14 @@ impl TypeState {
 /// One stream's state.
 pub(super) struct Delta(PerStream<TypeState>);
 
-impl Delta {
-    /// A new stream's state (see [`PerStream::new`]).
-    pub(super) fn new(peer: String, cache: Arc<resources::Cache>) -> Self {
-        Self(PerStream::new(peer, cache))
-    }
-}
-
 impl Variant for Delta {
     type Request = DeltaDiscoveryRequest;
     type Response = DeltaDiscoveryResponse;
     const NAME: &'static str = "delta";
+
+    fn new(peer: String, shared: Arc<Shared>) -> Self {
+        Self(PerStream::new(peer, shared))
+    }
 
     fn client(&self) -> &Client {
         &self.0.client
@@ -129,23 +127,18 @@ impl Variant for Delta {
     /// The response for `kind` at `snap`: the resources whose version the
     /// client does not hold and the names it holds that are gone; `None`
     /// when there is nothing to say.
-    fn response(&mut self, kind: Kind, snap: &Snapshot) -> Option<DeltaDiscoveryResponse> {
+    fn response(&mut self, kind: Kind, snap: &Snapshot) -> Option<Frame<DeltaDiscoveryResponse>> {
         let t = self.0.types.get_mut(&kind).filter(|t| t.seen)?;
         let wanted = t.wanted(snap);
         let mut resources = Vec::new();
         let mut removed = Vec::new();
         for name in &wanted {
             let held = t.held.get(name);
-            match self.0.cache.build(kind, name, snap) {
+            match self.0.shared.cache.build(kind, name, snap) {
                 Some(b) => {
-                    if held != Some(&Some(b.version.clone())) {
+                    if !matches!(held, Some(Some(v)) if *v == b.version) {
                         t.held.insert(name.clone(), Some(b.version.clone()));
-                        resources.push(Resource {
-                            name: name.clone(),
-                            version: b.version,
-                            resource: Some(b.any),
-                            ..Default::default()
-                        });
+                        resources.push(b.delta());
                     }
                 }
                 None => {
@@ -177,15 +170,16 @@ impl Variant for Delta {
             t.outstanding.pop_front();
         }
         t.outstanding.push_back(nonce.clone());
-        let type_url = kind.type_url();
-        count_push(&type_url, resources.len());
-        Some(DeltaDiscoveryResponse {
-            system_version_info: snap.version().to_string(),
+        self.0.shared.count_push(kind, resources.len());
+        Some(Frame {
             resources,
-            type_url,
-            removed_resources: removed,
-            nonce,
-            ..Default::default()
+            own: DeltaDiscoveryResponse {
+                system_version_info: snap.version().to_string(),
+                type_url: kind.type_url().to_string(),
+                removed_resources: removed,
+                nonce,
+                ..Default::default()
+            },
         })
     }
 }
@@ -201,9 +195,14 @@ mod tests {
         Delta::new("test".into(), Arc::default())
     }
 
+    /// The whole response for `kind` at `snap`, if one is due.
+    fn respond(d: &mut Delta, kind: Kind, snap: &Snapshot) -> Option<DeltaDiscoveryResponse> {
+        d.response(kind, snap).map(|f| f.message())
+    }
+
     fn req(kind: Kind, sub: &[&str], unsub: &[&str]) -> DeltaDiscoveryRequest {
         DeltaDiscoveryRequest {
-            type_url: kind.type_url(),
+            type_url: kind.type_url().to_string(),
             resource_names_subscribe: sub.iter().map(|n| n.to_string()).collect(),
             resource_names_unsubscribe: unsub.iter().map(|n| n.to_string()).collect(),
             ..Default::default()
@@ -222,37 +221,40 @@ mod tests {
     fn a_wildcard_cds_gets_new_services_and_removals() {
         let mut d = stream();
         let kind = d.on_request(req(Kind::Cluster, &[], &[])).unwrap();
-        let r1 = d.response(kind, &snap(1, &["a", "b"])).unwrap();
+        let r1 = respond(&mut d, kind, &snap(1, &["a", "b"])).unwrap();
         assert_eq!(names(&r1), ["a", "b"]);
-        assert!(d.response(kind, &snap(2, &["a", "b"])).is_none());
-        let r2 = d.response(kind, &snap(3, &["a", "c"])).unwrap();
+        assert!(respond(&mut d, kind, &snap(2, &["a", "b"])).is_none());
+        let r2 = respond(&mut d, kind, &snap(3, &["a", "c"])).unwrap();
         assert_eq!(names(&r2), ["c"], "only what changed");
         assert_eq!(r2.removed_resources, ["b"]);
         // Unsubscribing `*` ends the wildcard: nothing more is pushed.
         assert_eq!(d.on_request(req(Kind::Cluster, &[], &["*"])), Some(kind));
-        let r3 = d.response(kind, &snap(4, &["a", "d"])).unwrap();
+        let r3 = respond(&mut d, kind, &snap(4, &["a", "d"])).unwrap();
         assert!(r3.resources.is_empty());
         assert_eq!(r3.removed_resources, ["a", "c"]);
-        assert!(d.response(kind, &snap(5, &["e"])).is_none());
+        assert!(respond(&mut d, kind, &snap(5, &["e"])).is_none());
     }
 
     #[test]
     fn held_versions_are_not_sent_again_and_absent_names_are_said_once() {
         let mut d = stream();
         let s = snap(1, &["a"]);
-        let version = resources::build(Kind::Endpoints, "a", &s).unwrap().version;
+        let version = resources::build(Kind::Endpoints, "a", &s)
+            .unwrap()
+            .version
+            .clone();
         let mut first = req(Kind::Endpoints, &["a"], &[]);
         first.initial_resource_versions = [("a".to_string(), version)].into();
         let kind = d.on_request(first).unwrap();
-        let r1 = d.response(kind, &s).unwrap();
+        let r1 = respond(&mut d, kind, &s).unwrap();
         assert!(r1.resources.is_empty(), "the client holds a already");
         assert_eq!(
             d.on_request(req(Kind::Listener, &["nope"], &[])),
             Some(Kind::Listener)
         );
-        let r2 = d.response(Kind::Listener, &s).unwrap();
+        let r2 = respond(&mut d, Kind::Listener, &s).unwrap();
         assert_eq!(r2.removed_resources, ["nope"]);
-        assert!(d.response(Kind::Listener, &snap(2, &["a"])).is_none());
+        assert!(respond(&mut d, Kind::Listener, &snap(2, &["a"])).is_none());
         // A name subscribed twice is no change.
         assert_eq!(d.on_request(req(Kind::Endpoints, &["a"], &[])), None);
     }

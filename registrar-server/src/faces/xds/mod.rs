@@ -10,21 +10,20 @@
 //! notifications `WatchEndpoints`, DNS and the HTTP API read): when the
 //! state changes, each stream takes the resources its client subscribed
 //! to from a cache the server's streams share (a changed service's
-//! resources are built once, whatever the number of clients) and pushes
-//! those that changed. Types come from `envoy-types`.
+//! resources are built, encoded and hashed once, whatever the number of
+//! clients) and pushes those that changed, as the shared encodings plus
+//! the few fields of its own ([`frame`]). Types come from `envoy-types`.
 
+use std::convert::Infallible;
+use std::marker::PhantomData;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use envoy_types::pb::envoy::config::core::v3::Node;
-use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
-    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
-};
-use envoy_types::pb::envoy::service::discovery::v3::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
-};
 use envoy_types::pb::google::rpc::Status as RpcStatus;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
+use metrics::Counter;
+use tonic::codegen::{http, Body, BoxFuture, Service, StdError};
+use tonic::server::{Grpc, NamedService, StreamingService};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::Security;
@@ -32,18 +31,25 @@ use crate::core::registrar::Registrar;
 use crate::metrics::names;
 
 mod delta;
+pub(crate) mod frame;
 pub(crate) mod resources;
 mod sotw;
 mod stream;
 
 pub use resources::{MAX_WEIGHT, REGION_LABEL, WEIGHT_LABEL, ZONE_LABEL};
 
-/// Responses queued for one stream before its task waits for the client
-/// to read.
-const STREAM_BUFFER: usize = 8;
-/// How long a stream waits for a change before checking again that it is
-/// still wanted (a wake-up, not a poll: changes wake it at once).
-const IDLE_WAKE: std::time::Duration = std::time::Duration::from_secs(300);
+use frame::{Frame, FrameCodec};
+use resources::Kind;
+use stream::{AdsStream, Variant};
+
+/// The gRPC service's name.
+const SERVICE_NAME: &str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
+/// The path of the state-of-the-world method.
+const SOTW_PATH: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
+/// The path of the incremental method.
+const DELTA_PATH: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
 
 /// The aggregated discovery service over a registrar's state. Every
 /// caller must be allowed to read (the gRPC API's authorization, when the
@@ -52,7 +58,7 @@ const IDLE_WAKE: std::time::Duration = std::time::Duration::from_secs(300);
 pub struct XdsService {
     registrar: Arc<Registrar>,
     security: Arc<Security>,
-    cache: Arc<resources::Cache>,
+    shared: Arc<Shared>,
 }
 
 impl std::fmt::Debug for XdsService {
@@ -68,7 +74,7 @@ impl XdsService {
         Self {
             registrar,
             security: Arc::new(Security::default()),
-            cache: Arc::default(),
+            shared: Arc::new(Shared::default()),
         }
     }
 
@@ -78,59 +84,118 @@ impl XdsService {
         self
     }
 
-    /// The tonic server of this service.
-    pub fn into_server(self) -> AggregatedDiscoveryServiceServer<Self> {
-        AggregatedDiscoveryServiceServer::new(self)
+    /// The tonic server of this service: what
+    /// `tonic::transport::Server::add_service` takes.
+    pub fn into_server(self) -> XdsServer {
+        XdsServer(self)
     }
 
-    fn check<T>(&self, req: &Request<T>) -> Result<(), Status> {
-        self.security.caller(req)?.may_read()
-    }
-}
-
-#[tonic::async_trait]
-impl AggregatedDiscoveryService for XdsService {
-    type StreamAggregatedResourcesStream = ReceiverStream<Result<DiscoveryResponse, Status>>;
-
-    async fn stream_aggregated_resources(
-        &self,
-        request: Request<Streaming<DiscoveryRequest>>,
-    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
-        self.open(request, sotw::Sotw::new)
-    }
-
-    type DeltaAggregatedResourcesStream = ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;
-
-    async fn delta_aggregated_resources(
-        &self,
-        request: Request<Streaming<DeltaDiscoveryRequest>>,
-    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        self.open(request, delta::Delta::new)
-    }
-}
-
-/// The responses of one stream of variant `V`, as tonic sends them.
-type Responses<V> = ReceiverStream<Result<<V as stream::Variant>::Response, Status>>;
-
-impl XdsService {
     /// Check the caller of `request`, then serve its stream with the
-    /// state `variant` makes (from the peer's name and the shared cache)
-    /// in a task of its own.
-    fn open<V: stream::Variant>(
+    /// state of variant `V`.
+    fn open<V: Variant>(
         &self,
         request: Request<Streaming<V::Request>>,
-        variant: fn(String, Arc<resources::Cache>) -> V,
-    ) -> Result<Response<Responses<V>>, Status> {
-        self.check(&request)?;
-        let state = variant(peer(&request), Arc::clone(&self.cache));
-        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        tokio::spawn(stream::run(
-            Arc::clone(&self.registrar),
-            request.into_inner(),
-            tx,
-            state,
-        ));
-        Ok(Response::new(ReceiverStream::new(rx)))
+    ) -> Result<AdsStream<V>, Status> {
+        self.security.caller(&request)?.may_read()?;
+        let state = V::new(peer(&request), Arc::clone(&self.shared));
+        Ok(AdsStream::new(&self.registrar, request.into_inner(), state))
+    }
+}
+
+/// The ADS gRPC service ([`XdsService::into_server`]): both methods, each
+/// over [`frame::FrameCodec`], so a resource encoded once goes to every
+/// stream as the same bytes. The paths and the messages on the wire are
+/// those of Envoy's `AggregatedDiscoveryService`.
+#[derive(Clone, Debug)]
+pub struct XdsServer(XdsService);
+
+impl NamedService for XdsServer {
+    const NAME: &'static str = SERVICE_NAME;
+}
+
+impl<B> Service<http::Request<B>> for XdsServer
+where
+    B: Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let service = self.0.clone();
+        match req.uri().path() {
+            SOTW_PATH => Box::pin(Method::<sotw::Sotw>::serve(service, req)),
+            DELTA_PATH => Box::pin(Method::<delta::Delta>::serve(service, req)),
+            other => {
+                let status =
+                    Status::unimplemented(format!("no method {other:?} in {SERVICE_NAME}"));
+                Box::pin(async move { Ok(status.into_http()) })
+            }
+        }
+    }
+}
+
+/// One ADS method, of variant `V`.
+struct Method<V>(XdsService, PhantomData<fn() -> V>);
+
+impl<V: Variant> Method<V> {
+    async fn serve<B>(
+        service: XdsService,
+        req: http::Request<B>,
+    ) -> Result<http::Response<tonic::body::Body>, Infallible>
+    where
+        B: Body + Send + 'static,
+        B::Error: Into<StdError> + Send + 'static,
+    {
+        let mut grpc = Grpc::new(FrameCodec::<V::Request, V::Response>::default());
+        Ok(grpc.streaming(Method::<V>(service, PhantomData), req).await)
+    }
+}
+
+impl<V: Variant> StreamingService<V::Request> for Method<V> {
+    type Response = Frame<V::Response>;
+    type ResponseStream = AdsStream<V>;
+    type Future = std::future::Ready<Result<Response<AdsStream<V>>, Status>>;
+
+    fn call(&mut self, request: Request<Streaming<V::Request>>) -> Self::Future {
+        std::future::ready(self.0.open(request).map(Response::new))
+    }
+}
+
+/// What the streams of one server share: the resources built for them and
+/// the push counters.
+pub(crate) struct Shared {
+    pub(crate) cache: resources::Cache,
+    /// `registrar_xds_pushes_total` and `…_resources_sent_total`, per kind.
+    pushes: [(Counter, Counter); 4],
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Self {
+            cache: resources::Cache::default(),
+            pushes: Kind::ALL.map(|k| {
+                let label = k.type_url();
+                (
+                    metrics::counter!(names::XDS_PUSHES_TOTAL, "type_url" => label),
+                    metrics::counter!(names::XDS_RESOURCES_SENT_TOTAL, "type_url" => label),
+                )
+            }),
+        }
+    }
+}
+
+impl Shared {
+    /// Count one response of `kind` pushed with `resources` resources.
+    pub(crate) fn count_push(&self, kind: Kind, resources: usize) {
+        let (pushes, sent) = &self.pushes[kind.index()];
+        pushes.increment(1);
+        sent.increment(resources as u64);
     }
 }
 
@@ -197,11 +262,4 @@ impl Drop for StreamGauge {
     fn drop(&mut self) {
         metrics::gauge!(names::XDS_STREAMS, "variant" => self.0).decrement(1.0);
     }
-}
-
-/// Count one response pushed.
-pub(crate) fn count_push(type_url: &str, resources: usize) {
-    metrics::counter!(names::XDS_PUSHES_TOTAL, "type_url" => type_url.to_string()).increment(1);
-    metrics::counter!(names::XDS_RESOURCES_SENT_TOTAL, "type_url" => type_url.to_string())
-        .increment(resources as u64);
 }

@@ -4,7 +4,9 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use bytes::Bytes;
 
 use envoy_types::pb::envoy::config::cluster::v3::{cluster, Cluster};
 use envoy_types::pb::envoy::config::core::v3::{
@@ -25,7 +27,7 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
 };
 use envoy_types::pb::google::protobuf::{Any, UInt32Value};
 use envoy_types::util::pack_any;
-use prost::{Message, Name};
+use prost::Message;
 use registry_api::{Endpoint, Health, Snapshot};
 
 /// The label giving an endpoint's load-balancing weight.
@@ -64,13 +66,18 @@ impl Kind {
     }
 
     /// The type URL of the resources of this kind.
-    pub(crate) fn type_url(self) -> String {
+    pub(crate) fn type_url(self) -> &'static str {
         match self {
-            Kind::Listener => Listener::type_url(),
-            Kind::Route => RouteConfiguration::type_url(),
-            Kind::Cluster => Cluster::type_url(),
-            Kind::Endpoints => ClusterLoadAssignment::type_url(),
+            Kind::Listener => "type.googleapis.com/envoy.config.listener.v3.Listener",
+            Kind::Route => "type.googleapis.com/envoy.config.route.v3.RouteConfiguration",
+            Kind::Cluster => "type.googleapis.com/envoy.config.cluster.v3.Cluster",
+            Kind::Endpoints => "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
         }
+    }
+
+    /// Its place in [`Kind::ALL`].
+    pub(crate) fn index(self) -> usize {
+        self as usize
     }
 
     /// Whether a first request naming no resource means "all of them"
@@ -80,14 +87,70 @@ impl Kind {
     }
 }
 
-/// One resource as sent: its encoded form and a version derived from it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Built {
-    /// The resource packed in an `Any`.
-    pub(crate) any: Any,
+/// One resource as sent, built and encoded once for every stream that
+/// sends it: its name, a version derived from its encoding, and its
+/// encodings as a field of each variant's response, which a stream's
+/// response copies as they are ([`super::frame`]).
+#[derive(Debug)]
+pub(crate) struct Resource {
+    /// Its name (the service's).
+    pub(crate) name: String,
     /// A hash of the encoded resource, as 16 hex digits: equal versions,
     /// equal resources (also across restarts of the registrar).
     pub(crate) version: String,
+    /// The resource as one element of `DiscoveryResponse.resources`: the
+    /// field's key, length and the packed `Any`.
+    pub(crate) sotw: Bytes,
+    /// The resource as one element of `DeltaDiscoveryResponse.resources`
+    /// (a `Resource` with its name, version and `Any`), encoded when a
+    /// delta stream first sends it.
+    delta: OnceLock<Bytes>,
+    any: Any,
+}
+
+/// A built resource, shared by the streams that send it.
+pub(crate) type Built = Arc<Resource>;
+
+/// The field number of `resources` in both `DiscoveryResponse` and
+/// `DeltaDiscoveryResponse`.
+const RESOURCES_FIELD: u32 = 2;
+
+impl Resource {
+    fn new(name: &str, any: Any) -> Built {
+        let version = format!("{:016x}", fnv1a(&any.encode_to_vec()));
+        let mut sotw = Vec::with_capacity(any.encoded_len() + 8);
+        prost::encoding::message::encode(RESOURCES_FIELD, &any, &mut sotw);
+        Arc::new(Resource {
+            name: name.to_string(),
+            version,
+            sotw: Bytes::from(sotw),
+            delta: OnceLock::new(),
+            any,
+        })
+    }
+
+    /// The resource as one element of `DeltaDiscoveryResponse.resources`.
+    pub(crate) fn delta(&self) -> Bytes {
+        self.delta
+            .get_or_init(|| {
+                let r = envoy_types::pb::envoy::service::discovery::v3::Resource {
+                    name: self.name.clone(),
+                    version: self.version.clone(),
+                    resource: Some(self.any.clone()),
+                    ..Default::default()
+                };
+                let mut buf = Vec::with_capacity(r.encoded_len() + 8);
+                prost::encoding::message::encode(RESOURCES_FIELD, &r, &mut buf);
+                Bytes::from(buf)
+            })
+            .clone()
+    }
+
+    /// The packed resource.
+    #[cfg(test)]
+    pub(crate) fn any(&self) -> &Any {
+        &self.any
+    }
 }
 
 /// The services of `snap` (those with at least one endpoint, whatever its
@@ -98,7 +161,7 @@ pub(crate) fn services(snap: &Snapshot) -> BTreeSet<String> {
 
 /// Resources built once for every stream of one xDS server: a change to a
 /// service rebuilds (and encodes and hashes) its load assignment once, not
-/// once per subscribed client. Entries are keyed by kind and name and
+/// once per subscribed client. Entries are kept per kind by name and
 /// checked against the service's fingerprint
 /// ([`Snapshot::fingerprint`]), so a stream at an older or newer snapshot
 /// than the one that filled an entry never gets a resource of another
@@ -106,10 +169,11 @@ pub(crate) fn services(snap: &Snapshot) -> BTreeSet<String> {
 /// went away are dropped once they outnumber the live ones.
 #[derive(Debug, Default)]
 pub(crate) struct Cache {
-    built: Mutex<HashMap<(Kind, String), (u128, Built)>>,
+    built: Mutex<[HashMap<String, (u128, Built)>; 4]>,
 }
 
-/// Entries kept before the cache looks for services that went away.
+/// Entries of one kind kept before the cache looks for services that
+/// went away.
 const CACHE_SWEEP_AT: usize = 1024;
 
 impl Cache {
@@ -122,22 +186,22 @@ impl Cache {
         // Only a load assignment depends on the endpoints; the others on
         // the name (and the service's existence) alone.
         let print = if kind == Kind::Endpoints { print } else { 0 };
-        let key = (kind, name.to_string());
-        if let Some((p, b)) = self.lock().get(&key) {
+        if let Some((p, b)) = self.lock()[kind.index()].get(name) {
             if *p == print {
-                return Some(b.clone());
+                return Some(Arc::clone(b));
             }
         }
         let built = build(kind, name, snap)?;
-        let mut map = self.lock();
+        let mut all = self.lock();
+        let map = &mut all[kind.index()];
         if map.len() >= CACHE_SWEEP_AT && map.len() > 8 * snap.services().count() {
-            map.retain(|(_, n), _| snap.fingerprint(n).is_some());
+            map.retain(|n, _| snap.fingerprint(n).is_some());
         }
-        map.insert(key, (print, built.clone()));
+        map.insert(name.to_string(), (print, Arc::clone(&built)));
         Some(built)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(Kind, String), (u128, Built)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, [HashMap<String, (u128, Built)>; 4]> {
         self.built.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -162,8 +226,7 @@ pub(crate) fn build(kind: Kind, name: &str, snap: &Snapshot) -> Option<Built> {
         Kind::Cluster => pack_any(eds_cluster(name)),
         Kind::Endpoints => pack_any(load_assignment(name, snap.service(name))),
     };
-    let version = format!("{:016x}", fnv1a(&any.encode_to_vec()));
-    Some(Built { any, version })
+    Some(Resource::new(name, any))
 }
 
 /// FNV-1a, 64 bits: a stable hash for resource versions.
@@ -357,7 +420,7 @@ mod tests {
 
     fn cla(s: &Snapshot, name: &str) -> ClusterLoadAssignment {
         let b = build(Kind::Endpoints, name, s).unwrap();
-        ClusterLoadAssignment::decode(b.any.value.as_slice()).unwrap()
+        ClusterLoadAssignment::decode(b.any().value.as_slice()).unwrap()
     }
 
     #[test]
@@ -413,10 +476,10 @@ mod tests {
         for kind in [Kind::Listener, Kind::Route, Kind::Cluster] {
             assert!(build(kind, "api", &s).is_some());
             assert!(build(kind, "nope", &s).is_none());
-            assert_eq!(Kind::from_type_url(&kind.type_url()), Some(kind));
+            assert_eq!(Kind::from_type_url(kind.type_url()), Some(kind));
         }
         let l = build(Kind::Listener, "api", &s).unwrap();
-        let l = Listener::decode(l.any.value.as_slice()).unwrap();
+        let l = Listener::decode(l.any().value.as_slice()).unwrap();
         let hcm = l.api_listener.unwrap().api_listener.unwrap();
         let hcm = HttpConnectionManager::decode(hcm.value.as_slice()).unwrap();
         let Some(http_connection_manager::RouteSpecifier::Rds(rds)) = hcm.route_specifier else {
@@ -442,21 +505,45 @@ mod tests {
         let old = snap();
         let new = old.with_endpoint(ep("api", "e", 84));
         let built = |s: &Snapshot| cache.build(Kind::Endpoints, "api", s).unwrap();
+        let same = |a: &Built, b: &Built| a.version == b.version && a.sotw == b.sotw;
         let first = built(&old);
-        assert_eq!(first, build(Kind::Endpoints, "api", &old).unwrap());
-        assert_eq!(built(&old), first, "a hit");
+        assert!(same(&first, &build(Kind::Endpoints, "api", &old).unwrap()));
+        assert!(Arc::ptr_eq(&built(&old), &first), "a hit");
         // The service changed: rebuilt; a stream still at the old snapshot
         // gets the old resource, not the newer one cached.
         let second = built(&new);
         assert_ne!(second.version, first.version);
-        assert_eq!(second, build(Kind::Endpoints, "api", &new).unwrap());
-        assert_eq!(built(&old), first);
+        assert!(same(&second, &build(Kind::Endpoints, "api", &new).unwrap()));
+        assert!(same(&built(&old), &first));
         // A change to another service leaves this one's entry valid.
         let other = new.with_endpoint(ep("web", "x", 91));
-        assert_eq!(built(&other), second);
+        assert!(same(&built(&other), &second));
         // Names without endpoints are not kept.
         assert!(cache.build(Kind::Endpoints, "none", &old).is_some());
         assert!(cache.build(Kind::Listener, "none", &old).is_none());
-        assert!(cache.lock().keys().all(|(_, n)| n != "none"));
+        assert!(cache.lock().iter().all(|m| !m.contains_key("none")));
+    }
+
+    #[test]
+    fn type_urls_and_encoded_fields_are_the_messages_own() {
+        use envoy_types::pb::envoy::service::discovery::v3::{
+            DeltaDiscoveryResponse, DiscoveryResponse,
+        };
+        use prost::Name;
+        assert_eq!(Kind::Listener.type_url(), Listener::type_url());
+        assert_eq!(Kind::Route.type_url(), RouteConfiguration::type_url());
+        assert_eq!(Kind::Cluster.type_url(), Cluster::type_url());
+        assert_eq!(
+            Kind::Endpoints.type_url(),
+            ClusterLoadAssignment::type_url()
+        );
+        let b = build(Kind::Endpoints, "api", &snap()).unwrap();
+        let sotw = DiscoveryResponse::decode(b.sotw.clone()).unwrap();
+        assert_eq!(sotw.resources, vec![b.any().clone()]);
+        let delta = DeltaDiscoveryResponse::decode(b.delta()).unwrap();
+        assert_eq!(delta.resources.len(), 1);
+        assert_eq!(delta.resources[0].name, "api");
+        assert_eq!(delta.resources[0].version, b.version);
+        assert_eq!(delta.resources[0].resource.as_ref(), Some(b.any()));
     }
 }

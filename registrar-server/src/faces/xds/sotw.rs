@@ -12,15 +12,16 @@
 //! - On each change of the registrar's state, every subscribed type whose
 //!   resources changed is pushed, with `version_info` the state's version.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use registry_api::Snapshot;
 
-use super::resources::{self, Kind};
+use super::frame::Frame;
+use super::resources::{Built, Kind};
 use super::stream::{PerStream, Variant};
-use super::{count_push, Client};
+use super::{Client, Shared};
 
 /// What one type's subscription and last response are.
 #[derive(Debug, Default)]
@@ -34,8 +35,8 @@ struct TypeState {
     wildcard: bool,
     /// The names asked for (without `*`).
     names: BTreeSet<String>,
-    /// Name → version of the resources of the last response.
-    sent: BTreeMap<String, String>,
+    /// The resources of the last response, in order.
+    sent: Vec<Built>,
     /// The last response's nonce; empty before the first.
     nonce: String,
     /// A response is due even if the resources did not change (the
@@ -46,17 +47,23 @@ struct TypeState {
 /// One stream's state.
 pub(super) struct Sotw(PerStream<TypeState>);
 
-impl Sotw {
-    /// A new stream's state (see [`PerStream::new`]).
-    pub(super) fn new(peer: String, cache: Arc<resources::Cache>) -> Self {
-        Self(PerStream::new(peer, cache))
-    }
+/// Whether two responses hold the same resources (a resource the cache
+/// did not rebuild is the same one).
+fn same(a: &[Built], b: &[Built]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| Arc::ptr_eq(x, y) || (x.name == y.name && x.version == y.version))
 }
 
 impl Variant for Sotw {
     type Request = DiscoveryRequest;
     type Response = DiscoveryResponse;
     const NAME: &'static str = "sotw";
+
+    fn new(peer: String, shared: Arc<Shared>) -> Self {
+        Self(PerStream::new(peer, shared))
+    }
 
     fn client(&self) -> &Client {
         &self.0.client
@@ -96,34 +103,38 @@ impl Variant for Sotw {
 
     /// The response for `kind` at `snap`, if one is due: the resources
     /// changed since the last response, or the subscription did.
-    fn response(&mut self, kind: Kind, snap: &Snapshot) -> Option<DiscoveryResponse> {
+    fn response(&mut self, kind: Kind, snap: &Snapshot) -> Option<Frame<DiscoveryResponse>> {
         let t = self.0.types.get_mut(&kind).filter(|t| t.subscribed)?;
-        let mut names = t.names.clone();
-        if t.wildcard {
-            names.extend(resources::services(snap));
-        }
-        let built: Vec<(String, resources::Built)> = names
-            .into_iter()
-            .filter_map(|n| self.0.cache.build(kind, &n, snap).map(|b| (n, b)))
-            .collect();
-        let versions: BTreeMap<String, String> = built
-            .iter()
-            .map(|(n, b)| (n.clone(), b.version.clone()))
-            .collect();
-        if !t.pending && versions == t.sent {
+        let cache = &self.0.shared.cache;
+        let built: Vec<Built> = if t.wildcard {
+            let mut names: BTreeSet<&str> = t.names.iter().map(String::as_str).collect();
+            names.extend(snap.services());
+            names
+                .into_iter()
+                .filter_map(|n| cache.build(kind, n, snap))
+                .collect()
+        } else {
+            t.names
+                .iter()
+                .filter_map(|n| cache.build(kind, n, snap))
+                .collect()
+        };
+        if !t.pending && same(&built, &t.sent) {
             return None;
         }
         t.pending = false;
         t.nonce = self.0.nonces.next();
-        t.sent = versions;
-        let type_url = kind.type_url();
-        count_push(&type_url, built.len());
-        Some(DiscoveryResponse {
-            version_info: snap.version().to_string(),
-            resources: built.into_iter().map(|(_, b)| b.any).collect(),
-            type_url,
-            nonce: t.nonce.clone(),
-            ..Default::default()
+        self.0.shared.count_push(kind, built.len());
+        let resources = built.iter().map(|b| b.sotw.clone()).collect();
+        t.sent = built;
+        Some(Frame {
+            resources,
+            own: DiscoveryResponse {
+                version_info: snap.version().to_string(),
+                type_url: kind.type_url().to_string(),
+                nonce: t.nonce.clone(),
+                ..Default::default()
+            },
         })
     }
 }
@@ -140,9 +151,14 @@ mod tests {
         Sotw::new("test".into(), Arc::default())
     }
 
+    /// The whole response for `kind` at `snap`, if one is due.
+    fn respond(s: &mut Sotw, kind: Kind, snap: &Snapshot) -> Option<DiscoveryResponse> {
+        s.response(kind, snap).map(|f| f.message())
+    }
+
     fn req(kind: Kind, names: &[&str], last: Option<&DiscoveryResponse>) -> DiscoveryRequest {
         DiscoveryRequest {
-            type_url: kind.type_url(),
+            type_url: kind.type_url().to_string(),
             resource_names: names.iter().map(|n| n.to_string()).collect(),
             version_info: last.map(|r| r.version_info.clone()).unwrap_or_default(),
             response_nonce: last.map(|r| r.nonce.clone()).unwrap_or_default(),
@@ -158,13 +174,13 @@ mod tests {
     fn an_empty_first_lds_request_is_a_wildcard_that_follows_the_services() {
         let mut s = stream();
         let kind = s.on_request(req(Kind::Listener, &[], None)).unwrap();
-        let r1 = s.response(kind, &snap(1, &["a", "b"])).unwrap();
+        let r1 = respond(&mut s, kind, &snap(1, &["a", "b"])).unwrap();
         assert_eq!(r1.resources.len(), 2);
         assert_eq!(r1.version_info, "1");
         // Nothing changed: nothing to push; the ACK asks for nothing.
-        assert!(s.response(kind, &snap(2, &["a", "b"])).is_none());
+        assert!(respond(&mut s, kind, &snap(2, &["a", "b"])).is_none());
         assert_eq!(s.on_request(req(Kind::Listener, &[], Some(&r1))), None);
-        let r2 = s.response(kind, &snap(3, &["a"])).unwrap();
+        let r2 = respond(&mut s, kind, &snap(3, &["a"])).unwrap();
         assert_eq!(r2.resources.len(), 1, "b deleted by its absence");
         assert_ne!(r2.nonce, r1.nonce);
     }
@@ -173,15 +189,15 @@ mod tests {
     fn stale_nonces_are_ignored_nacks_are_not_answered_and_names_are() {
         let mut s = stream();
         let kind = s.on_request(req(Kind::Endpoints, &["a"], None)).unwrap();
-        let r1 = s.response(kind, &snap(1, &["a"])).unwrap();
-        let r2 = s.response(kind, &snap(2, &["a", "c"]));
+        let r1 = respond(&mut s, kind, &snap(1, &["a"])).unwrap();
+        let r2 = respond(&mut s, kind, &snap(2, &["a", "c"]));
         assert!(r2.is_none(), "a's endpoints did not change");
-        let r3 = s
-            .response(
-                kind,
-                &Snapshot::from_endpoints(Version(3), [ep("a", "2", 81)]),
-            )
-            .unwrap();
+        let r3 = respond(
+            &mut s,
+            kind,
+            &Snapshot::from_endpoints(Version(3), [ep("a", "2", 81)]),
+        )
+        .unwrap();
         // r1 is stale now: a request carrying its nonce is ignored, even
         // with other names.
         assert_eq!(
@@ -199,12 +215,12 @@ mod tests {
             s.on_request(req(Kind::Endpoints, &["a", "b"], Some(&r3))),
             Some(kind)
         );
-        let r4 = s
-            .response(
-                kind,
-                &Snapshot::from_endpoints(Version(3), [ep("a", "2", 81)]),
-            )
-            .unwrap();
+        let r4 = respond(
+            &mut s,
+            kind,
+            &Snapshot::from_endpoints(Version(3), [ep("a", "2", 81)]),
+        )
+        .unwrap();
         assert_eq!(r4.resources.len(), 2, "b's (empty) assignment too");
     }
 
@@ -212,7 +228,7 @@ mod tests {
     fn eds_without_names_is_no_subscription() {
         let mut s = stream();
         assert_eq!(s.on_request(req(Kind::Endpoints, &[], None)), None);
-        assert!(s.response(Kind::Endpoints, &snap(1, &["a"])).is_none());
+        assert!(respond(&mut s, Kind::Endpoints, &snap(1, &["a"])).is_none());
         assert_eq!(
             s.on_request(DiscoveryRequest {
                 type_url: "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"

@@ -1,58 +1,70 @@
-//! The loop both ADS variants run per stream: answer each request, push
-//! when the registrar's state changes, stop when the client, the server or
-//! the registrar goes.
+//! What both ADS variants do per stream: answer each request, push when
+//! the registrar's state changes, stop when the client, the server or the
+//! registrar goes.
+//!
+//! A stream is the response body tonic polls, with no task of its own:
+//! each time it is polled it takes the client's requests that arrived and
+//! the change of the registrar's state, if any ([`Store::changes`]: a
+//! wake-up, nothing queued per stream), and yields the responses due. So
+//! a change costs each stream one wake-up, and what the stream sends is
+//! the resources' shared encodings ([`super::frame`]).
 
+use std::collections::{BTreeMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
-
-use registry_api::{Snapshot, Version};
-use tokio::sync::mpsc;
-use tonic::{Status, Streaming};
-
-use std::collections::BTreeMap;
+use std::task::{Context, Poll};
 
 use envoy_types::pb::envoy::config::core::v3::Node;
+use futures::Stream;
+use registry_api::cached::Store;
+use registry_api::{Snapshot, Version};
+use tokio_stream::wrappers::WatchStream;
+use tonic::{Status, Streaming};
 
-use super::resources::{self, Kind};
-use super::{Client, StreamGauge, IDLE_WAKE};
+use super::frame::Frame;
+use super::resources::Kind;
+use super::{Client, Shared, StreamGauge};
 use crate::core::registrar::Registrar;
 
 /// One stream's protocol state: state of the world or delta.
-pub(super) trait Variant: Send + 'static {
+pub(super) trait Variant: Send + Unpin + 'static {
     /// What the client sends.
-    type Request: Send + 'static;
-    /// What the server sends.
-    type Response: Send + 'static;
+    type Request: prost::Message + Default + Send + Unpin + 'static;
+    /// What the server sends, but for its resources.
+    type Response: prost::Message + Default + Send + Unpin + 'static;
     /// The `variant` label of `registrar_xds_streams`.
     const NAME: &'static str;
 
+    /// A new stream's state; `peer` names it in logs until its node does.
+    fn new(peer: String, shared: Arc<Shared>) -> Self;
     /// Take a request; the type to answer at once, if any.
     fn on_request(&mut self, request: Self::Request) -> Option<Kind>;
     /// The response for `kind` at `snap`, if one is due.
-    fn response(&mut self, kind: Kind, snap: &Snapshot) -> Option<Self::Response>;
+    fn response(&mut self, kind: Kind, snap: &Snapshot) -> Option<Frame<Self::Response>>;
     /// Who is at the other end.
     fn client(&self) -> &Client;
 }
 
 /// What a stream of either variant keeps: who the client is, each type's
-/// state (`T`, the variant's), the nonces it gave out and the server's
-/// resources.
+/// state (`T`, the variant's), the nonces it gave out and what the
+/// server's streams share.
 pub(super) struct PerStream<T> {
     pub(super) client: Client,
     pub(super) types: BTreeMap<Kind, T>,
     pub(super) nonces: Nonces,
-    /// The server's resources, shared by its streams.
-    pub(super) cache: Arc<resources::Cache>,
+    /// The server's resources and counters.
+    pub(super) shared: Arc<Shared>,
 }
 
 impl<T: Default> PerStream<T> {
-    /// A new stream's state; `peer` names it in logs until its node does;
-    /// resources come from `cache`.
-    pub(super) fn new(peer: String, cache: Arc<resources::Cache>) -> Self {
+    /// A new stream's state; `peer` names it in logs until its node does.
+    pub(super) fn new(peer: String, shared: Arc<Shared>) -> Self {
         Self {
             client: Client::new(peer),
             types: BTreeMap::new(),
             nonces: Nonces::default(),
-            cache,
+            shared,
         }
     }
 
@@ -87,52 +99,107 @@ impl Nonces {
     }
 }
 
-/// Serve one stream until the client or the registrar ends it.
-pub(super) async fn run<V: Variant>(
-    registrar: Arc<Registrar>,
-    mut requests: Streaming<V::Request>,
-    tx: mpsc::Sender<Result<V::Response, Status>>,
-    mut st: V,
-) {
-    let _gauge = StreamGauge::new(V::NAME);
-    let store = registrar.state().store().clone();
-    // The version every subscribed type was last evaluated at.
-    let mut seen: Option<Version> = None;
-    loop {
-        let current = seen;
-        let responses: Vec<V::Response> = tokio::select! {
-            req = requests.message() => match req {
-                Ok(Some(r)) => {
-                    let Some(kind) = st.on_request(r) else { continue };
-                    // Before the first snapshot: answered once it arrives.
-                    let Some(snap) = store.snapshot() else { continue };
-                    st.response(kind, &snap).into_iter().collect()
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    tracing::debug!(node = %st.client().id(), error = %e, "xDS stream failed");
-                    break;
-                }
-            },
-            changed = store.wait_until(|s| Some(s.version()) != current, IDLE_WAKE) => {
-                if !changed {
+/// One ADS stream of variant `V`, as tonic polls it (see the module docs).
+pub(super) struct AdsStream<V: Variant> {
+    state: V,
+    requests: Streaming<V::Request>,
+    store: Store,
+    changes: WatchStream<()>,
+    closing: Pin<Box<dyn Future<Output = ()> + Send>>,
+    /// Responses due, in order.
+    due: VecDeque<Frame<V::Response>>,
+    /// The version every subscribed type was last evaluated at.
+    seen: Option<Version>,
+    ended: bool,
+    _gauge: StreamGauge,
+}
+
+impl<V: Variant> AdsStream<V> {
+    /// Serve `requests` from `registrar`'s state with `state`.
+    pub(super) fn new(registrar: &Registrar, requests: Streaming<V::Request>, state: V) -> Self {
+        let store = registrar.state().store().clone();
+        Self {
+            state,
+            requests,
+            changes: store.changes(),
+            store,
+            closing: Box::pin(registrar.closing()),
+            due: VecDeque::new(),
+            seen: None,
+            ended: false,
+            _gauge: StreamGauge::new(V::NAME),
+        }
+    }
+
+    /// Take one request: the response it asks for, if one is due (before
+    /// the first snapshot, it is answered once that arrives).
+    fn take(&mut self, request: V::Request) {
+        let Some(kind) = self.state.on_request(request) else {
+            return;
+        };
+        if let Some(snap) = self.store.snapshot() {
+            self.due.extend(self.state.response(kind, &snap));
+        }
+    }
+
+    /// The state changed (or may have): every subscribed type whose
+    /// resources changed is due.
+    fn changed(&mut self) {
+        let Some(snap) = self.store.snapshot() else {
+            return;
+        };
+        if self.seen == Some(snap.version()) {
+            return;
+        }
+        self.seen = Some(snap.version());
+        for kind in Kind::ALL {
+            self.due.extend(self.state.response(kind, &snap));
+        }
+    }
+
+    fn end(&mut self, why: &str) -> Poll<Option<Result<Frame<V::Response>, Status>>> {
+        self.ended = true;
+        tracing::debug!(node = %self.state.client().id(), why, "xDS stream closed");
+        Poll::Ready(None)
+    }
+}
+
+impl<V: Variant> Stream for AdsStream<V> {
+    type Item = Result<Frame<V::Response>, Status>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(frame) = this.due.pop_front() {
+                return Poll::Ready(Some(Ok(frame)));
+            }
+            if this.ended {
+                return Poll::Ready(None);
+            }
+            if this.closing.as_mut().poll(cx).is_ready() {
+                return this.end("the registrar is closing");
+            }
+            match Pin::new(&mut this.requests).poll_next(cx) {
+                Poll::Ready(Some(Ok(request))) => {
+                    this.take(request);
                     continue;
                 }
-                let Some(snap) = store.snapshot() else { continue };
-                seen = Some(snap.version());
-                Kind::ALL
-                    .into_iter()
-                    .filter_map(|k| st.response(k, &snap))
-                    .collect()
+                Poll::Ready(Some(Err(e))) => {
+                    tracing::debug!(node = %this.state.client().id(), error = %e, "xDS stream failed");
+                    return this.end("the client's stream failed");
+                }
+                Poll::Ready(None) => return this.end("the client ended its stream"),
+                Poll::Pending => {}
             }
-            () = registrar.closing() => break,
-            () = tx.closed() => break,
-        };
-        for resp in responses {
-            if tx.send(Ok(resp)).await.is_err() {
-                return;
+            match Pin::new(&mut this.changes).poll_next(cx) {
+                Poll::Ready(Some(())) => this.changed(),
+                Poll::Ready(None) => return this.end("the registrar's state is gone"),
+                Poll::Pending => {
+                    if this.due.is_empty() {
+                        return Poll::Pending;
+                    }
+                }
             }
         }
     }
-    tracing::debug!(node = %st.client().id(), "xDS stream closed");
 }

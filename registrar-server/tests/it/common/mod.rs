@@ -330,6 +330,25 @@ impl Scrape {
     pub fn value(&self, series: &str) -> Option<f64> {
         self.values.get(series).copied()
     }
+
+    /// The value of the one series of `name` whose labels include
+    /// `labels` (whatever their order and the other labels), if present.
+    pub fn find(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let prefix = format!("{name}{{");
+        let mut found = self.values.iter().filter(|(series, _)| {
+            series.strip_prefix(&prefix).is_some_and(|rest| {
+                labels
+                    .iter()
+                    .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")))
+            })
+        });
+        let (_, value) = found.next()?;
+        assert!(
+            found.next().is_none(),
+            "more than one {name} with {labels:?}"
+        );
+        Some(*value)
+    }
 }
 
 /// A `registrar serve` child whose exit status and stderr the test reads.
