@@ -33,3 +33,5 @@ mod ui;
 mod ui_browser;
 #[cfg(feature = "xds")]
 mod xds;
+#[cfg(feature = "xds")]
+mod xds_tonic;

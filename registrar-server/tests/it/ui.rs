@@ -154,6 +154,57 @@ impl Sse {
     }
 }
 
+/// A snapshot comes in pages of `snapshot_chunk` endpoints, in key order,
+/// the last one marked; the changes follow it.
+#[tokio::test]
+async fn the_first_snapshot_comes_in_pages() {
+    let backend = registry_api::memory::MemoryRegistry::new();
+    for i in 0..5 {
+        registry_api::Registry::register(
+            &backend,
+            endpoint(
+                "payments",
+                &format!("pod-{i}"),
+                8080,
+                "node-1",
+                Health::Healthy,
+            ),
+        )
+        .await
+        .unwrap();
+    }
+    let config = RegistrarConfig::new("cluster-a").with_snapshot_chunk(2);
+    let server = common::dashboard::start_with(true, config, backend).await;
+    let mut sse = Sse::open(server.health).await;
+    let mut pages = Vec::new();
+    loop {
+        let page = sse.next("snapshot").await;
+        let ids: Vec<String> = page["endpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["id"].as_str().unwrap().to_string())
+            .collect();
+        pages.push(ids);
+        if page["last"] == true {
+            break;
+        }
+        assert!(pages.len() < 5, "no last page: {pages:?}");
+    }
+    assert_eq!(
+        pages,
+        [
+            vec!["pod-0", "pod-1"],
+            vec!["pod-2", "pod-3"],
+            vec!["pod-4"]
+        ]
+    );
+    server.deregister("payments", "pod-0").await;
+    let gone = sse.next("remove").await;
+    assert_eq!(gone["id"], "pod-0", "{gone}");
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn the_event_stream_sends_a_snapshot_then_changes_and_the_status() {
     let server = start(true).await;
@@ -170,6 +221,7 @@ async fn the_event_stream_sends_a_snapshot_then_changes_and_the_status() {
     let snap = sse.next("snapshot").await;
     let eps = snap["endpoints"].as_array().unwrap();
     assert_eq!(eps.len(), 1, "{snap}");
+    assert_eq!(snap["last"], true, "{snap}");
     assert_eq!(eps[0]["id"], "pod-a");
     assert_eq!(eps[0]["labels"]["zone"], "eu-west-1a");
 

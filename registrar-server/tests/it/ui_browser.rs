@@ -312,3 +312,142 @@ async fn check_dashboard(server: &Server, browser: &Client) {
         .unwrap();
     assert_eq!(overflow.as_i64(), Some(0), "the page is wider than a phone");
 }
+
+/// Endpoints in the large registry.
+const LARGE: usize = 100_000;
+/// Endpoints in the registry measured beside it, as the baseline.
+const SMALL: usize = 1_000;
+
+/// A registry of `n` endpoints over 500 services (at most) and 200 nodes.
+async fn registry_of(n: usize) -> registry_api::memory::MemoryRegistry {
+    let backend = registry_api::memory::MemoryRegistry::new();
+    for i in 0..n {
+        let ep = endpoint(
+            &format!("svc-{:03}", i % 500),
+            &format!("pod-{i:06}"),
+            8080,
+            &format!("node-{:03}", i % 200),
+            Health::Healthy,
+        );
+        registry_api::Registry::register(&backend, ep)
+            .await
+            .unwrap();
+    }
+    backend
+}
+
+/// What the page took with a registry of some size, in milliseconds.
+struct Times {
+    first_paint: u64,
+    change: u64,
+    filter: u64,
+}
+
+/// Now, in milliseconds since the Unix epoch (the browser's `Date.now()`
+/// reads the same clock).
+fn unix_ms() -> u64 {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    u64::try_from(since.as_millis()).unwrap()
+}
+
+/// When (`Date.now()` in the page) the JavaScript condition `cond` first
+/// holds, `arguments[0]` being `want`: checked in the page every 2 ms, so
+/// the time is the page's, not the test's polling. Bounded by the
+/// browser's script timeout.
+async fn when(browser: &Client, cond: &str, want: &str) -> u64 {
+    let script = format!(
+        "const want = arguments[0]; const done = arguments[arguments.length - 1];\
+         (function check() {{ if ({cond}) {{ done(Date.now()); }} else {{ setTimeout(check, 2); }} }})();"
+    );
+    let at = browser
+        .execute_async(&script, vec![serde_json::json!(want)])
+        .await
+        .unwrap();
+    at.as_u64().unwrap_or_else(|| panic!("not a time: {at}"))
+}
+
+/// The condition: the endpoints' count reads `want`.
+const COUNT_IS: &str = "document.getElementById('endpoints-count').textContent === want";
+/// The condition: the first endpoint row is `want`.
+const FIRST_ROW_IS: &str =
+    "(document.querySelector('#endpoints tbody tr') || {dataset: {}}).dataset.key === want";
+
+/// Open the dashboard of a registry of `n` endpoints; time its first
+/// paint (the endpoints table and its count), a registration shown
+/// without a reload, and a filter to one service's 200 (`n / 500`) rows,
+/// in milliseconds.
+async fn measure(browser: &Client, n: usize) -> Times {
+    let config = registrar_server::RegistrarConfig::new("cluster-a");
+    let server = common::dashboard::start_with(true, config, registry_of(n).await).await;
+    let opened = unix_ms();
+    browser.goto(&server.url("/ui")).await.unwrap();
+    let want = if n > 500 {
+        format!("({n}, the first 500 shown: filter to narrow)")
+    } else {
+        format!("({n})")
+    };
+    let first_paint = when(browser, COUNT_IS, &want).await - opened;
+    let shown = rows(browser).await;
+    assert_eq!(shown.len(), n.min(500));
+    assert_eq!(shown[0], "svc-000/pod-000000");
+    assert_eq!(
+        text_of(browser, "#services-count").await,
+        format!("({})", n.min(500))
+    );
+
+    // A registration that sorts first shows without a reload: the page
+    // watches for it before it is made.
+    let (seen, registered) = tokio::join!(when(browser, FIRST_ROW_IS, "aaa/new"), async {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let at = unix_ms();
+        server
+            .register(endpoint("aaa", "new", 9090, "node-1", Health::Healthy))
+            .await;
+        at
+    });
+    let change = seen - registered;
+    // The filter narrows the registry to one service's endpoints.
+    let filter = browser.find(Locator::Css("#filter")).await.unwrap();
+    let typed = unix_ms();
+    filter.send_keys("svc-042 ").await.unwrap();
+    let filter = when(browser, COUNT_IS, &format!("({} of {})", n / 500, n + 1)).await - typed;
+    server.stop().await;
+    Times {
+        first_paint,
+        change,
+        filter,
+    }
+}
+
+/// With 100,000 endpoints the page still loads (the snapshot comes in
+/// pages), shows its first rows and the counts, and a registration and a
+/// filter show without a reload. Prints the times beside those of a
+/// registry of 1,000 in the same run (BENCHMARKS.md quotes them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_stays_live_with_100k_endpoints() {
+    let driver = Driver::start().await;
+    let browser = driver.browser().await;
+    // A first look warms the browser up (its first page load is slower).
+    measure(&browser, SMALL).await;
+    let small = measure(&browser, SMALL).await;
+    let large = measure(&browser, LARGE).await;
+    for (what, s, l) in [
+        (
+            "first paint after opening the page",
+            small.first_paint,
+            large.first_paint,
+        ),
+        ("a registration shown", small.change, large.change),
+        ("a filter to 200 rows applied", small.filter, large.filter),
+    ] {
+        println!(
+            "dashboard, headless Chromium: {what}: {SMALL} endpoints {s} ms, \
+             {LARGE} endpoints {l} ms ({:.1}x)",
+            l as f64 / s.max(1) as f64
+        );
+    }
+    let _ = browser.close().await;
+    drop(driver);
+}

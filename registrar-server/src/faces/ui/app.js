@@ -1,13 +1,27 @@
 // The registrar's dashboard: renders the events of /ui/events (a snapshot
-// of every endpoint, then deltas, and the registrar's status each second).
-// Everything is written with textContent: no value from the registry is
-// ever parsed as HTML.
+// of every endpoint, in pages, then deltas, and the registrar's status
+// each second). Everything is written with textContent: no value from the
+// registry is ever parsed as HTML.
+//
+// Built to stay live with a large registry: the endpoint tables are
+// rebuilt only when the endpoints or the filters change (not on the
+// status tick), the sorted list and each endpoint's search text are kept
+// between renders, and the endpoints table shows at most MAX_ROWS rows
+// (the count says how many match: narrow them with the filter).
 "use strict";
 
 (function () {
-  const endpoints = new Map(); // "service/id" -> endpoint
+  // Rows shown at most in the endpoints table.
+  const MAX_ROWS = 500;
+  let endpoints = new Map(); // "service/id" -> endpoint
+  let pending = null; // the snapshot being received, page by page
   let status = null;
   let scheduled = false;
+  // The endpoints changed, or the filters did, since the last render.
+  let dirty = true;
+  let sortedCache = null; // the endpoints in key order, until they change
+  let nodeCounts = null; // node -> endpoints, until they change
+  const hays = new WeakMap(); // endpoint -> its search text
 
   const $ = (id) => document.getElementById(id);
   const keyOf = (service, id) => service + "/" + id;
@@ -56,20 +70,45 @@
     });
   }
 
+  // The endpoints (or the filters) changed: rebuild the tables.
+  function changed() {
+    sortedCache = null;
+    nodeCounts = null;
+    dirty = true;
+    schedule();
+  }
+
+  function filtered() {
+    dirty = true;
+    schedule();
+  }
+
   function sorted() {
-    return Array.from(endpoints.values()).sort((a, b) =>
-      a.service < b.service ? -1 : a.service > b.service ? 1 : a.id < b.id ? -1 : a.id > b.id ? 1 : 0);
+    if (sortedCache === null) {
+      sortedCache = Array.from(endpoints.values()).sort((a, b) =>
+        a.service < b.service ? -1 : a.service > b.service ? 1 : a.id < b.id ? -1 : a.id > b.id ? 1 : 0);
+    }
+    return sortedCache;
   }
 
   function labelsText(labels) {
     return Object.keys(labels || {}).sort().map((k) => k + "=" + labels[k]);
   }
 
+  function hayOf(ep) {
+    let hay = hays.get(ep);
+    if (hay === undefined) {
+      hay = [ep.service, ep.id, ep.address, String(ep.port), ep.protocol, ep.cluster,
+        ep.node, ep.health].concat(labelsText(ep.labels)).join(" ").toLowerCase();
+      hays.set(ep, hay);
+    }
+    return hay;
+  }
+
   function matches(ep, words, health) {
     if (health && ep.health !== health) return false;
     if (words.length === 0) return true;
-    const hay = [ep.service, ep.id, ep.address, String(ep.port), ep.protocol, ep.cluster,
-      ep.node, ep.health].concat(labelsText(ep.labels)).join(" ").toLowerCase();
+    const hay = hayOf(ep);
     return words.every((w) => hay.includes(w));
   }
 
@@ -81,6 +120,7 @@
     for (const ep of all) {
       if (!matches(ep, words, health)) continue;
       shown += 1;
+      if (shown > MAX_ROWS) continue;
       const tr = el("tr", null, ep.health === "healthy" ? "healthy" : "unhealthy");
       tr.dataset.key = keyOf(ep.service, ep.id);
       tr.dataset.health = ep.health;
@@ -100,8 +140,10 @@
       body.appendChild(tr);
     }
     $("endpoints").replaceChild(body, $("endpoints").tBodies[0]);
-    $("endpoints-count").textContent =
-      shown === all.length ? "(" + all.length + ")" : "(" + shown + " of " + all.length + ")";
+    const count = shown === all.length ? String(all.length) : shown + " of " + all.length;
+    $("endpoints-count").textContent = shown > MAX_ROWS
+      ? "(" + count + ", the first " + MAX_ROWS + " shown: filter to narrow)"
+      : "(" + count + ")";
     $("endpoints-empty").hidden = shown !== 0;
   }
 
@@ -133,10 +175,13 @@
   }
 
   function renderNodes(all) {
-    const nodes = new Map();
-    for (const ep of all) {
-      if (ep.node) nodes.set(ep.node, (nodes.get(ep.node) || 0) + 1);
+    if (nodeCounts === null) {
+      nodeCounts = new Map();
+      for (const ep of all) {
+        if (ep.node) nodeCounts.set(ep.node, (nodeCounts.get(ep.node) || 0) + 1);
+      }
     }
+    const nodes = new Map(nodeCounts);
     const beats = (status && status.heartbeats) || {};
     for (const node of Object.keys(beats)) if (!nodes.has(node)) nodes.set(node, 0);
     const body = el("tbody");
@@ -178,8 +223,11 @@
   function render() {
     const all = sorted();
     renderStatus();
-    renderServices(all);
-    renderEndpoints(all);
+    if (dirty) {
+      dirty = false;
+      renderServices(all);
+      renderEndpoints(all);
+    }
     renderNodes(all);
   }
 
@@ -200,7 +248,10 @@
   function connect() {
     const source = new EventSource("/ui/events");
     source.addEventListener("open", () => setLink("connected", "pending"));
-    source.addEventListener("error", () => setLink("reconnecting…", "bad"));
+    source.addEventListener("error", () => {
+      pending = null; // a snapshot cut off is sent again whole
+      setLink("reconnecting…", "bad");
+    });
     source.addEventListener("status", (e) => {
       const s = parse(e);
       if (!s) return;
@@ -208,25 +259,29 @@
       if (!s.opened) setLink("backend not open", "pending");
       schedule();
     });
+    // A snapshot's pages are gathered; the last replaces what is shown.
     source.addEventListener("snapshot", (e) => {
       const m = parse(e);
       if (!m) return;
-      endpoints.clear();
-      for (const ep of m.endpoints) endpoints.set(keyOf(ep.service, ep.id), ep);
+      if (pending === null) pending = new Map();
+      for (const ep of m.endpoints) pending.set(keyOf(ep.service, ep.id), ep);
+      if (m.last === false) return;
+      endpoints = pending;
+      pending = null;
       setLink("live", "ok");
-      schedule();
+      changed();
     });
     source.addEventListener("upsert", (e) => {
       const m = parse(e);
       if (!m) return;
       endpoints.set(keyOf(m.endpoint.service, m.endpoint.id), m.endpoint);
-      schedule();
+      changed();
     });
     source.addEventListener("remove", (e) => {
       const m = parse(e);
       if (!m) return;
       endpoints.delete(keyOf(m.service, m.id));
-      schedule();
+      changed();
     });
     source.addEventListener("problem", (e) => {
       const m = parse(e);
@@ -236,8 +291,8 @@
   }
 
   document.addEventListener("DOMContentLoaded", () => {
-    $("filter").addEventListener("input", schedule);
-    $("health-filter").addEventListener("change", schedule);
+    $("filter").addEventListener("input", filtered);
+    $("health-filter").addEventListener("change", filtered);
     connect();
   });
 })();

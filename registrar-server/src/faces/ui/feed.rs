@@ -4,9 +4,13 @@
 //!
 //! - `status`: the registrar itself ([`StatusMsg`]), at once and every
 //!   second; before the backend is open, the only event.
-//! - `snapshot`: every endpoint (`{version, endpoints: [...]}`), first on
-//!   each subscription to the state, and again whenever the subscription
-//!   had to be renewed (the page replaces what it held).
+//! - `snapshot`: every endpoint, in key order, in pages of the
+//!   registrar's `snapshot_chunk` endpoints (`{version, endpoints: [...],
+//!   last}`; an empty registry is one empty page), first on each
+//!   subscription to the state, and again whenever the subscription had to
+//!   be renewed (the page replaces what it held once the `last` page is
+//!   in). A page is encoded only when the one before it is queued for the
+//!   browser, so a large registry costs the server one page at a time.
 //! - `upsert`: an endpoint added or changed (`{version, endpoint}`).
 //! - `remove`: an endpoint removed (`{version, service, id}`).
 //! - `problem`: the subscription failed (`{message}`); a fresh snapshot
@@ -114,6 +118,8 @@ impl StatusMsg {
 struct SnapshotMsg<'a> {
     version: String,
     endpoints: Vec<&'a Endpoint>,
+    /// The snapshot's last page.
+    last: bool,
 }
 
 #[derive(Serialize)]
@@ -216,11 +222,29 @@ pub(super) async fn run(
         };
         let sent = match next {
             Some(Ok(Event::Snapshot(snap))) => {
-                let msg = SnapshotMsg {
-                    version: token(snap.version()),
-                    endpoints: snap.iter().collect(),
-                };
-                page.send("snapshot", &msg).await
+                let version = token(snap.version());
+                let chunk = registrar.config().snapshot_chunk.max(1);
+                let mut after = None;
+                loop {
+                    let endpoints: Vec<&Endpoint> =
+                        snap.after(after.as_ref()).take(chunk).collect();
+                    let next = endpoints.last().map(|e| e.key());
+                    let last = next
+                        .as_ref()
+                        .is_none_or(|k| snap.after(Some(k)).next().is_none());
+                    let msg = SnapshotMsg {
+                        version: version.clone(),
+                        endpoints,
+                        last,
+                    };
+                    if !page.send("snapshot", &msg).await {
+                        break false;
+                    }
+                    if last {
+                        break true;
+                    }
+                    after = next;
+                }
             }
             Some(Ok(Event::Added { version, endpoint }))
             | Some(Ok(Event::Updated { version, endpoint })) => {

@@ -19,11 +19,17 @@ pub struct Server {
 }
 
 pub async fn start(ui: bool) -> Server {
-    let backend: Arc<dyn Backend> = Arc::new(Liveness::new(MemoryRegistry::new()));
+    start_with(ui, RegistrarConfig::new("cluster-a"), MemoryRegistry::new()).await
+}
+
+/// [`start`] with `config`, over `backend` (which may hold endpoints
+/// already).
+pub async fn start_with(ui: bool, config: RegistrarConfig, backend: MemoryRegistry) -> Server {
+    let backend: Arc<dyn Backend> = Arc::new(Liveness::new(backend));
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let health_addr = health.local_addr().unwrap();
-    let registrar = Registrar::new(backend, RegistrarConfig::new("cluster-a")).unwrap();
+    let registrar = Registrar::new(backend, config).unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(serve_with(
         Arc::clone(&registrar),
