@@ -31,7 +31,7 @@ const MAX_IN_FLIGHT: usize = 150;
 
 /// The CPU time this process has used (user and system, all threads),
 /// from /proc (Linux; 0 elsewhere). USER_HZ is 100 on Linux.
-fn cpu_seconds() -> f64 {
+pub(crate) fn cpu_seconds() -> f64 {
     std::fs::read_to_string("/proc/self/stat")
         .ok()
         .and_then(|s| {
@@ -47,13 +47,13 @@ fn cpu_seconds() -> f64 {
 
 /// What one run of the phase measured.
 #[derive(Debug, Default, Clone)]
-struct Figures {
-    changes_per_s: f64,
-    every_p50_ms: f64,
-    every_p99_ms: f64,
+pub(crate) struct Figures {
+    pub(crate) changes_per_s: f64,
+    pub(crate) every_p50_ms: f64,
+    pub(crate) every_p99_ms: f64,
     one_p99_ms: f64,
-    server_cpu_per_s: f64,
-    agents_cpu_per_s: f64,
+    pub(crate) server_cpu_per_s: f64,
+    pub(crate) agents_cpu_per_s: f64,
     encoded: u64,
 }
 
@@ -69,7 +69,40 @@ fn label(e: StreamEncoding) -> &'static str {
 /// each in a fresh process of its own (memory the first run freed would
 /// hide the second's), then the ratios against the first.
 pub(crate) async fn phase(args: &Args) -> Res<()> {
+    // With `--pin`, the registrar runs in a child started on its CPU, so
+    // its runtime sizes itself to that one CPU.
+    let pinned = std::env::var_os(PINNED).is_some();
+    if args.pin && !pinned {
+        if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+            return Err("--pin needs two CPUs".into());
+        }
+        if !matches!(args.encoding.as_str(), "all" | "both" | "floor-shared") {
+            run_apart(args, &args.encoding).await?;
+            return Ok(());
+        }
+    }
     let encoding = match args.encoding.as_str() {
+        "floor" => {
+            let f = crate::floor::serve(args).await?;
+            print_per_delivery("floor: a minimal tokio server", &f, args);
+            print_figures(&f);
+            return Ok(());
+        }
+        "floor-shared" => {
+            let floor = run_apart(args, "floor").await?;
+            let shared = run_apart(args, "shared").await?;
+            let per =
+                |f: &Figures| f.server_cpu_per_s / (f.changes_per_s * args.agents as f64).max(1e-9);
+            println!(
+                "fan-out against the floor: the registrar's CPU per delivered event is {:.2}x the floor's ({:.2} µs vs {:.2} µs); write -> every agent p99 {:.2} ms vs {:.2} ms",
+                per(&shared) / per(&floor).max(1e-12),
+                per(&shared) * 1e6,
+                per(&floor) * 1e6,
+                shared.every_p99_ms,
+                floor.every_p99_ms
+            );
+            return Ok(());
+        }
         "shared" => StreamEncoding::Shared,
         "per-subscriber" => StreamEncoding::SharedPerSubscriber,
         "per-stream" => StreamEncoding::PerStream,
@@ -89,6 +122,12 @@ pub(crate) async fn phase(args: &Args) -> Res<()> {
         }
     };
     let f = serve_one(args, encoding).await?;
+    print_figures(&f);
+    Ok(())
+}
+
+/// The line `run_apart` reads a run's figures from.
+fn print_figures(f: &Figures) {
     println!(
         "figures {} {} {} {} {} {} {}",
         f.changes_per_s,
@@ -99,7 +138,29 @@ pub(crate) async fn phase(args: &Args) -> Res<()> {
         f.agents_cpu_per_s,
         f.encoded
     );
-    Ok(())
+}
+
+/// The server's CPU time per delivered event and per change of run
+/// `name`.
+fn print_per_delivery(name: &str, f: &Figures, args: &Args) {
+    let deliveries = f.changes_per_s * args.agents as f64;
+    println!(
+        "[{name}] server CPU {:.2} s/s, agents {:.2} s/s; per delivered event {:.2} µs, per change {:.1} µs ({:.0} changes/s to {} agents = {:.0} deliveries/s; write -> every agent p50 {:.2} ms, p99 {:.2} ms{})",
+        f.server_cpu_per_s,
+        f.agents_cpu_per_s,
+        f.server_cpu_per_s / deliveries.max(1e-9) * 1e6,
+        f.server_cpu_per_s / f.changes_per_s.max(1e-9) * 1e6,
+        f.changes_per_s,
+        args.agents,
+        deliveries,
+        f.every_p50_ms,
+        f.every_p99_ms,
+        if args.pin {
+            "; server on CPU 0, agents and writer on CPU 1"
+        } else {
+            ""
+        }
+    );
 }
 
 /// Print how run `b` (named `bn`) compares with the baseline `a`.
@@ -119,15 +180,32 @@ fn print_ratio(an: &str, a: &Figures, bn: &str, b: &Figures) {
 }
 
 /// This tool again, as a child killed with its handle: `first`, then the
-/// load's size (`--agents`, `--rate`, `--seconds`, `--open-loop`) from
-/// `args`; its stdout piped.
-fn spawn_self(args: &Args, first: &[&str]) -> std::io::Result<tokio::process::Child> {
-    tokio::process::Command::new(std::env::current_exe()?)
-        .args(first)
+/// load's size (`--agents`, `--rate`, `--seconds`, `--open-loop`,
+/// `--pin`) from `args`; its stdout piped. On `cpu` when given (with
+/// `taskset`).
+pub(crate) fn spawn_self(
+    args: &Args,
+    first: &[&str],
+    cpu: Option<usize>,
+) -> std::io::Result<tokio::process::Child> {
+    let exe = std::env::current_exe()?;
+    let mut cmd = match cpu {
+        Some(cpu) => {
+            let mut c = tokio::process::Command::new("taskset");
+            c.arg("-c").arg(cpu.to_string()).arg(exe);
+            c
+        }
+        None => tokio::process::Command::new(exe),
+    };
+    if cpu == Some(REGISTRAR_CPU) {
+        cmd.env(PINNED, "1");
+    }
+    cmd.args(first)
         .args(["--agents", &args.agents.to_string()])
         .args(["--rate", &args.rate.to_string()])
         .args(["--seconds", &args.seconds.to_string()])
         .args(args.open_loop.then_some("--open-loop"))
+        .args(args.pin.then_some("--pin"))
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
@@ -137,7 +215,8 @@ fn spawn_self(args: &Args, first: &[&str]) -> std::io::Result<tokio::process::Ch
 /// Phase 1 with `encoding` in a process of its own; its output is passed
 /// on, its figures returned.
 async fn run_apart(args: &Args, encoding: &str) -> Res<Figures> {
-    let mut child = spawn_self(args, &["--phases", "fanout", "--encoding", encoding])?;
+    let cpu = args.pin.then_some(REGISTRAR_CPU);
+    let mut child = spawn_self(args, &["--phases", "fanout", "--encoding", encoding], cpu)?;
     let stdout = child.stdout.take().ok_or("the run's stdout")?;
     let mut lines = tokio::io::BufReader::new(stdout).lines();
     let limit = Duration::from_secs(args.seconds + 400);
@@ -177,6 +256,11 @@ async fn run_apart(args: &Args, encoding: &str) -> Res<Figures> {
     figures.ok_or_else(|| format!("the {encoding} run printed no figures").into())
 }
 
+/// The CPU the registrar runs on with `--pin`; the agents take the next.
+pub(crate) const REGISTRAR_CPU: usize = 0;
+/// Set in the registrar's process that `--pin` started on its CPU.
+const PINNED: &str = "REGISTRAR_LOAD_PINNED";
+
 /// One registrar with `encoding`, its agents in a child process.
 async fn serve_one(args: &Args, encoding: StreamEncoding) -> Res<Figures> {
     let server = start(
@@ -188,7 +272,8 @@ async fn serve_one(args: &Args, encoding: StreamEncoding) -> Res<Figures> {
     .await?;
     server.registrar.state().wait_until_ready().await;
     let rss_before = rss_bytes();
-    let mut child = spawn_self(args, &["--fanout-client", &server.url])?;
+    let agents_cpu = args.pin.then_some(REGISTRAR_CPU + 1);
+    let mut child = spawn_self(args, &["--fanout-client", &server.url], agents_cpu)?;
     println!(
         "[{}] processes: registrar {}, agents and writer {}",
         label(encoding),
@@ -246,6 +331,7 @@ async fn serve_one(args: &Args, encoding: StreamEncoding) -> Res<Figures> {
         "[{name}] CPU while writing and delivering: registrar {:.2} s/s, agents and writer {:.2} s/s (of 2 cores); messages encoded by the registrar: {}",
         figures.server_cpu_per_s, figures.agents_cpu_per_s, figures.encoded
     );
+    print_per_delivery(name, &figures, args);
     Ok(figures)
 }
 

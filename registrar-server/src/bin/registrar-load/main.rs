@@ -29,7 +29,9 @@
 //!    endpoints, while a healthy watcher gets every change in order.
 //!
 //! `--phases stuck` (a comma list of `fanout,backend,cold,stuck`) runs
-//! only some phases.
+//! only some phases. `--pin` puts the registrar on CPU 0 and its agents on
+//! CPU 1 in the fan-out phase, and it prints the registrar's CPU time per
+//! delivered event and per change.
 
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -82,17 +84,29 @@ struct Args {
     /// How the registrar encodes agent streams' messages in the fan-out
     /// phase: `shared`, `per-subscriber`, `per-stream` (the baseline),
     /// `both` (per-stream, then shared) or `all` three in turn.
-    #[arg(long, default_value = "all", value_parser = ["all", "both", "shared", "per-subscriber", "per-stream"])]
+    /// `floor` is no registrar at all: a minimal tokio server writing each
+    /// change to each agent's socket (`floor.rs`), and `floor-shared` runs
+    /// it, then `shared`, and prints the registrar's CPU per delivery
+    /// against the floor's.
+    #[arg(long, default_value = "all", value_parser = ["all", "both", "shared", "per-subscriber", "per-stream", "floor", "floor-shared"])]
     encoding: String,
     /// Fan-out phase: send each tick's writes without waiting for the
     /// previous ones (by default the writer waits for each tick's
     /// acknowledgements, so a slow registrar slows it).
     #[arg(long)]
     open_loop: bool,
+    /// Fan-out phase: pin the registrar's process to CPU 0 and the agents'
+    /// and writer's to CPU 1 (with `taskset`), so the registrar's CPU time
+    /// per delivery is its own, whatever the agents cost.
+    #[arg(long)]
+    pin: bool,
     /// Internal: be the agents and the writer of the fan-out phase against
     /// the server at this URL.
     #[arg(long, hide = true)]
     fanout_client: Option<String>,
+    /// Internal: be the agents of the fan-out floor at this address.
+    #[arg(long, hide = true)]
+    floor_client: Option<String>,
     /// Internal: be the stuck clients of the server at this URL.
     #[arg(long, hide = true)]
     stuck_client: Option<String>,
@@ -318,6 +332,7 @@ fn endpoints(n: usize) -> Vec<Op> {
 }
 
 mod fanout;
+mod floor;
 mod stuck;
 
 #[tokio::main]
@@ -325,6 +340,9 @@ async fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     if let Some(url) = &args.fanout_client {
         return fanout::client(url, &args).await;
+    }
+    if let Some(addr) = &args.floor_client {
+        return floor::client(addr, &args).await;
     }
     if let Some(url) = &args.stuck_client {
         return stuck::client(url, args.stuck_streams).await;
