@@ -22,40 +22,13 @@ use registry_api::{memory::MemoryRegistry, Endpoint, Event, Registry, Watch};
 use registry_registrar::{ClientConfig, RegistrarClient, RpcClient};
 use tokio::io::AsyncBufReadExt;
 
+use crate::procs::{cpu_seconds, spawn_self, Figures, PINNED, REGISTRAR_CPU};
 use crate::{now_micros, pct, rss_bytes, start, Args};
 
 type Res<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 /// Writes in flight at most with `--open-loop`.
 const MAX_IN_FLIGHT: usize = 150;
-
-/// The CPU time this process has used (user and system, all threads),
-/// from /proc (Linux; 0 elsewhere). USER_HZ is 100 on Linux.
-pub(crate) fn cpu_seconds() -> f64 {
-    std::fs::read_to_string("/proc/self/stat")
-        .ok()
-        .and_then(|s| {
-            // Fields after the command name (which may hold spaces).
-            let rest = s.rsplit_once(')')?.1;
-            let f: Vec<&str> = rest.split_whitespace().collect();
-            let utime: f64 = f.get(11)?.parse().ok()?;
-            let stime: f64 = f.get(12)?.parse().ok()?;
-            Some((utime + stime) / 100.0)
-        })
-        .unwrap_or(0.0)
-}
-
-/// What one run of the phase measured.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct Figures {
-    pub(crate) changes_per_s: f64,
-    pub(crate) every_p50_ms: f64,
-    pub(crate) every_p99_ms: f64,
-    one_p99_ms: f64,
-    pub(crate) server_cpu_per_s: f64,
-    pub(crate) agents_cpu_per_s: f64,
-    encoded: u64,
-}
 
 fn label(e: StreamEncoding) -> &'static str {
     match e {
@@ -179,39 +152,6 @@ fn print_ratio(an: &str, a: &Figures, bn: &str, b: &Figures) {
     );
 }
 
-/// This tool again, as a child killed with its handle: `first`, then the
-/// load's size (`--agents`, `--rate`, `--seconds`, `--open-loop`,
-/// `--pin`) from `args`; its stdout piped. On `cpu` when given (with
-/// `taskset`).
-pub(crate) fn spawn_self(
-    args: &Args,
-    first: &[&str],
-    cpu: Option<usize>,
-) -> std::io::Result<tokio::process::Child> {
-    let exe = std::env::current_exe()?;
-    let mut cmd = match cpu {
-        Some(cpu) => {
-            let mut c = tokio::process::Command::new("taskset");
-            c.arg("-c").arg(cpu.to_string()).arg(exe);
-            c
-        }
-        None => tokio::process::Command::new(exe),
-    };
-    if cpu == Some(REGISTRAR_CPU) {
-        cmd.env(PINNED, "1");
-    }
-    cmd.args(first)
-        .args(["--agents", &args.agents.to_string()])
-        .args(["--rate", &args.rate.to_string()])
-        .args(["--seconds", &args.seconds.to_string()])
-        .args(args.open_loop.then_some("--open-loop"))
-        .args(args.pin.then_some("--pin"))
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-}
-
 /// Phase 1 with `encoding` in a process of its own; its output is passed
 /// on, its figures returned.
 async fn run_apart(args: &Args, encoding: &str) -> Res<Figures> {
@@ -255,11 +195,6 @@ async fn run_apart(args: &Args, encoding: &str) -> Res<Figures> {
     }
     figures.ok_or_else(|| format!("the {encoding} run printed no figures").into())
 }
-
-/// The CPU the registrar runs on with `--pin`; the agents take the next.
-pub(crate) const REGISTRAR_CPU: usize = 0;
-/// Set in the registrar's process that `--pin` started on its CPU.
-const PINNED: &str = "REGISTRAR_LOAD_PINNED";
 
 /// One registrar with `encoding`, its agents in a child process.
 async fn serve_one(args: &Args, encoding: StreamEncoding) -> Res<Figures> {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::broadcast;
 
-use crate::fanout::{cpu_seconds, spawn_self, Figures, REGISTRAR_CPU};
+use crate::procs::{cpu_seconds, spawn_self, Figures, REGISTRAR_CPU};
 use crate::{now_micros, Args};
 
 type Res<T> = std::result::Result<T, Box<dyn std::error::Error>>;

@@ -333,6 +333,7 @@ fn endpoints(n: usize) -> Vec<Op> {
 
 mod fanout;
 mod floor;
+mod procs;
 mod stuck;
 
 #[tokio::main]
