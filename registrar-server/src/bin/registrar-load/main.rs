@@ -28,8 +28,14 @@
 //!    registry (the baseline), on 5,000 and on `--stuck-endpoints`
 //!    endpoints, while a healthy watcher gets every change in order.
 //!
-//! `--phases stuck` (a comma list of `fanout,backend,cold,stuck`) runs
-//! only some phases. `--pin` puts the registrar on CPU 0 and its agents on
+//! 5. restart (only when asked for, `--phases restart`): `--agents`
+//!    agents on `RegistrarClient` (in a child process) connected to a
+//!    registrar that is stopped and started again on the same port over
+//!    the same backend: how long until every agent's stream is back, and
+//!    the snapshots that took.
+//!
+//! `--phases stuck` (a comma list of `fanout,backend,cold,stuck,restart`)
+//! runs only some phases. `--pin` puts the registrar on CPU 0 and its agents on
 //! CPU 1 in the fan-out phase, and it prints the registrar's CPU time per
 //! delivered event and per change.
 
@@ -107,6 +113,9 @@ struct Args {
     /// Internal: be the agents of the fan-out floor at this address.
     #[arg(long, hide = true)]
     floor_client: Option<String>,
+    /// Internal: be the agents of the restart phase at this URL.
+    #[arg(long, hide = true)]
+    restart_client: Option<String>,
     /// Internal: be the stuck clients of the server at this URL.
     #[arg(long, hide = true)]
     stuck_client: Option<String>,
@@ -135,15 +144,25 @@ struct Server {
     url: String,
     registrar: Arc<Registrar>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<Result<()>>>,
 }
 
 async fn start(backend: Arc<dyn Backend>, cfg: RegistrarConfig) -> std::io::Result<Server> {
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    start_on(backend, cfg, grpc).await
+}
+
+/// [`start`] on the gRPC listener `grpc`.
+async fn start_on(
+    backend: Arc<dyn Backend>,
+    cfg: RegistrarConfig,
+    grpc: tokio::net::TcpListener,
+) -> std::io::Result<Server> {
     let health = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", grpc.local_addr()?);
     let registrar = Registrar::new(backend, cfg).map_err(std::io::Error::other)?;
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(serve(
+    let task = tokio::spawn(serve(
         Arc::clone(&registrar),
         grpc,
         health,
@@ -156,7 +175,26 @@ async fn start(backend: Arc<dyn Backend>, cfg: RegistrarConfig) -> std::io::Resu
         url,
         registrar,
         stop: Some(tx),
+        task: Some(task),
     })
+}
+
+impl Server {
+    /// Stop serving (draining, as on SIGTERM) and wait until the listener
+    /// is closed, at most `limit`.
+    async fn shut_down(mut self, limit: Duration) -> std::io::Result<()> {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            tokio::time::timeout(limit, task)
+                .await
+                .map_err(|_| std::io::Error::other("the registrar did not stop in time"))?
+                .map_err(std::io::Error::other)?
+                .map_err(std::io::Error::other)?;
+        }
+        Ok(())
+    }
 }
 
 impl Drop for Server {
@@ -334,6 +372,7 @@ fn endpoints(n: usize) -> Vec<Op> {
 mod fanout;
 mod floor;
 mod procs;
+mod restart;
 mod stuck;
 
 #[tokio::main]
@@ -344,6 +383,9 @@ async fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     }
     if let Some(addr) = &args.floor_client {
         return floor::client(addr, &args).await;
+    }
+    if let Some(url) = &args.restart_client {
+        return restart::client(url, args.agents).await;
     }
     if let Some(url) = &args.stuck_client {
         return stuck::client(url, args.stuck_streams).await;
@@ -366,6 +408,9 @@ async fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     }
     if run("stuck") {
         stuck::phase(&args).await?;
+    }
+    if run("restart") {
+        restart::phase(&args).await?;
     }
     Ok(())
 }
