@@ -190,6 +190,32 @@ impl Snapshot {
             .map(|(_, v)| &*v.endpoint)
     }
 
+    /// One page of the snapshot: at most `n` endpoints after `key` (from
+    /// the first without one), in key order, and whether they are the last
+    /// (nothing follows them). A snapshot sent in pages is read with the
+    /// last key of each page, until a last page; an empty snapshot is one
+    /// empty, last page.
+    ///
+    /// ```
+    /// use registry_api::{Endpoint, Snapshot, Version};
+    /// let snap = Snapshot::from_endpoints(
+    ///     Version(1),
+    ///     ["a", "b", "c"].map(|id| Endpoint::new("api", id, "10.0.0.1", 80)),
+    /// );
+    /// let (first, last) = snap.page(None, 2);
+    /// assert_eq!((first.len(), last), (2, false));
+    /// let (rest, last) = snap.page(first.last().map(|e| e.key()).as_ref(), 2);
+    /// assert_eq!((rest.len(), last), (1, true));
+    /// ```
+    pub fn page<'a>(&'a self, key: Option<&EndpointKey>, n: usize) -> (Vec<&'a Endpoint>, bool) {
+        let endpoints: Vec<&Endpoint> = self.after(key).take(n).collect();
+        let last = match endpoints.last() {
+            Some(e) => self.after(Some(&e.key())).next().is_none(),
+            None => true,
+        };
+        (endpoints, last)
+    }
+
     /// All keys, ordered.
     pub fn keys(&self) -> impl Iterator<Item = &EndpointKey> + '_ {
         self.endpoints.keys()

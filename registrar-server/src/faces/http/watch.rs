@@ -91,11 +91,8 @@ impl Feed {
     fn next_chunk(&mut self) -> Option<SseEvent> {
         let (snap, last) = self.sending.take()?;
         let version = self.token(snap.version());
-        let endpoints: Vec<&Endpoint> = snap.after(last.as_ref()).take(self.chunk).collect();
+        let (endpoints, done) = snap.page(last.as_ref(), self.chunk);
         let next = endpoints.last().map(|e| e.key());
-        let done = next
-            .as_ref()
-            .is_none_or(|k| snap.after(Some(k)).next().is_none());
         let data = json(&Chunk {
             version: &version,
             endpoints,

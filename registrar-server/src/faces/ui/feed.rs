@@ -226,12 +226,8 @@ pub(super) async fn run(
                 let chunk = registrar.config().snapshot_chunk.max(1);
                 let mut after = None;
                 loop {
-                    let endpoints: Vec<&Endpoint> =
-                        snap.after(after.as_ref()).take(chunk).collect();
+                    let (endpoints, last) = snap.page(after.as_ref(), chunk);
                     let next = endpoints.last().map(|e| e.key());
-                    let last = next
-                        .as_ref()
-                        .is_none_or(|k| snap.after(Some(k)).next().is_none());
                     let msg = SnapshotMsg {
                         version: version.clone(),
                         endpoints,
