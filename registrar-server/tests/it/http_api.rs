@@ -319,12 +319,7 @@ async fn the_binary_serves_the_http_api_by_default() {
 async fn requests_are_counted_and_open_ones_shown_in_metrics() {
     use tokio::io::AsyncWriteExt;
     let served = common::serve_binary(&[]).await;
-    let http = served
-        .line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("http-api="))
-        .unwrap_or_else(|| panic!("no http-api= in {:?}", served.line))
-        .to_string();
+    let http = served.field("http-api=");
     let scrape = || async { common::parse(&common::http_get(&served.health, "/metrics").await.1) };
     let agent = fast_client(&served.url(), "default", "node-1");
     agent.register(web("a", "10.0.0.1")).await.unwrap();

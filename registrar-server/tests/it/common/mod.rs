@@ -222,6 +222,22 @@ fn serve_command(extra: &[&str]) -> Command {
     cmd
 }
 
+/// The value of `name` (`grpc=`, `xds=`, …) in a registrar's address
+/// line; panics naming it when the line has none.
+pub fn line_field(line: &str, name: &str) -> String {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(name))
+        .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+        .to_string()
+}
+
+impl Served {
+    /// The value of `name` (`http-api=`, `xds=`, …) in its address line.
+    pub fn field(&self, name: &str) -> String {
+        line_field(&self.line, name)
+    }
+}
+
 /// Start `cmd` and wait for its address line.
 async fn served(mut cmd: Command) -> Served {
     let mut child = cmd
@@ -238,12 +254,7 @@ async fn served(mut cmd: Command) -> Served {
         .unwrap()
         .expect("the server exited before listening");
     // "registrar listening grpc=127.0.0.1:P health=127.0.0.1:Q"
-    let field = |name: &str| {
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix(name))
-            .unwrap_or_else(|| panic!("no {name} in {line:?}"))
-            .to_string()
-    };
+    let field = |name: &str| line_field(&line, name);
     Served {
         grpc: field("grpc="),
         health: field("health="),
@@ -399,12 +410,7 @@ pub async fn spawn_serve_env(extra: &[&str], env: &[(&str, &str)]) -> Spawned {
                 std::fs::read_to_string(&stderr).unwrap_or_default()
             )
         });
-    let field = |name: &str| {
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix(name))
-            .unwrap_or_else(|| panic!("no {name} in {line:?}"))
-            .to_string()
-    };
+    let field = |name: &str| line_field(&line, name);
     Spawned {
         grpc: field("grpc="),
         health: field("health="),

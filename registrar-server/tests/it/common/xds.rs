@@ -33,12 +33,7 @@ pub const LIMIT: Duration = Duration::from_secs(30);
 /// xDS address.
 pub async fn serve_with_xds() -> (Served, String) {
     let served = serve_binary(&["--xds-addr=127.0.0.1:0"]).await;
-    let xds = served
-        .line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("xds="))
-        .unwrap_or_else(|| panic!("no xds= in {:?}", served.line))
-        .to_string();
+    let xds = served.field("xds=");
     (served, xds)
 }
 
