@@ -22,7 +22,8 @@ use registry_api::{memory::MemoryRegistry, Endpoint, Event, Registry, Watch};
 use registry_registrar::{ClientConfig, RegistrarClient, RpcClient};
 use tokio::io::AsyncBufReadExt;
 
-use crate::procs::{cpu_seconds, spawn_self, Figures, PINNED, REGISTRAR_CPU};
+use crate::light::LightAgent;
+use crate::procs::{cpu_seconds, spawn_self, CpuMark, Figures, PINNED, REGISTRAR_CPU};
 use crate::{now_micros, pct, rss_bytes, start, Args};
 
 type Res<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -64,13 +65,17 @@ pub(crate) async fn phase(args: &Args) -> Res<()> {
         "floor-shared" => {
             let floor = run_apart(args, "floor").await?;
             let shared = run_apart(args, "shared").await?;
-            let per =
-                |f: &Figures| f.server_cpu_per_s / (f.changes_per_s * args.agents as f64).max(1e-9);
+            let (all, kernel) = shared.per_delivery_us(args.agents);
+            let (floor_all, floor_kernel) = floor.per_delivery_us(args.agents);
             println!(
-                "fan-out against the floor: the registrar's CPU per delivered event is {:.2}x the floor's ({:.2} µs vs {:.2} µs); write -> every agent p99 {:.2} ms vs {:.2} ms",
-                per(&shared) / per(&floor).max(1e-12),
-                per(&shared) * 1e6,
-                per(&floor) * 1e6,
+                "fan-out against the floor: the registrar's CPU per delivered event is {:.2}x the floor's ({:.2} µs vs {:.2} µs; in the kernel {:.2} vs {:.2} µs, in user space {:.2} vs {:.2} µs); write -> every agent p99 {:.2} ms vs {:.2} ms",
+                all / floor_all.max(1e-9),
+                all,
+                floor_all,
+                kernel,
+                floor_kernel,
+                all - kernel,
+                floor_all - floor_kernel,
                 shared.every_p99_ms,
                 floor.every_p99_ms
             );
@@ -102,12 +107,13 @@ pub(crate) async fn phase(args: &Args) -> Res<()> {
 /// The line `run_apart` reads a run's figures from.
 fn print_figures(f: &Figures) {
     println!(
-        "figures {} {} {} {} {} {} {}",
+        "figures {} {} {} {} {} {} {} {}",
         f.changes_per_s,
         f.every_p50_ms,
         f.every_p99_ms,
         f.one_p99_ms,
         f.server_cpu_per_s,
+        f.server_kernel_per_s,
         f.agents_cpu_per_s,
         f.encoded
     );
@@ -117,11 +123,13 @@ fn print_figures(f: &Figures) {
 /// `name`.
 fn print_per_delivery(name: &str, f: &Figures, args: &Args) {
     let deliveries = f.changes_per_s * args.agents as f64;
+    let (per, kernel) = f.per_delivery_us(args.agents);
     println!(
-        "[{name}] server CPU {:.2} s/s, agents {:.2} s/s; per delivered event {:.2} µs, per change {:.1} µs ({:.0} changes/s to {} agents = {:.0} deliveries/s; write -> every agent p50 {:.2} ms, p99 {:.2} ms{})",
+        "[{name}] server CPU {:.2} s/s, agents {:.2} s/s; per delivered event {:.2} µs ({:.2} µs of it in the kernel), per change {:.1} µs ({:.0} changes/s to {} agents = {:.0} deliveries/s; write -> every agent p50 {:.2} ms, p99 {:.2} ms{})",
         f.server_cpu_per_s,
         f.agents_cpu_per_s,
-        f.server_cpu_per_s / deliveries.max(1e-9) * 1e6,
+        per,
+        kernel,
         f.server_cpu_per_s / f.changes_per_s.max(1e-9) * 1e6,
         f.changes_per_s,
         args.agents,
@@ -173,13 +181,15 @@ async fn run_apart(args: &Args, encoding: &str) -> Res<Figures> {
         match line.strip_prefix("figures ") {
             Some(r) => {
                 let v: Vec<f64> = r.split(' ').filter_map(|x| x.parse().ok()).collect();
-                if let [changes, p50, p99, one_p99, server, agents, encoded] = v.as_slice() {
+                if let [changes, p50, p99, one_p99, server, kernel, agents, encoded] = v.as_slice()
+                {
                     figures = Some(Figures {
                         changes_per_s: *changes,
                         every_p50_ms: *p50,
                         every_p99_ms: *p99,
                         one_p99_ms: *one_p99,
                         server_cpu_per_s: *server,
+                        server_kernel_per_s: *kernel,
                         agents_cpu_per_s: *agents,
                         encoded: *encoded as u64,
                     });
@@ -221,7 +231,7 @@ async fn serve_one(args: &Args, encoding: StreamEncoding) -> Res<Figures> {
     let limit = Duration::from_secs(args.seconds + 300);
     let deadline = tokio::time::Instant::now() + limit;
     let mut figures = Figures::default();
-    let (mut cpu_start, mut wall_start) = (cpu_seconds(), Instant::now());
+    let (mut cpu_start, mut wall_start) = (CpuMark::now(), Instant::now());
     let name = label(encoding);
     loop {
         let line = match tokio::time::timeout_at(deadline, lines.next_line()).await {
@@ -239,11 +249,11 @@ async fn serve_one(args: &Args, encoding: StreamEncoding) -> Res<Figures> {
                 rss / (1 << 20)
             );
         } else if line == "writing" {
-            cpu_start = cpu_seconds();
+            cpu_start = CpuMark::now();
             wall_start = Instant::now();
         } else if line == "delivered" {
-            let wall = wall_start.elapsed().as_secs_f64();
-            figures.server_cpu_per_s = (cpu_seconds() - cpu_start) / wall;
+            (figures.server_cpu_per_s, figures.server_kernel_per_s) =
+                cpu_start.per_second(wall_start.elapsed());
             figures.encoded = server.registrar.watch_stats().messages_encoded;
         } else if let Some(r) = line.strip_prefix("result ") {
             let v: Vec<f64> = r.split(' ').filter_map(|x| x.parse().ok()).collect();
@@ -270,6 +280,60 @@ async fn serve_one(args: &Args, encoding: StreamEncoding) -> Res<Figures> {
     Ok(figures)
 }
 
+/// One agent of the fan-out's child process.
+enum Agent {
+    /// A node's client: `RpcClient`'s watch, decoded into events (the
+    /// client kept for as long as its watch).
+    Client {
+        _client: Box<RpcClient>,
+        watch: registry_api::EventStream,
+    },
+    /// `--light-agents`: a bare HTTP/2 reader (`light.rs`).
+    Light(Box<LightAgent>),
+}
+
+impl Agent {
+    /// Agent `i`'s watch on the registrar at `url`, once its snapshot is
+    /// read.
+    async fn open(url: &str, i: usize, light: bool) -> Res<Self> {
+        let node = format!("agent-{i}");
+        if light {
+            let agent = LightAgent::open(url, &node)
+                .await
+                .map_err(|e| format!("agent {i}: {e}"))?;
+            return Ok(Agent::Light(Box::new(agent)));
+        }
+        let raw = RpcClient::connect(ClientConfig::new(url, "load", node))?;
+        let mut w = raw.watch(None);
+        match w.next().await {
+            Some(Ok(Event::Snapshot(_))) => Ok(Agent::Client {
+                _client: Box::new(raw),
+                watch: w,
+            }),
+            other => Err(format!("agent {i} did not get a snapshot: {other:?}").into()),
+        }
+    }
+
+    /// The labels `sent` and `seq` of the next added or updated endpoint;
+    /// `None` once the stream ends.
+    async fn next_change(&mut self) -> Option<(u64, u64)> {
+        let w = match self {
+            Agent::Light(agent) => return agent.next_change().await,
+            Agent::Client { watch, .. } => watch,
+        };
+        while let Some(Ok(ev)) = w.next().await {
+            let (Event::Added { endpoint, .. } | Event::Updated { endpoint, .. }) = ev else {
+                continue;
+            };
+            let label = |k: &str| endpoint.labels.get(k).and_then(|s| s.parse().ok());
+            if let (Some(sent), Some(seq)) = (label("sent"), label("seq")) {
+                return Some((sent, seq));
+            }
+        }
+        None
+    }
+}
+
 /// The child process: `agents` streams (one gRPC connection each) and a
 /// writer of `rate` changes per second for `seconds`, against `url`.
 /// Prints markers for the parent and a `result` line.
@@ -281,37 +345,22 @@ pub(crate) async fn client(url: &str, args: &Args) -> Res<()> {
     let slowest: Arc<Vec<AtomicU64>> = Arc::new((0..writes).map(|_| AtomicU64::new(0)).collect());
     let one = Arc::new(Mutex::new(hdrhistogram::Histogram::<u64>::new(3)?));
 
-    let mut streams = Vec::with_capacity(args.agents);
+    let mut agents = Vec::with_capacity(args.agents);
     for i in 0..args.agents {
-        let raw = RpcClient::connect(ClientConfig::new(url, "load", format!("agent-{i}")))?;
-        let mut w = raw.watch(None);
-        match w.next().await {
-            Some(Ok(Event::Snapshot(_))) => {}
-            other => return Err(format!("agent {i} did not get a snapshot: {other:?}").into()),
-        }
-        streams.push((raw, w));
+        agents.push(Agent::open(url, i, args.light_agents).await?);
     }
     println!("streams-open");
 
-    let readers: Vec<_> = streams
+    let readers: Vec<_> = agents
         .into_iter()
-        .map(|(raw, mut w)| {
+        .map(|mut agent| {
             let delivered = Arc::clone(&delivered);
             let slowest = Arc::clone(&slowest);
             let one = Arc::clone(&one);
             tokio::spawn(async move {
-                let _keep = raw;
                 let mut local = hdrhistogram::Histogram::<u64>::new(3).ok();
                 let mut seen = 0usize;
-                while let Some(Ok(ev)) = w.next().await {
-                    let (Event::Added { endpoint, .. } | Event::Updated { endpoint, .. }) = ev
-                    else {
-                        continue;
-                    };
-                    let label = |k: &str| endpoint.labels.get(k).and_then(|s| s.parse().ok());
-                    let (Some(sent), Some(seq)) = (label("sent"), label("seq")) else {
-                        continue;
-                    };
+                while let Some((sent, seq)) = agent.next_change().await {
                     let now = now_micros();
                     if let Some(h) = local.as_mut() {
                         let _ = h.record(now.saturating_sub(sent).max(1));

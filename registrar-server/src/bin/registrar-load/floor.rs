@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::broadcast;
 
-use crate::procs::{cpu_seconds, spawn_self, Figures, REGISTRAR_CPU};
+use crate::procs::{cpu_seconds, spawn_self, CpuMark, Figures, REGISTRAR_CPU};
 use crate::{now_micros, Args};
 
 type Res<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -56,7 +56,7 @@ pub(crate) async fn serve(args: &Args) -> Res<Figures> {
     let period = Duration::from_millis(10).max(Duration::from_secs(1) / asked as u32);
     let per_tick = ((asked as f64 * period.as_secs_f64()).round() as u64).max(1);
     let mut tick = tokio::time::interval(period);
-    let (cpu_start, start) = (cpu_seconds(), Instant::now());
+    let (cpu_start, start) = (CpuMark::now(), Instant::now());
     let mut seq = 0;
     while seq < writes {
         tick.tick().await;
@@ -76,7 +76,8 @@ pub(crate) async fn serve(args: &Args) -> Res<Figures> {
     {
         if line == "delivered" {
             delivery_time = start.elapsed();
-            figures.server_cpu_per_s = (cpu_seconds() - cpu_start) / delivery_time.as_secs_f64();
+            (figures.server_cpu_per_s, figures.server_kernel_per_s) =
+                cpu_start.per_second(delivery_time);
         } else if let Some(r) = line.strip_prefix("result ") {
             let v: Vec<f64> = r.split(' ').filter_map(|x| x.parse().ok()).collect();
             if let [p50, p99, cpu] = v.as_slice() {

@@ -106,6 +106,12 @@ struct Args {
     /// per delivery is its own, whatever the agents cost.
     #[arg(long)]
     pin: bool,
+    /// Fan-out phase: the agents are bare HTTP/2 readers, one task per
+    /// connection decoding each event with prost (`light.rs`), instead of
+    /// `RpcClient` watches; about a third of the CPU per event, so the
+    /// agents' core is not what limits a run of 10,000.
+    #[arg(long)]
+    light_agents: bool,
     /// Internal: be the agents and the writer of the fan-out phase against
     /// the server at this URL.
     #[arg(long, hide = true)]
@@ -371,6 +377,7 @@ fn endpoints(n: usize) -> Vec<Op> {
 
 mod fanout;
 mod floor;
+mod light;
 mod procs;
 mod restart;
 mod stuck;

@@ -10,8 +10,17 @@ pub(crate) const REGISTRAR_CPU: usize = 0;
 pub(crate) const PINNED: &str = "REGISTRAR_LOAD_PINNED";
 
 /// The CPU time this process has used (user and system, all threads),
-/// from /proc (Linux; 0 elsewhere). USER_HZ is 100 on Linux.
+/// from /proc (Linux; 0 elsewhere).
 pub(crate) fn cpu_seconds() -> f64 {
+    let (user, system) = cpu_times();
+    user + system
+}
+
+/// The CPU time this process has used in user space and in the kernel
+/// (all threads), from /proc (Linux; 0 elsewhere). USER_HZ is 100 on
+/// Linux. On loopback the kernel's share includes the receiving side's
+/// TCP work, which runs in the sender's system call.
+pub(crate) fn cpu_times() -> (f64, f64) {
     std::fs::read_to_string("/proc/self/stat")
         .ok()
         .and_then(|s| {
@@ -20,9 +29,32 @@ pub(crate) fn cpu_seconds() -> f64 {
             let f: Vec<&str> = rest.split_whitespace().collect();
             let utime: f64 = f.get(11)?.parse().ok()?;
             let stime: f64 = f.get(12)?.parse().ok()?;
-            Some((utime + stime) / 100.0)
+            Some((utime / 100.0, stime / 100.0))
         })
-        .unwrap_or(0.0)
+        .unwrap_or((0.0, 0.0))
+}
+
+/// This process's CPU time at one moment, to tell what it used since.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CpuMark {
+    user: f64,
+    system: f64,
+}
+
+impl CpuMark {
+    pub(crate) fn now() -> Self {
+        let (user, system) = cpu_times();
+        CpuMark { user, system }
+    }
+
+    /// CPU seconds per second of `wall` since this mark: in all, and the
+    /// part spent in the kernel.
+    pub(crate) fn per_second(&self, wall: std::time::Duration) -> (f64, f64) {
+        let (user, system) = cpu_times();
+        let wall = wall.as_secs_f64().max(1e-9);
+        let kernel = system - self.system;
+        ((user - self.user + kernel) / wall, kernel / wall)
+    }
 }
 
 /// What one run of the phase measured.
@@ -33,13 +65,27 @@ pub(crate) struct Figures {
     pub(crate) every_p99_ms: f64,
     pub(crate) one_p99_ms: f64,
     pub(crate) server_cpu_per_s: f64,
+    /// The part of `server_cpu_per_s` spent in the kernel.
+    pub(crate) server_kernel_per_s: f64,
     pub(crate) agents_cpu_per_s: f64,
     pub(crate) encoded: u64,
 }
 
+impl Figures {
+    /// The server's CPU time per event delivered to each of `agents`, in
+    /// microseconds: in all, and the part spent in the kernel.
+    pub(crate) fn per_delivery_us(&self, agents: usize) -> (f64, f64) {
+        let deliveries = (self.changes_per_s * agents as f64).max(1e-9);
+        (
+            self.server_cpu_per_s / deliveries * 1e6,
+            self.server_kernel_per_s / deliveries * 1e6,
+        )
+    }
+}
+
 /// This tool again, as a child killed with its handle: `first`, then the
 /// load's size (`--agents`, `--rate`, `--seconds`, `--open-loop`,
-/// `--pin`) from `args`; its stdout piped. On `cpu` when given (with
+/// `--pin`, `--light-agents`) from `args`; its stdout piped. On `cpu` when given (with
 /// `taskset`).
 pub(crate) fn spawn_self(
     args: &Args,
@@ -64,6 +110,7 @@ pub(crate) fn spawn_self(
         .args(["--seconds", &args.seconds.to_string()])
         .args(args.open_loop.then_some("--open-loop"))
         .args(args.pin.then_some("--pin"))
+        .args(args.light_agents.then_some("--light-agents"))
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)

@@ -1,0 +1,153 @@
+//! Light agents for the fan-out phase (`--light-agents`). Each agent is a
+//! bare HTTP/2 connection (the `h2` crate) carrying one `WatchEndpoints`
+//! call, driven by one task that reads the stream's DATA frames, cuts them
+//! into gRPC messages and decodes each `EndpointEvent` with prost. There is
+//! no `RegistrarClient` cache, no event conversion and no second task per
+//! connection, so one core can read what 10,000 agents receive and the
+//! figures measure the registrar rather than its agents. What the
+//! registrar sends them is what it sends any agent.
+
+use std::net::SocketAddr;
+
+use bytes::{Buf, Bytes, BytesMut};
+use prost::Message;
+use registry_registrar::proto::registrar::v1::{
+    endpoint_event::EventType, EndpointEvent, WatchEndpointsRequest,
+};
+use tokio::net::TcpStream;
+use tonic::codegen::http;
+
+type Res<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+/// The gRPC path of the agent stream.
+const WATCH: &str = "/aether.registrar.v1.Registrar/WatchEndpoints";
+/// A gRPC message's prefix: a compression flag and a big-endian length.
+const PREFIX: usize = 5;
+
+/// One agent's watch on a connection of its own.
+pub(crate) struct LightAgent {
+    conn: h2::client::Connection<TcpStream, Bytes>,
+    body: h2::RecvStream,
+    buf: BytesMut,
+    // Kept open: dropping them would end the connection or the call.
+    _send: h2::client::SendRequest<Bytes>,
+    _request: h2::SendStream<Bytes>,
+}
+
+/// `f` to its end while the connection `conn` is driven (its frames read
+/// and written); an error if the connection ends first.
+async fn driven<F: std::future::Future>(
+    conn: &mut h2::client::Connection<TcpStream, Bytes>,
+    f: F,
+) -> Res<F::Output> {
+    tokio::select! {
+        biased;
+        out = f => Ok(out),
+        end = conn => Err(format!("the connection ended: {end:?}").into()),
+    }
+}
+
+impl LightAgent {
+    /// Open a watch at the registrar at `url` (`http://host:port`) as node
+    /// `node` and read its snapshot.
+    pub(crate) async fn open(url: &str, node: &str) -> Res<Self> {
+        let addr: SocketAddr = url
+            .strip_prefix("http://")
+            .ok_or_else(|| format!("not an http:// URL: {url:.60}"))?
+            .parse()?;
+        let tcp = TcpStream::connect(addr).await?;
+        tcp.set_nodelay(true)?;
+        let (send, mut conn) = h2::client::handshake(tcp).await?;
+        let mut send = driven(&mut conn, send.ready()).await??;
+        let request = http::Request::post(format!("http://{addr}{WATCH}"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())?;
+        let (response, mut request_body) = send.send_request(request, false)?;
+        let message = WatchEndpointsRequest {
+            cluster_name: "load".into(),
+            node_name: node.into(),
+            last_version: String::new(),
+        }
+        .encode_to_vec();
+        let mut framed = BytesMut::with_capacity(PREFIX + message.len());
+        framed.extend_from_slice(&[0]);
+        framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
+        framed.extend_from_slice(&message);
+        request_body.send_data(framed.freeze(), true)?;
+        let response = driven(&mut conn, response).await??;
+        if response.status() != http::StatusCode::OK {
+            return Err(format!("WatchEndpoints answered HTTP {}", response.status()).into());
+        }
+        if let Some(status) = response.headers().get("grpc-status") {
+            return Err(format!("WatchEndpoints ended at once: grpc-status {status:?}").into());
+        }
+        let mut agent = LightAgent {
+            conn,
+            body: response.into_body(),
+            buf: BytesMut::new(),
+            _send: send,
+            _request: request_body,
+        };
+        loop {
+            let event = agent.next_event().await?;
+            if event.r#type() != EventType::FullSnapshot {
+                return Err(
+                    format!("the first event was {:?}, not a snapshot", event.r#type()).into(),
+                );
+            }
+            if event.snapshot_last {
+                return Ok(agent);
+            }
+        }
+    }
+
+    /// The next event on the stream; an error once it or the connection
+    /// ends.
+    pub(crate) async fn next_event(&mut self) -> Res<EndpointEvent> {
+        loop {
+            if self.buf.len() >= PREFIX {
+                if self.buf[0] != 0 {
+                    return Err("a compressed message, which this agent did not ask for".into());
+                }
+                let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]);
+                let whole = PREFIX + len as usize;
+                if self.buf.len() >= whole {
+                    let mut message = self.buf.split_to(whole);
+                    message.advance(PREFIX);
+                    return Ok(EndpointEvent::decode(message.freeze())?);
+                }
+            }
+            let chunk = tokio::select! {
+                biased;
+                chunk = self.body.data() => chunk,
+                end = &mut self.conn => return Err(format!("the connection ended: {end:?}").into()),
+            };
+            let chunk = chunk.ok_or("the stream ended")??;
+            let _ = self.body.flow_control().release_capacity(chunk.len());
+            self.buf.extend_from_slice(&chunk);
+        }
+    }
+
+    /// The labels `sent` and `seq` of the next added or updated endpoint
+    /// (what the fan-out's writer puts on each change); `None` once the
+    /// stream ends.
+    pub(crate) async fn next_change(&mut self) -> Option<(u64, u64)> {
+        loop {
+            let event = self.next_event().await.ok()?;
+            if !matches!(
+                event.r#type(),
+                EventType::EndpointAdded | EventType::EndpointUpdated
+            ) {
+                continue;
+            }
+            let Some(endpoint) = event.endpoint else {
+                continue;
+            };
+            let label = |k: &str| endpoint.labels.get(k).and_then(|s| s.parse().ok());
+            if let (Some(sent), Some(seq)) = (label("sent"), label("seq")) {
+                return Some((sent, seq));
+            }
+        }
+    }
+}
