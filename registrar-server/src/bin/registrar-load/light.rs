@@ -3,9 +3,9 @@
 //! call, driven by one task that reads the stream's DATA frames, cuts them
 //! into gRPC messages and decodes each `EndpointEvent` with prost. There is
 //! no `RegistrarClient` cache, no event conversion and no second task per
-//! connection, so one core can read what 10,000 agents receive and the
-//! figures measure the registrar rather than its agents. What the
-//! registrar sends them is what it sends any agent.
+//! connection, so the agents' process costs less per event (BENCHMARKS.md
+//! has the figures) and limits a run less: what is measured is more the
+//! registrar's. What the registrar sends them is what it sends any agent.
 
 use std::net::SocketAddr;
 
@@ -17,7 +17,7 @@ use registry_registrar::proto::registrar::v1::{
 use tokio::net::TcpStream;
 use tonic::codegen::http;
 
-type Res<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+type Res<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 /// The gRPC path of the agent stream.
 const WATCH: &str = "/aether.registrar.v1.Registrar/WatchEndpoints";

@@ -37,7 +37,11 @@
 //! `--phases stuck` (a comma list of `fanout,backend,cold,stuck,restart`)
 //! runs only some phases. `--pin` puts the registrar on CPU 0 and its agents on
 //! CPU 1 in the fan-out phase, and it prints the registrar's CPU time per
-//! delivered event and per change.
+//! delivered event (and the part of it in the kernel) and per change.
+//! `--light-agents` makes the agents of the fan-out and restart phases
+//! bare HTTP/2 readers (`light.rs`) instead of `RegistrarClient`s, so that
+//! on a small machine the figures are the registrar's rather than its
+//! agents'.
 
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -106,10 +110,10 @@ struct Args {
     /// per delivery is its own, whatever the agents cost.
     #[arg(long)]
     pin: bool,
-    /// Fan-out phase: the agents are bare HTTP/2 readers, one task per
-    /// connection decoding each event with prost (`light.rs`), instead of
-    /// `RpcClient` watches; about a third of the CPU per event, so the
-    /// agents' core is not what limits a run of 10,000.
+    /// Fan-out and restart phases: the agents are bare HTTP/2 readers, one
+    /// task per connection decoding each event with prost (`light.rs`),
+    /// instead of `RpcClient` watches or `RegistrarClient`s; they cost
+    /// less CPU per event, so their process limits a run less.
     #[arg(long)]
     light_agents: bool,
     /// Internal: be the agents and the writer of the fan-out phase against
@@ -392,7 +396,7 @@ async fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
         return floor::client(addr, &args).await;
     }
     if let Some(url) = &args.restart_client {
-        return restart::client(url, args.agents).await;
+        return restart::client(url, args.agents, args.light_agents).await;
     }
     if let Some(url) = &args.stuck_client {
         return stuck::client(url, args.stuck_streams).await;

@@ -13,9 +13,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use registrar_server::{Backend, RegistrarConfig};
-use registry_api::{memory::MemoryRegistry, Endpoint, Registry};
+use registry_api::{backend::backoff, memory::MemoryRegistry, Endpoint, Registry};
 use registry_registrar::{ClientConfig, RegistrarClient};
 
+use crate::light::LightAgent;
 use crate::procs::cpu_seconds;
 use crate::{start_on, Args};
 
@@ -70,6 +71,7 @@ pub(crate) async fn phase(args: &Args) -> Res<()> {
     let mut child = tokio::process::Command::new(std::env::current_exe()?)
         .args(["--restart-client", &first.url])
         .args(["--agents", &args.agents.to_string()])
+        .args(args.light_agents.then_some("--light-agents"))
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true)
         .spawn()?;
@@ -80,8 +82,13 @@ pub(crate) async fn phase(args: &Args) -> Res<()> {
     )
     .await?;
     println!(
-        "restart: {} agents (RegistrarClient) on {ENDPOINTS} endpoints, all streams open after {:.1} s",
+        "restart: {} agents ({}) on {ENDPOINTS} endpoints, all streams open after {:.1} s",
         args.agents,
+        if args.light_agents {
+            "light: bare HTTP/2, RegistrarClient's backoff"
+        } else {
+            "RegistrarClient"
+        },
         opened.as_secs_f64()
     );
 
@@ -125,9 +132,17 @@ pub(crate) async fn phase(args: &Args) -> Res<()> {
     Ok(())
 }
 
-/// The child: `agents` `RegistrarClient`s against `url`, held until the
-/// parent kills this process (at most [`LIMIT`] twice over).
-pub(crate) async fn client(url: &str, agents: usize) -> Res<()> {
+/// The child: `agents` `RegistrarClient`s against `url` (with `light`,
+/// [`LightAgent`]s that reconnect as a `RegistrarClient` does), held
+/// until the parent kills this process (at most [`LIMIT`] twice over).
+pub(crate) async fn client(url: &str, agents: usize, light: bool) -> Res<()> {
+    if light {
+        for i in 0..agents {
+            tokio::spawn(light_agent(url.to_owned(), i));
+        }
+        tokio::time::sleep(LIMIT * 2).await;
+        return Ok(());
+    }
     let mut clients = Vec::with_capacity(agents);
     for i in 0..agents {
         let cfg = ClientConfig::new(url, "load", format!("agent-{i}"));
@@ -136,4 +151,21 @@ pub(crate) async fn client(url: &str, agents: usize) -> Res<()> {
     tokio::time::sleep(LIMIT * 2).await;
     drop(clients);
     Ok(())
+}
+
+/// Light agent `i`: a watch on `url`, opened again whenever it ends, with
+/// `RegistrarClient`'s default backoff between tries (the toolkit's
+/// [`backoff`]: from 200 ms, doubling to 30 s, jittered), reset once a
+/// snapshot is read.
+async fn light_agent(url: String, i: usize) {
+    let node = format!("agent-{i}");
+    let (min, max) = ClientConfig::new(&url, "load", &node).reconnect;
+    let mut delays = backoff(min, max);
+    loop {
+        if let Ok(mut agent) = LightAgent::open(&url, &node).await {
+            delays = backoff(min, max);
+            while agent.next_event().await.is_ok() {}
+        }
+        tokio::time::sleep(delays.next().unwrap_or(max)).await;
+    }
 }
