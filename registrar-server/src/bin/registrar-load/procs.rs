@@ -85,8 +85,8 @@ impl Figures {
 
 /// This tool again, as a child killed with its handle: `first`, then the
 /// load's size (`--agents`, `--rate`, `--seconds`, `--open-loop`,
-/// `--pin`, `--light-agents`) from `args`; its stdout piped. On `cpu` when given (with
-/// `taskset`).
+/// `--pin`, `--light-agents`) from `args`; its stdout piped. On `cpu`
+/// when given (with `taskset`).
 pub(crate) fn spawn_self(
     args: &Args,
     first: &[&str],

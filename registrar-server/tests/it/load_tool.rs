@@ -1,0 +1,64 @@
+//! `registrar-load`, the load tool behind the registrar's figures in
+//! BENCHMARKS.md, on a tiny load: its phases run to the end and every
+//! change reaches every agent, with `RpcClient` agents and with light ones
+//! (bare HTTP/2 readers). The figures it prints are not checked here.
+
+use std::time::Duration;
+
+use tokio::process::Command;
+
+/// The load tool.
+const LOAD: &str = env!("CARGO_BIN_EXE_registrar-load");
+
+/// Run `registrar-load` with `args` (bounded); what it printed, once it
+/// exited successfully.
+async fn run(args: &[&str]) -> String {
+    let out = tokio::time::timeout(
+        Duration::from_secs(120),
+        Command::new(LOAD).args(args).kill_on_drop(true).output(),
+    )
+    .await
+    .expect("registrar-load did not finish within 120 s")
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "registrar-load {args:?} failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[tokio::test]
+async fn every_change_reaches_every_agent_of_either_kind() {
+    for light in [false, true] {
+        let mut args = vec![
+            "--phases",
+            "fanout",
+            "--encoding",
+            "shared",
+            "--agents",
+            "4",
+            "--rate",
+            "20",
+            "--seconds",
+            "1",
+        ];
+        if light {
+            args.push("--light-agents");
+        }
+        let out = run(&args).await;
+        assert!(
+            out.contains("(20 of 20 writes reached all agents)"),
+            "light agents: {light}\n{out}"
+        );
+        assert!(out.contains("µs of it in the kernel"), "{out}");
+    }
+}
+
+#[tokio::test]
+async fn light_agents_come_back_after_a_registrar_restart() {
+    let out = run(&["--phases", "restart", "--agents", "3", "--light-agents"]).await;
+    assert!(out.contains("all 3 after"), "{out}");
+}
