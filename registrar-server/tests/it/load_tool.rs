@@ -1,7 +1,8 @@
 //! `registrar-load`, the load tool behind the registrar's figures in
 //! BENCHMARKS.md, on a tiny load: its phases run to the end and every
 //! change reaches every agent, with `RpcClient` agents and with light ones
-//! (bare HTTP/2 readers). The figures it prints are not checked here.
+//! (bare HTTP/2 readers), and from both floors the registrar is measured
+//! against. The figures it prints are not checked here.
 
 use std::time::Duration;
 
@@ -54,6 +55,29 @@ async fn every_change_reaches_every_agent_of_either_kind() {
             "light agents: {light}\n{out}"
         );
         assert!(out.contains("µs of it in the kernel"), "{out}");
+    }
+}
+
+#[tokio::test]
+async fn both_floors_reach_every_agent() {
+    for floor in ["floor", "floor-h2"] {
+        let out = run(&[
+            "--phases",
+            "fanout",
+            "--encoding",
+            floor,
+            "--agents",
+            "4",
+            "--rate",
+            "20",
+            "--seconds",
+            "1",
+        ])
+        .await;
+        assert!(
+            out.contains("floor: 20 of 20 changes reached all agents"),
+            "{floor}:\n{out}"
+        );
     }
 }
 

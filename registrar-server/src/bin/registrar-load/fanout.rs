@@ -22,6 +22,7 @@ use registry_api::{memory::MemoryRegistry, Endpoint, Event, Registry, Watch};
 use registry_registrar::{ClientConfig, RegistrarClient, RpcClient};
 use tokio::io::AsyncBufReadExt;
 
+use crate::floor::Floor;
 use crate::light::LightAgent;
 use crate::procs::{cpu_seconds, spawn_self, CpuMark, Figures, PINNED, REGISTRAR_CPU};
 use crate::{now_micros, pct, rss_bytes, start, Args};
@@ -56,28 +57,28 @@ pub(crate) async fn phase(args: &Args) -> Res<()> {
         }
     }
     let encoding = match args.encoding.as_str() {
-        "floor" => {
-            let f = crate::floor::serve(args).await?;
-            print_per_delivery("floor: a minimal tokio server", &f, args);
+        "floor" | "floor-h2" => {
+            let (floor, name) = match args.encoding.as_str() {
+                "floor" => (Floor::Tcp, "floor: a minimal tokio server"),
+                _ => (Floor::Http2, "floor: WatchEndpoints on h2 alone"),
+            };
+            let f = crate::floor::serve(args, floor).await?;
+            print_per_delivery(name, &f, args);
             print_figures(&f);
             return Ok(());
         }
         "floor-shared" => {
             let floor = run_apart(args, "floor").await?;
+            let h2 = run_apart(args, "floor-h2").await?;
             let shared = run_apart(args, "shared").await?;
-            let (all, kernel) = shared.per_delivery_us(args.agents);
-            let (floor_all, floor_kernel) = floor.per_delivery_us(args.agents);
-            println!(
-                "fan-out against the floor: the registrar's CPU per delivered event is {:.2}x the floor's ({:.2} µs vs {:.2} µs; in the kernel {:.2} vs {:.2} µs, in user space {:.2} vs {:.2} µs); write -> every agent p99 {:.2} ms vs {:.2} ms",
-                all / floor_all.max(1e-9),
-                all,
-                floor_all,
-                kernel,
-                floor_kernel,
-                all - kernel,
-                floor_all - floor_kernel,
-                shared.every_p99_ms,
-                floor.every_p99_ms
+            print_against("the HTTP/2 floor", &h2, "the floor", &floor, args.agents);
+            print_against("the registrar", &shared, "the floor", &floor, args.agents);
+            print_against(
+                "the registrar",
+                &shared,
+                "the HTTP/2 floor",
+                &h2,
+                args.agents,
             );
             return Ok(());
         }
@@ -141,6 +142,26 @@ fn print_per_delivery(name: &str, f: &Figures, args: &Args) {
         } else {
             ""
         }
+    );
+}
+
+/// Print the CPU per delivered event of run `f` (named `name`) against
+/// that of `base` (named `base_name`): in all, in the kernel and in user
+/// space, and their p99 write → every agent.
+fn print_against(name: &str, f: &Figures, base_name: &str, base: &Figures, agents: usize) {
+    let (all, kernel) = f.per_delivery_us(agents);
+    let (base_all, base_kernel) = base.per_delivery_us(agents);
+    println!(
+        "fan-out against {base_name}: {name}'s CPU per delivered event is {:.2}x ({:.2} µs vs {:.2} µs; in the kernel {:.2} vs {:.2} µs, in user space {:.2} vs {:.2} µs); write -> every agent p99 {:.2} ms vs {:.2} ms",
+        all / base_all.max(1e-9),
+        all,
+        base_all,
+        kernel,
+        base_kernel,
+        all - kernel,
+        base_all - base_kernel,
+        f.every_p99_ms,
+        base.every_p99_ms
     );
 }
 

@@ -1,20 +1,35 @@
-//! The fan-out phase's floor (`--encoding floor`): what the same fan-out
-//! costs a minimal tokio server with no gRPC, no HTTP/2 and no registry.
-//! It accepts `--agents` loopback TCP connections and, for each change
-//! (`--rate` per second for `--seconds`), wakes one task per connection
-//! (as the registrar wakes one stream per agent) that writes a 128-byte
-//! message to its socket. The agents (a child process, on CPU 1 with
-//! `--pin`) read them. Its CPU time per delivered message is the floor the
-//! registrar's is compared with: one socket write per delivery, and the
-//! wake-up before it.
+//! The fan-out phase's floors: what the same fan-out costs a minimal tokio
+//! server with no registry. It accepts `--agents` loopback connections and,
+//! for each change (`--rate` per second for `--seconds`), wakes one task
+//! per connection (as the registrar wakes one stream per agent) that sends
+//! the change's message, encoded once for all. The agents (a child
+//! process, on CPU 1 with `--pin`) read them. The server's CPU time per
+//! delivered message is what the registrar's is compared with.
+//!
+//! - `--encoding floor` ([`Floor::Tcp`]): no gRPC, no HTTP/2; a 128-byte
+//!   message written to the socket. One socket write per delivery, and
+//!   the wake-up before it.
+//! - `--encoding floor-h2` ([`Floor::Http2`]): the agent's `WatchEndpoints`
+//!   call answered with the `h2` crate alone, one task per connection
+//!   driving both the connection and its one stream; each change is an
+//!   `EndpointEvent` as the registrar sends it, read by light agents
+//!   (`light.rs`). What HTTP/2 and gRPC's framing cost without hyper's
+//!   task per stream, tonic's encoder or the registrar.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::{BufMut, Bytes, BytesMut};
+use prost::Message;
+use registry_registrar::proto::registrar::v1::{endpoint_event::EventType, EndpointEvent};
+use registry_registrar::proto::registry::v1::ServiceEndpoint;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tokio::sync::broadcast;
+use tonic::codegen::http;
 
+use crate::light::LightAgent;
 use crate::procs::{cpu_seconds, spawn_self, CpuMark, Figures, REGISTRAR_CPU};
 use crate::{now_micros, Args};
 
@@ -24,30 +39,125 @@ type Res<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 /// and HTTP/2 framing.
 const MESSAGE: usize = 128;
 
-/// The server's side (this process, on CPU 0 with `--pin`).
-pub(crate) async fn serve(args: &Args) -> Res<Figures> {
+/// Which floor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Floor {
+    /// Bare TCP: a 128-byte message per change.
+    Tcp,
+    /// `WatchEndpoints` over the `h2` crate alone.
+    Http2,
+}
+
+impl Floor {
+    /// Change `seq`, written at `sent` (µs since the epoch), as this
+    /// floor sends it.
+    fn message(self, seq: u64, sent: u64) -> Bytes {
+        match self {
+            Floor::Tcp => {
+                let mut msg = BytesMut::zeroed(MESSAGE);
+                msg[..8].copy_from_slice(&seq.to_le_bytes());
+                msg[8..16].copy_from_slice(&sent.to_le_bytes());
+                msg.freeze()
+            }
+            Floor::Http2 => grpc_message(&EndpointEvent {
+                r#type: EventType::EndpointUpdated as i32,
+                service_name: "load".into(),
+                endpoint: Some(ServiceEndpoint {
+                    service_name: "load".into(),
+                    id: format!("ep-{}", seq % 500),
+                    address: "127.0.0.1".into(),
+                    port: 8080,
+                    labels: [("sent", sent), ("seq", seq)]
+                        .into_iter()
+                        .map(|(k, v)| (k.to_owned(), v.to_string()))
+                        .collect(),
+                    ..ServiceEndpoint::default()
+                }),
+                version: format!("1.{seq}"),
+                ..EndpointEvent::default()
+            }),
+        }
+    }
+}
+
+/// `event` as one gRPC message: its length prefix, then its encoding.
+fn grpc_message(event: &EndpointEvent) -> Bytes {
+    let len = event.encoded_len();
+    let mut buf = BytesMut::with_capacity(5 + len);
+    buf.put_u8(0);
+    buf.put_u32(len as u32);
+    // A BytesMut grows as needed: encoding into it cannot fail.
+    let _ = event.encode(&mut buf);
+    buf.freeze()
+}
+
+/// One agent's connection to the bare TCP floor: each message written.
+async fn tcp_connection(mut sock: TcpStream, mut rx: broadcast::Receiver<Bytes>) {
+    while let Ok(msg) = rx.recv().await {
+        if sock.write_all(&msg).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// One agent's connection to the HTTP/2 floor: its `WatchEndpoints` call
+/// answered with an empty snapshot, then each message as a DATA frame on
+/// that stream, by one task that also drives the connection.
+async fn h2_connection(sock: TcpStream, mut rx: broadcast::Receiver<Bytes>) -> Res<()> {
+    let mut conn = h2::server::handshake(sock).await?;
+    let (_request, mut respond) = conn.accept().await.ok_or("the agent sent no request")??;
+    let response = http::Response::builder()
+        .header("content-type", "application/grpc")
+        .body(())?;
+    let mut stream = respond.send_response(response, false)?;
+    stream.send_data(
+        grpc_message(&EndpointEvent {
+            r#type: EventType::FullSnapshot as i32,
+            snapshot_last: true,
+            ..EndpointEvent::default()
+        }),
+        false,
+    )?;
+    loop {
+        tokio::select! {
+            biased;
+            msg = rx.recv() => match msg {
+                Ok(msg) => stream.send_data(msg, false)?,
+                Err(_) => return Ok(()),
+            },
+            // Reads the agent's frames and writes what was queued.
+            next = conn.accept() => if next.is_none() {
+                return Ok(());
+            },
+        }
+    }
+}
+
+/// The server's side of `floor` (this process, on CPU 0 with `--pin`).
+pub(crate) async fn serve(args: &Args, floor: Floor) -> Res<Figures> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?.to_string();
+    let addr = match floor {
+        Floor::Tcp => listener.local_addr()?.to_string(),
+        Floor::Http2 => format!("http://{}", listener.local_addr()?),
+    };
     let agents_cpu = args.pin.then_some(REGISTRAR_CPU + 1);
     let mut child = spawn_self(args, &["--floor-client", &addr], agents_cpu)?;
-    let (tx, _) = broadcast::channel::<(u64, u64)>(65_536);
+    let (tx, _) = broadcast::channel::<Bytes>(65_536);
     let mut tasks = Vec::with_capacity(args.agents);
     for _ in 0..args.agents {
-        let (mut sock, _) = tokio::time::timeout(Duration::from_secs(60), listener.accept())
+        let (sock, _) = tokio::time::timeout(Duration::from_secs(60), listener.accept())
             .await
             .map_err(|_| "the agents did not connect within 60 s")??;
         sock.set_nodelay(true)?;
-        let mut rx = tx.subscribe();
-        tasks.push(tokio::spawn(async move {
-            let mut msg = [0u8; MESSAGE];
-            while let Ok((seq, sent)) = rx.recv().await {
-                msg[..8].copy_from_slice(&seq.to_le_bytes());
-                msg[8..16].copy_from_slice(&sent.to_le_bytes());
-                if sock.write_all(&msg).await.is_err() {
-                    return;
+        let rx = tx.subscribe();
+        tasks.push(match floor {
+            Floor::Tcp => tokio::spawn(tcp_connection(sock, rx)),
+            Floor::Http2 => tokio::spawn(async move {
+                if let Err(e) = h2_connection(sock, rx).await {
+                    println!("floor: an agent's HTTP/2 connection failed: {e}");
                 }
-            }
-        }));
+            }),
+        });
     }
     let stdout = child.stdout.take().ok_or("the agents' stdout")?;
     let mut lines = tokio::io::BufReader::new(stdout).lines();
@@ -61,7 +171,7 @@ pub(crate) async fn serve(args: &Args) -> Res<Figures> {
     while seq < writes {
         tick.tick().await;
         for _ in 0..per_tick.min(writes - seq) {
-            let _ = tx.send((seq, now_micros()));
+            let _ = tx.send(floor.message(seq, now_micros()));
             seq += 1;
         }
     }
@@ -85,6 +195,8 @@ pub(crate) async fn serve(args: &Args) -> Res<Figures> {
                 figures.every_p99_ms = *p99;
                 figures.agents_cpu_per_s = *cpu;
             }
+        } else {
+            println!("{line}");
         }
     }
     figures.changes_per_s = writes as f64 / delivery_time.as_secs_f64();
@@ -94,6 +206,47 @@ pub(crate) async fn serve(args: &Args) -> Res<Figures> {
     }
     child.wait().await?;
     Ok(figures)
+}
+
+/// One agent of a floor: a bare TCP connection or a light HTTP/2 one.
+enum Reader {
+    Tcp(TcpStream),
+    Http2(Box<LightAgent>),
+}
+
+impl Reader {
+    /// A connection to the floor at `addr` (`http://…` for the HTTP/2
+    /// floor) as agent `i`.
+    async fn open(addr: &str, i: usize) -> Res<Self> {
+        if addr.starts_with("http://") {
+            let agent = LightAgent::open(addr, &format!("agent-{i}"))
+                .await
+                .map_err(|e| format!("agent {i}: {e}"))?;
+            return Ok(Reader::Http2(Box::new(agent)));
+        }
+        Ok(Reader::Tcp(TcpStream::connect(addr).await?))
+    }
+
+    /// The next change's number and when it was sent; `None` once the
+    /// connection ends.
+    async fn next(&mut self) -> Option<(usize, u64)> {
+        match self {
+            Reader::Tcp(sock) => {
+                let mut msg = [0u8; MESSAGE];
+                sock.read_exact(&mut msg).await.ok()?;
+                let word = |at: usize| {
+                    let mut b = [0u8; 8];
+                    b.copy_from_slice(&msg[at..at + 8]);
+                    u64::from_le_bytes(b)
+                };
+                Some((word(0) as usize, word(8)))
+            }
+            Reader::Http2(agent) => {
+                let (sent, seq) = agent.next_change().await?;
+                Some((seq as usize, sent))
+            }
+        }
+    }
 }
 
 /// The agents' side: `agents` connections to `addr`, each reading every
@@ -107,26 +260,19 @@ pub(crate) async fn client(addr: &str, args: &Args) -> Res<()> {
     let slowest: Arc<Vec<AtomicU64>> = Arc::new((0..writes).map(|_| AtomicU64::new(0)).collect());
     let sent_at: Arc<Vec<AtomicU64>> = Arc::new((0..writes).map(|_| AtomicU64::new(0)).collect());
     let mut readers = Vec::with_capacity(args.agents);
-    for _ in 0..args.agents {
-        let mut sock = tokio::net::TcpStream::connect(addr).await?;
+    for i in 0..args.agents {
+        let mut reader = Reader::open(addr, i).await?;
         let (delivered, slowest, sent_at) = (
             Arc::clone(&delivered),
             Arc::clone(&slowest),
             Arc::clone(&sent_at),
         );
         readers.push(tokio::spawn(async move {
-            let mut msg = [0u8; MESSAGE];
             for _ in 0..writes {
-                if sock.read_exact(&mut msg).await.is_err() {
+                let Some((seq, sent)) = reader.next().await else {
                     return;
-                }
-                let now = now_micros();
-                let word = |at: usize| {
-                    let mut b = [0u8; 8];
-                    b.copy_from_slice(&msg[at..at + 8]);
-                    u64::from_le_bytes(b)
                 };
-                let (seq, sent) = (word(0) as usize, word(8));
+                let now = now_micros();
                 if let (Some(d), Some(s), Some(t)) =
                     (delivered.get(seq), slowest.get(seq), sent_at.get(seq))
                 {
@@ -150,13 +296,16 @@ pub(crate) async fn client(addr: &str, args: &Args) -> Res<()> {
     let cpu_per_s = (cpu_seconds() - cpu_start) / start.elapsed().as_secs_f64();
     println!("delivered");
     let mut every = hdrhistogram::Histogram::<u64>::new(3)?;
+    let mut complete = 0;
     for i in 0..writes {
         if delivered[i].load(Ordering::Relaxed) == args.agents {
+            complete += 1;
             let last = slowest[i].load(Ordering::Relaxed);
             let sent = sent_at[i].load(Ordering::Relaxed);
             let _ = every.record(last.saturating_sub(sent).max(1));
         }
     }
+    println!("floor: {complete} of {writes} changes reached all agents");
     let ms = |q: f64| every.value_at_quantile(q) as f64 / 1000.0;
     println!("result {} {} {cpu_per_s}", ms(0.5), ms(0.99));
     Ok(())

@@ -95,10 +95,12 @@ struct Args {
     /// phase: `shared`, `per-subscriber`, `per-stream` (the baseline),
     /// `both` (per-stream, then shared) or `all` three in turn.
     /// `floor` is no registrar at all: a minimal tokio server writing each
-    /// change to each agent's socket (`floor.rs`), and `floor-shared` runs
-    /// it, then `shared`, and prints the registrar's CPU per delivery
-    /// against the floor's.
-    #[arg(long, default_value = "all", value_parser = ["all", "both", "shared", "per-subscriber", "per-stream", "floor", "floor-shared"])]
+    /// change to each agent's socket (`floor.rs`); `floor-h2` answers the
+    /// agents' `WatchEndpoints` with the `h2` crate alone, one task per
+    /// connection, to light agents; `floor-shared` runs both, then
+    /// `shared`, and prints the CPU per delivery of each against the
+    /// others.
+    #[arg(long, default_value = "all", value_parser = ["all", "both", "shared", "per-subscriber", "per-stream", "floor", "floor-h2", "floor-shared"])]
     encoding: String,
     /// Fan-out phase: send each tick's writes without waiting for the
     /// previous ones (by default the writer waits for each tick's
