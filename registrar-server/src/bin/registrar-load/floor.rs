@@ -20,8 +20,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{BufMut, Bytes, BytesMut};
-use prost::Message;
+use bytes::{Bytes, BytesMut};
 use registry_registrar::proto::registrar::v1::{endpoint_event::EventType, EndpointEvent};
 use registry_registrar::proto::registry::v1::ServiceEndpoint;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
@@ -29,7 +28,7 @@ use tokio::net::TcpStream;
 use tokio::sync::broadcast;
 use tonic::codegen::http;
 
-use crate::light::LightAgent;
+use crate::light::{grpc_message, LightAgent};
 use crate::procs::{cpu_seconds, spawn_self, CpuMark, Figures, REGISTRAR_CPU};
 use crate::{now_micros, Args};
 
@@ -78,17 +77,6 @@ impl Floor {
             }),
         }
     }
-}
-
-/// `event` as one gRPC message: its length prefix, then its encoding.
-fn grpc_message(event: &EndpointEvent) -> Bytes {
-    let len = event.encoded_len();
-    let mut buf = BytesMut::with_capacity(5 + len);
-    buf.put_u8(0);
-    buf.put_u32(len as u32);
-    // A BytesMut grows as needed: encoding into it cannot fail.
-    let _ = event.encode(&mut buf);
-    buf.freeze()
 }
 
 /// One agent's connection to the bare TCP floor: each message written.

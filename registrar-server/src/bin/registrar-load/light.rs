@@ -9,7 +9,7 @@
 
 use std::net::SocketAddr;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use prost::Message;
 use registry_registrar::proto::registrar::v1::{
     endpoint_event::EventType, EndpointEvent, WatchEndpointsRequest,
@@ -23,6 +23,18 @@ type Res<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 const WATCH: &str = "/aether.registrar.v1.Registrar/WatchEndpoints";
 /// A gRPC message's prefix: a compression flag and a big-endian length.
 const PREFIX: usize = 5;
+
+/// `message` as one uncompressed gRPC message: its prefix, then its
+/// encoding.
+pub(crate) fn grpc_message(message: &impl Message) -> Bytes {
+    let len = message.encoded_len();
+    let mut buf = BytesMut::with_capacity(PREFIX + len);
+    buf.put_u8(0);
+    buf.put_u32(len as u32);
+    // A BytesMut grows as needed: encoding into it cannot fail.
+    let _ = message.encode(&mut buf);
+    buf.freeze()
+}
 
 /// One agent's watch on a connection of its own.
 pub(crate) struct LightAgent {
@@ -64,17 +76,12 @@ impl LightAgent {
             .header("te", "trailers")
             .body(())?;
         let (response, mut request_body) = send.send_request(request, false)?;
-        let message = WatchEndpointsRequest {
+        let request = grpc_message(&WatchEndpointsRequest {
             cluster_name: "load".into(),
             node_name: node.into(),
             last_version: String::new(),
-        }
-        .encode_to_vec();
-        let mut framed = BytesMut::with_capacity(PREFIX + message.len());
-        framed.extend_from_slice(&[0]);
-        framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
-        framed.extend_from_slice(&message);
-        request_body.send_data(framed.freeze(), true)?;
+        });
+        request_body.send_data(request, true)?;
         let response = driven(&mut conn, response).await??;
         if response.status() != http::StatusCode::OK {
             return Err(format!("WatchEndpoints answered HTTP {}", response.status()).into());
