@@ -81,6 +81,9 @@ pub struct Machine {
     rejoin_backoff: Duration,
     /// When news was last gossiped at once (see [`Machine::gossip_news`]).
     last_eager: Option<Duration>,
+    /// When this node last caught up after news was addressed to an
+    /// earlier identity of it (see [`Machine::catch_up_if_stale`]).
+    last_catch_up: Option<Duration>,
     /// The member this node joined through, and how many more periodic
     /// syncs go to it before they go to random members.
     join_peer: Option<(SocketAddr, u8)>,
@@ -136,6 +139,7 @@ impl Machine {
             view_changed_at: now,
             rejoin_backoff: settings_fast,
             last_eager: None,
+            last_catch_up: None,
             join_peer: None,
         };
         let first_ae = m.jitter(m.settings.ae_interval);
@@ -446,7 +450,12 @@ impl Machine {
                         self.send_digest(addr, 0);
                     }
                     Notice::NodeDown(node) => self.kill_node(&node),
-                    Notice::Rejoined => self.reassert_all(),
+                    Notice::Rejoined => {
+                        self.reassert_all();
+                        // What was sent to this node while it was down, or
+                        // to its old identity, never reached the replica.
+                        self.catch_up_from_a_member();
+                    }
                     Notice::Changed | Notice::Other => {}
                 }
             }
@@ -559,6 +568,17 @@ impl Machine {
         if let Some((peer, digest)) = round {
             self.send_anti_entropy(peer, &digest);
         }
+    }
+
+    /// Walk the whole hash space with a random member now (a rejoined
+    /// node catching up on what it missed).
+    fn catch_up_from_a_member(&mut self) {
+        let members = self.membership.members();
+        if members.is_empty() {
+            return;
+        }
+        let peer = members[self.rng.random_range(0..members.len())].addr;
+        self.send_digest(peer, 0);
     }
 
     fn send_digest(&mut self, to: SocketAddr, lo: u64) {

@@ -59,6 +59,7 @@ impl Machine {
                     tracing::debug!(%from, error = %e, "dropped a malformed SWIM datagram");
                     return;
                 }
+                self.catch_up_if_stale(body);
                 let backlog = self.membership.broadcast_backlog();
                 if let Err(e) = self.membership.handle_data(body) {
                     self.stats.swim_errors += 1;
@@ -217,5 +218,34 @@ impl Machine {
         for answer in &answers {
             self.send_anti_entropy(from, answer);
         }
+    }
+}
+
+impl Machine {
+    /// A SWIM body `body` that carries entries but is addressed to an
+    /// earlier identity of this node (its sender has not yet learnt that
+    /// this node was declared down and rejoined): foca drops it, entries
+    /// and all, though the sender counts them as sent. Catch up from that
+    /// sender by anti-entropy over the whole hash space, at most once per
+    /// quarter of the anti-entropy interval.
+    fn catch_up_if_stale(&mut self, body: &[u8]) {
+        let Ok((src, dst)) = wire::swim_route(body) else {
+            return;
+        };
+        let me = self.membership.identity();
+        let stale = dst.addr == me.addr && dst.node == me.node && dst.bump != me.bump;
+        if !stale || wire::swim_broadcasts(body).map_or(true, |items| items.is_empty()) {
+            return;
+        }
+        let gap = self.settings.ae_interval / 4;
+        if self
+            .last_catch_up
+            .is_some_and(|at| self.now.saturating_sub(at) < gap)
+        {
+            return;
+        }
+        self.last_catch_up = Some(self.now);
+        tracing::debug!(peer = %src.addr, "entries sent to an earlier identity of this node; catching up from their sender");
+        self.send_digest(src.addr, 0);
     }
 }

@@ -205,6 +205,12 @@ impl foca::Codec<GossipId> for WireCodec {
     }
 }
 
+/// The sender and the addressee of a SWIM body, from its header.
+pub(crate) fn swim_route(body: &[u8]) -> Result<(GossipId, GossipId), DecodeError> {
+    let header = get_header(&mut Reader::new(body))?;
+    Ok((header.src, header.dst))
+}
+
 /// The custom broadcasts (registry entries) inside an outgoing or incoming
 /// foca packet body: everything after the header and the membership
 /// updates, as `u16 length, bytes` items.

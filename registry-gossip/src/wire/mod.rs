@@ -29,5 +29,6 @@ pub use self::identity::GossipId;
 pub use self::members::MemberMessage;
 pub use crate::layout::{decode_entry, encode_entry, get_entry, put_entry};
 
+pub(crate) use self::codec::swim_route;
 pub(crate) use self::frame::overhead;
 pub(crate) use self::identity::max_encoded_len as max_identity_len;
