@@ -31,21 +31,27 @@ async fn run(args: &[&str]) -> String {
     stdout
 }
 
+/// The fan-out phase's arguments for a tiny load with `encoding`: 4
+/// agents, 20 changes in 1 s.
+fn tiny_fanout(encoding: &str) -> Vec<&str> {
+    vec![
+        "--phases",
+        "fanout",
+        "--encoding",
+        encoding,
+        "--agents",
+        "4",
+        "--rate",
+        "20",
+        "--seconds",
+        "1",
+    ]
+}
+
 #[tokio::test]
 async fn every_change_reaches_every_agent_of_either_kind() {
     for light in [false, true] {
-        let mut args = vec![
-            "--phases",
-            "fanout",
-            "--encoding",
-            "shared",
-            "--agents",
-            "4",
-            "--rate",
-            "20",
-            "--seconds",
-            "1",
-        ];
+        let mut args = tiny_fanout("shared");
         if light {
             args.push("--light-agents");
         }
@@ -61,19 +67,7 @@ async fn every_change_reaches_every_agent_of_either_kind() {
 #[tokio::test]
 async fn both_floors_reach_every_agent() {
     for floor in ["floor", "floor-h2"] {
-        let out = run(&[
-            "--phases",
-            "fanout",
-            "--encoding",
-            floor,
-            "--agents",
-            "4",
-            "--rate",
-            "20",
-            "--seconds",
-            "1",
-        ])
-        .await;
+        let out = run(&tiny_fanout(floor)).await;
         assert!(
             out.contains("floor: 20 of 20 changes reached all agents"),
             "{floor}:\n{out}"

@@ -89,6 +89,16 @@ pub struct Machine {
     join_peer: Option<(SocketAddr, u8)>,
 }
 
+/// Whether something last done at `last` may be done again at `now`, at
+/// most once per `gap`; if so, `now` becomes its last time.
+fn once_per(last: &mut Option<Duration>, now: Duration, gap: Duration) -> bool {
+    if last.is_some_and(|at| now.saturating_sub(at) < gap) {
+        return false;
+    }
+    *last = Some(now);
+    true
+}
+
 impl std::fmt::Debug for Machine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Machine")
@@ -398,14 +408,13 @@ impl Machine {
     /// burst of writes still shares datagrams. The entries are sent no
     /// more times than before, only sooner.
     fn gossip_news(&mut self) {
-        let gap = self.settings.member_sync_fast / 4;
-        if self
-            .last_eager
-            .is_some_and(|at| self.now.saturating_sub(at) < gap)
-        {
+        if !once_per(
+            &mut self.last_eager,
+            self.now,
+            self.settings.member_sync_fast / 4,
+        ) {
             return;
         }
-        self.last_eager = Some(self.now);
         if let Err(e) = self.membership.gossip_now() {
             tracing::trace!(error = %e, "gossip");
         }

@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 
 use super::replay::Rejected;
 use super::stats::{self, CAPPED_METRIC};
-use super::Machine;
+use super::{once_per, Machine};
 use crate::crdt::micros;
 use crate::wire::{self, AeMessage, FrameError, FrameHeader, Kind, MemberMessage};
 
@@ -237,14 +237,13 @@ impl Machine {
         if !stale || wire::swim_broadcasts(body).map_or(true, |items| items.is_empty()) {
             return;
         }
-        let gap = self.settings.ae_interval / 4;
-        if self
-            .last_catch_up
-            .is_some_and(|at| self.now.saturating_sub(at) < gap)
-        {
+        if !once_per(
+            &mut self.last_catch_up,
+            self.now,
+            self.settings.ae_interval / 4,
+        ) {
             return;
         }
-        self.last_catch_up = Some(self.now);
         tracing::debug!(peer = %src.addr, "entries sent to an earlier identity of this node; catching up from their sender");
         self.send_digest(src.addr, 0);
     }

@@ -12,7 +12,6 @@
 //! server's 200 concurrent HTTP/2 streams), so the asked rate is held
 //! unless acknowledgements take longer than 150 writes' worth of time.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -24,7 +23,9 @@ use tokio::io::AsyncBufReadExt;
 
 use crate::floor::Floor;
 use crate::light::LightAgent;
-use crate::procs::{cpu_seconds, spawn_self, CpuMark, Figures, PINNED, REGISTRAR_CPU};
+use crate::procs::{
+    cpu_seconds, join_within, spawn_self, CpuMark, Deliveries, Figures, PINNED, REGISTRAR_CPU,
+};
 use crate::{now_micros, pct, rss_bytes, start, Args};
 
 type Res<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -360,10 +361,7 @@ impl Agent {
 /// Prints markers for the parent and a `result` line.
 pub(crate) async fn client(url: &str, args: &Args) -> Res<()> {
     let writes = (args.rate * args.seconds) as usize;
-    // Per write: deliveries seen and the latest delivery time.
-    let delivered: Arc<Vec<AtomicUsize>> =
-        Arc::new((0..writes).map(|_| AtomicUsize::new(0)).collect());
-    let slowest: Arc<Vec<AtomicU64>> = Arc::new((0..writes).map(|_| AtomicU64::new(0)).collect());
+    let deliveries = Arc::new(Deliveries::new(writes));
     let one = Arc::new(Mutex::new(hdrhistogram::Histogram::<u64>::new(3)?));
 
     let mut agents = Vec::with_capacity(args.agents);
@@ -375,8 +373,7 @@ pub(crate) async fn client(url: &str, args: &Args) -> Res<()> {
     let readers: Vec<_> = agents
         .into_iter()
         .map(|mut agent| {
-            let delivered = Arc::clone(&delivered);
-            let slowest = Arc::clone(&slowest);
+            let deliveries = Arc::clone(&deliveries);
             let one = Arc::clone(&one);
             tokio::spawn(async move {
                 let mut local = hdrhistogram::Histogram::<u64>::new(3).ok();
@@ -386,14 +383,9 @@ pub(crate) async fn client(url: &str, args: &Args) -> Res<()> {
                     if let Some(h) = local.as_mut() {
                         let _ = h.record(now.saturating_sub(sent).max(1));
                     }
-                    if let (Some(d), Some(s)) =
-                        (delivered.get(seq as usize), slowest.get(seq as usize))
-                    {
-                        d.fetch_add(1, Ordering::Relaxed);
-                        s.fetch_max(now, Ordering::Relaxed);
-                    }
+                    deliveries.record(seq as usize, now);
                     seen += 1;
-                    if seen == delivered.len() {
+                    if seen == deliveries.len() {
                         break;
                     }
                 }
@@ -458,25 +450,12 @@ pub(crate) async fn client(url: &str, args: &Args) -> Res<()> {
         r?;
     }
     let write_time = start.elapsed();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    for r in readers {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if tokio::time::timeout(left, r).await.is_err() {
-            println!("fan-out: some agents did not receive every change within 30 s");
-            break;
-        }
+    if !join_within(readers, Duration::from_secs(30)).await {
+        println!("fan-out: some agents did not receive every change within 30 s");
     }
     let cpu_per_s = (cpu_seconds() - cpu_start) / start.elapsed().as_secs_f64();
     println!("delivered");
-    let mut every = hdrhistogram::Histogram::<u64>::new(3)?;
-    let mut complete = 0;
-    for (i, sent) in sent_at.iter().enumerate() {
-        if delivered[i].load(Ordering::Relaxed) == args.agents {
-            complete += 1;
-            let last = slowest[i].load(Ordering::Relaxed);
-            let _ = every.record(last.saturating_sub(*sent).max(1));
-        }
-    }
+    let (every, complete) = deliveries.every(args.agents, |seq| sent_at[seq])?;
     let one = one.lock().map_err(|_| "poisoned")?;
     let rate = writes as f64 / write_time.as_secs_f64();
     println!(

@@ -16,7 +16,7 @@
 //!   (`light.rs`). What HTTP/2 and gRPC's framing cost without hyper's
 //!   task per stream, tonic's encoder or the registrar.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,7 +29,9 @@ use tokio::sync::broadcast;
 use tonic::codegen::http;
 
 use crate::light::{grpc_message, LightAgent};
-use crate::procs::{cpu_seconds, spawn_self, CpuMark, Figures, REGISTRAR_CPU};
+use crate::procs::{
+    cpu_seconds, join_within, spawn_self, CpuMark, Deliveries, Figures, REGISTRAR_CPU,
+};
 use crate::{now_micros, Args};
 
 type Res<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -243,29 +245,21 @@ impl Reader {
 /// p99 ms> <CPU s/s>`.
 pub(crate) async fn client(addr: &str, args: &Args) -> Res<()> {
     let writes = (args.rate * args.seconds) as usize;
-    let delivered: Arc<Vec<AtomicUsize>> =
-        Arc::new((0..writes).map(|_| AtomicUsize::new(0)).collect());
-    let slowest: Arc<Vec<AtomicU64>> = Arc::new((0..writes).map(|_| AtomicU64::new(0)).collect());
+    let deliveries = Arc::new(Deliveries::new(writes));
+    // The writer is the server, in another process: each message says
+    // when it was sent.
     let sent_at: Arc<Vec<AtomicU64>> = Arc::new((0..writes).map(|_| AtomicU64::new(0)).collect());
     let mut readers = Vec::with_capacity(args.agents);
     for i in 0..args.agents {
         let mut reader = Reader::open(addr, i).await?;
-        let (delivered, slowest, sent_at) = (
-            Arc::clone(&delivered),
-            Arc::clone(&slowest),
-            Arc::clone(&sent_at),
-        );
+        let (deliveries, sent_at) = (Arc::clone(&deliveries), Arc::clone(&sent_at));
         readers.push(tokio::spawn(async move {
             for _ in 0..writes {
                 let Some((seq, sent)) = reader.next().await else {
                     return;
                 };
-                let now = now_micros();
-                if let (Some(d), Some(s), Some(t)) =
-                    (delivered.get(seq), slowest.get(seq), sent_at.get(seq))
-                {
-                    d.fetch_add(1, Ordering::Relaxed);
-                    s.fetch_max(now, Ordering::Relaxed);
+                deliveries.record(seq, now_micros());
+                if let Some(t) = sent_at.get(seq) {
                     t.store(sent, Ordering::Relaxed);
                 }
             }
@@ -273,26 +267,13 @@ pub(crate) async fn client(addr: &str, args: &Args) -> Res<()> {
     }
     let cpu_start = cpu_seconds();
     let start = Instant::now();
-    let limit = Duration::from_secs(args.seconds + 30);
-    for r in readers {
-        let left = limit.saturating_sub(start.elapsed());
-        if tokio::time::timeout(left, r).await.is_err() {
-            println!("floor: some agents did not receive every message in time");
-            break;
-        }
+    if !join_within(readers, Duration::from_secs(args.seconds + 30)).await {
+        println!("floor: some agents did not receive every message in time");
     }
     let cpu_per_s = (cpu_seconds() - cpu_start) / start.elapsed().as_secs_f64();
     println!("delivered");
-    let mut every = hdrhistogram::Histogram::<u64>::new(3)?;
-    let mut complete = 0;
-    for i in 0..writes {
-        if delivered[i].load(Ordering::Relaxed) == args.agents {
-            complete += 1;
-            let last = slowest[i].load(Ordering::Relaxed);
-            let sent = sent_at[i].load(Ordering::Relaxed);
-            let _ = every.record(last.saturating_sub(sent).max(1));
-        }
-    }
+    let (every, complete) =
+        deliveries.every(args.agents, |seq| sent_at[seq].load(Ordering::Relaxed))?;
     println!("floor: {complete} of {writes} changes reached all agents");
     let ms = |q: f64| every.value_at_quantile(q) as f64 / 1000.0;
     println!("result {} {} {cpu_per_s}", ms(0.5), ms(0.99));

@@ -2,6 +2,9 @@
 //! child (pinned to a CPU with `--pin`), the CPU time a process used, and
 //! the figures a run reports.
 
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
 use crate::Args;
 
 /// The CPU the registrar runs on with `--pin`; the agents take the next.
@@ -81,6 +84,72 @@ impl Figures {
             self.server_kernel_per_s / deliveries * 1e6,
         )
     }
+}
+
+/// What the agents of a fan-out saw of each change: how many received it,
+/// and when the last of them did (µs since the epoch).
+#[derive(Debug)]
+pub(crate) struct Deliveries {
+    delivered: Vec<AtomicUsize>,
+    slowest: Vec<AtomicU64>,
+}
+
+impl Deliveries {
+    /// Nothing delivered yet of `changes` changes.
+    pub(crate) fn new(changes: usize) -> Self {
+        Self {
+            delivered: (0..changes).map(|_| AtomicUsize::new(0)).collect(),
+            slowest: (0..changes).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// How many changes there are.
+    pub(crate) fn len(&self) -> usize {
+        self.delivered.len()
+    }
+
+    /// Change `seq` reached one more agent, at `now`; a number out of
+    /// range is ignored.
+    pub(crate) fn record(&self, seq: usize, now: u64) {
+        if let (Some(d), Some(s)) = (self.delivered.get(seq), self.slowest.get(seq)) {
+            d.fetch_add(1, Ordering::Relaxed);
+            s.fetch_max(now, Ordering::Relaxed);
+        }
+    }
+
+    /// Write → delivered at every one of `agents`, for each change that
+    /// reached them all, from its send time `sent(seq)`; and how many did.
+    pub(crate) fn every(
+        &self,
+        agents: usize,
+        sent: impl Fn(usize) -> u64,
+    ) -> Result<(hdrhistogram::Histogram<u64>, usize), hdrhistogram::CreationError> {
+        let mut every = hdrhistogram::Histogram::<u64>::new(3)?;
+        let mut complete = 0;
+        for (seq, d) in self.delivered.iter().enumerate() {
+            if d.load(Ordering::Relaxed) == agents {
+                complete += 1;
+                let last = self.slowest[seq].load(Ordering::Relaxed);
+                let _ = every.record(last.saturating_sub(sent(seq)).max(1));
+            }
+        }
+        Ok((every, complete))
+    }
+}
+
+/// Wait for the agents' `readers` until `limit` from now; whether they
+/// all finished.
+pub(crate) async fn join_within(
+    readers: Vec<tokio::task::JoinHandle<()>>,
+    limit: Duration,
+) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    for r in readers {
+        if tokio::time::timeout_at(deadline, r).await.is_err() {
+            return false;
+        }
+    }
+    true
 }
 
 /// This tool again, as a child killed with its handle: `first`, then the
