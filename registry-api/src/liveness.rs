@@ -226,6 +226,12 @@ async fn sweep_loop<R: Registry>(inner: Arc<R>, shared: Weak<Shared>) {
     }
 }
 
+/// Whether a sweep that would mark or remove `affected` of `total` nodes
+/// holds off (self-preservation; see [`LivenessConfig::max_sweep_share`]).
+pub(crate) fn self_preservation_holds(cfg: &LivenessConfig, affected: usize, total: usize) -> bool {
+    affected >= cfg.hold_min_nodes.max(1) && affected as f64 > cfg.max_sweep_share * total as f64
+}
+
 async fn sweep<R: Registry + ?Sized>(inner: &R, shared: &Shared) -> Result<SweepReport> {
     let cfg = &shared.cfg;
     let snap = inner.snapshot().await?;
@@ -257,8 +263,7 @@ async fn sweep<R: Registry + ?Sized>(inner: &R, shared: &Shared) -> Result<Sweep
         (suspects, dead, st.last_seen.len())
     };
     let affected = suspects.len() + dead.len();
-    if affected >= cfg.hold_min_nodes.max(1) && affected as f64 > cfg.max_sweep_share * total as f64
-    {
+    if self_preservation_holds(cfg, affected, total) {
         tracing::warn!(
             registry = %inner,
             affected,

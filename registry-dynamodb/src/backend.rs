@@ -5,10 +5,13 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use registry_api::backend::{
+    check_batch, sweep_loop, validate_endpoint, NodeRecord, NodeTable, SharedLiveness,
+};
+use registry_api::liveness::SweepReport;
 use registry_api::{
-    backend::{check_batch, validate_endpoint},
-    Batch, Capabilities, Endpoint, EndpointKey, Error, EventStream, Op, Registry, Result, Snapshot,
-    Version, Watch,
+    Batch, Capabilities, Endpoint, EndpointKey, Error, EventStream, Heartbeat, Op, Registry,
+    Result, Snapshot, Version, Watch,
 };
 
 use crate::changelog::CHANGELOG_MAX_BATCH;
@@ -30,6 +33,9 @@ use crate::watch::{self, StreamWatch};
 /// item layout and the meaning of versions.
 pub struct DynamoDbRegistry {
     table: Arc<Table>,
+    /// Liveness kept in the table, and its sweeper task.
+    liveness: Arc<SharedLiveness>,
+    sweeper: tokio::task::JoinHandle<()>,
     /// The watch of the table's stream; `None` when it is not followed.
     stream: Option<StreamWatch>,
     /// The watch of the change log ([`WatchMode::ChangeLog`]).
@@ -65,7 +71,30 @@ impl DynamoDbRegistry {
             tracing::info!(table = %cfg.table, "writing and following the table's change log");
             LogWatch::new(Arc::clone(&table))
         });
-        Ok(Self { table, stream, log })
+        let liveness = Arc::new(SharedLiveness::new(cfg.liveness.clone())?);
+        let sweeper = tokio::spawn(sweep_loop(
+            Arc::downgrade(&table),
+            Arc::downgrade(&liveness),
+        ));
+        Ok(Self {
+            table,
+            liveness,
+            sweeper,
+            stream,
+            log,
+        })
+    }
+
+    /// Run one liveness sweep now (the background sweeper runs one every
+    /// `cfg.liveness.sweep_interval`).
+    pub async fn sweep(&self) -> Result<SweepReport> {
+        self.liveness.sweep(&*self.table).await
+    }
+
+    /// The nodes' liveness records in the table, as every process sees
+    /// them.
+    pub async fn node_records(&self) -> Result<Vec<NodeRecord>> {
+        self.table.node_records().await
     }
 
     /// Create the table in `cfg` unless it exists: keys `service` (HASH) and
@@ -122,6 +151,7 @@ impl DynamoDbRegistry {
                 format!("must be 1 to 36 characters, got {}", token.len()),
             ));
         }
+        self.liveness.seen(&*self.table, &ops).await?;
         self.table.apply_ops(ops, Some(token)).await
     }
 }
@@ -146,8 +176,11 @@ impl fmt::Debug for DynamoDbRegistry {
 
 #[async_trait]
 impl Registry for DynamoDbRegistry {
+    /// A `PutItem` (with the change log, a transaction); the node's
+    /// liveness record is written first when it is due.
     async fn register(&self, endpoint: Endpoint) -> Result<()> {
         validate_endpoint(&endpoint)?;
+        self.liveness.seen_endpoint(&*self.table, &endpoint).await?;
         self.table.put_endpoint(&endpoint).await
     }
     async fn deregister(&self, key: &EndpointKey) -> Result<()> {
@@ -170,6 +203,7 @@ impl Registry for DynamoDbRegistry {
             .with_max_batch(self.batch_limit())
             .with_native_watch(self.watches_stream() || self.uses_changelog())
             .with_resumable_watch(self.watches_stream() || self.uses_changelog())
+            .with_native_liveness(true)
     }
     /// `DescribeTable` (present and active) and a `PutItem` with a
     /// condition that never holds (writes allowed, nothing written); see
@@ -189,7 +223,30 @@ impl Batch for DynamoDbRegistry {
     /// the SDK's retries of that call): all-or-nothing.
     async fn apply(&self, ops: Vec<Op>) -> Result<()> {
         check_batch(&ops, self.batch_limit())?;
+        self.liveness.seen(&*self.table, &ops).await?;
         self.table.apply_ops(ops, None).await
+    }
+
+    fn max_batch(&self) -> usize {
+        self.batch_limit()
+    }
+}
+
+#[async_trait]
+impl Heartbeat for DynamoDbRegistry {
+    /// Record that `node` is alive in its liveness record (at most once
+    /// per `suspect_after / 3` from this process, however often it is
+    /// called), and revive the endpoints liveness had marked unhealthy.
+    /// `NotFound` for a node with neither a record nor an endpoint: it
+    /// should register again.
+    async fn heartbeat(&self, node: &str) -> Result<()> {
+        self.liveness.heartbeat(&*self.table, node).await
+    }
+}
+
+impl Drop for DynamoDbRegistry {
+    fn drop(&mut self) {
+        self.sweeper.abort();
     }
 }
 
@@ -206,15 +263,14 @@ impl Watch for DynamoDbRegistry {
     }
 }
 
-/// DynamoDbRegistry has no heartbeats of its own (liveness comes from the
-/// generic sweeper), and watches only when the table has a stream:
-/// [`registry_api::stack::stack`] wraps it in `Liveness`, and in `Polling`
-/// too when it does not follow a stream.
+/// DynamoDbRegistry keeps liveness in the table (native), and watches
+/// only when it follows the table's stream or change log:
+/// [`registry_api::stack::stack`] wraps it in `Polling` when it does not.
 impl registry_api::stack::IntoStack for DynamoDbRegistry {
     fn into_stack(
         self,
         cfg: &registry_api::stack::StackConfig,
     ) -> registry_api::Result<std::sync::Arc<dyn registry_api::stack::Stack>> {
-        registry_api::stack::with_liveness(self, cfg)
+        registry_api::stack::by_capabilities(self, cfg)
     }
 }

@@ -19,7 +19,8 @@
 //! whole or not at all and serialises transactions on the head item, so
 //! versions are handed out once each, in commit order, with no leader: a
 //! writer whose condition failed wrote nothing, reads the head again and
-//! retries ([`ATTEMPTS`] times, then `Conflict`).
+//! retries after a pause drawn at random up to a ceiling that doubles with
+//! each loss (full jitter; [`ATTEMPTS`] times, then `Conflict`).
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -52,6 +53,22 @@ pub(crate) const ENTRY_BUDGET: usize = 350 * 1024;
 /// Transactions tried before a batch that keeps losing the race for the
 /// head gives up with `Conflict`.
 pub(crate) const ATTEMPTS: u32 = 16;
+
+/// The ceiling of the first pause after a lost race; it doubles with each
+/// further loss up to [`RETRY_CAP`], and each pause is drawn from zero to
+/// its ceiling (full jitter), so writers that collided once spread out.
+const RETRY_BASE: Duration = Duration::from_millis(4);
+
+/// The largest ceiling of a pause after a lost race.
+const RETRY_CAP: Duration = Duration::from_millis(250);
+
+/// The pause before the `attempt`-th retry (1-based) after a lost race.
+fn race_pause(attempt: u32) -> Duration {
+    let ceiling = RETRY_BASE
+        .saturating_mul(1u32 << attempt.saturating_sub(1).min(16))
+        .min(RETRY_CAP);
+    registry_api::backend::full_jitter(ceiling)
+}
 
 /// The sort key of entry `version`.
 pub(crate) fn entry_id(version: u64) -> String {
@@ -162,6 +179,32 @@ fn lost_race(
     }
 }
 
+/// Conditions written in one transaction with a batch: `items` (whose
+/// keys, for messages, are `keys`), and with `existing`, each endpoint
+/// write only if its item exists.
+#[derive(Default)]
+pub(crate) struct Guard {
+    pub items: Vec<TransactWriteItem>,
+    pub keys: Vec<EndpointKey>,
+    pub existing: bool,
+}
+
+/// Whether a cancelled transaction failed a condition of an action in
+/// `range` (the batch's own endpoint actions, or its guard).
+pub(crate) fn failed_within(
+    err: &aws_sdk_dynamodb::error::SdkError<TransactWriteItemsError>,
+    range: std::ops::Range<usize>,
+) -> bool {
+    match err.as_service_error() {
+        Some(TransactWriteItemsError::TransactionCanceledException(e)) => e
+            .cancellation_reasons()
+            .iter()
+            .enumerate()
+            .any(|(i, r)| range.contains(&i) && r.code() == Some("ConditionalCheckFailed")),
+        _ => false,
+    }
+}
+
 /// The key of the head item.
 fn head_key() -> Item {
     layout::key_item(&EndpointKey::new(LOG_PARTITION, HEAD_ID))
@@ -189,9 +232,23 @@ impl Table {
     /// first attempt; later attempts (after a lost race, when nothing was
     /// written) use fresh ones.
     pub(crate) async fn commit_logged(&self, ops: Vec<Op>, token: Option<&str>) -> Result<()> {
+        self.commit_logged_guarded(ops, token, Guard::default())
+            .await
+            .map(drop)
+    }
+
+    /// [`Table::commit_logged`] with `guard`'s conditions in the same
+    /// transaction: `false` when one of them failed (nothing was written).
+    pub(crate) async fn commit_logged_guarded(
+        &self,
+        ops: Vec<Op>,
+        token: Option<&str>,
+        guard: Guard,
+    ) -> Result<bool> {
         let parts = pack(self, &ops);
         let p = parts.len() as u64;
-        let actions = ops.len() + 1 + parts.len();
+        let guarded = ops.len() + guard.items.len();
+        let actions = guarded + 1 + parts.len();
         if actions > MAX_TRANSACTION_ITEMS {
             return Err(Error::invalid(
                 "ops",
@@ -203,7 +260,8 @@ impl Table {
                 ),
             ));
         }
-        let endpoint_items = self.op_items(&ops)?;
+        let mut endpoint_items = self.op_items_if(&ops, guard.existing)?;
+        endpoint_items.extend(guard.items);
         let _turn = self.log_head.1.lock().await;
         let mut keys: Vec<EndpointKey> = ops.iter().map(Op::key).collect();
         let mut head = match self.log_head.0.load(Ordering::Acquire) {
@@ -223,6 +281,7 @@ impl Table {
         for attempt in 1..=ATTEMPTS {
             let mut items = endpoint_items.clone();
             keys.truncate(ops.len());
+            keys.extend(guard.keys.iter().cloned());
             items.push(self.head_update(head, head + p)?);
             keys.push(EndpointKey::new(LOG_PARTITION, HEAD_ID));
             for (i, (puts, dels)) in parts.iter().enumerate() {
@@ -243,15 +302,17 @@ impl Table {
                     self.log_head.0.fetch_max(head + p, Ordering::AcqRel);
                     metrics::counter!("registry_dynamodb_changelog_entries_total").increment(p);
                     tracing::debug!(table = %self.cfg.table, version = head + p, entries = p, attempt, "change log batch written");
-                    return Ok(());
+                    return Ok(true);
                 }
-                Err(e) if lost_race(&e, ops.len()) => {
+                Err(e) if failed_within(&e, ops.len()..guarded) => return Ok(false),
+                Err(e) if lost_race(&e, guarded) => {
                     metrics::counter!("registry_dynamodb_changelog_races_total").increment(1);
                     tracing::debug!(table = %self.cfg.table, head, attempt, "lost the race for the change log head; reading it again");
                     self.log_head.0.store(0, Ordering::Release);
+                    // Pause first, then read the head: the head read after
+                    // the pause is the one the next attempt races for.
+                    tokio::time::sleep(race_pause(attempt)).await;
                     head = self.read_log_head().await?;
-                    let pause = Duration::from_millis(2u64 << attempt.min(6));
-                    tokio::time::sleep(pause.mul_f64(0.5 + jitter())).await;
                     fresh = new_token();
                     token = fresh.as_str();
                 }
@@ -317,16 +378,29 @@ impl Table {
     /// The transaction actions of `ops` (one per key): a put of the
     /// endpoint's item, or a delete of the key.
     pub(crate) fn op_items(&self, ops: &[Op]) -> Result<Vec<TransactWriteItem>> {
+        self.op_items_if(ops, false)
+    }
+
+    /// [`Table::op_items`]; with `existing`, each put only if the item
+    /// exists.
+    pub(crate) fn op_items_if(&self, ops: &[Op], existing: bool) -> Result<Vec<TransactWriteItem>> {
         let ttl = self.ttl_write();
         ops.iter()
             .map(|op| {
                 let b = TransactWriteItem::builder();
                 match op {
-                    Op::Register(e) => Put::builder()
-                        .table_name(&self.cfg.table)
-                        .set_item(Some(layout::encode(e, ttl)))
-                        .build()
-                        .map(|p| b.put(p).build()),
+                    Op::Register(e) => {
+                        let put = Put::builder()
+                            .table_name(&self.cfg.table)
+                            .set_item(Some(layout::encode(e, ttl)));
+                        let put = if existing {
+                            put.condition_expression("attribute_exists(#id)")
+                                .expression_attribute_names("#id", layout::ID)
+                        } else {
+                            put
+                        };
+                        put.build().map(|p| b.put(p).build())
+                    }
                     Op::Deregister(k) => Delete::builder()
                         .table_name(&self.cfg.table)
                         .set_key(Some(layout::key_item(k)))
@@ -419,19 +493,6 @@ fn head_version(item: &Item) -> Option<u64> {
     }
 }
 
-/// A number in `0..1` that differs between calls, for spreading retries.
-pub(crate) fn jitter() -> f64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0),
-    );
-    (h.finish() % 1000) as f64 / 1000.0
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -443,6 +504,26 @@ mod tests {
         assert!(ids.iter().all(|i| i.as_str() < HEAD_ID));
         assert_eq!(parse_entry_id(&entry_id(42)), Some(42));
         assert_eq!(parse_entry_id(HEAD_ID), None);
+    }
+
+    #[test]
+    fn race_pauses_are_drawn_up_to_a_doubling_capped_ceiling() {
+        for attempt in 1..=ATTEMPTS {
+            let ceiling = RETRY_BASE
+                .saturating_mul(1 << (attempt - 1).min(16))
+                .min(RETRY_CAP);
+            let pauses: Vec<Duration> = (0..200).map(|_| race_pause(attempt)).collect();
+            assert!(
+                pauses.iter().all(|p| *p <= ceiling),
+                "attempt {attempt}: {pauses:?}"
+            );
+            // Full jitter: pauses land in the lower half of the ceiling too.
+            assert!(
+                pauses.iter().any(|p| *p < ceiling / 2),
+                "attempt {attempt}: {pauses:?}"
+            );
+        }
+        assert_eq!(RETRY_BASE.saturating_mul(1 << 15).min(RETRY_CAP), RETRY_CAP);
     }
 
     #[test]

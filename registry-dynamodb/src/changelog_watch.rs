@@ -141,7 +141,7 @@ async fn run(table: Arc<Table>, hub: Weak<Hub>) {
         .cfg
         .changelog_check_interval
         .max(Duration::from_secs(1));
-    let next = || Instant::now() + every.mul_f64(0.8 + 0.4 * crate::changelog::jitter());
+    let next = || Instant::now() + registry_api::backend::spread(every, 0.2);
     let mut check_at = next();
     let mut delays = backoff(Duration::from_millis(100), Duration::from_secs(10));
     loop {

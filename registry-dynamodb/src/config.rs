@@ -4,6 +4,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use registry_api::liveness::LivenessConfig;
+
 /// Static credentials, for emulators and tests. Real deployments leave
 /// [`DynamoDbConfig::credentials`] empty and use the usual AWS chain
 /// (environment, profile, web identity, ECS, IMDS).
@@ -141,6 +143,12 @@ pub struct DynamoDbConfig {
     /// Attempts per API call (the SDK's standard retry with backoff on
     /// throttling and transient errors). Default 3.
     pub max_attempts: u32,
+    /// Liveness, kept in the table (one record per node, shared by every
+    /// process using the table; see "Liveness" in the crate docs): a node
+    /// silent for `suspect_after` (30 s) has its endpoints marked
+    /// unhealthy, for `remove_after` (5 min) removed; each process sweeps
+    /// every `sweep_interval` (10 s). Default [`LivenessConfig::default`].
+    pub liveness: LivenessConfig,
 }
 
 impl Default for DynamoDbConfig {
@@ -162,6 +170,7 @@ impl Default for DynamoDbConfig {
             changelog_check_interval: Duration::from_secs(300),
             operation_timeout: Duration::from_secs(10),
             max_attempts: 3,
+            liveness: LivenessConfig::default(),
         }
     }
 }
@@ -173,6 +182,11 @@ impl DynamoDbConfig {
             table: table.into(),
             ..Self::default()
         }
+    }
+    /// Set `liveness`.
+    pub fn with_liveness(mut self, liveness: LivenessConfig) -> Self {
+        self.liveness = liveness;
+        self
     }
     /// Set `region`.
     pub fn with_region(mut self, region: impl Into<String>) -> Self {

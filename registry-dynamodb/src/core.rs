@@ -20,6 +20,7 @@ use futures::future::try_join_all;
 use registry_api::backend::VersionClock;
 use registry_api::{Endpoint, EndpointKey, Error, Op, Result, Snapshot};
 
+use crate::changelog::{failed_within, Guard};
 use crate::config::DynamoDbConfig;
 use crate::error::{map_sdk, map_transact, Ctx};
 use crate::layout::{self, Item};
@@ -244,6 +245,32 @@ impl Table {
         match token {
             Some(token) => self.transact(ops, token).await,
             None => self.transact(ops, &new_token()).await,
+        }
+    }
+
+    /// Ops (net, one per key, already checked) and `guard` in one
+    /// transaction, through the change log when the table keeps one:
+    /// `false` when a condition failed (nothing was written).
+    pub(crate) async fn commit_guarded(&self, ops: Vec<Op>, guard: Guard) -> Result<bool> {
+        if self.logged() {
+            return self.commit_logged_guarded(ops, None, guard).await;
+        }
+        let mut keys: Vec<EndpointKey> = ops.iter().map(Op::key).collect();
+        keys.extend(guard.keys);
+        let mut items = self.op_items_if(&ops, guard.existing)?;
+        items.extend(guard.items);
+        let n = items.len();
+        match self
+            .client
+            .transact_write_items()
+            .set_transact_items(Some(items))
+            .client_request_token(new_token())
+            .send()
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if failed_within(&e, 0..n) => Ok(false),
+            Err(e) => Err(map_transact(e, self.ctx("TransactWriteItems"), &keys)),
         }
     }
 

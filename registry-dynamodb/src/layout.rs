@@ -26,10 +26,14 @@ const LABELS: &str = "labels";
 /// ever share it; reads and the stream watch skip it.
 pub(crate) const LOG_PARTITION: &str = "~registry changelog";
 
+/// The partition of the nodes' liveness records (see `nodes.rs`); like
+/// [`LOG_PARTITION`] it holds a space, so no endpoint can share it.
+pub(crate) const NODE_PARTITION: &str = "~registry nodes";
+
 /// Whether `item` is one of the registry's own bookkeeping items (the
-/// change log), not an endpoint.
+/// change log, the nodes' records), not an endpoint.
 pub(crate) fn is_internal(item: &Item) -> bool {
-    matches!(item.get(SERVICE), Some(AttributeValue::S(s)) if s == LOG_PARTITION)
+    matches!(item.get(SERVICE), Some(AttributeValue::S(s)) if s == LOG_PARTITION || s == NODE_PARTITION)
 }
 
 /// An item as the SDK holds it.

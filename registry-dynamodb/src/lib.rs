@@ -8,6 +8,7 @@ mod config;
 mod core;
 mod error;
 mod layout;
+mod nodes;
 mod shards;
 mod watch;
 

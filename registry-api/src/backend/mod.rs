@@ -11,6 +11,7 @@ mod history;
 mod hub;
 mod resume;
 mod settings;
+mod shared_liveness;
 mod validate;
 
 pub use cause::{
@@ -21,6 +22,7 @@ pub use diff::diff;
 pub use hub::{Hub, Observer};
 pub use resume::resume_with_backoff;
 pub use settings::{check_count, check_duration};
+pub use shared_liveness::{now_ms, sweep_loop, NodeRecord, NodeTable, SharedLiveness};
 pub use validate::{
     check_batch, check_name, forbidden_in_name, prefix, quote, validate_endpoint, validate_ops,
     QUOTE_BYTES,
@@ -30,6 +32,32 @@ use std::time::Duration;
 
 /// The service name the default [`crate::Registry::probe`] lists.
 pub const PROBE_SERVICE: &str = "registry-probe";
+
+/// A delay drawn uniformly from zero to `ceiling` ("full jitter"): for
+/// retries of writers that contend for one item, so that writers which
+/// collided once do not collide again in step.
+///
+/// ```
+/// use std::time::Duration;
+/// let d = registry_api::backend::full_jitter(Duration::from_millis(50));
+/// assert!(d <= Duration::from_millis(50));
+/// ```
+pub fn full_jitter(ceiling: Duration) -> Duration {
+    ceiling.mul_f64(rand::random::<f64>())
+}
+
+/// `every`, moved by up to `share` of itself either way at random: for
+/// periodic work of many processes that should not fall into step.
+///
+/// ```
+/// use std::time::Duration;
+/// let d = registry_api::backend::spread(Duration::from_secs(10), 0.2);
+/// assert!(d >= Duration::from_secs(8) && d <= Duration::from_secs(12));
+/// ```
+pub fn spread(every: Duration, share: f64) -> Duration {
+    let share = share.clamp(0.0, 1.0);
+    every.mul_f64(1.0 - share + 2.0 * share * rand::random::<f64>())
+}
 
 /// Exponential backoff from `min` to `max`, factor 2, with jitter, without
 /// end: the delays every retry loop of the toolkit uses.

@@ -1,5 +1,5 @@
 //! DynamoDB-specific behaviour against moto: the batch rule, transactions
-//! and merging, idempotency tokens, error mapping, TTL filtering, liveness.
+//! and merging, idempotency tokens, error mapping, TTL filtering (liveness: `liveness.rs`).
 
 use crate::common;
 
@@ -15,9 +15,7 @@ use registry_api::testing::{
 use registry_api::{
     cached::{CachedConfig, CachedRegistry},
     coalescing::{Coalescing, CoalescingConfig},
-    liveness::{Liveness, LivenessConfig},
-    Batch, Endpoint, EndpointKey, ErrorKind, Event, EventStream, Health, Heartbeat, Op, Registry,
-    Watch,
+    Batch, Endpoint, EndpointKey, ErrorKind, Event, EventStream, Op, Registry, Watch,
 };
 use registry_dynamodb::aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
 use registry_dynamodb::{DynamoDbConfig, DynamoDbRegistry};
@@ -553,35 +551,6 @@ async fn expired_items_are_not_read() {
             .any(|e| e.key().is_some_and(|k| k.id == "stale")),
         "the watch showed the expired item: {seen:?}"
     );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn liveness_marks_and_removes_silent_nodes() {
-    let h = Harness::new(false).await;
-    let svc = unique("live");
-    let mut cfg = LivenessConfig::default()
-        .with_thresholds(Duration::from_millis(200), Duration::from_millis(1500));
-    cfg.sweep_interval = Duration::from_secs(3600);
-    cfg.hold_min_nodes = 100;
-    let reg = Liveness::with_config(h.reg, cfg).unwrap();
-    let a = ep(&svc, "a", 1).with_node("node-a");
-    let b = ep(&svc, "b", 2).with_node("node-b");
-    reg.register(a.clone()).await.unwrap();
-    reg.register(b.clone()).await.unwrap();
-    reg.sweep().await.unwrap();
-    eventually("node-a to be marked unhealthy", || async {
-        reg.heartbeat("node-b").await.unwrap();
-        reg.sweep().await.unwrap();
-        let got = reg.list(&svc).await.unwrap();
-        (got == vec![a.clone().with_health(Health::Unhealthy), b.clone()]).then_some(())
-    })
-    .await;
-    eventually("node-a to be removed", || async {
-        reg.heartbeat("node-b").await.unwrap();
-        reg.sweep().await.unwrap();
-        (reg.list(&svc).await.unwrap() == vec![b.clone()]).then_some(())
-    })
-    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

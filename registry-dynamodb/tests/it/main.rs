@@ -8,3 +8,4 @@ mod common;
 mod changelog;
 mod conformance;
 mod dynamodb;
+mod liveness;

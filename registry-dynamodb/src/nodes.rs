@@ -1,0 +1,412 @@
+//! Liveness kept in the table: one item per node, so that every process
+//! using the table judges every node by the same record
+//! ([`registry_api::backend::SharedLiveness`] does the judging).
+//!
+//! Layout (partition [`NODE_PARTITION`], which no endpoint can use; sort
+//! key the node's name):
+//! - `beat` (N): the node's last heartbeat, in milliseconds since the Unix
+//!   epoch, as the process that recorded it saw the time;
+//! - `marked` (L of M, endpoint keys in the endpoint layout): the
+//!   endpoints liveness marked unhealthy, revived when the node is back;
+//! - the TTL attribute (when the table has one): the heartbeat plus twice
+//!   `remove_after`, so the records of forgotten nodes disappear.
+//!
+//! Marking and removing are transactions that carry a condition on the
+//! record's `beat` being the one the sweep read, beside the endpoint
+//! writes (and, with the change log, the log's head and entries).
+
+use std::fmt;
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::types::{
+    AttributeValue, ConditionCheck, Delete, ReturnValue, TransactWriteItem, Update,
+};
+use registry_api::backend::{NodeRecord, NodeTable};
+use registry_api::{Endpoint, EndpointKey, Error, Op, Result, Snapshot};
+
+use crate::changelog::{Guard, CHANGELOG_MAX_BATCH};
+use crate::core::{Table, MAX_TRANSACTION_ITEMS};
+use crate::error::map_sdk;
+use crate::layout::{self, Item, NODE_PARTITION};
+
+const BEAT: &str = "beat";
+const MARKED: &str = "marked";
+
+/// The key of `node`'s record.
+fn record_key(node: &str) -> Item {
+    layout::key_item(&EndpointKey::new(NODE_PARTITION, node))
+}
+
+fn n(v: u64) -> AttributeValue {
+    AttributeValue::N(v.to_string())
+}
+
+fn keys_value(keys: &[EndpointKey]) -> AttributeValue {
+    AttributeValue::L(
+        keys.iter()
+            .map(|k| AttributeValue::M(layout::key_item(k)))
+            .collect(),
+    )
+}
+
+/// A record item as a [`NodeRecord`] (`None`: not one).
+fn decode_record(item: &Item) -> Option<NodeRecord> {
+    let node = match item.get(layout::ID) {
+        Some(AttributeValue::S(s)) => s.clone(),
+        _ => return None,
+    };
+    let beat = match item.get(BEAT) {
+        Some(AttributeValue::N(v)) => v.parse().ok()?,
+        _ => 0,
+    };
+    let marked = match item.get(MARKED) {
+        Some(AttributeValue::L(l)) => l
+            .iter()
+            .filter_map(|v| v.as_m().ok().and_then(layout::decode_key))
+            .collect(),
+        _ => Vec::new(),
+    };
+    Some(NodeRecord::new(node, beat).with_marked(marked))
+}
+
+fn build_err(e: aws_sdk_dynamodb::error::BuildError) -> Error {
+    Error::internal(format!("building a transaction item: {e}")).with_source(e)
+}
+
+impl Table {
+    /// The TTL attribute's value for a record with heartbeat `beat_ms`.
+    fn record_expiry(&self, beat_ms: u64) -> Option<(&str, AttributeValue)> {
+        let attr = self.cfg.ttl_attribute.as_deref()?;
+        let keep = self.cfg.liveness.remove_after.as_secs().saturating_mul(2);
+        Some((attr, n((beat_ms / 1000).saturating_add(keep.max(60)))))
+    }
+
+    /// Most endpoints one guarded transaction writes beside its guard.
+    fn guarded_chunk(&self) -> usize {
+        if self.logged() {
+            CHANGELOG_MAX_BATCH - 1
+        } else {
+            MAX_TRANSACTION_ITEMS - 1
+        }
+    }
+
+    /// A strongly consistent read of `node`'s record.
+    async fn read_record(&self, node: &str) -> Result<Option<NodeRecord>> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.cfg.table)
+            .set_key(Some(record_key(node)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| map_sdk(e, self.ctx("GetItem (node record)")))?;
+        Ok(out.item().and_then(decode_record))
+    }
+
+    /// The guard "the record of `seen.node` still holds `seen.beat_ms`",
+    /// as a condition check, an update of `marked`, or the record's delete.
+    fn record_guard(&self, seen: &NodeRecord, action: GuardAction<'_>) -> Result<Guard> {
+        let key = record_key(&seen.node);
+        let cond = "#b = :seen";
+        let item = match action {
+            GuardAction::Check => TransactWriteItem::builder()
+                .condition_check(
+                    ConditionCheck::builder()
+                        .table_name(&self.cfg.table)
+                        .set_key(Some(key))
+                        .condition_expression(cond)
+                        .expression_attribute_names("#b", BEAT)
+                        .expression_attribute_values(":seen", n(seen.beat_ms))
+                        .build()
+                        .map_err(build_err)?,
+                )
+                .build(),
+            GuardAction::SetMarked(keys) => TransactWriteItem::builder()
+                .update(
+                    Update::builder()
+                        .table_name(&self.cfg.table)
+                        .set_key(Some(key))
+                        .update_expression("SET #m = :m")
+                        .condition_expression(cond)
+                        .expression_attribute_names("#b", BEAT)
+                        .expression_attribute_names("#m", MARKED)
+                        .expression_attribute_values(":seen", n(seen.beat_ms))
+                        .expression_attribute_values(":m", keys_value(keys))
+                        .build()
+                        .map_err(build_err)?,
+                )
+                .build(),
+            GuardAction::Delete => TransactWriteItem::builder()
+                .delete(
+                    Delete::builder()
+                        .table_name(&self.cfg.table)
+                        .set_key(Some(key))
+                        .condition_expression(cond)
+                        .expression_attribute_names("#b", BEAT)
+                        .expression_attribute_values(":seen", n(seen.beat_ms))
+                        .build()
+                        .map_err(build_err)?,
+                )
+                .build(),
+        };
+        Ok(Guard {
+            items: vec![item],
+            keys: vec![EndpointKey::new(NODE_PARTITION, &seen.node)],
+            existing: true,
+        })
+    }
+}
+
+/// What the guard of a liveness transaction does to the node's record.
+enum GuardAction<'a> {
+    Check,
+    SetMarked(&'a [EndpointKey]),
+    Delete,
+}
+
+impl fmt::Display for Table {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DynamoDb({})", self.cfg.table)
+    }
+}
+
+#[async_trait]
+impl NodeTable for Table {
+    async fn endpoints(&self) -> Result<Snapshot> {
+        self.scan_all().await
+    }
+
+    async fn service_endpoints(&self, service: &str) -> Result<Vec<Endpoint>> {
+        self.query_service(service).await
+    }
+
+    /// A paginated `Query` of the records' partition.
+    async fn node_records(&self) -> Result<Vec<NodeRecord>> {
+        let mut records = Vec::new();
+        let mut start: Option<Item> = None;
+        loop {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.cfg.table)
+                .key_condition_expression("#s = :s")
+                .expression_attribute_names("#s", layout::SERVICE)
+                .expression_attribute_values(":s", AttributeValue::S(NODE_PARTITION.into()))
+                .consistent_read(self.cfg.consistent_reads)
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(|e| map_sdk(e, self.ctx("Query (node records)")))?;
+            records.extend(out.items().iter().filter_map(decode_record));
+            match out.last_evaluated_key {
+                Some(k) if !k.is_empty() => start = Some(k),
+                _ => return Ok(records),
+            }
+        }
+    }
+
+    /// One `UpdateItem` that moves `beat` forward only (returning the old
+    /// record); when its condition fails, one consistent `GetItem` tells a
+    /// newer heartbeat from a missing record.
+    async fn touch(&self, node: &str, at_ms: u64, create: bool) -> Result<Option<NodeRecord>> {
+        let mut u = self
+            .client
+            .update_item()
+            .table_name(&self.cfg.table)
+            .set_key(Some(record_key(node)))
+            .expression_attribute_names("#b", BEAT)
+            .expression_attribute_values(":at", n(at_ms))
+            .return_values(ReturnValue::AllOld)
+            .condition_expression(if create {
+                "attribute_not_exists(#b) OR #b < :at"
+            } else {
+                "attribute_exists(#b) AND #b < :at"
+            });
+        u = match self.record_expiry(at_ms) {
+            Some((attr, at)) => u
+                .update_expression("SET #b = :at, #t = :t")
+                .expression_attribute_names("#t", attr)
+                .expression_attribute_values(":t", at),
+            None => u.update_expression("SET #b = :at"),
+        };
+        match u.send().await {
+            Ok(out) => Ok(out.attributes.as_ref().and_then(decode_record)),
+            Err(e)
+                if matches!(
+                    e.as_service_error(),
+                    Some(UpdateItemError::ConditionalCheckFailedException(_))
+                ) =>
+            {
+                self.read_record(node).await
+            }
+            Err(e) => Err(map_sdk(e, self.ctx("UpdateItem (node record)"))),
+        }
+    }
+
+    /// A `PutItem` on condition that the record does not exist.
+    async fn admit(&self, node: &str, at_ms: u64) -> Result<()> {
+        let mut item = record_key(node);
+        item.insert(BEAT.into(), n(at_ms));
+        if let Some((attr, at)) = self.record_expiry(at_ms) {
+            item.insert(attr.to_string(), at);
+        }
+        match self
+            .client
+            .put_item()
+            .table_name(&self.cfg.table)
+            .set_item(Some(item))
+            .condition_expression("attribute_not_exists(#id)")
+            .expression_attribute_names("#id", layout::ID)
+            .send()
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e)
+                if matches!(
+                    e.as_service_error(),
+                    Some(PutItemError::ConditionalCheckFailedException(_))
+                ) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(map_sdk(e, self.ctx("PutItem (node record)"))),
+        }
+    }
+
+    /// Transactions of at most a batch of endpoints each, every one
+    /// guarded by the record's `beat` and adding its keys to `marked`.
+    async fn mark(&self, seen: &NodeRecord, endpoints: Vec<Endpoint>) -> Result<bool> {
+        let mut marked = seen.marked.clone();
+        for chunk in endpoints.chunks(self.guarded_chunk()) {
+            marked.extend(chunk.iter().map(Endpoint::key));
+            let guard = self.record_guard(seen, GuardAction::SetMarked(&marked))?;
+            let ops = chunk.iter().cloned().map(Op::Register).collect();
+            if !self.commit_guarded(ops, guard).await? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Transactions of at most a batch of endpoints each, leaving in
+    /// `marked` what is still to revive. A condition that fails (an
+    /// endpoint deregistered meanwhile, the record removed) leaves the
+    /// rest to the next sweep.
+    async fn revive(&self, node: &str, endpoints: Vec<Endpoint>) -> Result<()> {
+        let mut rest: Vec<EndpointKey> = endpoints.iter().map(Endpoint::key).collect();
+        let mut chunks: Vec<&[Endpoint]> = endpoints.chunks(self.guarded_chunk()).collect();
+        if chunks.is_empty() {
+            chunks.push(&[]);
+        }
+        for chunk in chunks {
+            rest.drain(..chunk.len());
+            let update = Update::builder()
+                .table_name(&self.cfg.table)
+                .set_key(Some(record_key(node)))
+                .update_expression("SET #m = :m")
+                .condition_expression("attribute_exists(#b)")
+                .expression_attribute_names("#b", BEAT)
+                .expression_attribute_names("#m", MARKED)
+                .expression_attribute_values(":m", keys_value(&rest))
+                .build()
+                .map_err(build_err)?;
+            let guard = Guard {
+                items: vec![TransactWriteItem::builder().update(update).build()],
+                keys: vec![EndpointKey::new(NODE_PARTITION, node)],
+                existing: true,
+            };
+            let ops: Vec<Op> = chunk.iter().cloned().map(Op::Register).collect();
+            let done = if ops.is_empty() {
+                self.commit_record_only(guard).await?
+            } else {
+                self.commit_guarded(ops, guard).await?
+            };
+            if !done {
+                tracing::debug!(table = %self.cfg.table, node, "reviving a node's endpoints met a change; the next sweep finishes it");
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// Transactions of at most a batch of deletes each, guarded by the
+    /// record's `beat`; the last one deletes the record.
+    async fn remove(&self, seen: &NodeRecord, keys: Vec<EndpointKey>) -> Result<bool> {
+        let chunks: Vec<&[EndpointKey]> = keys.chunks(self.guarded_chunk()).collect();
+        let last = chunks.len().saturating_sub(1);
+        if keys.is_empty() {
+            let guard = self.record_guard(seen, GuardAction::Delete)?;
+            return self.commit_record_only(guard).await;
+        }
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            let action = if i == last {
+                GuardAction::Delete
+            } else {
+                GuardAction::Check
+            };
+            let guard = Guard {
+                existing: false,
+                ..self.record_guard(seen, action)?
+            };
+            let ops = chunk.iter().cloned().map(Op::Deregister).collect();
+            if !self.commit_guarded(ops, guard).await? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+}
+
+impl Table {
+    /// A guard alone, as a transaction outside the change log (it writes
+    /// no endpoint).
+    async fn commit_record_only(&self, guard: Guard) -> Result<bool> {
+        let res = self
+            .client
+            .transact_write_items()
+            .set_transact_items(Some(guard.items))
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(true),
+            Err(e) if crate::changelog::failed_within(&e, 0..1) => Ok(false),
+            Err(e) => Err(crate::error::map_transact(
+                e,
+                self.ctx("TransactWriteItems (node record)"),
+                &guard.keys,
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record_item(node: &str, beat_ms: u64) -> Item {
+        let mut item = record_key(node);
+        item.insert(BEAT.into(), n(beat_ms));
+        item
+    }
+
+    #[test]
+    fn records_round_trip_and_are_not_endpoints() {
+        let mut item = record_item("node-1", 1_700_000_000_123);
+        item.insert(
+            MARKED.into(),
+            keys_value(&[EndpointKey::new("web", "a"), EndpointKey::new("db", "b")]),
+        );
+        let rec = decode_record(&item).expect("a record");
+        assert_eq!(rec.node, "node-1");
+        assert_eq!(rec.beat_ms, 1_700_000_000_123);
+        assert_eq!(
+            rec.marked,
+            vec![EndpointKey::new("web", "a"), EndpointKey::new("db", "b")]
+        );
+        assert!(layout::is_internal(&item));
+        assert!(layout::decode_key(&item).is_none());
+    }
+}
