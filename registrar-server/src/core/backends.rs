@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::metrics::names;
+use registry_api::liveness::LivenessConfig;
 use registry_api::memory::MemoryRegistry;
 use registry_api::polling::PollingConfig;
 use registry_api::stack::{stack, StackConfig};
@@ -122,6 +123,11 @@ pub struct BackendOptions {
     pub aws_region: Option<String>,
     /// AWS endpoint URL (an emulator, a VPC endpoint).
     pub aws_endpoint_url: Option<String>,
+    /// Liveness settings: kept in the backend on DynamoDB, Cloud Map and
+    /// SQLite (every replica judges a node by the same record), in the
+    /// process on memory; etcd's leases carry their own TTL. Default
+    /// [`LivenessConfig::default`] (30 s, 5 min, a sweep every 10 s).
+    pub liveness: LivenessConfig,
 }
 
 impl BackendOptions {
@@ -139,6 +145,7 @@ impl BackendOptions {
             cloudmap_namespace: "registry".to_string(),
             aws_region: None,
             aws_endpoint_url: None,
+            liveness: LivenessConfig::default(),
         }
     }
 }
@@ -153,14 +160,20 @@ pub async fn open_backend(opts: &BackendOptions) -> Result<Arc<dyn Backend>> {
     let polling = PollingConfig::default()
         .with_interval(opts.sync_interval)
         .with_metrics_prefix(names::PREFIX);
-    let cfg = StackConfig::default().with_polling(polling);
+    let cfg = StackConfig::default()
+        .with_polling(polling)
+        .with_liveness(opts.liveness.clone());
     match opts.kind {
         BackendKind::Memory => stack(MemoryRegistry::new(), &cfg),
         #[cfg(feature = "sqlite")]
-        BackendKind::Sqlite => stack(
-            registry_sqlite::SqliteRegistry::open_path(&opts.sqlite_path).await?,
-            &cfg,
-        ),
+        BackendKind::Sqlite => {
+            let live = &opts.liveness;
+            let file = registry_sqlite::SqliteConfig::new(&opts.sqlite_path)
+                .with_suspect_after(live.suspect_after)
+                .with_remove_after(live.remove_after)
+                .with_sweep_interval(Some(live.sweep_interval));
+            stack(registry_sqlite::SqliteRegistry::open(file).await?, &cfg)
+        }
         #[cfg(feature = "etcd")]
         BackendKind::Etcd => {
             let etcd = registry_etcd::EtcdConfig::new(opts.etcd_endpoints.clone())
@@ -176,7 +189,8 @@ pub async fn open_backend(opts: &BackendOptions) -> Result<Arc<dyn Backend>> {
             };
             let mut table = registry_dynamodb::DynamoDbConfig::new(opts.dynamodb_table.clone())
                 .with_poll_interval(opts.sync_interval)
-                .with_watch(watch);
+                .with_watch(watch)
+                .with_liveness(opts.liveness.clone());
             if let Some(region) = &opts.aws_region {
                 table = table.with_region(region.clone());
             }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use registrar_server::{Ack, BackendKind, BackendOptions, RegistrarConfig};
+use registry_api::liveness::LivenessConfig;
 
 use crate::connect::{ClientArgs, EarlyClientArgs, ServerTlsArgs};
 use registry_api::Protocol;
@@ -205,6 +206,19 @@ pub struct ServeArgs {
     /// How often backends without a native watch are polled (10ms to 1h).
     #[arg(long, default_value = "5s", value_parser = duration_in(10 * MS, HOUR))]
     pub sync_interval: Duration,
+    /// Liveness: a node silent this long (no heartbeat, no write) has its
+    /// endpoints marked unhealthy (100ms to 30 days). On DynamoDB, Cloud
+    /// Map, SQLite and memory; etcd's leases carry their own TTL.
+    #[arg(long, default_value = "30s", value_parser = duration_in(100 * MS, DAYS_30))]
+    pub suspect_after: Duration,
+    /// Liveness: a node silent this long has its endpoints removed (at
+    /// least --suspect-after, at most 30 days).
+    #[arg(long, default_value = "5m", value_parser = duration_in(100 * MS, DAYS_30))]
+    pub remove_after: Duration,
+    /// Liveness: how often each replica sweeps for silent nodes (10ms to
+    /// 1h); every replica may sweep, sweeps never mark a live node.
+    #[arg(long, default_value = "10s", value_parser = duration_in(10 * MS, HOUR))]
+    pub liveness_sweep_interval: Duration,
     /// How often the write queue is flushed (1ms to 1h).
     #[arg(long, default_value = "100ms", value_parser = duration_in(MS, HOUR))]
     pub write_batch_interval: Duration,
@@ -471,6 +485,16 @@ impl ServeArgs {
     pub fn backend_options(&self) -> Result<BackendOptions, String> {
         let mut o = BackendOptions::new(self.backend_kind()?);
         o.sync_interval = self.sync_interval;
+        if self.remove_after < self.suspect_after {
+            return Err(format!(
+                "--remove-after ({}) is shorter than --suspect-after ({})",
+                show(self.remove_after),
+                show(self.suspect_after)
+            ));
+        }
+        o.liveness = LivenessConfig::default()
+            .with_thresholds(self.suspect_after, self.remove_after)
+            .with_sweep_interval(self.liveness_sweep_interval);
         if let Some(path) = &self.sqlite_path {
             o.sqlite_path = path.clone();
         }

@@ -174,10 +174,17 @@ pub struct Replica {
     pub proxy: Proxy,
     child: Option<Child>,
     log: PathBuf,
+    /// `serve` flags beside the soak's own.
+    extra: Vec<String>,
 }
 
 impl Replica {
     pub async fn start(backend: &Backend, log: PathBuf) -> Replica {
+        Self::start_with(backend, log, Vec::new()).await
+    }
+
+    /// [`Replica::start`] with more `serve` flags.
+    pub async fn start_with(backend: &Backend, log: PathBuf, extra: Vec<String>) -> Replica {
         let grpc = free_addr();
         let mut r = Replica {
             grpc,
@@ -186,6 +193,7 @@ impl Replica {
             proxy: Proxy::start(grpc).await,
             child: None,
             log,
+            extra,
         };
         r.spawn(backend).await;
         r
@@ -207,6 +215,7 @@ impl Replica {
             .arg("--cluster-name=soak")
             .arg("--drain-timeout=5s")
             .args(backend.args())
+            .args(&self.extra)
             .envs(backend.env())
             .env("RUST_LOG", "info")
             .stdout(std::process::Stdio::piped())

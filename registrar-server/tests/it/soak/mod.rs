@@ -20,6 +20,7 @@
 
 mod cluster;
 mod fleet;
+mod liveness;
 mod proxy;
 
 use std::collections::BTreeMap;

@@ -1,0 +1,128 @@
+//! Two `registrar serve` replicas over one backend, with the agents split
+//! between them: every replica judges every node by the backend's record
+//! of it, so no replica reports a node that heartbeats through the other
+//! one unhealthy, and a node that goes silent is marked, then removed, on
+//! both.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use registry_api::testing::{eventually, unique};
+use registry_api::{Endpoint, Health, Heartbeat, Registry};
+use registry_registrar::{Ack, ClientConfig, RpcClient};
+
+use super::cluster::{Backend, Replica};
+
+/// Liveness settings short enough for a test, long enough for a loaded
+/// emulator.
+fn liveness_flags() -> Vec<String> {
+    vec![
+        "--suspect-after=3s".into(),
+        "--remove-after=7s".into(),
+        "--liveness-sweep-interval=250ms".into(),
+        "--sync-interval=200ms".into(),
+    ]
+}
+
+const LIVE_NODES: usize = 10;
+
+async fn replicas_agree(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut replicas = Vec::new();
+    for i in 0..2 {
+        let log = dir.path().join(format!("replica-{i}.log"));
+        replicas.push(Replica::start_with(&backend, log, liveness_flags()).await);
+    }
+    let client = |r: &Replica, node: &str| {
+        RpcClient::connect(
+            ClientConfig::new(format!("http://{}", r.grpc), "soak", node)
+                .with_ack(Ack::Durable)
+                .with_timeouts(Duration::from_secs(2), Duration::from_secs(10)),
+        )
+        .unwrap()
+    };
+    let svc = unique("agree");
+    let node = |i: usize| format!("node-{i:02}");
+    // Live nodes: the even ones on the first replica, the odd ones on the
+    // second; each heartbeats through its own replica only.
+    let mut agents = Vec::new();
+    for i in 0..LIVE_NODES {
+        let agent = client(&replicas[i % 2], &node(i));
+        let e =
+            Endpoint::new(&svc, format!("e{i:02}"), "127.0.0.1", 100 + i as u16).with_node(node(i));
+        agent.register(e).await.unwrap();
+        agents.push(agent);
+    }
+    let silent = Endpoint::new(&svc, "silent", "127.0.0.1", 99).with_node("node-silent");
+    client(&replicas[0], "node-silent")
+        .register(silent.clone())
+        .await
+        .unwrap();
+    let agents = Arc::new(agents);
+    let beats = {
+        let agents = Arc::clone(&agents);
+        tokio::spawn(async move {
+            loop {
+                for (i, a) in agents.iter().enumerate() {
+                    if let Err(e) = a.heartbeat(&node(i)).await {
+                        eprintln!("heartbeat of {} failed: {e}", node(i));
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        })
+    };
+    let readers = [
+        client(&replicas[0], "reader"),
+        client(&replicas[1], "reader"),
+    ];
+    let views = || async {
+        let mut views = Vec::new();
+        for (i, r) in readers.iter().enumerate() {
+            let got = r.list(&svc).await.unwrap();
+            for e in got.iter().filter(|e| e.node != "node-silent") {
+                assert_eq!(
+                    e.health,
+                    Health::Healthy,
+                    "replica {i} on {} reported a live node unhealthy: {e:?}",
+                    backend.name()
+                );
+            }
+            views.push(got);
+        }
+        views
+    };
+    let marked = silent.clone().with_health(Health::Unhealthy);
+    eventually(
+        "both replicas to mark the silent node unhealthy",
+        || async {
+            let v = views().await;
+            v.iter().all(|got| got.contains(&marked)).then_some(())
+        },
+    )
+    .await;
+    eventually("both replicas to remove the silent node", || async {
+        let v = views().await;
+        v.iter()
+            .all(|got| got.len() == LIVE_NODES && !got.iter().any(|e| e.node == "node-silent"))
+            .then_some(())
+    })
+    .await;
+    beats.abort();
+    for mut r in replicas {
+        assert!(r.terminate().await, "a replica did not drain cleanly");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_agree_on_liveness_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    replicas_agree(Backend::Sqlite(dir.path().join("registry.db"))).await;
+}
+
+#[cfg(feature = "dynamodb")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_agree_on_liveness_on_dynamodb() {
+    let moto = registry_fixtures::MotoServer::start_process().unwrap();
+    replicas_agree(Backend::DynamoDb(moto, unique("agree"))).await;
+}
