@@ -45,6 +45,16 @@ pub async fn try_get_at(http: std::net::SocketAddr, path: &str) -> Option<Value>
     serde_json::from_slice(&bytes).ok()
 }
 
+/// `method path` (with a JSON `body`) of the HTTP API at `http`.
+pub async fn send_at(
+    http: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<String>,
+) -> Answer {
+    request(http, method, path, body, &[]).await
+}
+
 /// `GET path` of the HTTP API at `http`.
 pub async fn get_at(http: std::net::SocketAddr, path: &str) -> Answer {
     request(http, "GET", path, None, &[]).await

@@ -12,6 +12,7 @@ use registry_api::{Endpoint, Health, Heartbeat, Registry};
 use registry_registrar::{Ack, ClientConfig, RpcClient};
 
 use super::cluster::{Backend, Replica};
+use crate::common::http::{get_at, send_at};
 
 /// Liveness settings short enough for a test, long enough for a loaded
 /// emulator.
@@ -125,4 +126,93 @@ async fn replicas_agree_on_liveness_on_sqlite() {
 async fn replicas_agree_on_liveness_on_dynamodb() {
     let moto = registry_fixtures::MotoServer::start_process().unwrap();
     replicas_agree(Backend::DynamoDb(moto, unique("agree"))).await;
+}
+
+/// TTL of the check below: each replica alone hears a report only every
+/// 2.4 s, more than the TTL; together, every 1.2 s.
+const TTL_MS: u64 = 2000;
+const REPORT_EVERY: Duration = Duration::from_millis(1200);
+
+async fn ttl_reports_to_alternating_replicas(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut replicas = Vec::new();
+    for i in 0..2 {
+        let log = dir.path().join(format!("replica-{i}.log"));
+        replicas.push(Replica::start_with(&backend, log, liveness_flags()).await);
+    }
+    let https = [replicas[0].http, replicas[1].http];
+    let check = "web-ttl";
+    let body = serde_json::json!({"Name": "web", "ID": "web-1", "Port": 8080,
+        "Check": {"CheckID": check, "TTL": format!("{TTL_MS}ms"), "Status": "passing"}});
+    // Once the replica has loaded the registry (503 until then).
+    eventually("the registration to be taken", || async {
+        let put = send_at(
+            https[0],
+            "PUT",
+            "/v1/agent/service/register",
+            Some(body.to_string()),
+        )
+        .await;
+        assert!(matches!(put.status, 200 | 503), "{}", put.body);
+        (put.status == 200).then_some(())
+    })
+    .await;
+    let status = |http| async move {
+        get_at(http, "/v1/agent/checks").await.body[check]["Status"]
+            .as_str()
+            .map(str::to_string)
+    };
+    eventually("the check on both replicas", || async {
+        let mut both = true;
+        for h in https {
+            both &= status(h).await.as_deref() == Some("passing");
+        }
+        both.then_some(())
+    })
+    .await;
+    let until = tokio::time::Instant::now() + Duration::from_millis(3 * TTL_MS);
+    let mut turn = 0;
+    while tokio::time::Instant::now() < until {
+        let to = https[turn % 2];
+        let pass = send_at(to, "PUT", &format!("/v1/agent/check/pass/{check}"), None).await;
+        assert_eq!(pass.status, 200, "{}", pass.body);
+        turn += 1;
+        let next = tokio::time::Instant::now() + REPORT_EVERY;
+        while tokio::time::Instant::now() < next {
+            for (i, h) in https.iter().enumerate() {
+                assert_eq!(
+                    status(*h).await.as_deref(),
+                    Some("passing"),
+                    "replica {i} on {} let the check lapse although reports reached the other",
+                    backend.name()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    // Without reports it expires, on both.
+    eventually("the unreported check to turn critical on both", || async {
+        let mut both = true;
+        for h in https {
+            both &= status(h).await.as_deref() == Some("critical");
+        }
+        both.then_some(())
+    })
+    .await;
+    for mut r in replicas {
+        assert!(r.terminate().await, "a replica did not drain cleanly");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttl_reports_to_either_replica_count_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    ttl_reports_to_alternating_replicas(Backend::Sqlite(dir.path().join("registry.db"))).await;
+}
+
+#[cfg(feature = "dynamodb")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttl_reports_to_either_replica_count_on_dynamodb() {
+    let moto = registry_fixtures::MotoServer::start_process().unwrap();
+    ttl_reports_to_alternating_replicas(Backend::DynamoDb(moto, unique("ttl"))).await;
 }

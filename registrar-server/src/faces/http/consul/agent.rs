@@ -5,7 +5,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -175,47 +174,19 @@ pub(super) async fn register(
             .into());
         }
     }
-    let ttls: Vec<(String, u64)> = reg
-        .checks
-        .iter()
-        .filter_map(|(id, c)| match c.probe {
-            Probe::Ttl { ttl_ms } => Some((id.clone(), ttl_ms)),
-            _ => None,
-        })
-        .collect();
     let cluster = registrar.config().cluster_name.clone();
     let e = endpoint(reg, &cluster, &node, address, snap.get(&key))?;
-    let gone: Vec<String> = snap
-        .get(&key)
-        .map(|old| {
-            check::check_ids(old)
-                .filter(|id| !e.labels.contains_key(&check::label_key(id)))
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default();
-    let resp = write(&registrar, &caller, Op::Register(e), None, &node).await?;
-    for (id, ttl_ms) in ttls {
-        consul.ttl.arm(&id, Duration::from_millis(ttl_ms));
-    }
-    for id in gone {
-        consul.ttl.disarm(&id);
-    }
-    Ok(resp)
+    write(&registrar, &caller, Op::Register(e), None, &node).await
 }
 
 /// `PUT /v1/agent/service/deregister/<id>`.
 pub(super) async fn deregister(
     State(registrar): State<Arc<Registrar>>,
     Extension(caller): Extension<Caller>,
-    Extension(consul): Extension<Consul>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let snap = state(&registrar)?;
     let e = by_id(&snap, &registrar, &caller, &id)?;
-    for check in check::check_ids(e) {
-        consul.ttl.disarm(check);
-    }
     write(&registrar, &caller, Op::Deregister(e.key()), None, &e.node).await
 }
 
@@ -320,8 +291,9 @@ pub(super) async fn update(
     report(registrar, caller, consul, id, status, output).await
 }
 
-/// A service reports its TTL check `id`: the check's timer starts again
-/// on this replica, and its state is written when it changes.
+/// A service reports its TTL check `id`: its state and deadline are
+/// written when the state changes or the stored deadline is about to
+/// lapse ([`check::with_report`]); any replica takes the report.
 async fn report(
     State(registrar): State<Arc<Registrar>>,
     Extension(caller): Extension<Caller>,
@@ -335,7 +307,7 @@ async fn report(
     let snap = state(&registrar)?;
     let e = snap.get(&key).ok_or_else(unknown)?;
     let c = check::check(e, &id).ok_or_else(unknown)?;
-    let Probe::Ttl { ttl_ms } = c.probe else {
+    let Probe::Ttl { .. } = c.probe else {
         return Err(Error::invalid(
             "CheckID",
             format!(
@@ -347,8 +319,7 @@ async fn report(
         .into());
     };
     caller.may_write(e)?;
-    consul.ttl.arm(&id, Duration::from_millis(ttl_ms));
-    match check::with_status(e, &id, status, &output) {
+    match check::with_report(e, &id, status, &output, check::now_ms()) {
         Some(updated) => write(&registrar, &caller, Op::Register(updated), None, &e.node).await,
         None => Ok(json_response(StatusCode::OK, &(), None)),
     }

@@ -391,7 +391,7 @@ fn check(c: &Obj<'_>, service: &str, now_ms: u64) -> Result<Check, Error> {
             )
         })?,
     };
-    Ok(Check {
+    let mut check = Check {
         name: c
             .string("Name")?
             .filter(|n| !n.is_empty())
@@ -401,7 +401,10 @@ fn check(c: &Obj<'_>, service: &str, now_ms: u64) -> Result<Check, Error> {
         status,
         output: String::new(),
         since_ms: now_ms,
-    })
+        expires_ms: None,
+    };
+    check.expires_ms = check.deadline_from(now_ms);
+    Ok(check)
 }
 
 /// An HTTP check's `Header`: `{"Name": ["value", …]}`.

@@ -120,6 +120,22 @@ pub(crate) struct Check {
     pub(crate) output: String,
     /// When `status` began (milliseconds since the Unix epoch).
     pub(crate) since_ms: u64,
+    /// A TTL check's deadline (milliseconds since the Unix epoch): it
+    /// turns critical when no report moved it by then. Stored with the
+    /// check, so a report to any replica counts for all of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) expires_ms: Option<u64>,
+}
+
+impl Check {
+    /// The TTL deadline of a check reported (or registered) at `now`:
+    /// `now + TTL` for a TTL check, `None` for the others.
+    pub(crate) fn deadline_from(&self, now: u64) -> Option<u64> {
+        match self.probe {
+            Probe::Ttl { ttl_ms } => Some(now.saturating_add(ttl_ms)),
+            _ => None,
+        }
+    }
 }
 
 /// Now, in milliseconds since the Unix epoch.
@@ -198,6 +214,41 @@ pub(crate) fn with_status(
     Some(updated)
 }
 
+/// `e` after a report of its TTL check `id` at `now`, or `None` when
+/// nothing needs writing: the check keeps its state and its stored
+/// deadline is more than half a TTL away. A report moves the deadline to
+/// `now + TTL` only when it changes the state or the stored deadline
+/// would otherwise come within half a TTL, so a service reporting every
+/// few seconds costs at most about two writes per TTL, whichever replica
+/// it reports to.
+pub(crate) fn with_report(
+    e: &Endpoint,
+    id: &str,
+    status: Status,
+    output: &str,
+    now: u64,
+) -> Option<Endpoint> {
+    let mut c = check(e, id)?;
+    let Probe::Ttl { ttl_ms } = c.probe else {
+        return None;
+    };
+    let lapsing = c
+        .expires_ms
+        .is_none_or(|at| at.saturating_sub(now) < ttl_ms / 2);
+    if c.status == status && !lapsing {
+        return None;
+    }
+    if c.status != status {
+        c.status = status;
+        c.output = registry_api::backend::prefix(output, MAX_OUTPUT_CHARS).into_owned();
+        c.since_ms = now;
+    }
+    c.expires_ms = c.deadline_from(now);
+    let mut updated = e.clone();
+    put(&mut updated, id, &c);
+    Some(updated)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -211,7 +262,28 @@ mod tests {
             status,
             output: String::new(),
             since_ms: 1,
+            expires_ms: None,
         }
+    }
+
+    #[test]
+    fn reports_write_only_changes_and_deadlines_about_to_lapse() {
+        let mut e = Endpoint::new("web", "a", "10.0.0.1", 80);
+        put(&mut e, "t", &ttl(Status::Critical));
+        // The first pass: a change of state, and the deadline set.
+        let e = with_report(&e, "t", Status::Passing, "", 1_000).unwrap();
+        assert_eq!(check(&e, "t").unwrap().expires_ms, Some(11_000));
+        assert_eq!(e.health, Health::Healthy);
+        // Passes while more than half the TTL is left write nothing.
+        assert!(with_report(&e, "t", Status::Passing, "", 3_000).is_none());
+        assert!(with_report(&e, "t", Status::Passing, "", 5_999).is_none());
+        // Within half a TTL of the deadline: moved, state kept.
+        let moved = with_report(&e, "t", Status::Passing, "", 6_500).unwrap();
+        let c = check(&moved, "t").unwrap();
+        assert_eq!((c.expires_ms, c.since_ms), (Some(16_500), 1_000));
+        // A change of state is always written.
+        let warn = with_report(&moved, "t", Status::Warning, "slow", 7_000).unwrap();
+        assert_eq!(check(&warn, "t").unwrap().status, Status::Warning);
     }
 
     #[test]
@@ -230,6 +302,7 @@ mod tests {
             status: Status::Passing,
             output: String::new(),
             since_ms: 7,
+            expires_ms: None,
         };
         put(&mut e, "service:a", &http);
         assert_eq!(check(&e, "service:a"), Some(http));

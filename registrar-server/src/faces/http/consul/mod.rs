@@ -37,12 +37,10 @@ pub(crate) struct PeerIp(pub(crate) IpAddr);
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct LocalAddr(pub(crate) SocketAddr);
 
-/// What the Consul routes share: the per-service view of the state and
-/// the TTL timers of this replica.
+/// What the Consul routes share: the per-service view of the state.
 #[derive(Debug, Clone)]
 pub(crate) struct Consul {
     view: Arc<ConsulView>,
-    ttl: Arc<runner::TtlTimers>,
 }
 
 impl Consul {
@@ -50,12 +48,7 @@ impl Consul {
     /// when the registrar closes.
     pub(crate) fn start(registrar: &Arc<Registrar>) -> Self {
         let view = ConsulView::attach(registrar);
-        let ttl = Arc::new(runner::TtlTimers::default());
-        let runner = tokio::spawn(runner::run(
-            Arc::clone(registrar),
-            Arc::clone(&view),
-            Arc::clone(&ttl),
-        ));
+        let runner = tokio::spawn(runner::run(Arc::clone(registrar), Arc::clone(&view)));
         // It returns only when the registrar closes: a panic must not leave
         // a registrar that looks healthy with no checks running.
         let status = Arc::clone(registrar.status());
@@ -66,7 +59,7 @@ impl Consul {
                 }
             }
         });
-        Self { view, ttl }
+        Self { view }
     }
 }
 

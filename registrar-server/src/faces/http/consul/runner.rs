@@ -1,12 +1,13 @@
 //! The checks the registrar runs for the endpoints of its cluster: HTTP,
 //! TCP and gRPC checks on their interval (at most [`MAX_RUNNING`] at once,
-//! each first run spread over its interval), TTL checks that no report
-//! reached in time, and `DeregisterCriticalServiceAfter`. A check's new
+//! each first run spread over its interval), TTL checks whose stored
+//! deadline passed (any replica's report moves it, so any replica may
+//! find it passed), and `DeregisterCriticalServiceAfter`. A check's new
 //! state is written only when it changes.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasher;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use registry_api::{EndpointKey, Op};
@@ -22,50 +23,6 @@ use crate::core::registrar::Registrar;
 pub(crate) const TICK: Duration = Duration::from_millis(250);
 /// The most checks running at once.
 pub(crate) const MAX_RUNNING: usize = 64;
-/// How soon a state that could not be written is tried again.
-const RETRY: Duration = Duration::from_secs(1);
-
-/// When each TTL check this replica heard of expires.
-///
-/// A replica times a TTL check from the registration or report it
-/// accepted (Consul's agent model: a service reports to its own agent);
-/// the check's state itself is stored with the endpoint, for every
-/// replica to serve.
-#[derive(Debug, Default)]
-pub(crate) struct TtlTimers {
-    deadlines: Mutex<HashMap<String, Instant>>,
-}
-
-impl TtlTimers {
-    /// Check `id` expires `ttl` from now, unless reported again.
-    pub(crate) fn arm(&self, id: &str, ttl: Duration) {
-        let at = Instant::now() + ttl;
-        self.lock().insert(id.to_string(), at);
-    }
-
-    /// Stop timing check `id`.
-    pub(crate) fn disarm(&self, id: &str) {
-        self.lock().remove(id);
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
-        self.deadlines.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The checks whose time ran out by `now`, no longer timed.
-    fn expired(&self, now: Instant) -> Vec<String> {
-        let mut d = self.lock();
-        let gone: Vec<String> = d
-            .iter()
-            .filter(|(_, at)| **at <= now)
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in &gone {
-            d.remove(id);
-        }
-        gone
-    }
-}
 
 /// What a task of the runner finished.
 enum Done {
@@ -73,6 +30,9 @@ enum Done {
     Ran(String),
     /// An endpoint was deregistered (`true`), or the write failed.
     Removed(EndpointKey, bool),
+    /// A TTL check's stored state was brought up to date (or that failed:
+    /// tried again at the next tick).
+    Expired(String),
 }
 
 struct Scheduled {
@@ -91,12 +51,14 @@ fn first_run(now: Instant, id: &str, every: Duration) -> Instant {
 }
 
 /// Run the checks of `registrar`'s cluster until it closes.
-pub(crate) async fn run(registrar: Arc<Registrar>, view: Arc<ConsulView>, ttl: Arc<TtlTimers>) {
+pub(crate) async fn run(registrar: Arc<Registrar>, view: Arc<ConsulView>) {
     let prober = Prober::default();
     let own = registrar.config().cluster_name.clone();
     let mut schedule: HashMap<String, Scheduled> = HashMap::new();
     let mut running: JoinSet<Done> = JoinSet::new();
     let mut removing: HashSet<EndpointKey> = HashSet::new();
+    // TTL checks whose stored state is being written.
+    let mut ttl_writing: HashSet<String> = HashSet::new();
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let closing = registrar.closing();
@@ -114,6 +76,9 @@ pub(crate) async fn run(registrar: Arc<Registrar>, view: Arc<ConsulView>, ttl: A
                     // Tried again at the next tick.
                     Ok(Done::Removed(key, false)) => {
                         removing.remove(&key);
+                    }
+                    Ok(Done::Expired(id)) => {
+                        ttl_writing.remove(&id);
                     }
                     Ok(Done::Removed(_, true)) | Err(_) => {}
                 }
@@ -146,6 +111,18 @@ pub(crate) async fn run(registrar: Arc<Registrar>, view: Arc<ConsulView>, ttl: A
                     continue;
                 }
             }
+            if let Probe::Ttl { ttl_ms } = c.probe {
+                if let Some(due) = ttl_due(&c, now_ms) {
+                    if ttl_writing.insert(id.clone()) {
+                        let registrar = Arc::clone(&registrar);
+                        running.spawn(async move {
+                            expire(&registrar, &key, &id, due, ttl_ms).await;
+                            Done::Expired(id)
+                        });
+                    }
+                }
+                continue;
+            }
             let Some(every) = c.probe.interval() else {
                 continue;
             };
@@ -175,23 +152,59 @@ pub(crate) async fn run(registrar: Arc<Registrar>, view: Arc<ConsulView>, ttl: A
         }
         schedule.retain(|id, _| seen.contains(id));
         removing.retain(|k| snap.contains(k));
-        for id in ttl.expired(now) {
-            let Some(key) = view.check_owner(&id) else {
-                continue;
-            };
-            let Some(Probe::Ttl { ttl_ms }) = snap
-                .get(&key)
-                .and_then(|e| check::check(e, &id))
-                .map(|c| c.probe)
-            else {
-                continue;
-            };
+    }
+}
+
+/// What a TTL check's stored state calls for at `now`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TtlDue {
+    /// Its deadline passed: it turns critical.
+    Critical,
+    /// Stored without a deadline (by an earlier version): give it one.
+    Deadline,
+}
+
+fn ttl_due(c: &check::Check, now: u64) -> Option<TtlDue> {
+    match c.expires_ms {
+        None => Some(TtlDue::Deadline),
+        Some(at) if now >= at && c.status != Status::Critical => Some(TtlDue::Critical),
+        Some(_) => None,
+    }
+}
+
+/// Write what [`ttl_due`] found, from the state as it is now (a report may
+/// have moved the deadline meanwhile).
+async fn expire(registrar: &Arc<Registrar>, key: &EndpointKey, id: &str, due: TtlDue, ttl_ms: u64) {
+    let now = check::now_ms();
+    let Some(e) = registrar
+        .state()
+        .store()
+        .snapshot()
+        .and_then(|s| s.get(key).cloned())
+    else {
+        return;
+    };
+    let Some(c) = check::check(&e, id) else {
+        return;
+    };
+    if ttl_due(&c, now) != Some(due) {
+        return;
+    }
+    match due {
+        TtlDue::Critical => {
             let output = format!(
                 "TTL expired: no report within {:?}",
                 Duration::from_millis(ttl_ms)
             );
-            if !set_status(&registrar, &key, &id, Status::Critical, &output).await {
-                ttl.arm(&id, RETRY);
+            set_status(registrar, key, id, Status::Critical, &output).await;
+        }
+        TtlDue::Deadline => {
+            let mut c = c;
+            c.expires_ms = c.deadline_from(now);
+            let mut updated = e;
+            check::put(&mut updated, id, &c);
+            if let Err(err) = registrar.write(Op::Register(updated), None).await {
+                tracing::warn!(check = id, service = %key.service, id = %key.id, error = %err, "could not store a TTL check's deadline");
             }
         }
     }

@@ -293,6 +293,7 @@ mod tests {
             status: Status::Warning,
             output: "slow".into(),
             since_ms: 1,
+            expires_ms: None,
         };
         check::put(&mut e, "service:a", &warn);
         let v = serde_json::to_value(ServiceEntry::from_endpoint(&e)).expect("serializes");
