@@ -19,8 +19,9 @@
 //! whole or not at all and serialises transactions on the head item, so
 //! versions are handed out once each, in commit order, with no leader: a
 //! writer whose condition failed wrote nothing, reads the head again and
-//! retries after a pause drawn at random up to a ceiling that doubles with
-//! each loss (full jitter; [`ATTEMPTS`] times, then `Conflict`).
+//! retries after a pause drawn at random up to a ceiling that starts at the
+//! lost transaction's round trip and doubles with each loss (full jitter;
+//! [`ATTEMPTS`] times, then `Conflict`).
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -54,20 +55,31 @@ pub(crate) const ENTRY_BUDGET: usize = 350 * 1024;
 /// head gives up with `Conflict`.
 pub(crate) const ATTEMPTS: u32 = 16;
 
-/// The ceiling of the first pause after a lost race; it doubles with each
-/// further loss up to [`RETRY_CAP`], and each pause is drawn from zero to
-/// its ceiling (full jitter), so writers that collided once spread out.
+/// The least ceiling of the first pause after a lost race. The ceiling is
+/// the longer of this and the lost transaction's round trip (how long a
+/// rival holds the head), doubles with each further loss up to
+/// [`RETRY_CAP`] (or 16 round trips, if longer), and each pause is drawn
+/// from zero to its ceiling (full jitter), so writers that collided once
+/// spread out over a window that grows with the contention and with the
+/// server's latency.
 const RETRY_BASE: Duration = Duration::from_millis(4);
 
-/// The largest ceiling of a pause after a lost race.
+/// The largest ceiling of a pause after a lost race, on a fast server.
 const RETRY_CAP: Duration = Duration::from_millis(250);
 
-/// The pause before the `attempt`-th retry (1-based) after a lost race.
-fn race_pause(attempt: u32) -> Duration {
-    let ceiling = RETRY_BASE
+/// The ceiling of the pause before the `attempt`-th retry (1-based) after
+/// a lost race whose transaction took `round_trip`.
+fn race_ceiling(attempt: u32, round_trip: Duration) -> Duration {
+    let cap = RETRY_CAP.max(round_trip.saturating_mul(16));
+    round_trip
+        .max(RETRY_BASE)
         .saturating_mul(1u32 << attempt.saturating_sub(1).min(16))
-        .min(RETRY_CAP);
-    registry_api::backend::full_jitter(ceiling)
+        .min(cap)
+}
+
+/// The pause before the `attempt`-th retry after a lost race.
+fn race_pause(attempt: u32, round_trip: Duration) -> Duration {
+    registry_api::backend::full_jitter(race_ceiling(attempt, round_trip))
 }
 
 /// The sort key of entry `version`.
@@ -289,6 +301,7 @@ impl Table {
                 items.push(self.entry_put(version, head + p, puts, dels, expires)?);
                 keys.push(EndpointKey::new(LOG_PARTITION, entry_id(version)));
             }
+            let sent = std::time::Instant::now();
             let res = self
                 .client
                 .transact_write_items()
@@ -296,6 +309,7 @@ impl Table {
                 .client_request_token(token)
                 .send()
                 .await;
+            let round_trip = sent.elapsed();
             match res {
                 Ok(_) => {
                     // Only ever forward: another writer may have moved it further.
@@ -311,7 +325,7 @@ impl Table {
                     self.log_head.0.store(0, Ordering::Release);
                     // Pause first, then read the head: the head read after
                     // the pause is the one the next attempt races for.
-                    tokio::time::sleep(race_pause(attempt)).await;
+                    tokio::time::sleep(race_pause(attempt, round_trip)).await;
                     head = self.read_log_head().await?;
                     fresh = new_token();
                     token = fresh.as_str();
@@ -508,22 +522,29 @@ mod tests {
 
     #[test]
     fn race_pauses_are_drawn_up_to_a_doubling_capped_ceiling() {
-        for attempt in 1..=ATTEMPTS {
-            let ceiling = RETRY_BASE
-                .saturating_mul(1 << (attempt - 1).min(16))
-                .min(RETRY_CAP);
-            let pauses: Vec<Duration> = (0..200).map(|_| race_pause(attempt)).collect();
-            assert!(
-                pauses.iter().all(|p| *p <= ceiling),
-                "attempt {attempt}: {pauses:?}"
-            );
-            // Full jitter: pauses land in the lower half of the ceiling too.
-            assert!(
-                pauses.iter().any(|p| *p < ceiling / 2),
-                "attempt {attempt}: {pauses:?}"
-            );
+        let ms = Duration::from_millis;
+        for rtt in [ms(1), ms(30), ms(400)] {
+            for attempt in 1..=ATTEMPTS {
+                let ceiling = race_ceiling(attempt, rtt);
+                let pauses: Vec<Duration> = (0..200).map(|_| race_pause(attempt, rtt)).collect();
+                assert!(
+                    pauses.iter().all(|p| *p <= ceiling),
+                    "{attempt}: {pauses:?}"
+                );
+                // Full jitter: pauses land in the lower half too.
+                assert!(
+                    pauses.iter().any(|p| *p < ceiling / 2),
+                    "{attempt}: {pauses:?}"
+                );
+            }
         }
-        assert_eq!(RETRY_BASE.saturating_mul(1 << 15).min(RETRY_CAP), RETRY_CAP);
+        // A fast server: from 4 ms, doubling, up to 250 ms.
+        assert_eq!(race_ceiling(1, ms(1)), ms(4));
+        assert_eq!(race_ceiling(2, ms(1)), ms(8));
+        assert_eq!(race_ceiling(ATTEMPTS, ms(1)), RETRY_CAP);
+        // A slow one: from its round trip, up to 16 of them.
+        assert_eq!(race_ceiling(1, ms(400)), ms(400));
+        assert_eq!(race_ceiling(ATTEMPTS, ms(400)), ms(6400));
     }
 
     #[test]
