@@ -8,29 +8,51 @@ use async_trait::async_trait;
 use aws_sdk_servicediscovery::config::{BehaviorVersion, Region};
 use aws_sdk_servicediscovery::Client;
 use futures::stream::{self, StreamExt};
+use registry_api::backend::{
+    check_batch, sweep_loop, validate_endpoint, NodeRecord, NodeTable, SharedLiveness,
+};
+use registry_api::liveness::SweepReport;
 use registry_api::{
-    backend::{check_batch, validate_endpoint},
-    Batch, Capabilities, Endpoint, EndpointKey, Op, Registry, Result, Snapshot,
+    Batch, Capabilities, Endpoint, EndpointKey, Heartbeat, Op, Registry, Result, Snapshot,
 };
 
 use crate::config::CloudMapConfig;
 use crate::core::{CloudMapStats, Namespace, MAX_BATCH};
 use crate::layout;
+use crate::nodes::NodeStore;
 use crate::watch::SnapshotCache;
 
-/// A [`Registry`] and [`Batch`] over one AWS Cloud Map namespace.
+/// A [`Registry`], [`Batch`] and [`Heartbeat`] over one AWS Cloud Map
+/// namespace.
 ///
-/// Cheap to clone (the clones share the client, caches and rate limit).
-/// Cloud Map has no change feed: [`registry_api::stack::stack`] wraps the
+/// Cheap to clone (the clones share the client, caches, rate limit and
+/// liveness sweeper). Liveness is kept in the namespace, one record per
+/// node shared by every process (see "Liveness" in the crate docs); the
+/// sweeper runs in the background until the last clone is dropped. Cloud
+/// Map has no change feed: [`registry_api::stack::stack`] wraps the
 /// registry in [`registry_api::polling::Polling`] for a
-/// [`registry_api::Watch`] (and in `Liveness`). Its `snapshot()` skips
-/// services whose `DiscoverInstancesRevision` did not change, and reads
-/// everything every [`full_poll_every`](CloudMapConfig::full_poll_every)-th
-/// time. See the crate documentation for the mapping.
+/// [`registry_api::Watch`]. Its `snapshot()` skips services whose
+/// `DiscoverInstancesRevision` did not change, and reads everything every
+/// [`full_poll_every`](CloudMapConfig::full_poll_every)-th time. See the
+/// crate documentation for the mapping.
 #[derive(Clone)]
 pub struct CloudMapRegistry {
     namespace: Arc<Namespace>,
     snapshots: Arc<SnapshotCache>,
+    nodes: Arc<NodeStore>,
+    liveness: Arc<SharedLiveness>,
+    /// Held for its `Drop`: the last clone stops the sweeper.
+    _sweeper: Arc<Sweeper>,
+}
+
+/// The liveness sweeper task, stopped when the last clone of the registry
+/// is dropped.
+struct Sweeper(tokio::task::JoinHandle<()>);
+
+impl Drop for Sweeper {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl CloudMapRegistry {
@@ -47,14 +69,37 @@ impl CloudMapRegistry {
 
     /// Connect with a ready SDK configuration (credentials, retries,
     /// timeouts); `cfg.endpoint_url` and `cfg.region` override it when set.
+    /// Starts the liveness sweeper (`cfg.liveness`, checked first).
     pub async fn with_sdk_config(
         sdk: aws_sdk_servicediscovery::Config,
         cfg: CloudMapConfig,
     ) -> Result<Self> {
+        let liveness = Arc::new(SharedLiveness::new(cfg.liveness.clone())?);
+        let namespace = Arc::new(Namespace::open(sdk, cfg).await?);
+        let nodes = Arc::new(NodeStore::new(Arc::clone(&namespace)));
+        let sweeper = tokio::spawn(sweep_loop(
+            Arc::downgrade(&nodes),
+            Arc::downgrade(&liveness),
+        ));
         Ok(Self {
-            namespace: Arc::new(Namespace::open(sdk, cfg).await?),
+            namespace,
             snapshots: Arc::new(SnapshotCache::new()),
+            nodes,
+            liveness,
+            _sweeper: Arc::new(Sweeper(sweeper)),
         })
+    }
+
+    /// Run one liveness sweep now (the background sweeper runs one every
+    /// `cfg.liveness.sweep_interval`).
+    pub async fn sweep(&self) -> Result<SweepReport> {
+        self.liveness.sweep(&*self.nodes).await
+    }
+
+    /// The nodes' liveness records in the namespace, as every process sees
+    /// them.
+    pub async fn node_records(&self) -> Result<Vec<NodeRecord>> {
+        self.nodes.node_records().await
     }
 
     /// The namespace's name.
@@ -97,14 +142,19 @@ impl fmt::Debug for CloudMapRegistry {
             .field("endpoint", &self.namespace.endpoint)
             .field("read_mode", &self.namespace.cfg.read_mode)
             .field("write_mode", &self.namespace.cfg.write_mode)
+            .field("liveness", &self.liveness.config())
             .finish()
     }
 }
 
 #[async_trait]
 impl Registry for CloudMapRegistry {
+    /// A `RegisterInstance` (waited for in [`crate::WriteMode::Wait`]); the
+    /// node's liveness record is written first when it is due.
     async fn register(&self, endpoint: Endpoint) -> Result<()> {
         validate_endpoint(&endpoint)?;
+        layout::encode(&endpoint)?;
+        self.liveness.seen_endpoint(&*self.nodes, &endpoint).await?;
         self.namespace.put(&endpoint).await
     }
 
@@ -128,6 +178,7 @@ impl Registry for CloudMapRegistry {
             .with_max_batch(MAX_BATCH)
             .with_max_labels(layout::MAX_LABELS)
             .with_max_encoded_len(layout::MAX_ENCODED_LEN)
+            .with_native_liveness(true)
     }
 
     /// A read only (`GetNamespace`): Cloud Map has no write without a
@@ -145,8 +196,9 @@ impl Batch for CloudMapRegistry {
     /// [`MAX_BATCH`] ops, or an invalid op, are refused (`InvalidInput`
     /// naming `ops` or `ops[i].…`) and nothing is sent; every registration
     /// is also checked against Cloud Map's attribute limits
-    /// ([`layout::encode`]) before anything is sent. Then the net op of
-    /// each key ([`Op::net`]) is applied, up to
+    /// ([`layout::encode`]) before anything is sent. Then the liveness
+    /// records of the nodes owning registered endpoints are written when
+    /// due, and the net op of each key ([`Op::net`]) is applied, up to
     /// [`CloudMapConfig::concurrency`] at once under the rate limit; when
     /// some writes fail, the others may have been applied and the first
     /// error is returned.
@@ -157,6 +209,7 @@ impl Batch for CloudMapRegistry {
                 layout::encode(ep).map_err(|e| e.in_field(&format!("ops[{i}].")))?;
             }
         }
+        self.liveness.seen(&*self.nodes, &ops).await?;
         let ops = Op::net(ops);
         let total = ops.len();
         let results: Vec<Result<()>> = stream::iter(ops)
@@ -172,14 +225,27 @@ impl Batch for CloudMapRegistry {
     }
 }
 
-/// CloudMapRegistry has neither a watch (it is polled) nor heartbeats of
-/// its own: [`registry_api::stack::stack`] wraps it in `Polling` inside
-/// `Liveness`.
+#[async_trait]
+impl Heartbeat for CloudMapRegistry {
+    /// Record that `node` is alive in its liveness record (at most once
+    /// per `suspect_after / 3` from this process, however often it is
+    /// called: a read and a `RegisterInstance`), and revive the endpoints
+    /// liveness had marked unhealthy. `NotFound` for a node with neither a
+    /// record nor an endpoint: it should register again.
+    async fn heartbeat(&self, node: &str) -> Result<()> {
+        self.liveness.heartbeat(&*self.nodes, node).await
+    }
+}
+
+/// CloudMapRegistry keeps liveness in the namespace (native) but has no
+/// watch: [`registry_api::stack::stack`] wraps it in `Polling` only
+/// (`StackConfig::liveness` is not used: set [`CloudMapConfig::liveness`]).
 impl registry_api::stack::IntoStack for CloudMapRegistry {
     fn into_stack(
         self,
         cfg: &registry_api::stack::StackConfig,
     ) -> registry_api::Result<std::sync::Arc<dyn registry_api::stack::Stack>> {
-        registry_api::stack::polled_with_liveness(self, cfg)
+        let polled = registry_api::polling::Polling::with_config(self, cfg.polling.clone())?;
+        Ok(Arc::new(polled))
     }
 }

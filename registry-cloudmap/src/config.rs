@@ -3,6 +3,8 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
+use registry_api::liveness::LivenessConfig;
+
 /// How `list` (and each service of a `snapshot`) reads instances.
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -124,6 +126,14 @@ pub struct CloudMapConfig {
     /// Services created without it (by others, or before) keep working;
     /// their health is then only the `registry.health` attribute.
     pub custom_health: bool,
+    /// Liveness, kept in the namespace (one record per node in reserved
+    /// services, shared by every process using the namespace; see
+    /// "Liveness" in the crate docs): a node silent for `suspect_after`
+    /// (30 s) has its endpoints marked unhealthy, for `remove_after`
+    /// (5 min) removed; each registry sweeps every `sweep_interval` (10 s).
+    /// Every registry on one namespace should use the same settings.
+    /// Default [`LivenessConfig::default`].
+    pub liveness: LivenessConfig,
 }
 
 impl CloudMapConfig {
@@ -148,6 +158,7 @@ impl CloudMapConfig {
             replicas: NonZeroU32::MIN,
             repeat_deregister: false,
             custom_health: false,
+            liveness: LivenessConfig::default(),
         }
     }
 
@@ -215,6 +226,11 @@ impl CloudMapConfig {
     /// Set `custom_health`.
     pub fn with_custom_health(mut self, v: bool) -> Self {
         self.custom_health = v;
+        self
+    }
+    /// Set `liveness`.
+    pub fn with_liveness(mut self, liveness: LivenessConfig) -> Self {
+        self.liveness = liveness;
         self
     }
     /// Set `replicas`: how many registries poll this namespace in all.

@@ -45,6 +45,12 @@ pub struct CloudMapStats {
     /// Services a snapshot took from its cache because their revision had
     /// not changed.
     pub skipped_services: u64,
+    /// Reads of node liveness records (`DiscoverInstances` or
+    /// `ListInstances` of a reserved service).
+    pub record_reads: u64,
+    /// Writes of node liveness records (`RegisterInstance` and
+    /// `DeregisterInstance` of a reserved service).
+    pub record_writes: u64,
 }
 
 #[derive(Default)]
@@ -54,6 +60,8 @@ pub(crate) struct Counters {
     pub(crate) revision_calls: AtomicU64,
     pub(crate) instance_reads: AtomicU64,
     pub(crate) skipped_services: AtomicU64,
+    pub(crate) record_reads: AtomicU64,
+    pub(crate) record_writes: AtomicU64,
 }
 
 /// The client, caches and rate limit shared by a registry and its clones.
@@ -68,6 +76,8 @@ pub(crate) struct Namespace {
     pub(crate) limiter: DefaultDirectRateLimiter,
     /// Our service name → Cloud Map service id.
     pub(crate) services: Mutex<HashMap<String, String>>,
+    /// Reserved Cloud Map service name (node records) → its id.
+    pub(crate) node_services: Mutex<HashMap<String, String>>,
     /// Cloud Map service id → whether it is in this namespace.
     pub(crate) service_namespaces: Mutex<HashMap<String, bool>>,
     /// One async mutex per key being written (see [`KeyGuard`]).
@@ -153,6 +163,7 @@ impl Namespace {
             endpoint,
             limiter: RateLimiter::direct(quota),
             services: Mutex::new(HashMap::new()),
+            node_services: Mutex::new(HashMap::new()),
             service_namespaces: Mutex::new(HashMap::new()),
             key_locks: Mutex::new(HashMap::new()),
             counters: Counters::default(),
@@ -176,6 +187,8 @@ impl Namespace {
             revision_calls: c.revision_calls.load(Ordering::Relaxed),
             instance_reads: c.instance_reads.load(Ordering::Relaxed),
             skipped_services: c.skipped_services.load(Ordering::Relaxed),
+            record_reads: c.record_reads.load(Ordering::Relaxed),
+            record_writes: c.record_writes.load(Ordering::Relaxed),
         }
     }
 

@@ -143,6 +143,46 @@ pub fn service_from_cloud_map(name: &str, description: Option<&str>) -> Option<S
     (hashed(original) == name).then(|| original.to_string())
 }
 
+/// Prefix of the reserved Cloud Map services that hold the nodes'
+/// liveness records (one instance per node, see "Liveness" in the crate
+/// docs). It starts with [`HASHED_PREFIX`] but is not followed by 40 hex
+/// digits, so no service of ours maps to it ([`service_name`] hashes every
+/// name that starts with [`HASHED_PREFIX`]); reads, snapshots and watches
+/// of endpoints skip these services.
+pub const NODE_SERVICE_PREFIX: &str = "x--registry-nodes-";
+/// How many reserved services the node records are spread over (by a hash
+/// of the node's name): Cloud Map allows at most 1,000 instances per
+/// service, a quota that cannot be raised, so 16 services hold up to
+/// about 14,000 nodes (the fullest of them reaches 1,000 first).
+pub const NODE_SHARDS: usize = 16;
+/// Attribute of a node record: the node's last heartbeat, in milliseconds
+/// since the Unix epoch (the node itself is in [`ATTR_NODE`]).
+pub const ATTR_BEAT: &str = "registry.beat";
+/// Attribute of a node record: the keys liveness marked unhealthy, as
+/// `service/id` pairs separated by `,`; continued in `registry.marked.1`,
+/// `registry.marked.2`, … when one value cannot hold them.
+pub const ATTR_MARKED: &str = "registry.marked";
+
+/// The reserved Cloud Map service that holds `node`'s liveness record.
+pub fn node_service(node: &str) -> String {
+    let digest = Sha256::digest(node.as_bytes());
+    format!(
+        "{NODE_SERVICE_PREFIX}{:02}",
+        usize::from(digest[0]) % NODE_SHARDS
+    )
+}
+
+/// Every reserved service a node record may be in.
+pub fn node_services() -> impl Iterator<Item = String> {
+    (0..NODE_SHARDS).map(|k| format!("{NODE_SERVICE_PREFIX}{k:02}"))
+}
+
+/// Whether the Cloud Map service `name` is reserved for node records
+/// (and so never read as a service of endpoints).
+pub fn is_node_service(name: &str) -> bool {
+    name.starts_with(NODE_SERVICE_PREFIX)
+}
+
 fn fits_instance_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= MAX_INSTANCE_ID_LEN
@@ -345,6 +385,43 @@ mod tests {
         assert_eq!(instance_id("pod-a:8080@x/y"), "pod-a:8080@x/y");
         assert!(instance_id("has%percent").starts_with(HASHED_PREFIX));
         assert!(instance_id(&"i".repeat(65)).starts_with(HASHED_PREFIX));
+    }
+
+    #[test]
+    fn node_services_are_reserved() {
+        let all: Vec<String> = node_services().collect();
+        assert_eq!(all.len(), NODE_SHARDS);
+        for node in ["node-1", "ünï", &"n".repeat(253)] {
+            let s = node_service(node);
+            assert!(all.contains(&s) && is_node_service(&s), "{s}");
+            // No service of ours maps to it, and it is not read as one.
+            assert_eq!(service_from_cloud_map(&s, None), None);
+            assert_eq!(service_from_cloud_map(&s, Some(&s)), None);
+            assert!(fits_cloud_map_name(&s), "{s}");
+        }
+        for name in all
+            .iter()
+            .map(String::as_str)
+            .chain(["x--registry-nodes-03", "x--registry-nodes-"])
+        {
+            assert_ne!(service_name(name), name);
+            assert!(!is_node_service(&service_name(name)));
+        }
+    }
+
+    /// Cloud Map's rule for service names (labels of 1 to 63 characters
+    /// from `a-z A-Z 0-9 _ -`, not starting or ending with `-`).
+    fn fits_cloud_map_name(s: &str) -> bool {
+        s.len() <= MAX_SERVICE_NAME_LEN
+            && s.split('.').all(|l| {
+                let b = l.as_bytes();
+                !b.is_empty()
+                    && b.len() <= 63
+                    && b.iter()
+                        .all(|c| c.is_ascii_alphanumeric() || *c == b'_' || *c == b'-')
+                    && b[0] != b'-'
+                    && b[b.len() - 1] != b'-'
+            })
     }
 
     #[test]

@@ -7,6 +7,8 @@ mod core;
 mod error;
 mod instances;
 pub mod layout;
+mod nodes;
+mod records;
 mod services;
 mod watch;
 

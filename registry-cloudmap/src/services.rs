@@ -34,6 +34,8 @@ impl Namespace {
             .map_err(|e| Error::internal(format!("building the ListServices filter: {e}")))?;
         let mut token = None;
         let mut found = Vec::new();
+        // The services holding node records: never services of endpoints.
+        let mut reserved = Vec::new();
         loop {
             self.throttle().await;
             let out = self
@@ -48,6 +50,14 @@ impl Namespace {
                 let (Some(id), Some(cm_name)) = (s.id(), s.name()) else {
                     continue;
                 };
+                if layout::is_node_service(cm_name) {
+                    reserved.push(ServiceRef {
+                        name: cm_name.to_string(),
+                        id: id.to_string(),
+                        cm_name: cm_name.to_string(),
+                    });
+                    continue;
+                }
                 match layout::service_from_cloud_map(cm_name, s.description()) {
                     Some(name) => found.push(ServiceRef {
                         name,
@@ -66,10 +76,12 @@ impl Namespace {
             }
         }
         let found = self.in_namespace(found).await?;
+        let reserved = self.in_namespace(reserved).await?;
         *lock(&self.services) = found
             .iter()
             .map(|s| (s.name.clone(), s.id.clone()))
             .collect();
+        *lock(&self.node_services) = reserved.into_iter().map(|s| (s.cm_name, s.id)).collect();
         Ok(found)
     }
 
@@ -140,21 +152,81 @@ impl Namespace {
             return Ok(None);
         }
         let cm_name = layout::service_name(service);
+        let description = (cm_name != service).then_some(service);
+        let id = self
+            .create_service(&cm_name, description, self.cfg.custom_health, service)
+            .await?;
+        tracing::debug!(%service, cloud_map_name = %cm_name, service_id = %id, "Cloud Map service ready");
+        lock(&self.services).insert(service.to_string(), id.clone());
+        Ok(Some(id))
+    }
+
+    /// The Cloud Map id of the reserved service `cm_name` that holds node
+    /// records ([`layout::node_service`]), created when `create` is set and
+    /// it does not exist; `None` when it does not exist and `create` is
+    /// not set.
+    pub(crate) async fn node_service_id(
+        &self,
+        cm_name: &str,
+        create: bool,
+    ) -> Result<Option<String>> {
+        let cached = || lock(&self.node_services).get(cm_name).cloned();
+        if let Some(id) = cached() {
+            return Ok(Some(id));
+        }
+        let _guard = self.lock_key(format!("node-service\0{cm_name}")).await;
+        if let Some(id) = cached() {
+            return Ok(Some(id));
+        }
+        self.list_services().await?;
+        if let Some(id) = cached() {
+            return Ok(Some(id));
+        }
+        if !create {
+            return Ok(None);
+        }
+        let id = self
+            .create_service(
+                cm_name,
+                Some("node liveness records (registry-cloudmap)"),
+                false,
+                cm_name,
+            )
+            .await?;
+        tracing::debug!(cloud_map_name = %cm_name, service_id = %id, "Cloud Map service for node records ready");
+        lock(&self.node_services).insert(cm_name.to_string(), id.clone());
+        Ok(Some(id))
+    }
+
+    /// Forget the id of the reserved service `cm_name` (it was deleted).
+    pub(crate) fn forget_node_service(&self, cm_name: &str) {
+        lock(&self.node_services).remove(cm_name);
+    }
+
+    /// `CreateService` of `cm_name` in this namespace (API-only in a DNS
+    /// namespace; with a custom health config when `custom_health`); the
+    /// id of the existing service when another process created it first.
+    /// `service` names it in errors.
+    async fn create_service(
+        &self,
+        cm_name: &str,
+        description: Option<&str>,
+        custom_health: bool,
+        service: &str,
+    ) -> Result<String> {
         let target = format!("service {service}");
         self.throttle().await;
         let mut req = self
             .client
             .create_service()
-            .name(&cm_name)
+            .name(cm_name)
             .namespace_id(&self.namespace_id)
-            .creator_request_id(request_id("svc"));
-        if cm_name != service {
-            req = req.description(service);
-        }
+            .creator_request_id(request_id("svc"))
+            .set_description(description.map(str::to_string));
         if self.dns_namespace {
             req = req.r#type(ServiceTypeOption::Http);
         }
-        if self.cfg.custom_health {
+        if custom_health {
             req = req.health_check_custom_config(HealthCheckCustomConfig::builder().build());
         }
         let id = match req.send().await {
@@ -172,10 +244,8 @@ impl Namespace {
                 _ => return Err(error::from_sdk(e, self.call("CreateService", &target))),
             },
         };
-        tracing::debug!(%service, cloud_map_name = %cm_name, service_id = %id, "Cloud Map service ready");
         lock(&self.service_namespaces).insert(id.clone(), true);
-        lock(&self.services).insert(service.to_string(), id.clone());
-        Ok(Some(id))
+        Ok(id)
     }
 
     pub(crate) fn forget_service(&self, service: &str) {

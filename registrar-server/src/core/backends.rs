@@ -220,7 +220,8 @@ pub async fn open_backend(opts: &BackendOptions) -> Result<Arc<dyn Backend>> {
         }
         #[cfg(feature = "cloudmap")]
         BackendKind::Cloudmap => {
-            let mut ns = registry_cloudmap::CloudMapConfig::new(opts.cloudmap_namespace.clone());
+            let mut ns = registry_cloudmap::CloudMapConfig::new(opts.cloudmap_namespace.clone())
+                .with_liveness(opts.liveness.clone());
             if let Some(region) = &opts.aws_region {
                 ns = ns.with_region(region.clone());
             }

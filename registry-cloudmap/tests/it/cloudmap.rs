@@ -7,7 +7,7 @@ use crate::common;
 use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
-use common::{config, connect, harness, raw, start_moto};
+use common::{config, connect, harness, quiet_config, raw, start_moto};
 use registry_api::testing::{ep, eventually, unique};
 use registry_api::{Batch, Endpoint, Error, ErrorKind, Op, Registry};
 use registry_cloudmap::aws_sdk_servicediscovery::types::CustomHealthStatus;
@@ -177,7 +177,8 @@ async fn missing_namespace_is_not_found_when_creation_is_off() {
 async fn snapshots_skip_unchanged_services_but_read_all_every_kth() {
     for mode in [ReadMode::Discover, ReadMode::List] {
         let moto = start_moto();
-        let reg = connect(config(&moto).with_read_mode(mode).with_full_poll_every(3)).await;
+        let cfg = quiet_config(&moto).with_full_poll_every(3);
+        let reg = connect(cfg.with_read_mode(mode)).await;
         let (a, b) = (unique("rev-a"), unique("rev-b"));
         reg.register(ep(&a, "1", 1)).await.unwrap();
         reg.register(ep(&b, "1", 1)).await.unwrap();
@@ -500,7 +501,7 @@ async fn existing_dns_namespace_is_used() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probe_reads_the_namespace_and_reports_it_missing() {
     let moto = start_moto();
-    let reg = connect(config(&moto)).await;
+    let reg = connect(quiet_config(&moto)).await;
     let before = reg.stats().requests;
     reg.probe().await.unwrap();
     assert_eq!(reg.stats().requests, before + 1, "one request per probe");

@@ -7,3 +7,4 @@ mod common;
 
 mod cloudmap;
 mod conformance;
+mod liveness;

@@ -37,6 +37,15 @@ pub fn config(moto: &MotoServer) -> CloudMapConfig {
         .with_repeat_deregister(true)
 }
 
+/// [`config`] without a background liveness sweep within a test (one an
+/// hour; a sweep reads the namespace too), for tests that count requests.
+pub fn quiet_config(moto: &MotoServer) -> CloudMapConfig {
+    config(moto).with_liveness(
+        registry_api::liveness::LivenessConfig::default()
+            .with_sweep_interval(Duration::from_secs(3600)),
+    )
+}
+
 pub async fn connect(cfg: CloudMapConfig) -> CloudMapRegistry {
     CloudMapRegistry::with_sdk_config(sdk_config(), cfg)
         .await
