@@ -95,6 +95,16 @@ pub struct SweepReport {
     pub held: bool,
 }
 
+impl SweepReport {
+    /// The report of a sweep that self-preservation held off.
+    pub(crate) fn held() -> Self {
+        Self {
+            held: true,
+            ..Self::default()
+        }
+    }
+}
+
 /// Heartbeats for any registry.
 ///
 /// Every node that owns endpoints (`Endpoint::node`) or heartbeats is
@@ -226,10 +236,32 @@ async fn sweep_loop<R: Registry>(inner: Arc<R>, shared: Weak<Shared>) {
     }
 }
 
-/// Whether a sweep that would mark or remove `affected` of `total` nodes
-/// holds off (self-preservation; see [`LivenessConfig::max_sweep_share`]).
-pub(crate) fn self_preservation_holds(cfg: &LivenessConfig, affected: usize, total: usize) -> bool {
-    affected >= cfg.hold_min_nodes.max(1) && affected as f64 > cfg.max_sweep_share * total as f64
+/// Whether a sweep of `registry` that would mark or remove `affected` of
+/// `total` nodes holds off (self-preservation; see
+/// [`LivenessConfig::max_sweep_share`]): logged, and shown in
+/// `registry_liveness_self_preservation` and
+/// `registry_liveness_sweeps_held_total`.
+pub(crate) fn self_preservation_holds(
+    cfg: &LivenessConfig,
+    affected: usize,
+    total: usize,
+    registry: &(impl fmt::Display + ?Sized),
+) -> bool {
+    let holds = affected >= cfg.hold_min_nodes.max(1)
+        && affected as f64 > cfg.max_sweep_share * total as f64;
+    if holds {
+        tracing::warn!(
+            %registry,
+            affected,
+            total,
+            share = cfg.max_sweep_share,
+            "self-preservation: {affected} of {total} nodes are silent at once; \
+             holding off (are they cut off from the network?)"
+        );
+        metrics::counter!("registry_liveness_sweeps_held_total").increment(1);
+    }
+    metrics::gauge!("registry_liveness_self_preservation").set(if holds { 1.0 } else { 0.0 });
+    holds
 }
 
 async fn sweep<R: Registry + ?Sized>(inner: &R, shared: &Shared) -> Result<SweepReport> {
@@ -263,23 +295,9 @@ async fn sweep<R: Registry + ?Sized>(inner: &R, shared: &Shared) -> Result<Sweep
         (suspects, dead, st.last_seen.len())
     };
     let affected = suspects.len() + dead.len();
-    if self_preservation_holds(cfg, affected, total) {
-        tracing::warn!(
-            registry = %inner,
-            affected,
-            total,
-            share = cfg.max_sweep_share,
-            "self-preservation: {affected} of {total} nodes went silent at once; \
-             holding off (is this registry cut off from the network?)"
-        );
-        metrics::gauge!("registry_liveness_self_preservation").set(1.0);
-        metrics::counter!("registry_liveness_sweeps_held_total").increment(1);
-        return Ok(SweepReport {
-            held: true,
-            ..SweepReport::default()
-        });
+    if self_preservation_holds(cfg, affected, total, inner) {
+        return Ok(SweepReport::held());
     }
-    metrics::gauge!("registry_liveness_self_preservation").set(0.0);
     for node in &suspects {
         for e in owned.get(node.as_str()).into_iter().flatten() {
             if e.health == Health::Healthy {

@@ -360,23 +360,9 @@ impl SharedLiveness {
                 .filter(|r| owned.contains_key(r.node.as_str()))
                 .count();
         let owners_total = owned.len();
-        if self_preservation_holds(&cfg, silent_owners, owners_total) {
-            tracing::warn!(
-                registry = %table,
-                affected = silent_owners,
-                total = owners_total,
-                share = cfg.max_sweep_share,
-                "self-preservation: {silent_owners} of {owners_total} nodes in the backend are \
-                 silent at once; holding off (are their agents cut off from the network?)"
-            );
-            metrics::gauge!("registry_liveness_self_preservation").set(1.0);
-            metrics::counter!("registry_liveness_sweeps_held_total").increment(1);
-            return Ok(SweepReport {
-                held: true,
-                ..SweepReport::default()
-            });
+        if self_preservation_holds(&cfg, silent_owners, owners_total, table) {
+            return Ok(SweepReport::held());
         }
-        metrics::gauge!("registry_liveness_self_preservation").set(0.0);
         let mut report = SweepReport::default();
         for (rec, eps) in suspects {
             if table.mark(rec, eps).await? {

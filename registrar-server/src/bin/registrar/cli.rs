@@ -11,6 +11,10 @@ use registrar_server::{Ack, BackendKind, BackendOptions, RegistrarConfig};
 use registry_api::liveness::LivenessConfig;
 
 use crate::connect::{ClientArgs, EarlyClientArgs, ServerTlsArgs};
+use crate::values::{
+    count_in, duration_in, parse_ack, parse_label, parse_target, parse_token, show, DAYS_30, HOUR,
+    MS, SECOND,
+};
 use registry_api::Protocol;
 
 #[derive(Parser)]
@@ -527,87 +531,4 @@ fn default_backend() -> BackendKind {
     return BackendKind::Sqlite;
     #[cfg(not(feature = "sqlite"))]
     return BackendKind::Memory;
-}
-
-const MS: Duration = Duration::from_millis(1);
-const SECOND: Duration = Duration::from_secs(1);
-const HOUR: Duration = Duration::from_secs(3600);
-const DAYS_30: Duration = Duration::from_secs(30 * 24 * 3600);
-
-/// A duration flag (`100ms`, `5s`, `1m`) within `min..=max`.
-fn duration_in(
-    min: Duration,
-    max: Duration,
-) -> impl Fn(&str) -> Result<Duration, String> + Clone + Send + Sync + 'static {
-    move |s: &str| {
-        let d = humantime::parse_duration(s)
-            .map_err(|e| format!("{e} (a duration such as 100ms, 5s or 1m)"))?;
-        registry_api::backend::check_duration("value", d, min, max).map_err(|_| {
-            format!(
-                "{s} is out of range: allowed {} to {}",
-                show(min),
-                show(max)
-            )
-        })?;
-        Ok(d)
-    }
-}
-
-fn show(d: Duration) -> String {
-    humantime::format_duration(d).to_string()
-}
-
-/// A count flag within `min..=max`.
-fn count_in(
-    min: usize,
-    max: usize,
-) -> impl Fn(&str) -> Result<usize, String> + Clone + Send + Sync + 'static {
-    move |s: &str| {
-        let n: usize = s
-            .parse()
-            .map_err(|e| format!("{e} (a whole number from {min} to {max})"))?;
-        if n < min || n > max {
-            return Err(format!("{n} is out of range: allowed {min} to {max}"));
-        }
-        Ok(n)
-    }
-}
-
-fn parse_ack(s: &str) -> Result<Ack, String> {
-    s.parse::<Ack>().map_err(|_| {
-        format!(
-            "{:?} is not an acknowledgement mode: optimistic or durable",
-            s.chars().take(64).collect::<String>()
-        )
-    })
-}
-
-fn parse_token(s: &str) -> Result<registry_registrar::Token, String> {
-    s.parse().map_err(|_| {
-        format!(
-            "{:?} is not a resume token: <epoch>.<sequence>, as printed by watch --json",
-            s.chars().take(64).collect::<String>()
-        )
-    })
-}
-
-fn parse_label(s: &str) -> Result<(String, String), String> {
-    s.split_once('=')
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .ok_or_else(|| format!("{s:?} is not KEY=VALUE"))
-}
-
-fn parse_target(s: &str) -> Result<(String, u16), String> {
-    let (host, port) = s
-        .rsplit_once(':')
-        .ok_or_else(|| format!("{s:?} is not HOST:PORT"))?;
-    let port: u16 = match port.parse::<u32>() {
-        Ok(p @ 1..=65535) => p as u16,
-        _ => return Err(format!("{port:?} in {s:?} is not a port (1 to 65535)")),
-    };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    if host.is_empty() {
-        return Err(format!("no host in {s:?}"));
-    }
-    Ok((host.to_string(), port))
 }

@@ -5,6 +5,7 @@ mod connect;
 mod error;
 mod ops;
 mod output;
+mod values;
 
 use std::process::ExitCode;
 use std::sync::Arc;
