@@ -137,14 +137,51 @@ impl Overlay {
         {
             let mut held = self.holds.lock();
             for op in ops {
-                let desired = match op {
-                    Op::Register(e) => Some(e.clone()),
-                    Op::Deregister(_) => None,
-                };
-                held.insert(op.key(), (desired, until));
+                held.insert(op.key(), (desired(op), until));
             }
         }
         self.publish(ops)
+    }
+
+    /// Hold `ops`' keys over older news without showing them yet: for a
+    /// write that is shown only once the source has committed it
+    /// ([`Overlay::confirm`]). The source's echo, should it come first,
+    /// ends the hold as usual.
+    pub fn hold(&self, ops: &[Op]) {
+        let until = Instant::now() + self.hold;
+        let mut held = self.holds.lock();
+        for op in ops {
+            held.insert(op.key(), (desired(op), until));
+        }
+    }
+
+    /// Show the committed `ops` that [`Overlay::hold`] held, unless the
+    /// source has echoed them already: then the cache shows the source's
+    /// value, and whatever the source said since, not a write that it has
+    /// moved past. Returns the events published.
+    pub fn confirm(&self, ops: &[Op]) -> Vec<Event> {
+        let mut out = Vec::new();
+        for op in ops {
+            let key = op.key();
+            let want = desired(op);
+            let still_held = || {
+                self.holds
+                    .lock()
+                    .get(&key)
+                    .is_some_and(|(held, _)| *held == want)
+            };
+            out.extend(self.writer.apply_if(event(op), still_held));
+        }
+        out
+    }
+
+    /// End the holds of `ops`' keys without showing anything (a write that
+    /// failed after [`Overlay::hold`]).
+    pub fn release(&self, ops: &[Op]) {
+        let mut held = self.holds.lock();
+        for op in ops {
+            held.remove(&op.key());
+        }
     }
 
     /// Take local writes back: the holds of `ops`' keys end and `ops` (the
@@ -162,21 +199,79 @@ impl Overlay {
     }
 
     fn publish(&self, ops: &[Op]) -> Vec<Event> {
-        let mut out = Vec::new();
-        for op in ops {
-            // The version is replaced by the cache's own.
-            let ev = match op {
-                Op::Register(endpoint) => Event::Added {
-                    version: registry_api::Version::ZERO,
-                    endpoint: endpoint.clone(),
-                },
-                Op::Deregister(key) => Event::Removed {
-                    version: registry_api::Version::ZERO,
-                    key: key.clone(),
-                },
-            };
-            out.extend(self.writer.apply(ev));
-        }
-        out
+        ops.iter()
+            .flat_map(|op| self.writer.apply(event(op)))
+            .collect()
+    }
+}
+
+/// The value `op` leaves at its key (`None`: removed).
+fn desired(op: &Op) -> Option<Endpoint> {
+    match op {
+        Op::Register(e) => Some(e.clone()),
+        Op::Deregister(_) => None,
+    }
+}
+
+/// `op` as a change to publish; the version is replaced by the cache's own.
+fn event(op: &Op) -> Event {
+    match op {
+        Op::Register(endpoint) => Event::Added {
+            version: registry_api::Version::ZERO,
+            endpoint: endpoint.clone(),
+        },
+        Op::Deregister(key) => Event::Removed {
+            version: registry_api::Version::ZERO,
+            key: key.clone(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use registry_api::memory::MemoryRegistry;
+    use registry_api::testing::{ep, eventually};
+
+    use super::*;
+
+    /// A write committed and echoed before it is confirmed: the confirmation
+    /// shows nothing more, and the key's next change from the source is
+    /// not held back behind it.
+    #[tokio::test]
+    async fn an_echo_before_the_confirmation_ends_the_hold() {
+        let inner = MemoryRegistry::new();
+        let (cache, overlay) = Overlay::cache(inner.clone(), CachedConfig::default()).unwrap();
+        cache.wait_until_ready().await;
+        let e = ep("api", "a", 80);
+        let op = Op::Register(e.clone());
+        overlay.hold(std::slice::from_ref(&op));
+        assert_eq!(cache.store().list("api"), Some(Vec::new()), "held, not shown");
+        inner.register(e.clone()).await.unwrap();
+        eventually("the echo", || async {
+            (cache.store().list("api") == Some(vec![e.clone()])).then_some(())
+        })
+        .await;
+        assert!(overlay.confirm(&[op]).is_empty());
+        inner.deregister(&e.key()).await.unwrap();
+        eventually("the source's removal", || async {
+            (cache.store().list("api") == Some(Vec::new())).then_some(())
+        })
+        .await;
+    }
+
+    /// Confirmed before the echo: shown at once, and older news of the key
+    /// is held back until the echo.
+    #[tokio::test]
+    async fn a_confirmation_before_the_echo_shows_the_write() {
+        let inner = MemoryRegistry::new();
+        let (cache, overlay) = Overlay::cache(inner, CachedConfig::default()).unwrap();
+        cache.wait_until_ready().await;
+        let e = ep("api", "a", 80);
+        let op = Op::Register(e.clone());
+        overlay.hold(std::slice::from_ref(&op));
+        assert_eq!(overlay.confirm(&[op]).len(), 1);
+        assert_eq!(cache.store().list("api"), Some(vec![e]));
     }
 }

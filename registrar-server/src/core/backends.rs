@@ -125,7 +125,8 @@ pub struct BackendOptions {
     pub aws_endpoint_url: Option<String>,
     /// Liveness settings: kept in the backend on DynamoDB, Cloud Map and
     /// SQLite (every replica judges a node by the same record), in the
-    /// process on memory; etcd's leases carry their own TTL. Default
+    /// process on memory; on etcd, `suspect_after` is the TTL of each
+    /// node's lease (its endpoints are deleted when it lapses). Default
     /// [`LivenessConfig::default`] (30 s, 5 min, a sweep every 10 s).
     pub liveness: LivenessConfig,
 }
@@ -177,7 +178,8 @@ pub async fn open_backend(opts: &BackendOptions) -> Result<Arc<dyn Backend>> {
         #[cfg(feature = "etcd")]
         BackendKind::Etcd => {
             let etcd = registry_etcd::EtcdConfig::new(opts.etcd_endpoints.clone())
-                .with_prefix(opts.etcd_prefix.clone());
+                .with_prefix(opts.etcd_prefix.clone())
+                .with_lease_ttl(opts.liveness.suspect_after);
             stack(registry_etcd::EtcdRegistry::connect(etcd).await?, &cfg)
         }
         #[cfg(feature = "dynamodb")]

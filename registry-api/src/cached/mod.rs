@@ -159,6 +159,14 @@ impl LocalWrites {
     pub fn apply(&self, ev: Event) -> Vec<Event> {
         self.0.apply(ev)
     }
+
+    /// [`LocalWrites::apply`], only if `keep()` says so, asked while no
+    /// change from the inner registry can be applied: what `keep` reads
+    /// (say, whether the inner registry has echoed a write yet) cannot
+    /// change between the question and the publication.
+    pub fn apply_if(&self, ev: Event, keep: impl FnOnce() -> bool) -> Vec<Event> {
+        self.0.apply_if(ev, keep)
+    }
 }
 
 /// Serves reads from memory, kept current by one watch on the inner

@@ -52,11 +52,16 @@ impl Writer {
     /// configured. Returns the events published (none before the first
     /// snapshot, none when it changes nothing).
     pub(crate) fn apply(&self, ev: Event) -> Vec<Event> {
-        self.publish(ev, false)
+        self.publish(ev, false, || true)
+    }
+
+    /// [`Writer::apply`] when `keep()`, asked under the publication lock.
+    pub(crate) fn apply_if(&self, ev: Event, keep: impl FnOnce() -> bool) -> Vec<Event> {
+        self.publish(ev, false, keep)
     }
 
     pub(super) fn apply_upstream(&self, ev: Event) -> Vec<Event> {
-        self.publish(ev, true)
+        self.publish(ev, true, || true)
     }
 
     pub(super) fn reset_filter(&self) {
@@ -65,8 +70,11 @@ impl Writer {
         }
     }
 
-    fn publish(&self, ev: Event, upstream: bool) -> Vec<Event> {
+    fn publish(&self, ev: Event, upstream: bool, keep: impl FnOnce() -> bool) -> Vec<Event> {
         let _one_at_a_time = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        if !keep() {
+            return Vec::new();
+        }
         if !self.hub.is_ready() {
             let Event::Snapshot(snap) = ev else {
                 return Vec::new();

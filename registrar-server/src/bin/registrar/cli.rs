@@ -211,8 +211,8 @@ pub struct ServeArgs {
     #[arg(long, default_value = "5s", value_parser = duration_in(10 * MS, HOUR))]
     pub sync_interval: Duration,
     /// Liveness: a node silent this long (no heartbeat, no write) has its
-    /// endpoints marked unhealthy (100ms to 30 days). On DynamoDB, Cloud
-    /// Map, SQLite and memory; etcd's leases carry their own TTL.
+    /// endpoints marked unhealthy (100ms to 30 days). On etcd it is the
+    /// TTL of the node's lease: its endpoints are deleted when it lapses.
     #[arg(long, default_value = "30s", value_parser = duration_in(100 * MS, DAYS_30))]
     pub suspect_after: Duration,
     /// Liveness: a node silent this long has its endpoints removed (at

@@ -249,11 +249,34 @@ impl Registrar {
         }
     }
 
-    async fn write_durable(&self, op: Op) -> Result<Token> {
-        self.writer.submit(vec![op.clone()])?.durable().await?;
-        // Read your writes: the state shows it before the backend's echo.
-        self.overlay.apply(&[op]);
-        Ok(self.token())
+    async fn write_durable(self: &Arc<Self>, op: Op) -> Result<Token> {
+        let ops = [op];
+        // Held from before the commit, so that an echo arriving before the
+        // commit returns ends the hold (a hold taken after it would outlive
+        // the echo, and hide the key's next changes for the whole hold).
+        self.overlay.hold(&ops);
+        let committed = match self.writer.submit(ops.to_vec()) {
+            Ok(ticket) => ticket.durable().await,
+            Err(e) => {
+                self.overlay.release(&ops);
+                return Err(e);
+            }
+        };
+        match committed {
+            Ok(()) => {
+                // Read your writes: the state shows it before the echo.
+                self.overlay.confirm(&ops);
+                Ok(self.token())
+            }
+            Err(e) => {
+                // News of the key held back during the commit: read it again.
+                self.overlay.release(&ops);
+                let this = Arc::clone(self);
+                let key = ops[0].key();
+                tokio::spawn(async move { this.resync_key(&key).await });
+                Err(e)
+            }
+        }
     }
 
     /// The backend refused an acknowledged write: undo its broadcast with

@@ -170,7 +170,7 @@ fn tail(log: &std::path::Path) -> String {
 pub struct Replica {
     pub grpc: SocketAddr,
     pub http: SocketAddr,
-    health: SocketAddr,
+    pub health: SocketAddr,
     pub proxy: Proxy,
     child: Option<Child>,
     log: PathBuf,
