@@ -19,7 +19,7 @@ use registry_api::Result;
 pub use registry_api::stack::Stack as Backend;
 
 /// The backends this build of the registrar can run on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum BackendKind {
     /// In memory: lost on exit (tests, development).
@@ -43,6 +43,19 @@ pub enum BackendKind {
 }
 
 impl BackendKind {
+    /// Every kind this build includes, in the order `--help` lists them.
+    pub const ALL: &'static [BackendKind] = &[
+        BackendKind::Memory,
+        #[cfg(feature = "sqlite")]
+        BackendKind::Sqlite,
+        #[cfg(feature = "etcd")]
+        BackendKind::Etcd,
+        #[cfg(feature = "dynamodb")]
+        BackendKind::Dynamodb,
+        #[cfg(feature = "cloudmap")]
+        BackendKind::Cloudmap,
+    ];
+
     /// Its `--registry-backend` value.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -76,7 +89,7 @@ impl BackendKind {
 
 /// How the registrar follows a DynamoDB table (`--dynamodb-sync`); see
 /// "Change log" in registry-dynamodb's docs for the costs of each.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum DynamoDbSync {
     /// The table's stream when it has one (at most two readers per shard:
@@ -92,6 +105,59 @@ pub enum DynamoDbSync {
     Changelog,
     /// A Scan of the whole table every `--sync-interval`.
     Scan,
+}
+
+impl DynamoDbSync {
+    /// Every mode, in the order `--help` lists them.
+    pub const ALL: &'static [DynamoDbSync] =
+        &[DynamoDbSync::Auto, DynamoDbSync::Changelog, DynamoDbSync::Scan];
+
+    /// Its `--dynamodb-sync` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DynamoDbSync::Auto => "auto",
+            DynamoDbSync::Changelog => "changelog",
+            DynamoDbSync::Scan => "scan",
+        }
+    }
+}
+
+/// `s` as one of `all` (by its `as_str` name), or an error naming `what`
+/// and the names it could be.
+fn parse_named<T: Copy>(
+    s: &str,
+    all: &[T],
+    name: fn(T) -> &'static str,
+    what: &str,
+) -> Result<T> {
+    all.iter().copied().find(|k| name(*k) == s).ok_or_else(|| {
+        let names: Vec<&str> = all.iter().map(|k| name(*k)).collect();
+        registry_api::Error::invalid(
+            what,
+            format!(
+                "{:?} ({} bytes) is not one of this build's: {}",
+                s.chars().take(64).collect::<String>(),
+                s.len(),
+                names.join(", ")
+            ),
+        )
+    })
+}
+
+impl std::str::FromStr for BackendKind {
+    type Err = registry_api::Error;
+    /// A `--registry-backend` value of this build.
+    fn from_str(s: &str) -> Result<Self> {
+        parse_named(s, Self::ALL, Self::as_str, "registry backend")
+    }
+}
+
+impl std::str::FromStr for DynamoDbSync {
+    type Err = registry_api::Error;
+    /// A `--dynamodb-sync` value.
+    fn from_str(s: &str) -> Result<Self> {
+        parse_named(s, Self::ALL, Self::as_str, "DynamoDB sync mode")
+    }
 }
 
 /// Where each backend is; only the fields of the chosen kind are read.

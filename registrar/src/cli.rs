@@ -12,7 +12,7 @@ use registry_api::liveness::LivenessConfig;
 
 use crate::connect::{ClientArgs, EarlyClientArgs, ServerTlsArgs};
 use crate::values::{
-    count_in, duration_in, parse_ack, parse_label, parse_target, parse_token, show, DAYS_30, HOUR,
+    backend_kind, count_in, duration_in, dynamodb_sync, parse_ack, parse_label, parse_target, parse_token, show, DAYS_30, HOUR,
     MS, SECOND,
 };
 use registry_api::Protocol;
@@ -202,7 +202,7 @@ pub struct ServeArgs {
     /// The backend holding the registry [default: sqlite, or the backend
     /// whose own flags are given]. `memory` keeps nothing: every write is
     /// lost on exit.
-    #[arg(long, value_enum)]
+    #[arg(long, value_parser = backend_kind())]
     pub registry_backend: Option<BackendKind>,
     /// This registrar's cluster.
     #[arg(long, default_value = "default")]
@@ -352,7 +352,7 @@ pub struct ServeArgs {
     /// per --sync-interval; for many replicas; every registrar writing the
     /// table must use it) or `scan` (a full scan every --sync-interval).
     /// [default: auto]
-    #[arg(long, value_enum)]
+    #[arg(long, value_parser = dynamodb_sync())]
     pub dynamodb_sync: Option<registrar_server::DynamoDbSync>,
     /// The Cloud Map namespace (`--registry-backend=cloudmap`); created as an
     /// HTTP namespace if missing [default: registry] (earlier releases
@@ -446,7 +446,7 @@ impl ServeArgs {
                  give --registry-backend and only that backend's flags"
             ));
         }
-        <BackendKind as clap::ValueEnum>::from_str(name, false).map_err(|_| {
+        name.parse::<BackendKind>().map_err(|_| {
             format!(
                 "{flag} selects the {name} backend, which this build does not include \
                  (cargo feature `{name}`)"

@@ -22,7 +22,6 @@ mod hardening;
 mod http_api;
 #[cfg(feature = "http-api")]
 mod http_native;
-mod load_tool;
 mod operators;
 mod registrar;
 #[cfg(all(feature = "sqlite", feature = "http-api"))]

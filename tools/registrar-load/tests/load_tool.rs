@@ -4,6 +4,8 @@
 //! (bare HTTP/2 readers), and from both floors the registrar is measured
 //! against. The figures it prints are not checked here.
 
+#![allow(clippy::unwrap_used)]
+
 use std::time::Duration;
 
 use tokio::process::Command;

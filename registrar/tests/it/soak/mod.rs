@@ -12,9 +12,9 @@
 //!
 //! ```sh
 //! # short, as CI runs it (about a minute per backend, fixed seeds)
-//! cargo test -p registrar-server --all-features --test it soak:: -- --nocapture
+//! cargo test -p registrar --all-features --test it soak:: -- --nocapture
 //! # long: 10 minutes per backend, a seed of your choice
-//! SOAK_SECONDS=600 SOAK_SEED=42 cargo test -p registrar-server --all-features \
+//! SOAK_SECONDS=600 SOAK_SEED=42 cargo test -p registrar --all-features \
 //!     --test it soak:: -- --ignored --nocapture
 //! ```
 

@@ -2,7 +2,7 @@
 //! Prints figures and ratios against baselines measured in the same run.
 //!
 //! ```sh
-//! cargo run --release -p registrar-server --bin registrar-load -- --agents 1000 --rate 1000 --seconds 5
+//! cargo run --release -p registrar-load -- --agents 1000 --rate 1000 --seconds 5
 //! ```
 //!
 //! Phases:

@@ -1,4 +1,4 @@
-//! Measurements, not checks (`cargo bench -p registrar-server --bench
+//! Measurements, not checks (`cargo bench -p registrar --bench
 //! xds`), quoted in BENCHMARKS.md: the time from a registration to its
 //! push reaching 100 state-of-the-world ADS clients subscribed to the
 //! service's load assignment, against the same change reaching 100
