@@ -2,20 +2,22 @@
 #![deny(missing_docs)]
 
 mod auth;
-mod core;
+mod engine;
 mod faces;
 mod metrics;
 mod serve;
 
 pub use crate::auth::policy::Policy;
 pub use crate::auth::{AuthzConfig, DEFAULT_ID_PATTERN};
-pub use crate::core::backends::{open_backend, Backend, BackendKind, BackendOptions, DynamoDbSync};
-pub use crate::core::config::{Ack, RegistrarConfig, StreamEncoding, DEFAULT_MAX_REQUEST_BYTES};
-pub use crate::core::refusals::Refusal;
-pub use crate::core::registrar::Registrar;
-pub use crate::core::status::{Readiness, Status};
-pub use crate::core::streams::WatchStats;
-pub use crate::core::sync::SyncMetered;
+pub use crate::engine::backends::{
+    open_backend, Backend, BackendKind, BackendOptions, DynamoDbSync,
+};
+pub use crate::engine::config::{Ack, RegistrarConfig, StreamEncoding, DEFAULT_MAX_REQUEST_BYTES};
+pub use crate::engine::refusals::Refusal;
+pub use crate::engine::registrar::Registrar;
+pub use crate::engine::status::{Readiness, Status};
+pub use crate::engine::streams::WatchStats;
+pub use crate::engine::sync::SyncMetered;
 #[cfg(feature = "dns")]
 pub use crate::faces::dns::{
     serve_dns, DnsConfig, DnsError, DnsListeners, DEFAULT_DNS_DOMAIN, MAX_DNS_TTL,

@@ -12,8 +12,8 @@ use registry_api::liveness::LivenessConfig;
 
 use crate::connect::{ClientArgs, EarlyClientArgs, ServerTlsArgs};
 use crate::values::{
-    backend_kind, count_in, duration_in, dynamodb_sync, parse_ack, parse_label, parse_target, parse_token, show, DAYS_30, HOUR,
-    MS, SECOND,
+    backend_kind, count_in, duration_in, dynamodb_sync, parse_ack, parse_label, parse_target,
+    parse_token, show, DAYS_30, HOUR, MS, SECOND,
 };
 use registry_api::Protocol;
 

@@ -17,9 +17,9 @@ use registry_api::{
 };
 
 use crate::config::CloudMapConfig;
-use crate::core::{CloudMapStats, Namespace, MAX_BATCH};
 use crate::layout;
 use crate::nodes::NodeStore;
+use crate::shared::{CloudMapStats, Namespace, MAX_BATCH};
 use crate::watch::SnapshotCache;
 
 /// A [`Registry`], [`Batch`] and [`Heartbeat`] over one AWS Cloud Map

@@ -12,10 +12,10 @@ use aws_sdk_servicediscovery::types::{CustomHealthStatus, HealthStatus, HealthSt
 use registry_api::{Endpoint, EndpointKey, Error, ErrorKind, Health, Op, Result};
 
 use crate::config::{ReadMode, WriteMode};
-use crate::core::{request_id, Namespace, DISCOVER_MAX};
 use crate::error;
 use crate::layout;
 use crate::services::ServiceRef;
+use crate::shared::{request_id, Namespace, DISCOVER_MAX};
 
 impl Namespace {
     /// The endpoints of `service`'s instances (id and attributes); an

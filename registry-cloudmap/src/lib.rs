@@ -3,16 +3,16 @@
 
 mod backend;
 mod config;
-mod core;
 mod error;
 mod instances;
 pub mod layout;
 mod nodes;
 mod records;
 mod services;
+mod shared;
 mod watch;
 
-pub use crate::core::{CloudMapStats, MAX_BATCH};
+pub use crate::shared::{CloudMapStats, MAX_BATCH};
 pub use aws_sdk_servicediscovery;
 pub use backend::CloudMapRegistry;
 pub use config::{CloudMapConfig, NamespaceKind, ReadMode, WriteMode};

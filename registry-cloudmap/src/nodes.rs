@@ -37,10 +37,10 @@ use registry_api::backend::{backoff, NodeRecord, NodeTable};
 use registry_api::{Endpoint, EndpointKey, Error, ErrorKind, Health, Result, Snapshot};
 
 use crate::config::WriteMode;
-use crate::core::{request_id, KeyGuard, Namespace, DISCOVER_MAX};
 use crate::error;
 use crate::layout;
 use crate::records::{self, Encoded};
+use crate::shared::{request_id, KeyGuard, Namespace, DISCOVER_MAX};
 use crate::watch::SnapshotCache;
 
 /// Most `RegisterInstance` attempts of one record write while another
@@ -380,7 +380,7 @@ impl NodeTable for NodeStore {
     /// last `ListServices` saw; listed first when none is known).
     async fn node_records(&self) -> Result<Vec<NodeRecord>> {
         let known = || -> Vec<String> {
-            crate::core::lock(&self.ns.node_services)
+            crate::shared::lock(&self.ns.node_services)
                 .keys()
                 .cloned()
                 .collect()

@@ -9,9 +9,9 @@ use aws_sdk_servicediscovery::types::{
 use futures::stream::{self, StreamExt, TryStreamExt};
 use registry_api::{Error, ErrorKind, Result};
 
-use crate::core::{lock, request_id, Namespace};
 use crate::error;
 use crate::layout;
+use crate::shared::{lock, request_id, Namespace};
 
 /// A service of the namespace: our name, Cloud Map id and Cloud Map name.
 #[derive(Debug, Clone)]

@@ -18,8 +18,8 @@ use futures::stream::{self, StreamExt, TryStreamExt};
 use registry_api::backend::VersionClock;
 use registry_api::{Endpoint, Result, Snapshot, Version};
 
-use crate::core::{lock, Namespace};
 use crate::services::ServiceRef;
+use crate::shared::{lock, Namespace};
 
 /// A service's revision and endpoints, as a snapshot read them.
 type Seen = (Option<i64>, Arc<Vec<Endpoint>>);

@@ -17,7 +17,7 @@ use registry_api::{
 use crate::changelog::CHANGELOG_MAX_BATCH;
 use crate::changelog_watch::LogWatch;
 use crate::config::{DynamoDbConfig, WatchMode};
-use crate::core::{usable_stream, Table, MAX_TRANSACTION_ITEMS};
+use crate::shared::{usable_stream, Table, MAX_TRANSACTION_ITEMS};
 use crate::watch::{self, StreamWatch};
 
 /// A service registry in one DynamoDB table.

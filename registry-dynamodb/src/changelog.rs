@@ -30,10 +30,10 @@ use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, TransactWriteItem, Update};
 use registry_api::{EndpointKey, Error, Op, Result};
 
-use crate::core::{new_token, Table, MAX_TRANSACTION_ITEMS};
 use crate::error::{map_sdk, map_transact};
 use crate::layout::{self, Item, LOG_PARTITION};
 use crate::shards::Change;
+use crate::shared::{new_token, Table, MAX_TRANSACTION_ITEMS};
 
 /// The sort key of the head item (after every entry's).
 pub(crate) const HEAD_ID: &str = "~head";

@@ -33,8 +33,8 @@ use registry_api::backend::{backoff, Hub};
 use registry_api::{Error, EventStream, Version};
 
 use crate::changelog::Entry;
-use crate::core::Table;
 use crate::shards::Change;
+use crate::shared::Table;
 use crate::watch::{publish_changes, publish_fresh, publish_snapshot_with, FeedTask};
 
 /// The change log watch of one registry.

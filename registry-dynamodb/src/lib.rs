@@ -5,15 +5,15 @@ mod backend;
 mod changelog;
 mod changelog_watch;
 mod config;
-mod core;
 mod error;
 mod layout;
 mod nodes;
 mod shards;
+mod shared;
 mod watch;
 
 pub use crate::changelog::CHANGELOG_MAX_BATCH;
-pub use crate::core::MAX_TRANSACTION_ITEMS;
+pub use crate::shared::MAX_TRANSACTION_ITEMS;
 pub use backend::DynamoDbRegistry;
 pub use config::{DynamoDbConfig, StaticCredentials, WatchMode};
 

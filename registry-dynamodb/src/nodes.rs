@@ -27,9 +27,9 @@ use registry_api::backend::{NodeRecord, NodeTable};
 use registry_api::{Endpoint, EndpointKey, Error, Op, Result, Snapshot};
 
 use crate::changelog::{Guard, CHANGELOG_MAX_BATCH};
-use crate::core::{Table, MAX_TRANSACTION_ITEMS};
 use crate::error::map_sdk;
 use crate::layout::{self, Item, NODE_PARTITION};
+use crate::shared::{Table, MAX_TRANSACTION_ITEMS};
 
 const BEAT: &str = "beat";
 const MARKED: &str = "marked";

@@ -10,9 +10,9 @@ use aws_sdk_dynamodbstreams::types::{OperationType, Record, ShardIteratorType};
 use futures::future::join_all;
 use registry_api::{Endpoint, EndpointKey, Error};
 
-use crate::core::Table;
 use crate::error::{is_position_lost, map_sdk};
 use crate::layout;
+use crate::shared::Table;
 
 /// How often the shard list is read again when no shard ended.
 const DISCOVERY_INTERVAL: Duration = Duration::from_secs(10);

@@ -50,8 +50,8 @@ use registry_api::{
     Error, Event, EventStream, Snapshot, Version,
 };
 
-use crate::core::Table;
 use crate::shards::{Change, Reader, Stop};
+use crate::shared::Table;
 
 /// The stream watch of one registry.
 pub(crate) struct StreamWatch {

@@ -1,6 +1,6 @@
 //! [`Keyspace`]: what one registry shares with its clones and watch
 //! streams (the client, settings, key layout and lease bookkeeping), and
-//! [`Nodes`], that bookkeeping. Its requests are in [`crate::core`], its
+//! [`Nodes`], that bookkeeping. Its requests are in [`crate::shared`], its
 //! leases in [`crate::leases`].
 
 use std::collections::{BTreeMap, HashMap};

@@ -3,11 +3,11 @@
 
 mod backend;
 mod config;
-mod core;
 mod error;
 mod keyspace;
 mod layout;
 mod leases;
+mod shared;
 mod watch;
 
 pub use backend::EtcdRegistry;

@@ -1,5 +1,5 @@
 //! [`GossipRegistry`]: a gossip node as a registry. The node itself (the
-//! socket, the state machine, the hub) is [`crate::core::Driver`]; this
+//! socket, the state machine, the hub) is [`crate::shared::Driver`]; this
 //! module holds the public handle and the registry traits, which read the
 //! local replica and step the machine.
 
@@ -16,10 +16,10 @@ use registry_api::{
 use tokio::task::JoinHandle;
 
 use crate::config::GossipConfig;
-use crate::core::Driver;
 use crate::crdt::NodeId;
 use crate::error;
 use crate::machine::{Machine, Stats};
+use crate::shared::Driver;
 
 /// A registry node gossiping over UDP.
 ///

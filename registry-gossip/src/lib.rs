@@ -3,12 +3,12 @@
 
 mod backend;
 mod config;
-mod core;
 pub mod crdt;
 mod error;
 mod layout;
 pub mod machine;
 mod names;
+mod shared;
 mod watch;
 pub mod wire;
 

@@ -15,9 +15,9 @@ use registry_api::{
 use tokio::sync::broadcast;
 
 use crate::config::{Ack, ClientConfig};
-use crate::core::{reconcile_loop, ClientState, KeyLocks, Refusal, Writes};
 use crate::overlay::Overlay;
 use crate::rpc::RpcClient;
+use crate::shared::{reconcile_loop, ClientState, KeyLocks, Refusal, Writes};
 
 /// The most ops one [`Batch::apply`] call takes (they are sent one by one).
 const MAX_BATCH: usize = 1000;

@@ -3,11 +3,11 @@
 
 mod backend;
 mod config;
-mod core;
 mod error;
 mod layout;
 mod overlay;
 mod rpc;
+mod shared;
 pub mod tls;
 mod watch;
 
@@ -30,7 +30,7 @@ pub mod proto {
     }
 }
 
-pub use crate::core::Refusal;
+pub use crate::shared::Refusal;
 pub use backend::RegistrarClient;
 pub use config::{Ack, ClientConfig, Direct, Fallback};
 pub use error::{error_from_status, status_from_error};

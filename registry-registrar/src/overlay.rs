@@ -247,7 +247,11 @@ mod tests {
         let e = ep("api", "a", 80);
         let op = Op::Register(e.clone());
         overlay.hold(std::slice::from_ref(&op));
-        assert_eq!(cache.store().list("api"), Some(Vec::new()), "held, not shown");
+        assert_eq!(
+            cache.store().list("api"),
+            Some(Vec::new()),
+            "held, not shown"
+        );
         inner.register(e.clone()).await.unwrap();
         eventually("the echo", || async {
             (cache.store().list("api") == Some(vec![e.clone()])).then_some(())

@@ -14,8 +14,8 @@ use registry_api::{
 };
 
 use crate::config::SqliteConfig;
-use crate::core::Database;
 use crate::liveness::{sweep_loop, NodeRecord, SqliteSweepReport};
+use crate::shared::Database;
 use crate::watch::poll_log;
 
 /// A registry in one SQLite file; see the crate documentation.

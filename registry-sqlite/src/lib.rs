@@ -3,10 +3,10 @@
 
 mod backend;
 mod config;
-mod core;
 mod error;
 mod layout;
 mod liveness;
+mod shared;
 mod tx;
 mod watch;
 

@@ -17,11 +17,11 @@ use registry_api::liveness::SweepReport;
 use registry_api::{Endpoint, EndpointKey, Error, Health, Result};
 use sqlx::sqlite::SqliteConnection;
 
-use crate::core::Database;
 use crate::error::corrupt;
 use crate::layout::{
     decode, duration_ms, encode, from_millis, log_rows, millis, store_rows, EpRow, EpRowSuspended,
 };
+use crate::shared::Database;
 
 /// A node as the `nodes` table holds it.
 #[non_exhaustive]

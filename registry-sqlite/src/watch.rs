@@ -19,8 +19,8 @@ use registry_api::backend::backoff;
 use registry_api::{Event, EventStream, Result, Snapshot, Version};
 use tokio::sync::watch;
 
-use crate::core::Database;
 use crate::layout::{decode_change, to_i64, ChangeRow};
+use crate::shared::Database;
 
 /// Changes read from the log per query while a watch catches up.
 const PAGE: i64 = 1024;

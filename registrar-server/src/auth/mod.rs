@@ -196,7 +196,7 @@ impl Caller {
 /// Refuse a write of `key` (to become `new`, or removed) unless `caller`
 /// may write both `new` and the endpoint `registrar` stores now.
 pub(crate) async fn authorize_write(
-    registrar: &crate::core::registrar::Registrar,
+    registrar: &crate::engine::registrar::Registrar,
     caller: &Caller,
     key: &EndpointKey,
     new: Option<&Endpoint>,

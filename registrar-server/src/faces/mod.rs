@@ -1,5 +1,5 @@
-//! The registrar's faces: each serves the core's state in one protocol
-//! and writes through it. A face imports the core and `auth`, never
+//! The registrar's faces: each serves the engine's state in one protocol
+//! and writes through it. A face imports the engine and `auth`, never
 //! another face; `serve` is the one module that knows them all.
 
 #[cfg(feature = "dns")]

@@ -9,8 +9,8 @@ use axum::routing::get;
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 
-use crate::core::registrar::{Registrar, Slot};
-use crate::core::status::{Readiness, Status};
+use crate::engine::registrar::{Registrar, Slot};
+use crate::engine::status::{Readiness, Status};
 
 #[derive(Clone)]
 struct HttpState {

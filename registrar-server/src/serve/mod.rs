@@ -16,11 +16,11 @@ use tokio::sync::watch;
 use tonic::service::interceptor::InterceptedService;
 
 use crate::auth;
-use crate::core::backends::Backend;
-use crate::core::config::RegistrarConfig;
-use crate::core::registrar::Registrar;
-use crate::core::registrar::Slot;
-use crate::core::status::Status;
+use crate::engine::backends::Backend;
+use crate::engine::config::RegistrarConfig;
+use crate::engine::registrar::Registrar;
+use crate::engine::registrar::Slot;
+use crate::engine::status::Status;
 use crate::faces::grpc::RegistrarService;
 
 mod accept;

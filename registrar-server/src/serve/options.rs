@@ -59,7 +59,7 @@ impl Default for ServeOptions {
             authz: None,
             insecure: false,
             any_certificate: false,
-            max_request_bytes: crate::core::config::DEFAULT_MAX_REQUEST_BYTES,
+            max_request_bytes: crate::engine::config::DEFAULT_MAX_REQUEST_BYTES,
             handshake_timeout: Duration::from_secs(10),
             http2_keepalive_interval: Some(Duration::from_secs(30)),
             http2_keepalive_timeout: Duration::from_secs(10),

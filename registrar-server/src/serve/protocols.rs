@@ -8,7 +8,7 @@ use registry_api::Result;
 
 use super::options::Secured;
 use super::ServeOptions;
-use crate::core::registrar::Registrar;
+use crate::engine::registrar::Registrar;
 
 /// The field protocols' listeners (each behind its cargo feature); `None`
 /// (the default) leaves a protocol off. The HTTP API and the xDS server

@@ -13,7 +13,7 @@ use hickory_proto::rr::Name;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 
-use crate::core::registrar::Registrar;
+use crate::engine::registrar::Registrar;
 
 mod answer;
 

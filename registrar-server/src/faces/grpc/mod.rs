@@ -20,10 +20,10 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use crate::auth::{authorize_write, write_span, Security};
-use crate::core::config::{
+use crate::engine::config::{
     parse_ack, Ack, StreamEncoding, ACK_METADATA, DEFAULT_MAX_REQUEST_BYTES,
 };
-use crate::core::registrar::Registrar;
+use crate::engine::registrar::Registrar;
 use crate::faces::grpc::stream::{AgentStream, Feeds, Frame};
 
 pub(crate) mod stream;

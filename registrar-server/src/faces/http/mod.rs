@@ -17,7 +17,7 @@ use registry_api::Snapshot;
 use serde::Serialize;
 
 use crate::auth::{Caller, Security};
-use crate::core::registrar::Registrar;
+use crate::engine::registrar::Registrar;
 
 pub(crate) mod consul;
 mod error;
@@ -76,7 +76,7 @@ pub fn http_api_router(registrar: Arc<Registrar>) -> Router {
 
 /// The largest request body read (an endpoint's JSON): 64 KiB, as the gRPC
 /// port's request limit.
-pub const MAX_BODY_BYTES: usize = crate::core::config::DEFAULT_MAX_REQUEST_BYTES;
+pub const MAX_BODY_BYTES: usize = crate::engine::config::DEFAULT_MAX_REQUEST_BYTES;
 
 fn routes(registrar: &Arc<Registrar>) -> Router<Arc<Registrar>> {
     Router::new()

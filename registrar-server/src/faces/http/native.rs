@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::query::Query;
 use super::{json_response, read_state, ApiError};
-use crate::core::registrar::Registrar;
+use crate::engine::registrar::Registrar;
 
 /// One service of `GET /v1/services`.
 #[derive(Debug, Serialize, PartialEq, Eq)]

@@ -31,7 +31,7 @@ use registry_registrar::Token;
 use serde::Serialize;
 
 use super::ApiError;
-use crate::core::registrar::Registrar;
+use crate::engine::registrar::Registrar;
 use crate::metrics::{names, Open};
 
 /// The header a reconnecting client names its last event in.

@@ -20,9 +20,9 @@ use tracing::Instrument;
 use super::query::{bounded, Query};
 use super::{json_response, ApiError};
 use crate::auth::{authorize_write, write_span, Caller};
-use crate::core::config::Ack;
-use crate::core::config::{parse_ack, ACK_METADATA};
-use crate::core::registrar::Registrar;
+use crate::engine::config::Ack;
+use crate::engine::config::{parse_ack, ACK_METADATA};
+use crate::engine::registrar::Registrar;
 
 /// The body of `PUT /v1/services/<service>/<id>`: an endpoint without its
 /// key (the path names it; `service` and `id` may be repeated, and must

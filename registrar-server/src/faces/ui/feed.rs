@@ -29,9 +29,9 @@ use registry_registrar::Token;
 use serde::Serialize;
 use tokio::sync::{mpsc, watch};
 
-use crate::core::registrar::Registrar;
-use crate::core::registrar::Slot;
-use crate::core::status::{Readiness, Status};
+use crate::engine::registrar::Registrar;
+use crate::engine::registrar::Slot;
+use crate::engine::status::{Readiness, Status};
 use crate::metrics::{names, Open};
 
 /// How often the status is sent (and a closed subscription renewed).

@@ -24,8 +24,8 @@ use axum::Router;
 use futures::{Stream, StreamExt};
 use tokio::sync::watch;
 
-use crate::core::registrar::Slot;
-use crate::core::status::Status;
+use crate::engine::registrar::Slot;
+use crate::engine::status::Status;
 
 mod feed;
 

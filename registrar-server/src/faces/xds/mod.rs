@@ -27,7 +27,7 @@ use tonic::server::{Grpc, NamedService, StreamingService};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::Security;
-use crate::core::registrar::Registrar;
+use crate::engine::registrar::Registrar;
 use crate::metrics::names;
 
 mod delta;

@@ -25,7 +25,7 @@ use tonic::{Status, Streaming};
 use super::frame::Frame;
 use super::resources::Kind;
 use super::{Client, Shared, StreamGauge};
-use crate::core::registrar::Registrar;
+use crate::engine::registrar::Registrar;
 
 /// One stream's protocol state: state of the world or delta.
 pub(super) trait Variant: Send + Unpin + 'static {

@@ -130,10 +130,19 @@ async fn replicas_agree(backend: Backend) {
     for (i, r) in replicas.iter().enumerate() {
         let (_, text) = crate::common::http_get(&r.health.to_string(), "/metrics").await;
         let held = gauge(&text, "registry_liveness_self_preservation");
-        assert_ne!(held, Some(1.0), "replica {i} on {} held its sweeps", backend.name());
+        assert_ne!(
+            held,
+            Some(1.0),
+            "replica {i} on {} held its sweeps",
+            backend.name()
+        );
         #[cfg(feature = "dynamodb")]
         if matches!(backend, Backend::DynamoDb(..)) {
-            assert_eq!(held, Some(0.0), "replica {i}: no self-preservation gauge:\n{text}");
+            assert_eq!(
+                held,
+                Some(0.0),
+                "replica {i}: no self-preservation gauge:\n{text}"
+            );
         }
     }
     for b in beats {

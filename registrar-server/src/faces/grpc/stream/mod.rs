@@ -60,8 +60,8 @@ use registry_registrar::{endpoint_to_proto, status_from_error, Token};
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use tonic::Status;
 
-use crate::core::config::StreamEncoding;
-use crate::core::registrar::Registrar;
+use crate::engine::config::StreamEncoding;
+use crate::engine::registrar::Registrar;
 
 pub(crate) mod codec;
 pub(crate) mod fanout;
@@ -71,7 +71,7 @@ pub(crate) use codec::Frame;
 use fanout::{Feed, Item};
 use shared::{Chunk, MemoUse};
 
-use crate::core::streams::StreamGuard;
+use crate::engine::streams::StreamGuard;
 use crate::metrics::names;
 
 /// Where a stream is in sending one snapshot.

@@ -20,7 +20,7 @@ use super::check::{self, Probe, Status};
 use super::shapes::{self, ConsulService, HealthCheck, TAGS_LABEL};
 use super::{Consul, PeerIp};
 use crate::auth::Caller;
-use crate::core::registrar::Registrar;
+use crate::engine::registrar::Registrar;
 use crate::faces::http::query::Query;
 use crate::faces::http::write::{body_error, write};
 use crate::faces::http::{json_response, ApiError};

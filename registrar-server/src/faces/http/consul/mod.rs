@@ -16,7 +16,7 @@ use registry_api::Snapshot;
 
 use super::query::Query;
 use super::{json_response, read_blocking, read_state, ApiError};
-use crate::core::registrar::Registrar;
+use crate::engine::registrar::Registrar;
 
 mod agent;
 mod body;

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use super::check::{self, Probe, Status};
 use super::probe::Prober;
 use super::view::ConsulView;
-use crate::core::registrar::Registrar;
+use crate::engine::registrar::Registrar;
 
 /// How often the runner looks for due checks.
 pub(crate) const TICK: Duration = Duration::from_millis(250);

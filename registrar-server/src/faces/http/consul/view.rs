@@ -10,7 +10,7 @@ use registry_api::backend::Observer;
 use registry_api::{Endpoint, EndpointKey, Event, Snapshot};
 
 use super::check;
-use crate::core::registrar::Registrar;
+use crate::engine::registrar::Registrar;
 
 /// Per-service modify indexes and the check → endpoint map.
 #[derive(Debug, Default)]

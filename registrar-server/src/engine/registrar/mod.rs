@@ -13,13 +13,13 @@ use registry_registrar::{Overlay, Token};
 
 mod monitor;
 
-use crate::core::config::{Ack, RegistrarConfig};
-use crate::core::refusals::{Refusal, Refusals};
-use crate::core::status::Status;
-use crate::core::streams::{StreamCounters, WatchStats};
-use crate::core::sync::SyncMetered;
+use crate::engine::config::{Ack, RegistrarConfig};
+use crate::engine::refusals::{Refusal, Refusals};
+use crate::engine::status::Status;
+use crate::engine::streams::{StreamCounters, WatchStats};
+use crate::engine::sync::SyncMetered;
 
-use crate::core::backends::Backend;
+use crate::engine::backends::Backend;
 use crate::metrics::names;
 
 /// The registrar once it exists (the health port answers before the
@@ -182,7 +182,7 @@ impl Registrar {
     pub fn is_ready(&self) -> bool {
         matches!(
             self.status.readiness(),
-            crate::core::status::Readiness::Ready(_)
+            crate::engine::status::Readiness::Ready(_)
         )
     }
 

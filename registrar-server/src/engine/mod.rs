@@ -1,4 +1,4 @@
-//! The registrar's core: its state and write path ([`registrar`]), the
+//! The registrar's engine: its state and write path ([`registrar`]), the
 //! refusals of optimistic writes, its health ([`status`]) and the monitor
 //! that keeps it true, the backend's opening and sync metrics, and the
 //! settings. Every face reads and writes through [`registrar::Registrar`];

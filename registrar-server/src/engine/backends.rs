@@ -109,8 +109,11 @@ pub enum DynamoDbSync {
 
 impl DynamoDbSync {
     /// Every mode, in the order `--help` lists them.
-    pub const ALL: &'static [DynamoDbSync] =
-        &[DynamoDbSync::Auto, DynamoDbSync::Changelog, DynamoDbSync::Scan];
+    pub const ALL: &'static [DynamoDbSync] = &[
+        DynamoDbSync::Auto,
+        DynamoDbSync::Changelog,
+        DynamoDbSync::Scan,
+    ];
 
     /// Its `--dynamodb-sync` value.
     pub fn as_str(self) -> &'static str {
@@ -124,12 +127,7 @@ impl DynamoDbSync {
 
 /// `s` as one of `all` (by its `as_str` name), or an error naming `what`
 /// and the names it could be.
-fn parse_named<T: Copy>(
-    s: &str,
-    all: &[T],
-    name: fn(T) -> &'static str,
-    what: &str,
-) -> Result<T> {
+fn parse_named<T: Copy>(s: &str, all: &[T], name: fn(T) -> &'static str, what: &str) -> Result<T> {
     all.iter().copied().find(|k| name(*k) == s).ok_or_else(|| {
         let names: Vec<&str> = all.iter().map(|k| name(*k)).collect();
         registry_api::Error::invalid(

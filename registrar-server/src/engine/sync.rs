@@ -11,8 +11,8 @@ use registry_api::{
     Result, Snapshot, Version, Watch,
 };
 
-use crate::core::backends::Backend;
-use crate::core::status::Status;
+use crate::engine::backends::Backend;
+use crate::engine::status::Status;
 use crate::metrics::names;
 
 /// The registrar's view of its backend's watch:
