@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::metrics::names;
 
-/// Counters of the registrar's watch streams ([`Registrar::watch_stats`]).
+/// Counters of the registrar's watch streams ([`Registrar::watch_stats`](crate::Registrar::watch_stats)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct WatchStats {

@@ -1,4 +1,4 @@
-//! The monitoring files in `deploy/` (issue 20): the Prometheus alert rules
+//! The monitoring files in `deploy/`: the Prometheus alert rules
 //! pass `promtool check rules` and their unit tests (`promtool test rules`),
 //! and the Grafana dashboard is JSON that queries only metrics the
 //! registrar's metrics page (`docs/registrar/metrics.md`) lists, and all

@@ -13,6 +13,7 @@ mod crash;
 mod deploy;
 #[cfg(feature = "dns")]
 mod dns;
+mod docs;
 #[cfg(feature = "etcd")]
 mod etcd_fanout;
 #[cfg(all(feature = "sqlite", feature = "etcd"))]

@@ -103,7 +103,7 @@ impl XdsService {
 }
 
 /// The ADS gRPC service ([`XdsService::into_server`]): both methods, each
-/// over [`frame::FrameCodec`], so a resource encoded once goes to every
+/// over a codec of its own, so a resource encoded once goes to every
 /// stream as the same bytes. The paths and the messages on the wire are
 /// those of Envoy's `AggregatedDiscoveryService`.
 #[derive(Clone, Debug)]
