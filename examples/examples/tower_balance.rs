@@ -2,7 +2,7 @@
 //!
 //! Run with `cargo run --example tower_balance`. Three tiny TCP echo
 //! services on 127.0.0.1 come and go; each registers itself in a registry,
-//! and a `tower::balance::p2c::Balance` is fed by `registry_api::discover`
+//! and a `tower::balance::p2c::Balance` is fed by `registry_api::discover::discover`
 //! (a registry watch as a `tower::discover::Discover`). The example prints
 //! every change the balancer is told about and, for each phase, which
 //! service answered each request: traffic moves to a new endpoint as soon

@@ -290,8 +290,8 @@ pub struct ServeArgs {
     #[cfg(feature = "http-api")]
     #[arg(long)]
     pub http_api_addr: Option<SocketAddr>,
-    /// Accepted for scripts of earlier releases, where the HTTP API was on
-    /// by default; it is off unless --http-api-addr is given.
+    /// Accepted and ignored: the HTTP API is off unless --http-api-addr
+    /// is given.
     #[cfg(feature = "http-api")]
     #[arg(long, hide = true, conflicts_with = "http_api_addr")]
     pub no_http_api: bool,
@@ -310,8 +310,7 @@ pub struct ServeArgs {
     #[cfg(feature = "dns")]
     #[arg(long, default_value = "5s", value_parser = duration_in(Duration::ZERO, registrar_server::MAX_DNS_TTL))]
     pub dns_ttl: Duration,
-    /// Accepted for scripts of earlier releases, where DNS was on by
-    /// default; it is off unless --dns-addr is given.
+    /// Accepted and ignored: DNS is off unless --dns-addr is given.
     #[cfg(feature = "dns")]
     #[arg(long, hide = true, conflicts_with = "dns_addr")]
     pub no_dns: bool,
@@ -335,12 +334,11 @@ pub struct ServeArgs {
     /// [default: http://127.0.0.1:2379].
     #[arg(long, value_delimiter = ',')]
     pub etcd_endpoints: Option<Vec<String>>,
-    /// Key prefix in etcd [default: /registry] (earlier releases defaulted
-    /// to `/aether`).
+    /// Key prefix in etcd [default: /registry].
     #[arg(long)]
     pub etcd_prefix: Option<String>,
     /// The DynamoDB table (`--registry-backend=dynamodb`) [default:
-    /// registry] (earlier releases defaulted to `aether-registry`).
+    /// registry].
     #[arg(long)]
     pub dynamodb_table: Option<String>,
     /// Create the DynamoDB table (on-demand, with a stream) if it is missing.
@@ -355,8 +353,7 @@ pub struct ServeArgs {
     #[arg(long, value_parser = dynamodb_sync())]
     pub dynamodb_sync: Option<registrar_server::DynamoDbSync>,
     /// The Cloud Map namespace (`--registry-backend=cloudmap`); created as an
-    /// HTTP namespace if missing [default: registry] (earlier releases
-    /// defaulted to `aether`).
+    /// HTTP namespace if missing [default: registry].
     #[arg(long)]
     pub cloudmap_namespace: Option<String>,
     /// AWS region for DynamoDB and Cloud Map (default: the AWS chain's).

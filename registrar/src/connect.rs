@@ -1,8 +1,7 @@
 //! The connection flags, each on the side it belongs to: the client
 //! commands' `--address` and TLS files ([`ClientArgs`]), `serve`'s TLS
-//! files ([`ServerTlsArgs`]), and the client flags still accepted before
-//! the command name ([`EarlyClientArgs`], hidden), as earlier releases
-//! took them.
+//! files ([`ServerTlsArgs`]), and the client flags also accepted before
+//! the command name ([`EarlyClientArgs`], hidden).
 
 use std::path::PathBuf;
 
@@ -71,8 +70,8 @@ impl ClientArgs {
     }
 }
 
-/// The client flags before the command name (`registrar --address X ls`),
-/// as earlier releases took them; hidden, and refused for `serve`. Given
+/// The client flags before the command name (`registrar --address X ls`):
+/// hidden, and refused for `serve`. Given
 /// here they win over the command's own (and their environment
 /// variables).
 #[derive(clap::Args, Clone, Debug, Default)]

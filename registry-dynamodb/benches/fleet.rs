@@ -1,5 +1,5 @@
-//! A counting simulation of many clusters syncing from one DynamoDB table
-//! (issue 22): no server, no clock; a model of the table's items with
+//! A counting simulation of many clusters syncing from one DynamoDB table:
+//! no server, no clock; a model of the table's items with
 //! their sizes, and of what each read costs as DynamoDB bills it.
 //! Run with `cargo bench -p registry-dynamodb --bench fleet`.
 //!

@@ -170,18 +170,15 @@ pub struct BackendOptions {
     pub sqlite_path: PathBuf,
     /// etcd endpoints. Default `http://127.0.0.1:2379`.
     pub etcd_endpoints: Vec<String>,
-    /// Key prefix in etcd. Default `/registry` (earlier releases:
-    /// `/aether`).
+    /// Key prefix in etcd. Default `/registry`.
     pub etcd_prefix: String,
-    /// The DynamoDB table. Default `registry` (earlier releases:
-    /// `aether-registry`).
+    /// The DynamoDB table. Default `registry`.
     pub dynamodb_table: String,
     /// Create the DynamoDB table (on-demand, with a stream) if missing.
     pub dynamodb_create_table: bool,
     /// How the DynamoDB table is followed. Default [`DynamoDbSync::Auto`].
     pub dynamodb_sync: DynamoDbSync,
-    /// The Cloud Map namespace. Default `registry` (earlier releases:
-    /// `aether`).
+    /// The Cloud Map namespace. Default `registry`.
     pub cloudmap_namespace: String,
     /// AWS region (default: the AWS chain's).
     pub aws_region: Option<String>,

@@ -1,4 +1,4 @@
-//! Side by side (issue 21): what users would run without the registrar,
+//! Side by side: what users would run without the registrar,
 //! each of 1,000 watchers holding its own etcd watch (an `EtcdRegistry`
 //! of its own: one connection, one watch), against the same 1,000 watchers
 //! on one registrar over the same etcd. The same writer (an `EtcdRegistry`

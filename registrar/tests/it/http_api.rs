@@ -1,6 +1,6 @@
 //! The HTTP/JSON API over loopback with a real HTTP client: Consul's
 //! health and catalog endpoints (with blocking queries and `?passing`),
-//! and the SQLite document's `GET /services?status=running`.
+//! and `GET /services?status=running` (`Service` records as a node registry lists them).
 
 use crate::common;
 

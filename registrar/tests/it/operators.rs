@@ -1,4 +1,4 @@
-//! The traps an operator fell into (issue 20), each run against the real
+//! The traps an operator fell into, each run against the real
 //! `registrar` binary on loopback: addresses without a scheme, bad values
 //! exiting 2, one-line backend errors with product names, `watch --json`
 //! resume tokens, the endpoint on `ENDPOINT_REMOVED`, `heartbeat` and

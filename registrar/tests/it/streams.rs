@@ -1,10 +1,10 @@
-//! What an agent stream costs the registrar (issue 16): a stream that stops
+//! What an agent stream costs the registrar: a stream that stops
 //! reading holds a bounded part of its first snapshot, whatever the size of
 //! the registry, while healthy streams get every change in order; the
 //! snapshot's messages on the wire are unchanged; a connection whose peer
 //! stopped answering HTTP/2 PINGs is dropped with its stream. Messages
 //! encoded once for every stream and read from the registrar's one feed
-//! (issue 21) decode, in a client generated from the proto, exactly as the
+//! decode, in a client generated from the proto, exactly as the
 //! ones each stream encodes itself; a stream resuming from the current
 //! version reads the feed without a snapshot.
 

@@ -1,4 +1,4 @@
-//! The dashboard at `/ui` (issue 20) over plain HTTP: off unless asked
+//! The dashboard at `/ui` over plain HTTP: off unless asked
 //! for; the page and its assets; its event stream (a snapshot, then
 //! changes, and the registrar's status, also before the backend is open).
 //! The page in a browser is `tests/ui_browser.rs`.

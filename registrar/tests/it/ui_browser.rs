@@ -1,4 +1,4 @@
-//! The dashboard at `/ui` (issue 20) in a real browser: headless Chromium
+//! The dashboard at `/ui` in a real browser: headless Chromium
 //! driven over WebDriver (chromedriver started here on a free loopback
 //! port). The page loads, a registration appears without a reload, an
 //! unhealthy endpoint is shown as such, a removal disappears, the filters
