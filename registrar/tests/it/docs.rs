@@ -6,12 +6,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the crate is in the workspace")
-        .to_path_buf()
-}
+use super::deploy::repo;
 
 /// Every file under `dir` whose name ends with one of `exts`, skipping
 /// build output and hidden directories.

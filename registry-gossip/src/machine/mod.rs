@@ -11,7 +11,8 @@
 //! its tombstone bookkeeping (`store`), foca and the membership around it
 //! (`membership`), the entries this node asserts and the death tombstones
 //! of others (`ownership`), the digest exchange (`anti_entropy`), and the
-//! timers. The parts compute; the machine frames, sends and publishes.
+//! timers. The parts compute; the machine frames and sends (`send`) and
+//! publishes.
 //! What comes in is checked in `receive`: the frame, and with a key its
 //! freshness (`replay`); answers to addresses that are not confirmed
 //! members are capped there too.
@@ -26,6 +27,7 @@ mod membership;
 mod ownership;
 mod receive;
 mod replay;
+mod send;
 mod settings;
 mod stats;
 mod store;
@@ -48,7 +50,7 @@ use self::timers::{TimerKind, Timers};
 use crate::config::GossipConfig;
 use crate::crdt::{micros, Change, Entry, NodeId, Replica};
 use crate::layout;
-use crate::wire::{self, AeMessage, FrameHeader, GossipId, Kind};
+use crate::wire::{AeMessage, GossipId, Kind};
 
 pub use self::membership::dissemination_count;
 
@@ -483,48 +485,6 @@ impl Machine {
             if !self.reconcile() && !self.membership.has_backlog() {
                 break;
             }
-        }
-    }
-
-    /// Frame `body` for `to` and queue it. With a key the frame carries
-    /// the next counter: one more than the last, and not behind the clock.
-    fn emit(&mut self, to: SocketAddr, kind: Kind, body: &[u8]) {
-        let sealed = match self.settings.key.as_ref() {
-            None => wire::seal(kind, body, None),
-            Some(key) => {
-                self.counter = self.counter.saturating_add(1).max(micros(self.now));
-                let header = FrameHeader {
-                    counter: self.counter,
-                    dest: to,
-                    sender: self.ownership.node().as_str(),
-                };
-                wire::seal(kind, body, Some((key, &header)))
-            }
-        };
-        let packet = match sealed {
-            Ok(p) => p,
-            Err(e) => {
-                // Settings checked the name's length; cannot happen.
-                tracing::warn!(%to, error = %e, "could not frame a datagram");
-                return;
-            }
-        };
-        self.stats.datagrams_out += 1;
-        self.stats.bytes_out += packet.len() as u64;
-        self.outbox.push((to, packet));
-    }
-
-    /// Count how many times each entry went out, for GC.
-    fn count_sent(&mut self, body: &[u8]) {
-        let Ok(items) = wire::swim_broadcasts(body) else {
-            return;
-        };
-        let mut st = self.store.lock();
-        for item in items {
-            let Ok(e) = layout::decode_entry(item) else {
-                continue;
-            };
-            st.note_sent(&e);
         }
     }
 
