@@ -179,11 +179,8 @@ pub struct Replica {
 }
 
 impl Replica {
-    pub async fn start(backend: &Backend, log: PathBuf) -> Replica {
-        Self::start_with(backend, log, Vec::new()).await
-    }
-
-    /// [`Replica::start`] with more `serve` flags.
+    /// Start a replica on `backend`, logging to `log`, with `extra`
+    /// `serve` flags beside the soak's own.
     pub async fn start_with(backend: &Backend, log: PathBuf, extra: Vec<String>) -> Replica {
         let grpc = free_addr();
         let mut r = Replica {

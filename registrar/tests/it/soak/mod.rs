@@ -9,6 +9,9 @@
 //! bounded quiet period: every durable acknowledgement holds, every
 //! endpoint an agent holds is there, nothing deregistered came back, and
 //! both replicas, the backend and every agent's cache hold the same.
+//! Liveness through it all: both replicas' views are sampled during the
+//! faults and never show a heartbeating agent's endpoint unhealthy; at the
+//! end one agent falls silent and both replicas mark its node.
 //!
 //! ```sh
 //! # short, as CI runs it (about a minute per backend, fixed seeds)
@@ -22,6 +25,7 @@ mod cluster;
 mod fleet;
 mod liveness;
 mod proxy;
+mod watchers;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -30,7 +34,7 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use registry_api::{Endpoint, Registry, Snapshot};
-use registry_registrar::{ClientConfig, RegistrarClient};
+use registry_registrar::RegistrarClient;
 use tokio::sync::{watch, Mutex};
 
 use cluster::{Backend, Replica};
@@ -292,7 +296,8 @@ async fn soak(backend: Backend, seconds: u64, seed: u64) {
     }
     let mut replicas = Vec::new();
     for i in 0..2 {
-        replicas.push(Replica::start(&backend, dir.path().join(format!("replica-{i}.log"))).await);
+        let log = dir.path().join(format!("replica-{i}.log"));
+        replicas.push(Replica::start_with(&backend, log, watchers::flags()).await);
     }
     let ledger = Arc::new(Ledger::default());
     let (stop_tx, stop) = watch::channel(false);
@@ -315,6 +320,15 @@ async fn soak(backend: Backend, seconds: u64, seed: u64) {
             stop.clone(),
         ));
     }
+    let agents: Vec<(String, Arc<RegistrarClient>)> = writers
+        .iter()
+        .filter_map(|w| Some((w.name.clone(), Arc::clone(w.agent.as_ref()?))))
+        .collect();
+    let sampler = watchers::Sampler::start(
+        watchers::readers(&replicas),
+        agents.iter().map(|(n, _)| n.clone()).collect(),
+        stop.clone(),
+    );
     let world = Arc::new(Mutex::new(World {
         backend,
         replicas,
@@ -345,22 +359,15 @@ async fn soak(backend: Backend, seconds: u64, seed: u64) {
     for w in &mut writers {
         w.stop().await;
     }
+    let (unhealthy, samples) = sampler.finish().await;
+    // Every agent but the first goes on heartbeating; the first falls
+    // silent, to be marked at the end.
+    let (silent_node, silent_agent) = agents[0].clone();
+    let _beats = watchers::Beats::start(agents[1..].to_vec());
     let counts = ledger.counts();
     let log = ledger.take();
     let w = world.lock().await;
-    let readers: Vec<(String, RegistrarClient)> = w
-        .replicas
-        .iter()
-        .enumerate()
-        .map(|(i, r)| {
-            let cfg =
-                ClientConfig::new(format!("http://{}", r.grpc), "soak", format!("reader-{i}"));
-            (
-                format!("replica {i}"),
-                RegistrarClient::connect(cfg).unwrap(),
-            )
-        })
-        .collect();
+    let readers = watchers::readers(&w.replicas);
     // Quiesce: everything converges within the limit, or the soak fails
     // with what differed last.
     let limit = Duration::from_secs(120);
@@ -438,6 +445,33 @@ async fn soak(backend: Backend, seconds: u64, seed: u64) {
         panic!("soak[{name}] found a loss, a phantom or unequal views (seed {seed})");
     }
     assert!(counts.durable > 0, "no write was durably acknowledged");
+    println!(
+        "soak[{name}]: {samples} views of the replicas sampled during the faults; {} showed a live node unhealthy",
+        unhealthy.len()
+    );
+    assert!(
+        samples > 0,
+        "no replica's view was sampled during the faults"
+    );
+    assert!(
+        unhealthy.is_empty(),
+        "soak[{name}]: live agents' endpoints reported unhealthy:\n{}",
+        unhealthy.join("\n")
+    );
+    // The silent agent: its registration is its last sign of life.
+    let silent = watchers::silent_endpoint(&silent_node);
+    silent_agent.register(silent.clone()).await.unwrap();
+    #[cfg(feature = "etcd")]
+    let marks = !matches!(w.backend, Backend::Etcd(_));
+    #[cfg(not(feature = "etcd"))]
+    let marks = true;
+    let silent_since = Instant::now();
+    watchers::silent_marked_on_all(&readers, &silent, marks).await;
+    println!(
+        "soak[{name}]: the silent agent's node {} on both replicas {:.1} s after its last write",
+        if marks { "marked" } else { "dropped" },
+        silent_since.elapsed().as_secs_f64()
+    );
 }
 
 fn seconds(short: u64) -> u64 {
