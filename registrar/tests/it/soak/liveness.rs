@@ -27,6 +27,7 @@ fn liveness_flags() -> Vec<String> {
 const LIVE_NODES: usize = 10;
 
 async fn replicas_agree(backend: Backend) {
+    let _one = super::ONE_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let mut replicas = Vec::new();
     for i in 0..2 {
@@ -186,6 +187,7 @@ const TTL_MS: u64 = 2000;
 const REPORT_EVERY: Duration = Duration::from_millis(1200);
 
 async fn ttl_reports_to_alternating_replicas(backend: Backend) {
+    let _one = super::ONE_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let mut replicas = Vec::new();
     for i in 0..2 {

@@ -273,7 +273,8 @@ async fn check(
     f
 }
 
-/// Soaks run one at a time (each starts two registrars and a fleet).
+/// Soaks, and the liveness tests beside them, run one at a time (each
+/// starts two registrars; a soak also a fleet).
 static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
 
 /// Run the soak on `backend` for `seconds` of faults from `seed`.
