@@ -133,13 +133,7 @@ impl Overlay {
     /// Show `ops` at once, each held over older news of its key. Returns
     /// the events published (none before the first snapshot).
     pub fn apply(&self, ops: &[Op]) -> Vec<Event> {
-        let until = Instant::now() + self.hold;
-        {
-            let mut held = self.holds.lock();
-            for op in ops {
-                held.insert(op.key(), (desired(op), until));
-            }
-        }
+        self.hold(ops);
         self.publish(ops)
     }
 
@@ -189,12 +183,7 @@ impl Overlay {
     /// source's later news of those keys is taken as it comes. Returns the
     /// events published.
     pub fn undo(&self, ops: &[Op]) -> Vec<Event> {
-        {
-            let mut held = self.holds.lock();
-            for op in ops {
-                held.remove(&op.key());
-            }
-        }
+        self.release(ops);
         self.publish(ops)
     }
 

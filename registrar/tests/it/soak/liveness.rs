@@ -4,6 +4,7 @@
 //! one unhealthy, and a node that goes silent is marked, then removed, on
 //! both.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use registry_api::testing::{eventually, unique};
@@ -11,6 +12,7 @@ use registry_api::{Endpoint, Health, Heartbeat, Registry};
 use registry_registrar::{Ack, ClientConfig, RpcClient};
 
 use super::cluster::{Backend, Replica};
+use super::watchers::Beats;
 use crate::common::http::{get_at, send_at};
 
 /// Liveness settings short enough for a test, long enough for a loaded
@@ -59,23 +61,12 @@ async fn replicas_agree(backend: Backend) {
         .register(silent.clone())
         .await
         .unwrap();
-    // One task per agent, so that one slow call delays no other node.
-    let beats: Vec<_> = agents
-        .into_iter()
-        .enumerate()
-        .map(|(i, agent)| {
-            tokio::spawn(async move {
-                loop {
-                    if let Err(e) = agent.heartbeat(&node(i)).await {
-                        eprintln!("heartbeat of {} failed: {e}", node(i));
-                    }
-                    // As often as the backend's record is written at most
-                    // (suspect_after / 3).
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                }
-            })
-        })
-        .collect();
+    // As often as the backend's record is written at most (suspect_after / 3).
+    let beating = agents.into_iter().enumerate().map(|(i, agent)| {
+        let agent: Arc<dyn Heartbeat> = Arc::new(agent);
+        (node(i), agent)
+    });
+    let beats = Beats::start(beating.collect(), Duration::from_secs(2));
     let readers = [
         client(&replicas[0], "reader"),
         client(&replicas[1], "reader"),
@@ -146,9 +137,7 @@ async fn replicas_agree(backend: Backend) {
             );
         }
     }
-    for b in beats {
-        b.abort();
-    }
+    drop(beats);
     for mut r in replicas {
         assert!(r.terminate().await, "a replica did not drain cleanly");
     }

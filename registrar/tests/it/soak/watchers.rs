@@ -1,8 +1,9 @@
 //! Liveness through the chaos: both replicas' views are sampled while the
 //! faults run, and no endpoint of an agent's node (agents heartbeat every
 //! second throughout) may ever be reported unhealthy by either; at the
-//! end one agent falls silent, and both replicas mark its node (on etcd,
-//! whose leases have no unhealthy phase: drop its endpoints).
+//! end a node that registered one endpoint and then fell silent is marked
+//! by both replicas (on etcd, whose leases have no unhealthy phase: its
+//! endpoint is dropped).
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -93,21 +94,28 @@ impl Sampler {
     }
 }
 
-/// Keep `agents`' nodes heartbeating, every second, until dropped.
+/// A backstop for one heartbeat, beyond the clients' own request
+/// timeouts (at most 10 s in these tests), which end a call first.
+const CALL_LIMIT: Duration = Duration::from_secs(15);
+
+/// Keep `agents`' nodes heartbeating, each from a task of its own (so
+/// that one slow call delays no other node), every `every`, until dropped.
 pub struct Beats(Vec<tokio::task::JoinHandle<()>>);
 
 impl Beats {
-    pub fn start(agents: Vec<(String, Arc<RegistrarClient>)>) -> Beats {
+    pub fn start(agents: Vec<(String, Arc<dyn Heartbeat>)>, every: Duration) -> Beats {
         Beats(
             agents
                 .into_iter()
                 .map(|(node, a)| {
                     tokio::spawn(async move {
                         loop {
-                            let _ =
-                                tokio::time::timeout(Duration::from_secs(5), a.heartbeat(&node))
-                                    .await;
-                            tokio::time::sleep(Duration::from_secs(1)).await;
+                            match tokio::time::timeout(CALL_LIMIT, a.heartbeat(&node)).await {
+                                Ok(Ok(())) => {}
+                                Ok(Err(e)) => eprintln!("heartbeat of {node} failed: {e}"),
+                                Err(_) => eprintln!("heartbeat of {node} did not answer"),
+                            }
+                            tokio::time::sleep(every).await;
                         }
                     })
                 })
@@ -124,7 +132,7 @@ impl Drop for Beats {
     }
 }
 
-/// The silent agent's endpoint, which it registers once heartbeats stop.
+/// The silent node's one endpoint.
 pub fn silent_endpoint(node: &str) -> Endpoint {
     Endpoint::new("soak-silent", node, "127.0.0.1", 1)
         .with_node(node)
@@ -161,6 +169,6 @@ pub async fn silent_marked_on_all(
     let what = if marks { "marked" } else { "dropped" };
     assert!(
         tokio::time::timeout(MARK_LIMIT, all).await.is_ok(),
-        "the silent agent's node was not {what} on every replica within {MARK_LIMIT:?}"
+        "the silent node was not {what} on every replica within {MARK_LIMIT:?}"
     );
 }
