@@ -15,11 +15,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use futures::future::join_all;
 use registry_api::{
-    cached::CachedRegistry, coalescing::Coalescing, Batch, Capabilities, Endpoint, EndpointKey,
-    EventStream, Op, Registry, Snapshot, Version, Watch,
+    cached::CachedRegistry, coalescing::Coalescing, Batch, Endpoint, EndpointKey, Op, Registry,
+    Snapshot, Watch,
 };
 use registry_sqlite::{SqliteConfig, SqliteRegistry};
 
@@ -76,44 +75,46 @@ impl<R: fmt::Debug> fmt::Debug for Counted<R> {
     }
 }
 
-#[async_trait]
-impl<R: Registry + fmt::Debug> Registry for Counted<R> {
-    async fn register(&self, endpoint: Endpoint) -> registry_api::Result<()> {
-        self.call(1).await;
-        self.inner.register(endpoint).await
-    }
-    async fn deregister(&self, key: &EndpointKey) -> registry_api::Result<()> {
-        self.call(1).await;
-        self.inner.deregister(key).await
-    }
-    async fn list(&self, service: &str) -> registry_api::Result<Vec<Endpoint>> {
-        self.call(0).await;
-        self.inner.list(service).await
-    }
-    async fn snapshot(&self) -> registry_api::Result<Snapshot> {
-        self.call(0).await;
-        self.inner.snapshot().await
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-}
-
-#[async_trait]
-impl<R: Batch + fmt::Debug> Batch for Counted<R> {
-    async fn apply(&self, ops: Vec<Op>) -> registry_api::Result<()> {
-        self.call(ops.len() as u64).await;
-        self.inner.apply(ops).await
-    }
-    fn max_batch(&self) -> usize {
-        self.inner.max_batch()
+registry_api::forward! {
+    impl[R: Registry + fmt::Debug] Registry for Counted<R> {
+        forward to inner: capabilities, probe;
+        async fn register(&self, endpoint: Endpoint) -> registry_api::Result<()> {
+            self.call(1).await;
+            self.inner.register(endpoint).await
+        }
+        async fn deregister(&self, key: &EndpointKey) -> registry_api::Result<()> {
+            self.call(1).await;
+            self.inner.deregister(key).await
+        }
+        async fn list(&self, service: &str) -> registry_api::Result<Vec<Endpoint>> {
+            self.call(0).await;
+            self.inner.list(service).await
+        }
+        async fn list_shared(&self, service: &str) -> registry_api::Result<Arc<[Endpoint]>> {
+            self.call(0).await;
+            self.inner.list_shared(service).await
+        }
+        async fn snapshot(&self) -> registry_api::Result<Snapshot> {
+            self.call(0).await;
+            self.inner.snapshot().await
+        }
     }
 }
 
-impl<R: Watch> Watch for Counted<R> {
-    fn watch(&self, from: Option<Version>) -> EventStream {
+registry_api::forward! {
+    impl[R: Batch + fmt::Debug] Batch for Counted<R> {
+        forward to inner: max_batch;
+        async fn apply(&self, ops: Vec<Op>) -> registry_api::Result<()> {
+            self.call(ops.len() as u64).await;
+            self.inner.apply(ops).await
+        }
+    }
+}
+
+registry_api::forward! {
+    impl[R: Watch] Watch for Counted<R> {
         // One long-lived stream; not counted as a call.
-        self.inner.watch(from)
+        forward to inner: watch;
     }
 }
 

@@ -11,6 +11,8 @@ pub mod backend;
 pub mod cached;
 pub mod coalescing;
 pub mod error;
+#[doc(hidden)]
+pub mod forward;
 pub mod limits;
 pub mod liveness;
 pub mod memory;

@@ -11,9 +11,8 @@ use tokio::time::Instant;
 use crate::backend::check_duration;
 use crate::capabilities::Capabilities;
 use crate::error::Result;
-use crate::model::{Endpoint, EndpointKey, Health, Op, Version};
-use crate::snapshot::Snapshot;
-use crate::traits::{Batch, EventStream, Heartbeat, Registry, Watch};
+use crate::model::{Endpoint, Health, Op};
+use crate::traits::{Batch, Heartbeat, Registry, Watch};
 
 /// Settings of [`Liveness`]: unhealthy after 30 s of silence, removed
 /// after 5 minutes.
@@ -341,31 +340,18 @@ impl<R: Registry> fmt::Debug for Liveness<R> {
     }
 }
 
-#[async_trait]
-impl<R: Registry> Registry for Liveness<R> {
-    async fn register(&self, endpoint: Endpoint) -> Result<()> {
-        if !endpoint.node.is_empty() {
-            self.seen(&endpoint.node);
+crate::forward! {
+    impl[R: Registry] Registry for Liveness<R> {
+        forward to inner: deregister, list, list_shared, snapshot, probe;
+        async fn register(&self, endpoint: Endpoint) -> Result<()> {
+            if !endpoint.node.is_empty() {
+                self.seen(&endpoint.node);
+            }
+            self.inner.register(endpoint).await
         }
-        self.inner.register(endpoint).await
-    }
-    async fn deregister(&self, key: &EndpointKey) -> Result<()> {
-        self.inner.deregister(key).await
-    }
-    async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
-        self.inner.list(service).await
-    }
-    async fn list_shared(&self, service: &str) -> Result<std::sync::Arc<[Endpoint]>> {
-        self.inner.list_shared(service).await
-    }
-    async fn snapshot(&self) -> Result<Snapshot> {
-        self.inner.snapshot().await
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities().with_native_liveness(true)
-    }
-    async fn probe(&self) -> Result<()> {
-        self.inner.probe().await
+        fn capabilities(&self) -> Capabilities {
+            self.inner.capabilities().with_native_liveness(true)
+        }
     }
 }
 
@@ -402,27 +388,26 @@ impl<R: Registry> Heartbeat for Liveness<R> {
     }
 }
 
-#[async_trait]
-impl<R: Batch> Batch for Liveness<R> {
-    async fn apply(&self, ops: Vec<Op>) -> Result<()> {
-        // The batch rule before the sweeper notes any node as seen.
-        crate::backend::check_batch(&ops, self.inner.max_batch())?;
-        for op in &ops {
-            if let Op::Register(e) = op {
-                if !e.node.is_empty() {
-                    self.seen(&e.node);
+crate::forward! {
+    impl[R: Batch] Batch for Liveness<R> {
+        forward to inner: max_batch;
+        async fn apply(&self, ops: Vec<Op>) -> Result<()> {
+            // The batch rule before the sweeper notes any node as seen.
+            crate::backend::check_batch(&ops, self.inner.max_batch())?;
+            for op in &ops {
+                if let Op::Register(e) = op {
+                    if !e.node.is_empty() {
+                        self.seen(&e.node);
+                    }
                 }
             }
+            self.inner.apply(ops).await
         }
-        self.inner.apply(ops).await
-    }
-    fn max_batch(&self) -> usize {
-        self.inner.max_batch()
     }
 }
 
-impl<R: Registry + Watch> Watch for Liveness<R> {
-    fn watch(&self, from: Option<Version>) -> EventStream {
-        self.inner.watch(from)
+crate::forward! {
+    impl[R: Registry + Watch] Watch for Liveness<R> {
+        forward to inner: watch;
     }
 }

@@ -5,14 +5,12 @@ use std::fmt;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use async_trait::async_trait;
-
 use crate::backend::{check_count, check_duration, diff, Hub, VersionClock};
 use crate::capabilities::Capabilities;
 use crate::error::Result;
-use crate::model::{Endpoint, EndpointKey, Op, Version};
-use crate::snapshot::{Event, Snapshot};
-use crate::traits::{Batch, EventStream, Heartbeat, Registry, Watch};
+use crate::model::Version;
+use crate::snapshot::Event;
+use crate::traits::{Batch, EventStream, Heartbeat, Registry};
 
 /// Settings of [`Polling`].
 #[non_exhaustive]
@@ -214,54 +212,36 @@ impl<R: Registry> fmt::Debug for Polling<R> {
     }
 }
 
-#[async_trait]
-impl<R: Registry> Registry for Polling<R> {
-    async fn register(&self, endpoint: Endpoint) -> Result<()> {
-        self.inner.register(endpoint).await
-    }
-    async fn deregister(&self, key: &EndpointKey) -> Result<()> {
-        self.inner.deregister(key).await
-    }
-    async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
-        self.inner.list(service).await
-    }
-    async fn list_shared(&self, service: &str) -> Result<std::sync::Arc<[Endpoint]>> {
-        self.inner.list_shared(service).await
-    }
-    async fn snapshot(&self) -> Result<Snapshot> {
-        self.inner.snapshot().await
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner
-            .capabilities()
-            .with_native_watch(false)
-            .with_resumable_watch(true)
-    }
-    async fn probe(&self) -> Result<()> {
-        self.inner.probe().await
+crate::forward! {
+    impl[R: Registry] Registry for Polling<R> {
+        forward to inner: register, deregister, list, list_shared, snapshot, probe;
+        fn capabilities(&self) -> Capabilities {
+            self.inner
+                .capabilities()
+                .with_native_watch(false)
+                .with_resumable_watch(true)
+        }
     }
 }
 
-impl<R: Registry> Watch for Polling<R> {
-    fn watch(&self, from: Option<Version>) -> EventStream {
-        self.start();
-        self.hub.subscribe(from)
+crate::forward! {
+    impl[R: Registry] Watch for Polling<R> {
+        forward to inner: ;
+        fn watch(&self, from: Option<Version>) -> EventStream {
+            self.start();
+            self.hub.subscribe(from)
+        }
     }
 }
 
-#[async_trait]
-impl<R: Batch> Batch for Polling<R> {
-    async fn apply(&self, ops: Vec<Op>) -> Result<()> {
-        self.inner.apply(ops).await
-    }
-    fn max_batch(&self) -> usize {
-        self.inner.max_batch()
+crate::forward! {
+    impl[R: Batch] Batch for Polling<R> {
+        forward to inner: apply, max_batch;
     }
 }
 
-#[async_trait]
-impl<R: Registry + Heartbeat> Heartbeat for Polling<R> {
-    async fn heartbeat(&self, node: &str) -> Result<()> {
-        self.inner.heartbeat(node).await
+crate::forward! {
+    impl[R: Registry + Heartbeat] Heartbeat for Polling<R> {
+        forward to inner: heartbeat;
     }
 }

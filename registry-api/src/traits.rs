@@ -127,60 +127,29 @@ pub trait Heartbeat: Send + Sync + 'static {
     async fn heartbeat(&self, node: &str) -> Result<()>;
 }
 
-macro_rules! forward {
+macro_rules! forward_pointers {
     ($($ptr:ident),*) => {$(
-        #[deny(clippy::missing_trait_methods)]
-        #[async_trait]
-        impl<T: Registry + ?Sized> Registry for $ptr<T> {
-            async fn register(&self, endpoint: Endpoint) -> Result<()> {
-                (**self).register(endpoint).await
-            }
-            async fn deregister(&self, key: &EndpointKey) -> Result<()> {
-                (**self).deregister(key).await
-            }
-            async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
-                (**self).list(service).await
-            }
-            async fn list_shared(&self, service: &str) -> Result<Arc<[Endpoint]>> {
-                (**self).list_shared(service).await
-            }
-            async fn snapshot(&self) -> Result<Snapshot> {
-                (**self).snapshot().await
-            }
-            fn capabilities(&self) -> Capabilities {
-                (**self).capabilities()
-            }
-            async fn probe(&self) -> Result<()> {
-                (**self).probe().await
+        crate::forward! {
+            impl[T: Registry + ?Sized] Registry for $ptr<T> {
+                forward to *: register, deregister, list, list_shared, snapshot, capabilities, probe;
             }
         }
-
-        #[deny(clippy::missing_trait_methods)]
-        impl<T: Watch + ?Sized> Watch for $ptr<T> {
-            fn watch(&self, from: Option<Version>) -> EventStream {
-                (**self).watch(from)
+        crate::forward! {
+            impl[T: Watch + ?Sized] Watch for $ptr<T> {
+                forward to *: watch;
             }
         }
-
-        #[deny(clippy::missing_trait_methods)]
-        #[async_trait]
-        impl<T: Batch + ?Sized> Batch for $ptr<T> {
-            async fn apply(&self, ops: Vec<Op>) -> Result<()> {
-                (**self).apply(ops).await
-            }
-            fn max_batch(&self) -> usize {
-                (**self).max_batch()
+        crate::forward! {
+            impl[T: Batch + ?Sized] Batch for $ptr<T> {
+                forward to *: apply, max_batch;
             }
         }
-
-        #[deny(clippy::missing_trait_methods)]
-        #[async_trait]
-        impl<T: Heartbeat + ?Sized> Heartbeat for $ptr<T> {
-            async fn heartbeat(&self, node: &str) -> Result<()> {
-                (**self).heartbeat(node).await
+        crate::forward! {
+            impl[T: Heartbeat + ?Sized] Heartbeat for $ptr<T> {
+                forward to *: heartbeat;
             }
         }
     )*};
 }
 
-forward!(Arc, Box);
+forward_pointers!(Arc, Box);

@@ -4,12 +4,8 @@
 use std::fmt;
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use futures::StreamExt;
-use registry_api::{
-    Batch, Capabilities, Endpoint, EndpointKey, Event, EventStream, Heartbeat, Op, Registry,
-    Result, Snapshot, Version, Watch,
-};
+use registry_api::{Event, EventStream, Registry, Result, Version, Watch};
 
 use crate::engine::backends::Backend;
 use crate::engine::status::Status;
@@ -54,52 +50,24 @@ impl fmt::Debug for SyncMetered {
     }
 }
 
-#[async_trait]
-#[deny(clippy::missing_trait_methods)] // a forwarder: no method left to its default
-impl Registry for SyncMetered {
-    async fn register(&self, endpoint: Endpoint) -> Result<()> {
-        self.inner.register(endpoint).await
-    }
-    async fn deregister(&self, key: &EndpointKey) -> Result<()> {
-        self.inner.deregister(key).await
-    }
-    async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
-        self.inner.list(service).await
-    }
-    async fn list_shared(&self, service: &str) -> Result<std::sync::Arc<[Endpoint]>> {
-        self.inner.list_shared(service).await
-    }
-    async fn snapshot(&self) -> Result<Snapshot> {
-        self.inner.snapshot().await
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn probe(&self) -> Result<()> {
-        self.inner.probe().await
+registry_api::forward! {
+    impl[] Registry for SyncMetered {
+        forward to inner: register, deregister, list, list_shared, snapshot, capabilities, probe;
     }
 }
 
-#[async_trait]
-#[deny(clippy::missing_trait_methods)] // a forwarder: no method left to its default
-impl Batch for SyncMetered {
-    async fn apply(&self, ops: Vec<Op>) -> Result<()> {
-        self.inner.apply(ops).await
-    }
-    fn max_batch(&self) -> usize {
-        self.inner.max_batch()
+registry_api::forward! {
+    impl[] Batch for SyncMetered {
+        forward to inner: apply, max_batch;
     }
 }
 
-#[async_trait]
-#[deny(clippy::missing_trait_methods)] // a forwarder: no method left to its default
-impl Heartbeat for SyncMetered {
-    async fn heartbeat(&self, node: &str) -> Result<()> {
-        self.inner.heartbeat(node).await
+registry_api::forward! {
+    impl[] Heartbeat for SyncMetered {
+        forward to inner: heartbeat;
     }
 }
 
-#[deny(clippy::missing_trait_methods)] // a forwarder: no method left to its default
 impl Watch for SyncMetered {
     fn watch(&self, from: Option<Version>) -> EventStream {
         let native = self.inner.capabilities().native_watch;

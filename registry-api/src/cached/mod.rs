@@ -9,7 +9,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use futures::StreamExt;
 
 pub use store::Store;
@@ -413,43 +412,42 @@ impl<R: Registry> fmt::Debug for CachedRegistry<R> {
     }
 }
 
-#[async_trait]
-impl<R: Registry + Watch> Registry for CachedRegistry<R> {
-    async fn register(&self, endpoint: Endpoint) -> Result<()> {
-        self.inner.register(endpoint.clone()).await?;
-        self.await_own_writes(&[Op::Register(endpoint)]).await;
-        Ok(())
-    }
-    async fn deregister(&self, key: &EndpointKey) -> Result<()> {
-        self.inner.deregister(key).await?;
-        self.await_own_writes(&[Op::Deregister(key.clone())]).await;
-        Ok(())
-    }
-    async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
-        match self.store.list(service) {
-            Some(list) => Ok(list),
-            None => self.inner.list(service).await,
+crate::forward! {
+    impl[R: Registry + Watch] Registry for CachedRegistry<R> {
+        forward to inner: probe;
+        async fn register(&self, endpoint: Endpoint) -> Result<()> {
+            self.inner.register(endpoint.clone()).await?;
+            self.await_own_writes(&[Op::Register(endpoint)]).await;
+            Ok(())
         }
-    }
-    async fn list_shared(&self, service: &str) -> Result<Arc<[Endpoint]>> {
-        match self.store.list_shared(service) {
-            Some(list) => Ok(list),
-            None => self.inner.list_shared(service).await,
+        async fn deregister(&self, key: &EndpointKey) -> Result<()> {
+            self.inner.deregister(key).await?;
+            self.await_own_writes(&[Op::Deregister(key.clone())]).await;
+            Ok(())
         }
-    }
-    async fn snapshot(&self) -> Result<Snapshot> {
-        match self.store.snapshot() {
-            Some(snap) => Ok(Snapshot::clone(&snap)),
-            None => self.inner.snapshot().await,
+        async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
+            match self.store.list(service) {
+                Some(list) => Ok(list),
+                None => self.inner.list(service).await,
+            }
         }
-    }
-    fn capabilities(&self) -> Capabilities {
-        // The inner registry may apply a batch atomically, but the cache
-        // receives it event by event: a read may see part of it.
-        self.inner.capabilities().with_isolated_reads(false)
-    }
-    async fn probe(&self) -> Result<()> {
-        self.inner.probe().await
+        async fn list_shared(&self, service: &str) -> Result<Arc<[Endpoint]>> {
+            match self.store.list_shared(service) {
+                Some(list) => Ok(list),
+                None => self.inner.list_shared(service).await,
+            }
+        }
+        async fn snapshot(&self) -> Result<Snapshot> {
+            match self.store.snapshot() {
+                Some(snap) => Ok(Snapshot::clone(&snap)),
+                None => self.inner.snapshot().await,
+            }
+        }
+        fn capabilities(&self) -> Capabilities {
+            // The inner registry may apply a batch atomically, but the cache
+            // receives it event by event: a read may see part of it.
+            self.inner.capabilities().with_isolated_reads(false)
+        }
     }
 }
 
@@ -459,21 +457,19 @@ impl<R: Registry + Watch> Watch for CachedRegistry<R> {
     }
 }
 
-#[async_trait]
-impl<R: Batch + Watch> Batch for CachedRegistry<R> {
-    async fn apply(&self, ops: Vec<Op>) -> Result<()> {
-        self.inner.apply(ops.clone()).await?;
-        self.await_own_writes(&ops).await;
-        Ok(())
-    }
-    fn max_batch(&self) -> usize {
-        self.inner.max_batch()
+crate::forward! {
+    impl[R: Batch + Watch] Batch for CachedRegistry<R> {
+        forward to inner: max_batch;
+        async fn apply(&self, ops: Vec<Op>) -> Result<()> {
+            self.inner.apply(ops.clone()).await?;
+            self.await_own_writes(&ops).await;
+            Ok(())
+        }
     }
 }
 
-#[async_trait]
-impl<R: Registry + Watch + Heartbeat> Heartbeat for CachedRegistry<R> {
-    async fn heartbeat(&self, node: &str) -> Result<()> {
-        self.inner.heartbeat(node).await
+crate::forward! {
+    impl[R: Registry + Watch + Heartbeat] Heartbeat for CachedRegistry<R> {
+        forward to inner: heartbeat;
     }
 }

@@ -18,9 +18,8 @@ pub use config::CoalescingConfig;
 use crate::backend::validate_ops;
 use crate::capabilities::Capabilities;
 use crate::error::{Error, Result};
-use crate::model::{Endpoint, EndpointKey, Op, Version};
-use crate::snapshot::Snapshot;
-use crate::traits::{Batch, EventStream, Heartbeat, Registry, Watch};
+use crate::model::{Endpoint, EndpointKey, Op};
+use crate::traits::{Batch, Heartbeat, Registry, Watch};
 
 /// Batches writes: ops are queued, merged to their net effect per key, and
 /// applied with [`Batch::apply`] in chunks of the backend's `max_batch()`
@@ -395,33 +394,23 @@ impl<B: Registry> fmt::Debug for Coalescing<B> {
     }
 }
 
-#[async_trait]
-impl<B: Batch> Registry for Coalescing<B> {
-    async fn register(&self, endpoint: Endpoint) -> Result<()> {
-        endpoint.validate()?;
-        self.enqueue(vec![Op::Register(endpoint)]).map(drop)
-    }
-    async fn deregister(&self, key: &EndpointKey) -> Result<()> {
-        self.enqueue(vec![Op::Deregister(key.clone())]).map(drop)
-    }
-    async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
-        self.inner.list(service).await
-    }
-    async fn list_shared(&self, service: &str) -> Result<std::sync::Arc<[Endpoint]>> {
-        self.inner.list_shared(service).await
-    }
-    async fn snapshot(&self) -> Result<Snapshot> {
-        self.inner.snapshot().await
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner
-            .capabilities()
-            .with_atomic_writes(false)
-            .with_isolated_reads(false)
-            .with_max_batch(self.shared.cfg.capacity)
-    }
-    async fn probe(&self) -> Result<()> {
-        self.inner.probe().await
+crate::forward! {
+    impl[B: Batch] Registry for Coalescing<B> {
+        forward to inner: list, list_shared, snapshot, probe;
+        async fn register(&self, endpoint: Endpoint) -> Result<()> {
+            endpoint.validate()?;
+            self.enqueue(vec![Op::Register(endpoint)]).map(drop)
+        }
+        async fn deregister(&self, key: &EndpointKey) -> Result<()> {
+            self.enqueue(vec![Op::Deregister(key.clone())]).map(drop)
+        }
+        fn capabilities(&self) -> Capabilities {
+            self.inner
+                .capabilities()
+                .with_atomic_writes(false)
+                .with_isolated_reads(false)
+                .with_max_batch(self.shared.cfg.capacity)
+        }
     }
 }
 
@@ -439,15 +428,14 @@ impl<B: Batch> Batch for Coalescing<B> {
     }
 }
 
-impl<B: Batch + Watch> Watch for Coalescing<B> {
-    fn watch(&self, from: Option<Version>) -> EventStream {
-        self.inner.watch(from)
+crate::forward! {
+    impl[B: Batch + Watch] Watch for Coalescing<B> {
+        forward to inner: watch;
     }
 }
 
-#[async_trait]
-impl<B: Batch + Heartbeat> Heartbeat for Coalescing<B> {
-    async fn heartbeat(&self, node: &str) -> Result<()> {
-        self.inner.heartbeat(node).await
+crate::forward! {
+    impl[B: Batch + Heartbeat] Heartbeat for Coalescing<B> {
+        forward to inner: heartbeat;
     }
 }

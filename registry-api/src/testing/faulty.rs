@@ -196,59 +196,54 @@ impl<R: Registry> std::fmt::Debug for Faulty<R> {
     }
 }
 
-#[async_trait::async_trait]
-#[deny(clippy::missing_trait_methods)] // a forwarder: no method left to its default
-impl<R: Registry> Registry for Faulty<R> {
-    async fn register(&self, endpoint: Endpoint) -> Result<()> {
-        self.gate_ops(true, &[Op::Register(endpoint.clone())])
-            .await?;
-        self.inner.register(endpoint).await
-    }
-    async fn deregister(&self, key: &EndpointKey) -> Result<()> {
-        self.gate_ops(true, &[Op::Deregister(key.clone())]).await?;
-        self.inner.deregister(key).await
-    }
-    async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
-        self.gate(false).await?;
-        self.inner.list(service).await
-    }
-    async fn list_shared(&self, service: &str) -> Result<std::sync::Arc<[Endpoint]>> {
-        self.gate(false).await?;
-        self.inner.list_shared(service).await
-    }
-    async fn snapshot(&self) -> Result<Snapshot> {
-        self.gate(false).await?;
-        self.inner.snapshot().await
-    }
-    fn capabilities(&self) -> crate::Capabilities {
-        self.inner.capabilities()
-    }
-    async fn probe(&self) -> Result<()> {
-        if let Some(e) = &self.st().refuse {
-            return Err(e.clone());
+crate::forward! {
+    impl[R: Registry] Registry for Faulty<R> {
+        forward to inner: capabilities;
+        async fn register(&self, endpoint: Endpoint) -> Result<()> {
+            self.gate_ops(true, &[Op::Register(endpoint.clone())])
+                .await?;
+            self.inner.register(endpoint).await
         }
-        self.gate(false).await?;
-        self.inner.probe().await
+        async fn deregister(&self, key: &EndpointKey) -> Result<()> {
+            self.gate_ops(true, &[Op::Deregister(key.clone())]).await?;
+            self.inner.deregister(key).await
+        }
+        async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
+            self.gate(false).await?;
+            self.inner.list(service).await
+        }
+        async fn list_shared(&self, service: &str) -> Result<std::sync::Arc<[Endpoint]>> {
+            self.gate(false).await?;
+            self.inner.list_shared(service).await
+        }
+        async fn snapshot(&self) -> Result<Snapshot> {
+            self.gate(false).await?;
+            self.inner.snapshot().await
+        }
+        async fn probe(&self) -> Result<()> {
+            if let Some(e) = &self.st().refuse {
+                return Err(e.clone());
+            }
+            self.gate(false).await?;
+            self.inner.probe().await
+        }
+    }
+}
+
+crate::forward! {
+    impl[R: Batch] Batch for Faulty<R> {
+        forward to inner: max_batch;
+        async fn apply(&self, ops: Vec<Op>) -> Result<()> {
+            self.gate_ops(true, &ops).await?;
+            let n = ops.len();
+            self.inner.apply(ops).await?;
+            self.st().batches.push(n);
+            Ok(())
+        }
     }
 }
 
 #[async_trait::async_trait]
-#[deny(clippy::missing_trait_methods)] // a forwarder: no method left to its default
-impl<R: Batch> Batch for Faulty<R> {
-    async fn apply(&self, ops: Vec<Op>) -> Result<()> {
-        self.gate_ops(true, &ops).await?;
-        let n = ops.len();
-        self.inner.apply(ops).await?;
-        self.st().batches.push(n);
-        Ok(())
-    }
-    fn max_batch(&self) -> usize {
-        self.inner.max_batch()
-    }
-}
-
-#[async_trait::async_trait]
-#[deny(clippy::missing_trait_methods)] // a forwarder: no method left to its default
 impl<R: crate::Heartbeat> crate::Heartbeat for Faulty<R> {
     async fn heartbeat(&self, node: &str) -> Result<()> {
         self.gate(false).await?;
@@ -256,7 +251,6 @@ impl<R: crate::Heartbeat> crate::Heartbeat for Faulty<R> {
     }
 }
 
-#[deny(clippy::missing_trait_methods)] // a forwarder: no method left to its default
 impl<R: Watch> Watch for Faulty<R> {
     fn watch(&self, from: Option<Version>) -> EventStream {
         let down = {

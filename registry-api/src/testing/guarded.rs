@@ -1,11 +1,7 @@
 //! [`Guarded`]: the one wrapper test harnesses use to keep a fixture (a
 //! temp directory, a server, a peer node) alive beside a registry.
 
-use crate::capabilities::Capabilities;
-use crate::error::Result;
-use crate::model::{Endpoint, EndpointKey, Op, Version};
-use crate::snapshot::Snapshot;
-use crate::traits::{Batch, EventStream, Heartbeat, Registry, Watch};
+use crate::traits::{Batch, Heartbeat, Registry, Watch};
 
 /// A registry that keeps something alive beside it (a temp directory, a
 /// server fixture, a peer node) and forwards every trait method to it, so a
@@ -68,54 +64,26 @@ impl<R: Registry> std::fmt::Debug for Guarded<R> {
     }
 }
 
-#[async_trait::async_trait]
-#[deny(clippy::missing_trait_methods)] // a forwarder: no method left to its default
-impl<R: Registry> Registry for Guarded<R> {
-    async fn register(&self, endpoint: Endpoint) -> Result<()> {
-        self.inner.register(endpoint).await
-    }
-    async fn deregister(&self, key: &EndpointKey) -> Result<()> {
-        self.inner.deregister(key).await
-    }
-    async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
-        self.inner.list(service).await
-    }
-    async fn list_shared(&self, service: &str) -> Result<std::sync::Arc<[Endpoint]>> {
-        self.inner.list_shared(service).await
-    }
-    async fn snapshot(&self) -> Result<Snapshot> {
-        self.inner.snapshot().await
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn probe(&self) -> Result<()> {
-        self.inner.probe().await
+crate::forward! {
+    impl[R: Registry] Registry for Guarded<R> {
+        forward to inner: register, deregister, list, list_shared, snapshot, capabilities, probe;
     }
 }
 
-#[async_trait::async_trait]
-#[deny(clippy::missing_trait_methods)] // a forwarder: no method left to its default
-impl<R: Batch> Batch for Guarded<R> {
-    async fn apply(&self, ops: Vec<Op>) -> Result<()> {
-        self.inner.apply(ops).await
-    }
-    fn max_batch(&self) -> usize {
-        self.inner.max_batch()
+crate::forward! {
+    impl[R: Batch] Batch for Guarded<R> {
+        forward to inner: apply, max_batch;
     }
 }
 
-#[deny(clippy::missing_trait_methods)] // a forwarder: no method left to its default
-impl<R: Watch> Watch for Guarded<R> {
-    fn watch(&self, from: Option<Version>) -> EventStream {
-        self.inner.watch(from)
+crate::forward! {
+    impl[R: Watch] Watch for Guarded<R> {
+        forward to inner: watch;
     }
 }
 
-#[async_trait::async_trait]
-#[deny(clippy::missing_trait_methods)] // a forwarder: no method left to its default
-impl<R: Heartbeat> Heartbeat for Guarded<R> {
-    async fn heartbeat(&self, node: &str) -> Result<()> {
-        self.inner.heartbeat(node).await
+crate::forward! {
+    impl[R: Heartbeat] Heartbeat for Guarded<R> {
+        forward to inner: heartbeat;
     }
 }

@@ -48,15 +48,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use async_trait::async_trait;
 use clap::Parser;
 use futures::StreamExt;
 use registrar_server::{serve, Backend, Registrar, RegistrarConfig};
 use registry_api::{
     memory::MemoryRegistry,
     polling::{Polling, PollingConfig},
-    Batch, Capabilities, Endpoint, EndpointKey, EventStream, Heartbeat, Op, Registry, Result,
-    Snapshot, Watch,
+    Batch, Capabilities, Endpoint, EventStream, Op, Registry, Result, Snapshot, Watch,
 };
 use registry_registrar::{ClientConfig, RegistrarClient, RpcClient};
 
@@ -234,51 +232,30 @@ impl fmt::Display for Counting {
     }
 }
 
-#[async_trait]
-#[deny(clippy::missing_trait_methods)] // a forwarder: no method left to its default
-impl Registry for Counting {
-    async fn register(&self, endpoint: Endpoint) -> Result<()> {
-        self.inner.register(endpoint).await
-    }
-    async fn deregister(&self, key: &EndpointKey) -> Result<()> {
-        self.inner.deregister(key).await
-    }
-    async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
-        self.inner.list(service).await
-    }
-    async fn list_shared(&self, service: &str) -> Result<std::sync::Arc<[Endpoint]>> {
-        self.inner.list_shared(service).await
-    }
-    async fn probe(&self) -> Result<()> {
-        self.inner.probe().await
-    }
-    async fn snapshot(&self) -> Result<Snapshot> {
-        self.snapshots.fetch_add(1, Ordering::Relaxed);
-        self.inner.snapshot().await
-    }
-    fn capabilities(&self) -> Capabilities {
-        // Behave like a backend without a native watch (DynamoDB without
-        // a stream, Cloud Map): everyone has to poll it.
-        self.inner.capabilities().with_native_watch(false)
+registry_api::forward! {
+    impl[] Registry for Counting {
+        forward to inner: register, deregister, list, list_shared, probe;
+        async fn snapshot(&self) -> Result<Snapshot> {
+            self.snapshots.fetch_add(1, Ordering::Relaxed);
+            self.inner.snapshot().await
+        }
+        fn capabilities(&self) -> Capabilities {
+            // Behave like a backend without a native watch (DynamoDB without
+            // a stream, Cloud Map): everyone has to poll it.
+            self.inner.capabilities().with_native_watch(false)
+        }
     }
 }
 
-#[async_trait]
-#[deny(clippy::missing_trait_methods)] // a forwarder: no method left to its default
-impl Batch for Counting {
-    async fn apply(&self, ops: Vec<Op>) -> Result<()> {
-        self.inner.apply(ops).await
-    }
-    fn max_batch(&self) -> usize {
-        self.inner.max_batch()
+registry_api::forward! {
+    impl[] Batch for Counting {
+        forward to inner: apply, max_batch;
     }
 }
 
-#[async_trait]
-#[deny(clippy::missing_trait_methods)] // a forwarder: no method left to its default
-impl Heartbeat for Counting {
-    async fn heartbeat(&self, node: &str) -> Result<()> {
-        self.inner.heartbeat(node).await
+registry_api::forward! {
+    impl[] Heartbeat for Counting {
+        forward to inner: heartbeat;
     }
 }
 
