@@ -58,7 +58,29 @@ macro_rules! forward {
             $($own:tt)*
         }
     ) => {
+        $crate::forward!(@names $trait [$($method)*] $($own)*);
         $crate::forward!(@munch [$($generics)*] $trait [$ty] $to [$($method)*] [$($own)*]);
+    };
+
+    // Every method of the trait is forwarded or written: the names of
+    // both, matched against the trait's list of methods, must be
+    // exhaustive. (Clippy skips lints inside another crate's macros, so
+    // `missing_trait_methods` alone would not hold a caller to it.)
+    (@names $trait:ident [$($name:ident)*] fn $written:ident $($rest:tt)*) => {
+        $crate::forward!(@names $trait [$($name)* $written] $($rest)*);
+    };
+    (@names $trait:ident [$($name:ident)*] $skip:tt $($rest:tt)*) => {
+        $crate::forward!(@names $trait [$($name)*] $($rest)*);
+    };
+    (@names $trait:ident [$($name:ident)*]) => {
+        const _: () = {
+            #[allow(dead_code)]
+            fn every_method_is_forwarded_or_written(method: $crate::forward::$trait) {
+                match method {
+                    $($crate::forward::$trait::$name => {})*
+                }
+            }
+        };
     };
 
     (@munch [$($generics:tt)*] $trait:ident [$ty:ty] $to:tt [] [$($items:tt)*]) => {
@@ -163,3 +185,24 @@ macro_rules! forward {
 
 #[doc(hidden)]
 pub use async_trait::async_trait as __async_trait;
+
+macro_rules! methods {
+    ($($trait:ident: $($method:ident),*;)*) => {$(
+        #[doc(hidden)]
+        #[allow(non_camel_case_types, missing_docs)]
+        pub enum $trait {
+            $($method),*
+        }
+    )*};
+}
+
+// The methods of each trait, for the check in `forward!`. A method added to
+// a trait goes here and into `forward!`'s rules; the forwarding impls for
+// `Arc` and `Box` (in `traits.rs`) fail `clippy::missing_trait_methods`
+// until it does.
+methods! {
+    Registry: register, deregister, list, list_shared, snapshot, capabilities, probe;
+    Batch: apply, max_batch;
+    Heartbeat: heartbeat;
+    Watch: watch;
+}
