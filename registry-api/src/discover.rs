@@ -353,11 +353,8 @@ mod tests {
 
     use super::*;
     use crate::error::Error;
+    use crate::testing::ep;
     use futures::stream;
-
-    fn ep(service: &str, id: &str, port: u16) -> Endpoint {
-        Endpoint::new(service, id, "127.0.0.1", port)
-    }
 
     fn added(v: u64, e: Endpoint) -> Result<Event> {
         Ok(Event::Added {

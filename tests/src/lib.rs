@@ -47,7 +47,12 @@ pub enum FixtureError {
         detail: String,
     },
     /// The server is up but the registry on it could not be set up.
-    #[cfg(any(feature = "etcd", feature = "dynamodb", feature = "cloudmap"))]
+    #[cfg(any(
+        feature = "etcd",
+        feature = "dynamodb",
+        feature = "cloudmap",
+        feature = "registrar"
+    ))]
     #[error("{what}: {source}")]
     Registry {
         /// What was being set up.
@@ -187,10 +192,15 @@ impl Drop for ServerProcess {
     }
 }
 
+#[cfg(any(feature = "etcd", feature = "dynamodb", feature = "cloudmap"))]
+pub mod configs;
 pub mod containers;
 mod etcd;
 pub mod fs;
 mod moto;
+pub mod proxy;
+#[cfg(feature = "registrar")]
+pub mod registrar;
 #[cfg(any(feature = "etcd", feature = "dynamodb", feature = "cloudmap"))]
 pub mod registries;
 

@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use registry_api::testing::{unique, Guarded};
+use registry_api::testing::Guarded;
 
 use crate::FixtureError;
 
@@ -28,10 +28,7 @@ fn setup(what: &str) -> impl FnOnce(registry_api::Error) -> FixtureError + '_ {
 #[cfg(feature = "etcd")]
 pub async fn etcd() -> Result<Guarded<registry_etcd::EtcdRegistry>, FixtureError> {
     let server = crate::EtcdServer::start_async().await?;
-    let cfg = registry_etcd::EtcdConfig::new([server.endpoint().to_string()])
-        .with_prefix(format!("/{}", unique("test")))
-        .with_connect_timeout(Duration::from_secs(2));
-    let reg = registry_etcd::EtcdRegistry::connect(cfg)
+    let reg = registry_etcd::EtcdRegistry::connect(crate::configs::etcd(server.endpoint()))
         .await
         .map_err(setup("connecting to the fixture etcd"))?;
     Ok(Guarded::new(reg, server))
@@ -71,12 +68,7 @@ pub async fn dynamodb(
     with_stream: bool,
 ) -> Result<Guarded<registry_dynamodb::DynamoDbRegistry>, FixtureError> {
     let moto = crate::MotoServer::start_async().await?;
-    let cfg = registry_dynamodb::DynamoDbConfig::new(unique("table"))
-        .with_region("us-east-1")
-        .with_endpoint_url(moto.url())
-        .with_static_credentials("test", "test")
-        .with_poll_interval(Duration::from_millis(50))
-        .with_stream_poll_interval(Duration::from_millis(50));
+    let cfg = crate::configs::dynamodb(moto.url());
     registry_dynamodb::DynamoDbRegistry::create_table_if_missing(&cfg, with_stream)
         .await
         .map_err(setup("creating the fixture table"))?;
@@ -93,25 +85,13 @@ pub async fn cloudmap() -> Result<
     Guarded<registry_api::polling::Polling<registry_cloudmap::CloudMapRegistry>>,
     FixtureError,
 > {
-    use registry_cloudmap::aws_sdk_servicediscovery::config::{
-        BehaviorVersion, Credentials, Region,
-    };
     let moto = crate::MotoServer::start_async().await?;
-    let sdk = registry_cloudmap::aws_sdk_servicediscovery::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new("test", "test", None, None, "fixture"))
-        .build();
-    let rate = std::num::NonZeroU32::new(2000).unwrap_or(std::num::NonZeroU32::MIN);
-    let cfg = registry_cloudmap::CloudMapConfig::new(unique("ns"))
-        .with_endpoint_url(moto.url())
-        .with_rate_limit(rate, rate)
-        .with_operation_poll(Duration::from_millis(5), Duration::from_millis(100))
-        // moto keeps a copy per re-registration (see the option's docs).
-        .with_repeat_deregister(true);
-    let raw = registry_cloudmap::CloudMapRegistry::with_sdk_config(sdk, cfg)
-        .await
-        .map_err(setup("creating the fixture namespace"))?;
+    let raw = registry_cloudmap::CloudMapRegistry::with_sdk_config(
+        crate::configs::cloudmap_sdk(),
+        crate::configs::cloudmap(moto.url()),
+    )
+    .await
+    .map_err(setup("creating the fixture namespace"))?;
     let polling = registry_api::polling::Polling::with_config(
         raw,
         registry_api::polling::PollingConfig::default().with_interval(Duration::from_millis(50)),

@@ -160,6 +160,7 @@ impl Caller {
     }
 
     /// The node this caller's identity names, if any.
+    #[cfg(feature = "http-api")]
     pub(crate) fn node(&self) -> Option<&str> {
         match self {
             Caller::Anyone => None,

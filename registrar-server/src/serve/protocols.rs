@@ -42,6 +42,7 @@ impl Protocols {
 
     /// Refuse a non-loopback address unless `options.insecure`.
     pub(super) fn check(&self, options: &ServeOptions) -> Result<()> {
+        #[cfg(any(feature = "dns", feature = "xds"))]
         const SHOWS: &str = "shows every endpoint";
         #[cfg(feature = "http-api")]
         if let Some(l) = &self.http_api {

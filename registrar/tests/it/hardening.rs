@@ -8,12 +8,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use common::pki::Pki;
-use common::{start_with, Server};
-use registrar_server::{
-    serve_with, AuthzConfig, Backend, Registrar, RegistrarConfig, ServeOptions, TlsFiles,
-};
+use common::{start_with, Server, TestRegistrar};
+use registrar_server::{AuthzConfig, Backend, RegistrarConfig, ServeOptions, TlsFiles};
 use registry_api::testing::ep;
 use registry_api::{liveness::Liveness, memory::MemoryRegistry, Endpoint, ErrorKind};
+use registry_fixtures::registrar::Running;
 use registry_registrar::proto::registrar::v1::{
     ListAllEndpointsRequest, RegisterEndpointRequest, WatchEndpointsRequest,
 };
@@ -206,37 +205,22 @@ async fn requests_are_refused_before_they_are_read() {
     server.stop().await;
 }
 
-/// Serve with `options` on `grpc` until the sender is dropped or used.
-async fn spawn_serve(
-    grpc: tokio::net::TcpListener,
-    options: ServeOptions,
-) -> (
-    tokio::task::JoinHandle<registry_api::Result<()>>,
-    tokio::sync::oneshot::Sender<()>,
-) {
-    let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let registrar = Registrar::new(memory(), RegistrarConfig::new(CLUSTER)).unwrap();
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(serve_with(
-        registrar,
-        grpc,
-        health,
-        None,
-        options,
-        async move {
-            let _ = rx.await;
-        },
-    ));
-    (task, tx)
+/// Serve with `options` on `grpc`.
+async fn spawn_serve(grpc: tokio::net::TcpListener, options: ServeOptions) -> Running {
+    TestRegistrar::new(memory(), RegistrarConfig::new(CLUSTER))
+        .options(options)
+        .listener(grpc)
+        .start()
+        .await
+        .unwrap()
 }
 
 /// What a server refusing its options returned (it must return by itself).
 async fn refused(grpc: tokio::net::TcpListener, options: ServeOptions) -> registry_api::Error {
-    let (task, _stop) = spawn_serve(grpc, options).await;
-    tokio::time::timeout(std::time::Duration::from_secs(10), task)
+    let running = spawn_serve(grpc, options).await;
+    tokio::time::timeout(std::time::Duration::from_secs(10), running.wait())
         .await
         .expect("the server refused to start")
-        .unwrap()
         .unwrap_err()
 }
 
@@ -251,12 +235,11 @@ async fn plaintext_is_served_on_loopback_only_unless_insecure() {
     // Explicitly insecure: served (reached here over loopback).
     let all = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
     let port = all.local_addr().unwrap().port();
-    let (task, stop) = spawn_serve(all, ServeOptions::default().allow_insecure()).await;
+    let running = spawn_serve(all, ServeOptions::default().allow_insecure()).await;
     let url = format!("http://127.0.0.1:{port}");
     let c = RpcClient::connect(ClientConfig::new(url, CLUSTER, "cli")).unwrap();
     register(&c, &ep("api", "1", 80)).await.unwrap();
-    let _ = stop.send(());
-    task.await.unwrap().unwrap();
+    running.stop_result().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

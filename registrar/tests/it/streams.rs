@@ -16,11 +16,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use common::start;
+use common::{start, Server, TestRegistrar};
 use prost::Message;
-use registrar_server::{
-    serve_with, Backend, Registrar, RegistrarConfig, ServeOptions, StreamEncoding,
-};
+use registrar_server::{Backend, Registrar, RegistrarConfig, ServeOptions, StreamEncoding};
 use registry_api::testing::{ep, eventually};
 use registry_api::{memory::MemoryRegistry, Batch, EndpointKey, Op};
 use registry_registrar::proto::registrar::v1::endpoint_event::EventType;
@@ -288,21 +286,14 @@ impl AsyncWrite for Freezable {
     }
 }
 
-async fn start_serving(options: ServeOptions) -> (Arc<Registrar>, String) {
-    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", grpc.local_addr().unwrap());
-    let registrar = Registrar::new(registry_of(10).await, RegistrarConfig::new("test")).unwrap();
-    tokio::spawn(serve_with(
-        Arc::clone(&registrar),
-        grpc,
-        health,
-        None,
-        options,
-        std::future::pending(),
-    ));
-    registrar.state().wait_until_ready().await;
-    (registrar, url)
+async fn start_serving(options: ServeOptions) -> (Arc<Registrar>, String, Server) {
+    let server = TestRegistrar::new(registry_of(10).await, RegistrarConfig::new("test"))
+        .options(options)
+        .start()
+        .await
+        .unwrap();
+    server.registrar.state().wait_until_ready().await;
+    (Arc::clone(&server.registrar), server.url(), server)
 }
 
 /// A watch over a connection that can be frozen.
@@ -348,7 +339,7 @@ async fn freezable_watch(url: &str) -> (Arc<AtomicBool>, Streaming<EndpointEvent
 async fn a_peer_that_stops_answering_pings_is_dropped_with_its_stream() {
     let ms = Duration::from_millis;
     let options = ServeOptions::default().with_http2_keepalive(Some(ms(200)), ms(200));
-    let (registrar, url) = start_serving(options).await;
+    let (registrar, url, _server) = start_serving(options).await;
     let (frozen, _stream) = freezable_watch(&url).await;
     assert_eq!(registrar.watch_stats().streams, 1);
     frozen.store(true, Ordering::SeqCst);

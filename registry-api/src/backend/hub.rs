@@ -419,10 +419,7 @@ impl fmt::Debug for Hub {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn ep(id: &str, port: u16) -> Endpoint {
-        Endpoint::new("s", id, "10.0.0.1", port)
-    }
+    use crate::testing::ep;
 
     /// Records what it sees: each event's version with the number of
     /// endpoints in the state before it, and failures.
@@ -454,11 +451,11 @@ mod tests {
         hub.publish([
             Event::Added {
                 version: Version(2),
-                endpoint: ep("a", 1),
+                endpoint: ep("s", "a", 1),
             },
             Event::Added {
                 version: Version(2),
-                endpoint: ep("b", 1),
+                endpoint: ep("s", "b", 1),
             },
         ]);
         hub.report_error(Error::unavailable("backend down"));
@@ -485,12 +482,11 @@ mod tests {
     #[test]
     fn shared_lists_follow_every_change_to_their_service() {
         let hub = Hub::new(16, 16);
-        let svc = |s: &str, id: &str, port: u16| Endpoint::new(s, id, "10.0.0.1", port);
         let added = |v: u64, e: Endpoint| Event::Added {
             version: Version(v),
             endpoint: e,
         };
-        hub.publish([added(1, svc("a", "1", 1)), added(2, svc("b", "1", 1))]);
+        hub.publish([added(1, ep("a", "1", 1)), added(2, ep("b", "1", 1))]);
         let a = hub.shared_list("a");
         let b = hub.shared_list("b");
         assert!(Arc::ptr_eq(&a, &hub.shared_list("a")));
@@ -500,7 +496,7 @@ mod tests {
         // An update to `a` replaces its list and keeps `b`'s.
         hub.publish([Event::Updated {
             version: Version(3),
-            endpoint: svc("a", "1", 2),
+            endpoint: ep("a", "1", 2),
         }]);
         let a2 = hub.shared_list("a");
         assert_eq!(a2[0].port, 2);
@@ -514,7 +510,7 @@ mod tests {
         // A snapshot replaces everything.
         hub.publish([Event::Snapshot(Snapshot::from_endpoints(
             Version(5),
-            [svc("b", "1", 9)],
+            [ep("b", "1", 9)],
         ))]);
         assert_eq!(hub.shared_list("b")[0].port, 9);
         assert_eq!(*hub.shared_list("b"), *hub.current().list("b"));
@@ -526,7 +522,7 @@ mod tests {
         let hub = Hub::new(2, 1);
         hub.publish((1..=5u16).map(|i| Event::Added {
             version: Version(u64::from(i)),
-            endpoint: ep(&format!("e{i}"), i),
+            endpoint: ep("s", &format!("e{i}"), i),
         }));
         hub.publish((1..=4u16).map(|i| Event::Removed {
             version: Version(10 + u64::from(i)),

@@ -12,7 +12,7 @@ use tower::load::Constant;
 use tower::{service_fn, Service, ServiceExt};
 
 fn ep(id: &str, port: u16) -> Endpoint {
-    Endpoint::new("echo", id, "127.0.0.1", port)
+    registry_api::testing::ep("echo", id, port)
 }
 
 /// Send `n` requests through the balancer; count which endpoint answered.

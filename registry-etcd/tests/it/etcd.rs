@@ -5,7 +5,7 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use common::{addr, client, compact, config, restart, start_etcd, Proxy};
+use common::{addr, client, compact, config, restart, start_etcd, CutProxy};
 use registry_api::testing::{
     ep, eventually, expect_invalid, follow_until, next_event, next_for, next_for_with, next_item,
     service_state, unique, wait_limit, OnErr,
@@ -236,7 +236,7 @@ async fn a_lost_lease_is_granted_again_and_the_endpoints_rewritten() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compaction_while_a_watch_is_disconnected_sends_a_fresh_snapshot() {
     let etcd = start_etcd().await;
-    let proxy = Proxy::start(addr(&etcd)).await;
+    let proxy = CutProxy::start(addr(&etcd)).await.expect("proxy");
     let cfg = config(&proxy.url()).with_request_timeout(Duration::from_secs(2));
     let writer = connect(config(etcd.endpoint()).with_prefix(cfg.prefix.clone())).await;
     let reg = connect(cfg).await;
@@ -249,11 +249,11 @@ async fn compaction_while_a_watch_is_disconnected_sends_a_fresh_snapshot() {
     writer.register(a.clone()).await.expect("register a");
     follow_until(&mut w, &mut state, &svc, std::slice::from_ref(&a)).await;
 
-    proxy.cut();
+    proxy.refuse();
     writer.register(b.clone()).await.expect("register b");
     writer.deregister(&a.key()).await.expect("deregister a");
     compact(&etcd).await;
-    proxy.restore();
+    proxy.heal();
 
     // The cut is reported (as failures), then a fresh snapshot follows.
     let mut errors = OnErr::count();

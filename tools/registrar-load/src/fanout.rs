@@ -240,7 +240,7 @@ async fn serve_one(args: &Args, encoding: StreamEncoding) -> Res<Figures> {
     server.registrar.state().wait_until_ready().await;
     let rss_before = rss_bytes();
     let agents_cpu = args.pin.then_some(REGISTRAR_CPU + 1);
-    let mut child = spawn_self(args, &["--fanout-client", &server.url], agents_cpu)?;
+    let mut child = spawn_self(args, &["--fanout-client", &server.url()], agents_cpu)?;
     println!(
         "[{}] processes: registrar {}, agents and writer {}",
         label(encoding),

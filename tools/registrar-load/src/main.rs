@@ -50,12 +50,13 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::Parser;
 use futures::StreamExt;
-use registrar_server::{serve, Backend, Registrar, RegistrarConfig};
+use registrar_server::{Backend, RegistrarConfig};
 use registry_api::{
     memory::MemoryRegistry,
     polling::{Polling, PollingConfig},
     Batch, Capabilities, Endpoint, EventStream, Op, Registry, Result, Snapshot, Watch,
 };
+use registry_fixtures::registrar::TestRegistrar;
 use registry_registrar::{ClientConfig, RegistrarClient, RpcClient};
 
 #[derive(Parser, Debug)]
@@ -150,16 +151,14 @@ fn rss_bytes() -> u64 {
         .unwrap_or(0)
 }
 
-struct Server {
-    url: String,
-    registrar: Arc<Registrar>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<Result<()>>>,
-}
+/// A registrar served in process on loopback.
+type Server = registry_fixtures::registrar::Running;
 
 async fn start(backend: Arc<dyn Backend>, cfg: RegistrarConfig) -> std::io::Result<Server> {
-    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    start_on(backend, cfg, grpc).await
+    TestRegistrar::new(backend, cfg)
+        .start()
+        .await
+        .map_err(std::io::Error::other)
 }
 
 /// [`start`] on the gRPC listener `grpc`.
@@ -168,51 +167,20 @@ async fn start_on(
     cfg: RegistrarConfig,
     grpc: tokio::net::TcpListener,
 ) -> std::io::Result<Server> {
-    let health = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}", grpc.local_addr()?);
-    let registrar = Registrar::new(backend, cfg).map_err(std::io::Error::other)?;
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(serve(
-        Arc::clone(&registrar),
-        grpc,
-        health,
-        None,
-        async move {
-            let _ = rx.await;
-        },
-    ));
-    Ok(Server {
-        url,
-        registrar,
-        stop: Some(tx),
-        task: Some(task),
-    })
+    TestRegistrar::new(backend, cfg)
+        .listener(grpc)
+        .start()
+        .await
+        .map_err(std::io::Error::other)
 }
 
-impl Server {
-    /// Stop serving (draining, as on SIGTERM) and wait until the listener
-    /// is closed, at most `limit`.
-    async fn shut_down(mut self, limit: Duration) -> std::io::Result<()> {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        if let Some(task) = self.task.take() {
-            tokio::time::timeout(limit, task)
-                .await
-                .map_err(|_| std::io::Error::other("the registrar did not stop in time"))?
-                .map_err(std::io::Error::other)?
-                .map_err(std::io::Error::other)?;
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-    }
+/// Stop serving (draining, as on SIGTERM) and wait until the listener is
+/// closed, at most `limit`.
+async fn shut_down(server: Server, limit: Duration) -> std::io::Result<()> {
+    tokio::time::timeout(limit, server.stop_result())
+        .await
+        .map_err(|_| std::io::Error::other("the registrar did not stop in time"))?
+        .map_err(std::io::Error::other)
 }
 
 fn pct(h: &hdrhistogram::Histogram<u64>, q: f64) -> String {
@@ -294,7 +262,7 @@ async fn backend_load(args: &Args) -> std::result::Result<(), Box<dyn std::error
     let mut streams = Vec::new();
     for i in 0..agents {
         let raw = RpcClient::connect(ClientConfig::new(
-            server.url.clone(),
+            server.url(),
             "load",
             format!("agent-{i}"),
         ))?;
@@ -325,12 +293,12 @@ async fn cold_start(args: &Args) -> std::result::Result<(), Box<dyn std::error::
     let server = start(Arc::new(mem), RegistrarConfig::new("load")).await?;
     server.registrar.state().wait_until_ready().await;
     // Baseline: one plain ListAllEndpoints call (the proxy path).
-    let raw = RpcClient::connect(ClientConfig::new(server.url.clone(), "load", "proxy"))?;
+    let raw = RpcClient::connect(ClientConfig::new(server.url(), "load", "proxy"))?;
     let t = Instant::now();
     let direct = raw.snapshot().await?.len();
     let direct_time = t.elapsed();
     let t = Instant::now();
-    let agent = RegistrarClient::connect(ClientConfig::new(server.url.clone(), "load", "cold"))?;
+    let agent = RegistrarClient::connect(ClientConfig::new(server.url(), "load", "cold"))?;
     agent.cache().wait_until_ready().await;
     let cold = t.elapsed();
     let n = agent.snapshot().await?.len();

@@ -69,7 +69,7 @@ pub(crate) async fn phase(args: &Args) -> Res<()> {
     let addr = listener.local_addr()?;
     let first = start_on(backend(), cfg(), listener).await?;
     let mut child = tokio::process::Command::new(std::env::current_exe()?)
-        .args(["--restart-client", &first.url])
+        .args(["--restart-client", &first.url()])
         .args(["--agents", &args.agents.to_string()])
         .args(args.light_agents.then_some("--light-agents"))
         .stdin(std::process::Stdio::null())
@@ -93,7 +93,7 @@ pub(crate) async fn phase(args: &Args) -> Res<()> {
     );
 
     let stopping = Instant::now();
-    first.shut_down(Duration::from_secs(60)).await?;
+    crate::shut_down(first, Duration::from_secs(60)).await?;
     let stopped = stopping.elapsed();
     // The same port again (the old listener is closed; a socket of the
     // old connections in TIME_WAIT does not stop a new bind).

@@ -63,7 +63,7 @@ pub(crate) async fn at(
     }
     let server = start(Arc::new(mem), RegistrarConfig::new("load")).await?;
     server.registrar.state().wait_until_ready().await;
-    let healthy = RpcClient::connect(ClientConfig::new(server.url.clone(), "load", "healthy"))?;
+    let healthy = RpcClient::connect(ClientConfig::new(server.url(), "load", "healthy"))?;
     let mut watch = healthy.watch(None);
     match watch.next().await {
         Some(Ok(Event::Snapshot(s))) if s.len() == size => {}
@@ -72,7 +72,7 @@ pub(crate) async fn at(
     let rss_before = rss_bytes();
     let mut child = tokio::process::Command::new(std::env::current_exe()?)
         .arg("--stuck-client")
-        .arg(&server.url)
+        .arg(server.url())
         .arg("--stuck-streams")
         .arg(args.stuck_streams.to_string())
         .stdin(std::process::Stdio::piped())

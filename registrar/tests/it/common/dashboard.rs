@@ -5,8 +5,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use registrar_server::{serve_with, Backend, Registrar, RegistrarConfig, ServeOptions};
+use registrar_server::{Backend, Registrar, RegistrarConfig, ServeOptions};
 use registry_api::{liveness::Liveness, memory::MemoryRegistry, Endpoint, Health, Op};
+use registry_fixtures::registrar::{Running, TestRegistrar};
 
 pub const LIMIT: Duration = Duration::from_secs(30);
 
@@ -14,8 +15,7 @@ pub const LIMIT: Duration = Duration::from_secs(30);
 pub struct Server {
     pub health: SocketAddr,
     pub registrar: Arc<Registrar>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<registry_api::Result<()>>,
+    running: Running,
 }
 
 pub async fn start(ui: bool) -> Server {
@@ -26,32 +26,21 @@ pub async fn start(ui: bool) -> Server {
 /// already).
 pub async fn start_with(ui: bool, config: RegistrarConfig, backend: MemoryRegistry) -> Server {
     let backend: Arc<dyn Backend> = Arc::new(Liveness::new(backend));
-    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let health_addr = health.local_addr().unwrap();
-    let registrar = Registrar::new(backend, config).unwrap();
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(serve_with(
-        Arc::clone(&registrar),
-        grpc,
-        health,
-        None,
-        ServeOptions::default().with_ui(ui),
-        async move {
-            let _ = rx.await;
-        },
-    ));
+    let running = TestRegistrar::new(backend, config)
+        .options(ServeOptions::default().with_ui(ui))
+        .start()
+        .await
+        .unwrap();
     Server {
-        health: health_addr,
-        registrar,
-        stop: Some(tx),
-        task,
+        health: running.health,
+        registrar: Arc::clone(&running.registrar),
+        running,
     }
 }
 
 impl Server {
     pub fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.health)
+        self.running.health_url(path)
     }
 
     pub async fn register(&self, ep: Endpoint) {
@@ -68,14 +57,10 @@ impl Server {
 
     /// Graceful stop; bounded, so an event stream that held the health
     /// server open would fail the test.
-    pub async fn stop(mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        tokio::time::timeout(LIMIT, &mut self.task)
+    pub async fn stop(self) {
+        tokio::time::timeout(LIMIT, self.running.stop_result())
             .await
             .expect("the server did not stop (an open event stream held it?)")
-            .unwrap()
             .unwrap();
     }
 }

@@ -16,41 +16,25 @@ pub mod protocols;
 #[cfg(feature = "xds")]
 pub mod xds;
 
-use registrar_server::{serve, serve_with, Backend, Registrar, RegistrarConfig, ServeOptions};
+use registrar_server::{Backend, RegistrarConfig, ServeOptions};
 use registry_registrar::{ClientConfig, RegistrarClient};
 
-pub struct Server {
-    pub addr: SocketAddr,
-    pub registrar: Arc<Registrar>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<registry_api::Result<()>>,
-}
+/// A registrar served in process on loopback (the fixtures' builder).
+pub use registry_fixtures::registrar::{Running as Server, TestRegistrar};
 
 pub async fn start(backend: Arc<dyn Backend>, cfg: RegistrarConfig) -> Server {
-    start_on(backend, cfg, "127.0.0.1:0".parse().unwrap()).await
+    TestRegistrar::new(backend, cfg)
+        .start()
+        .await
+        .expect("start a registrar")
 }
 
 pub async fn start_on(backend: Arc<dyn Backend>, cfg: RegistrarConfig, addr: SocketAddr) -> Server {
-    let grpc = bind_retrying(addr).await;
-    let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = grpc.local_addr().unwrap();
-    let registrar = Registrar::new(backend, cfg).unwrap();
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(serve(
-        Arc::clone(&registrar),
-        grpc,
-        health,
-        None,
-        async move {
-            let _ = rx.await;
-        },
-    ));
-    Server {
-        addr,
-        registrar,
-        stop: Some(tx),
-        task,
-    }
+    TestRegistrar::new(backend, cfg)
+        .on(addr)
+        .start()
+        .await
+        .expect("start a registrar")
 }
 
 /// A registrar serving with `options` (mTLS, authorization) on loopback.
@@ -59,71 +43,11 @@ pub async fn start_with(
     cfg: RegistrarConfig,
     options: ServeOptions,
 ) -> Server {
-    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = grpc.local_addr().unwrap();
-    let registrar = Registrar::new(backend, cfg).unwrap();
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(serve_with(
-        Arc::clone(&registrar),
-        grpc,
-        health,
-        None,
-        options,
-        async move {
-            let _ = rx.await;
-        },
-    ));
-    Server {
-        addr,
-        registrar,
-        stop: Some(tx),
-        task,
-    }
-}
-
-/// The port was just released by a previous server: retry briefly.
-async fn bind_retrying(addr: SocketAddr) -> tokio::net::TcpListener {
-    for _ in 0..100 {
-        if let Ok(l) = tokio::net::TcpListener::bind(addr).await {
-            return l;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("could not bind {addr}");
-}
-
-impl Server {
-    pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    /// Graceful: stop serving and drain the write queue.
-    pub async fn stop(mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        let _ = (&mut self.task).await;
-    }
-
-    /// Graceful, returning what `serve` returned.
-    pub async fn stop_result(mut self) -> registry_api::Result<()> {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        (&mut self.task).await.unwrap()
-    }
-
-    /// Wait until `serve` returns by itself (a background task died).
-    pub async fn wait(mut self) -> registry_api::Result<()> {
-        (&mut self.task).await.unwrap()
-    }
-
-    /// A crash: the server stops at once, nothing is drained first.
-    pub async fn crash(self) {
-        self.task.abort();
-        let _ = self.task.await;
-    }
+    TestRegistrar::new(backend, cfg)
+        .options(options)
+        .start()
+        .await
+        .expect("start a registrar")
 }
 
 pub fn fast_client(url: &str, cluster: &str, node: &str) -> RegistrarClient {

@@ -11,7 +11,7 @@ use registry_api::{Registry, Snapshot};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-use super::proxy::Proxy;
+use registry_fixtures::proxy::CutProxy;
 
 /// The backend under the replicas.
 pub enum Backend {
@@ -171,7 +171,7 @@ pub struct Replica {
     pub grpc: SocketAddr,
     pub http: SocketAddr,
     pub health: SocketAddr,
-    pub proxy: Proxy,
+    pub proxy: CutProxy,
     child: Option<Child>,
     log: PathBuf,
     /// `serve` flags beside the soak's own.
@@ -187,7 +187,7 @@ impl Replica {
             grpc,
             http: free_addr(),
             health: free_addr(),
-            proxy: Proxy::start(grpc).await,
+            proxy: CutProxy::start(grpc).await.expect("proxy"),
             child: None,
             log,
             extra,
@@ -276,6 +276,6 @@ impl Replica {
     }
 
     pub fn url(&self) -> String {
-        format!("http://{}", self.proxy.addr)
+        self.proxy.url()
     }
 }

@@ -24,7 +24,7 @@
 mod cluster;
 mod fleet;
 mod liveness;
-mod proxy;
+
 mod watchers;
 
 use std::collections::BTreeMap;

@@ -2,12 +2,10 @@
 //! registry on a namespace of its own, and that registry behind `Polling`.
 #![allow(dead_code)]
 
-use std::num::NonZeroU32;
 use std::time::Duration;
 
 use registry_api::polling::{Polling, PollingConfig};
 use registry_api::testing::Guarded;
-use registry_cloudmap::aws_sdk_servicediscovery::config::{BehaviorVersion, Credentials, Region};
 use registry_cloudmap::{CloudMapConfig, CloudMapRegistry};
 use registry_fixtures::MotoServer;
 
@@ -16,25 +14,13 @@ pub const HISTORY: usize = 8;
 /// Poll interval of the watch.
 pub const INTERVAL: Duration = Duration::from_millis(50);
 
-/// An SDK configuration for the emulator: fixed credentials, `us-east-1`.
-pub fn sdk_config() -> registry_cloudmap::aws_sdk_servicediscovery::Config {
-    registry_cloudmap::aws_sdk_servicediscovery::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new("testing", "testing", None, None, "tests"))
-        .build()
-}
+/// The SDK configuration for the emulator: fixed credentials, `us-east-1`.
+pub use registry_fixtures::configs::cloudmap_sdk as sdk_config;
 
 /// A config for `moto` on a fresh namespace, with a rate limit that does
 /// not slow the tests down.
 pub fn config(moto: &MotoServer) -> CloudMapConfig {
-    let rate = NonZeroU32::new(2000).expect("non-zero");
-    CloudMapConfig::new(registry_api::testing::unique("ns"))
-        .with_endpoint_url(moto.url())
-        .with_rate_limit(rate, rate)
-        .with_operation_poll(Duration::from_millis(5), Duration::from_millis(100))
-        // moto keeps a copy per re-registration (see the field's docs).
-        .with_repeat_deregister(true)
+    registry_fixtures::configs::cloudmap(moto.url())
 }
 
 /// [`config`] without a background liveness sweep within a test (one an

@@ -5,10 +5,9 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
 
 use registry_api::polling::{Polling, PollingConfig};
-use registry_api::testing::{unique, Guarded};
+use registry_api::testing::Guarded;
 use registry_dynamodb::{DynamoDbConfig, DynamoDbRegistry};
 use registry_fixtures::MotoServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -31,15 +30,7 @@ pub fn shared_moto() -> Arc<MotoServer> {
 }
 
 /// Settings for a fresh table on `url`, fast enough for tests.
-pub fn config(url: &str) -> DynamoDbConfig {
-    DynamoDbConfig::new(unique("tbl"))
-        .with_region("us-east-1")
-        .with_endpoint_url(url)
-        .with_static_credentials("test", "test")
-        .with_poll_interval(Duration::from_millis(50))
-        .with_stream_poll_interval(Duration::from_millis(50))
-        .with_watch_history(64)
-}
+pub use registry_fixtures::configs::dynamodb as config;
 
 /// A registry on a table of its own, with its settings and the server it
 /// uses. Not a registry itself: tests call `h.reg`, and [`Harness::guarded`]

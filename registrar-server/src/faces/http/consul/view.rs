@@ -176,7 +176,7 @@ mod tests {
     use registry_api::Version;
 
     fn ep(service: &str, id: &str) -> Endpoint {
-        Endpoint::new(service, id, "10.0.0.1", 80)
+        registry_api::testing::ep(service, id, 80)
     }
 
     fn apply(view: &ConsulView, state: &mut Snapshot, ev: Event) {

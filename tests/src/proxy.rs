@@ -1,6 +1,16 @@
-//! A loopback TCP proxy the soak owns, between agents and one replica: it
-//! forwards, cuts every open connection, or black-holes them (keeps them
-//! open and forwards nothing) for a while.
+//! A TCP proxy on loopback in front of a fixture server (or a server under
+//! test) that tests use to break the network between a client and it: cut
+//! every open connection, refuse new ones, or black-hole them (keep them
+//! open and forward nothing).
+//!
+//! ```no_run
+//! # async fn demo(server: std::net::SocketAddr) -> Result<(), registry_fixtures::FixtureError> {
+//! let proxy = registry_fixtures::proxy::CutProxy::start(server).await?;
+//! let url = proxy.url(); // give this to the client instead of the server's
+//! proxy.refuse();        // every connection closed, new ones dropped
+//! proxy.heal();          // forward again
+//! # Ok(()) }
+//! ```
 
 use std::net::SocketAddr;
 
@@ -8,25 +18,35 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+use crate::FixtureError;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
     Forward,
     BlackHole,
+    Refuse,
 }
 
-/// A proxy to `target`, listening on its own loopback port.
-pub struct Proxy {
-    pub addr: SocketAddr,
+/// A proxy to a target address, listening on a loopback port of its own.
+/// Dropping it closes its listener and every connection.
+#[derive(Debug)]
+pub struct CutProxy {
+    addr: SocketAddr,
     mode: watch::Sender<Mode>,
     /// Bumped to close every open connection.
     cut: watch::Sender<u64>,
     task: tokio::task::JoinHandle<()>,
 }
 
-impl Proxy {
-    pub async fn start(target: SocketAddr) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
+impl CutProxy {
+    /// Listen on `127.0.0.1:0` and forward every connection to `target`.
+    pub async fn start(target: SocketAddr) -> Result<CutProxy, FixtureError> {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(crate::io("binding the proxy's loopback port"))?;
+        let addr = listener
+            .local_addr()
+            .map_err(crate::io("reading the proxy's port"))?;
         let mode = watch::channel(Mode::Forward).0;
         let cut = watch::channel(0u64).0;
         let (m, c) = (mode.clone(), cut.clone());
@@ -35,35 +55,54 @@ impl Proxy {
                 let Ok((client, _)) = listener.accept().await else {
                     continue;
                 };
-                let (m, c) = (m.subscribe(), c.subscribe());
-                tokio::spawn(pipe(client, target, m, c));
+                if *m.borrow() == Mode::Refuse {
+                    continue; // dropped: the client sees the connection close
+                }
+                tokio::spawn(pipe(client, target, m.subscribe(), c.subscribe()));
             }
         });
-        Proxy {
+        Ok(CutProxy {
             addr,
             mode,
             cut,
             task,
-        }
+        })
     }
 
-    /// Close every open connection (new ones go through).
+    /// The address clients connect to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Close every open connection; new ones go through.
     pub fn cut(&self) {
         self.cut.send_modify(|g| *g += 1);
     }
 
-    /// Forward nothing, without closing anything, until [`Proxy::heal`].
+    /// Close every open connection and drop new ones until
+    /// [`CutProxy::heal`].
+    pub fn refuse(&self) {
+        self.mode.send_replace(Mode::Refuse);
+        self.cut();
+    }
+
+    /// Forward nothing, without closing anything, until [`CutProxy::heal`].
     pub fn black_hole(&self) {
         self.mode.send_replace(Mode::BlackHole);
     }
 
-    /// Forward again.
+    /// Forward again, and accept new connections.
     pub fn heal(&self) {
         self.mode.send_replace(Mode::Forward);
     }
 }
 
-impl Drop for Proxy {
+impl Drop for CutProxy {
     fn drop(&mut self) {
         self.task.abort();
         self.cut();
