@@ -258,8 +258,8 @@ pub struct ServeArgs {
     /// probe (1s to 1h).
     #[arg(long, default_value = "60s", value_parser = duration_in(SECOND, HOUR))]
     pub tcp_keepalive: Duration,
-    /// Exit at once when the backend cannot be opened, instead of running
-    /// not ready and retrying.
+    /// Exit at once when the backend cannot be opened or a TLS file does
+    /// not exist yet, instead of running not ready, retrying and waiting.
     #[arg(long)]
     pub fail_fast: bool,
     /// gRPC address. Default `127.0.0.1:9443` without TLS, `0.0.0.0:9443`

@@ -35,6 +35,9 @@ pub struct Status {
 
 #[derive(Debug, Default)]
 struct State {
+    /// Waiting for files without which nothing is served (TLS
+    /// certificates that do not exist yet): which, and why.
+    waiting: Option<String>,
     /// The backend is not open yet: the last error opening it.
     opening: Option<String>,
     /// The first snapshot of the backend is in.
@@ -87,6 +90,12 @@ fn cause(e: &dyn std::fmt::Display) -> String {
 impl Status {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waiting for `what` (`Some`: TLS files that do not exist yet, named)
+    /// before anything is served; `None`: no longer.
+    pub fn waiting_for(&self, what: Option<String>) {
+        self.lock().waiting = what.map(|w| cause(&w));
     }
 
     /// Opening the backend failed with `e`; it is retried.
@@ -229,6 +238,11 @@ impl Status {
             )));
         }
         let st = self.lock();
+        if let Some(w) = &st.waiting {
+            return Some(Error::unavailable(format!(
+                "this registrar is not serving yet: waiting for {w}"
+            )));
+        }
         if let Some(r) = &st.refusing {
             return Some(Error::unavailable(format!(
                 "this registrar does not accept writes: the backend refuses them: {r}"
@@ -255,6 +269,9 @@ impl Status {
             ));
         }
         let st = self.lock();
+        if let Some(w) = &st.waiting {
+            return Readiness::NotReady(format!("not ready: waiting for {w}"));
+        }
         if let Some(o) = &st.opening {
             return Readiness::NotReady(format!(
                 "not ready: cannot open the backend yet ({o}); retrying"
@@ -331,6 +348,19 @@ mod tests {
         s.fail("the write queue's flusher panicked");
         assert!(matches!(s.readiness(), Readiness::NotReady(r) if r.contains("flusher")));
         assert!(s.write_refusal().is_some());
+    }
+
+    #[test]
+    fn waiting_for_files_comes_first() {
+        let s = Status::default();
+        s.opening_failed(&Error::unavailable("opening"));
+        s.waiting_for(Some("the certificate /run/svid.pem (not found)".into()));
+        assert!(
+            matches!(s.readiness(), Readiness::NotReady(r) if r == "not ready: waiting for the certificate /run/svid.pem (not found)")
+        );
+        assert!(s.write_refusal().unwrap().to_string().contains("svid.pem"));
+        s.waiting_for(None);
+        assert!(matches!(s.readiness(), Readiness::NotReady(r) if r.contains("cannot open")));
     }
 
     #[test]

@@ -104,9 +104,11 @@ pub enum OpenPolicy {
     /// Keep running, not ready, and retry transient failures with backoff
     /// (1 s to 30 s); a permanent failure (a read-only or corrupt file, a
     /// foreign database, bad credentials) ends [`Opening::serve`] with it.
+    /// TLS files that do not exist yet are waited for.
     #[default]
     Retry,
-    /// Any failure ends [`Opening::serve`] at once.
+    /// Any failure ends [`Opening::serve`] at once, a missing TLS file
+    /// too.
     FailFast,
 }
 
@@ -117,6 +119,14 @@ pub enum OpenPolicy {
 /// with [`serve_with`]. The gRPC port takes connections from the start
 /// (holding up to 1,024 that wait) and answers their calls once the
 /// backend is open.
+///
+/// TLS files that do not exist yet are waited for first (checked every
+/// 500 ms), with `/readyz` 503 naming them; until they load the gRPC port
+/// accepts nothing (clients wait in the kernel's listen backlog), and a
+/// file that appears but does not load yet (half written) is waited for
+/// too. When all of them exist at the start they must load, or
+/// [`Opening::serve`] fails at once; with [`OpenPolicy::FailFast`] it
+/// fails at once on a missing file too.
 pub struct Opening {
     /// The registrar's settings.
     pub cfg: RegistrarConfig,
@@ -173,12 +183,16 @@ impl Opening {
             status,
         } = self;
         cfg.validate()?;
-        let secured = security(&options, &cfg.cluster_name)?;
+        // Certificate files that do not exist yet are waited for below
+        // (unless failing fast); everything else must be right now.
+        let secured = if policy == OpenPolicy::FailFast || options.missing_tls_files().is_empty() {
+            Some(security(&options, &cfg.cluster_name)?)
+        } else {
+            options::settings(&options, &cfg.cluster_name)?;
+            None
+        };
         options.check_listener(&grpc)?;
         protocols.check(&options)?;
-        // Connections are taken (and held) from now on, answered once the
-        // backend is open.
-        let incoming = accept::start(grpc, secured.acceptor.clone(), options.clone());
         let stop = stop_signal(shutdown);
         status.opening_failed(&Error::unavailable("opening"));
         let slot: Slot = Arc::new(OnceLock::new());
@@ -189,13 +203,26 @@ impl Opening {
             metrics,
             options.ui,
         );
+        let mut stopped = stop.clone();
+        let secured = match secured {
+            Some(s) => s,
+            None => match wait_for_tls(&options, &cfg.cluster_name, &status, &mut stopped).await {
+                Some(s) => s,
+                None => {
+                    health.stop().await;
+                    return Ok(());
+                }
+            },
+        };
+        // Connections are taken (and held) from now on, answered once the
+        // backend is open.
+        let incoming = accept::start(grpc, secured.acceptor.clone(), options.clone());
         let mut delays = backon::ExponentialBuilder::default()
             .with_min_delay(Duration::from_secs(1))
             .with_max_delay(Duration::from_secs(30))
             .with_jitter()
             .without_max_times()
             .build();
-        let mut stopped = stop.clone();
         let backend = loop {
             let attempt = tokio::select! {
                 r = open() => r,
@@ -230,6 +257,60 @@ impl Opening {
         tracing::info!(backend = %registrar.backend(), epoch = registrar.epoch(), "backend open");
         let running = protocols.start(&registrar, &secured);
         run_grpc(registrar, incoming, secured, stop, health, running).await
+    }
+}
+
+/// How often [`wait_for_tls`] looks for the certificate files.
+const TLS_POLL: Duration = Duration::from_millis(500);
+
+/// Wait until the certificate files of `options` exist and load (a
+/// sidecar, such as SPIRE's helper, may write them after the registrar
+/// starts), not ready meanwhile: `/readyz` names the files missing, or why
+/// they do not load (a file half written). `None` when stopped first.
+async fn wait_for_tls(
+    options: &ServeOptions,
+    cluster: &str,
+    status: &Status,
+    stopped: &mut watch::Receiver<bool>,
+) -> Option<Secured> {
+    let mut last: Option<String> = None;
+    loop {
+        let missing = options.missing_tls_files();
+        let why = if missing.is_empty() {
+            let loaded = options
+                .tls
+                .as_ref()
+                .map_or(Ok(()), |f| {
+                    registry_registrar::tls::server_config(f).map(drop)
+                })
+                .and_then(|()| security(options, cluster));
+            match loaded {
+                Ok(secured) => {
+                    status.waiting_for(None);
+                    tracing::info!("the TLS files are in place: serving");
+                    return Some(secured);
+                }
+                Err(e) => format!("the TLS files to load ({e})"),
+            }
+        } else {
+            let named: Vec<String> = missing
+                .iter()
+                .map(|(what, path)| format!("the {what} {}", path.display()))
+                .collect();
+            format!(
+                "the TLS files (not found: {}); serving once they exist",
+                named.join(", ")
+            )
+        };
+        if last.as_ref() != Some(&why) {
+            tracing::warn!(waiting_for = %why, "not serving yet: waiting for the TLS files");
+            status.waiting_for(Some(why.clone()));
+            last = Some(why);
+        }
+        tokio::select! {
+            () = tokio::time::sleep(TLS_POLL) => {}
+            () = until_stopped(stopped) => return None,
+        }
     }
 }
 

@@ -132,8 +132,34 @@ impl ServeOptions {
     /// have TLS, mTLS has authorization or allows any certificate, the
     /// keepalive durations are in range (HTTP/2 interval and timeout 10 ms
     /// to 1 h, TCP keepalive 1 s to 1 h).
+    ///
+    /// A certificate file that does not exist yet is not an error here
+    /// (everything else is checked): [`Opening::serve`](super::Opening::serve)
+    /// waits for it, not ready, as a sidecar such as SPIRE's helper writes
+    /// the files after the registrar starts; [`serve_with`](super::serve_with)
+    /// fails at once. Files that exist must load.
     pub fn check(&self) -> Result<()> {
-        security(self, registry_api::Endpoint::DEFAULT_CLUSTER).map(drop)
+        let cluster = registry_api::Endpoint::DEFAULT_CLUSTER;
+        if self.missing_tls_files().is_empty() {
+            security(self, cluster).map(drop)
+        } else {
+            settings(self, cluster).map(drop)
+        }
+    }
+
+    /// The TLS files (CA bundle, certificate, private key) that do not
+    /// exist, each with what it is: empty without TLS or when all exist.
+    pub fn missing_tls_files(&self) -> Vec<(&'static str, &std::path::Path)> {
+        let Some(files) = &self.tls else {
+            return Vec::new();
+        };
+        let mut all = vec![("CA bundle", files.ca.as_path())];
+        if let Some((cert, key)) = &files.identity {
+            all.push(("certificate", cert.as_path()));
+            all.push(("private key", key.as_path()));
+        }
+        all.retain(|(_, path)| !path.exists());
+        all
     }
 
     /// Refuse plaintext on `listener` unless it is a loopback address or
@@ -217,15 +243,11 @@ pub(super) struct Secured {
     pub(super) options: ServeOptions,
 }
 
-/// Check the options and log what the gRPC port will do; `cluster` is
-/// what `{cluster}` stands for in the authorization policy.
+/// Check the options, load the certificate files and log what the gRPC
+/// port will do; `cluster` is what `{cluster}` stands for in the
+/// authorization policy.
 pub(super) fn security(options: &ServeOptions, cluster: &str) -> Result<Secured> {
-    options.check_keepalive()?;
-    let authz = options
-        .authz
-        .as_ref()
-        .map(|a| auth::Authz::new(a, cluster))
-        .transpose()?;
+    let authz = settings(options, cluster)?;
     let (tls, http_tls) = match &options.tls {
         Some(files) => {
             let cfg = registry_registrar::tls::server_config(files)?;
@@ -238,6 +260,29 @@ pub(super) fn security(options: &ServeOptions, cluster: &str) -> Result<Secured>
         }
         None => (None, None),
     };
+    let security = auth::Security {
+        tls: tls.is_some(),
+        authz,
+    };
+    Ok(Secured {
+        security,
+        acceptor: tls,
+        http_acceptor: http_tls,
+        options: options.clone(),
+    })
+}
+
+/// Everything [`security`] checks but the certificate files themselves:
+/// the keepalive durations, the authorization settings and policy file,
+/// and that TLS and authorization go together; logs what the gRPC port
+/// will do.
+pub(super) fn settings(options: &ServeOptions, cluster: &str) -> Result<Option<auth::Authz>> {
+    options.check_keepalive()?;
+    let authz = options
+        .authz
+        .as_ref()
+        .map(|a| auth::Authz::new(a, cluster))
+        .transpose()?;
     match (&options.tls, &options.authz) {
         (None, None) => tracing::warn!(
             "no certificates configured: serving plaintext gRPC without authentication"
@@ -267,14 +312,5 @@ pub(super) fn security(options: &ServeOptions, cluster: &str) -> Result<Secured>
             "mTLS with authorization by SPIFFE ID"
         ),
     }
-    let security = auth::Security {
-        tls: tls.is_some(),
-        authz,
-    };
-    Ok(Secured {
-        security,
-        acceptor: tls,
-        http_acceptor: http_tls,
-        options: options.clone(),
-    })
+    Ok(authz)
 }
