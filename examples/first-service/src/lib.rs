@@ -1,0 +1,213 @@
+//! A service that is found and finds others: it serves gRPC (the standard
+//! health service) and HTTP, announces both in a registry chosen by an
+//! environment variable, calls a peer through a balanced channel, and
+//! leaves the registry before its servers stop.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use registry_api::announce::{announce, AnnounceConfig};
+use registry_api::channel::{balanced_channel, ChannelConfig};
+use registry_api::stack::{stack, Stack, StackConfig};
+use registry_api::{Endpoint, Protocol};
+use tokio::sync::watch;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The service's name in the registry (its gRPC endpoints).
+pub const SERVICE: &str = "hello";
+/// The name of its HTTP endpoints.
+pub const HTTP_SERVICE: &str = "hello-http";
+/// How long a call to a peer may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Where the registry is.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// A SQLite file: one machine, no server to run.
+    Sqlite(PathBuf),
+    /// An etcd cluster: its client URLs.
+    Etcd(Vec<String>),
+    /// A registrar: its URL and the cluster it serves.
+    Registrar { url: String, cluster: String },
+}
+
+impl Backend {
+    /// `sqlite:PATH`, `etcd:URL[,URL...]` or `registrar:URL`
+    /// (the cluster from `REGISTRAR_CLUSTER`, `default` when unset).
+    pub fn parse(s: &str) -> Result<Backend, BoxError> {
+        match s.split_once(':') {
+            Some(("sqlite", path)) => Ok(Backend::Sqlite(path.into())),
+            Some(("etcd", urls)) => Ok(Backend::Etcd(urls.split(',').map(String::from).collect())),
+            Some(("registrar", url)) => Ok(Backend::Registrar {
+                url: url.to_string(),
+                cluster: std::env::var("REGISTRAR_CLUSTER").unwrap_or_else(|_| "default".into()),
+            }),
+            _ => Err(
+                format!("REGISTRY={s:?}: expected sqlite:PATH, etcd:URL or registrar:URL").into(),
+            ),
+        }
+    }
+}
+
+/// What one instance needs to know.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub backend: Backend,
+    /// The unit of liveness: the machine or pod this instance runs on.
+    pub node: String,
+    /// This instance's id, unique within the service.
+    pub id: String,
+    /// The address peers reach this instance at.
+    pub host: String,
+    pub grpc_port: u16,
+    pub http_port: u16,
+}
+
+impl Settings {
+    /// From `REGISTRY`, `NODE_NAME`, `INSTANCE_ID`, `ADVERTISE_HOST`,
+    /// `GRPC_PORT` and `HTTP_PORT`, with defaults for a laptop.
+    pub fn from_env() -> Result<Settings, BoxError> {
+        let var =
+            |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.into());
+        let port = |name: &str, default: &str| -> Result<u16, BoxError> {
+            let v = var(name, default);
+            v.parse()
+                .map_err(|_| format!("{name}={v:?}: not a port").into())
+        };
+        let id = var("INSTANCE_ID", &format!("pid-{}", std::process::id()));
+        Ok(Settings {
+            backend: Backend::parse(&var("REGISTRY", "sqlite:registry.db"))?,
+            node: var("NODE_NAME", &id),
+            host: var("ADVERTISE_HOST", "127.0.0.1"),
+            grpc_port: port("GRPC_PORT", "0")?,
+            http_port: port("HTTP_PORT", "0")?,
+            id,
+        })
+    }
+}
+
+/// Open the registry `backend` names, with the combinators it needs
+/// (a watch by polling, liveness) added by `stack`.
+pub async fn open(backend: &Backend, node: &str) -> Result<Arc<dyn Stack>, BoxError> {
+    let cfg = StackConfig::default();
+    Ok(match backend {
+        Backend::Sqlite(path) => stack(
+            registry_sqlite::SqliteRegistry::open_path(path).await?,
+            &cfg,
+        )?,
+        Backend::Etcd(urls) => {
+            let etcd = registry_etcd::EtcdConfig::new(urls.clone());
+            stack(registry_etcd::EtcdRegistry::connect(etcd).await?, &cfg)?
+        }
+        Backend::Registrar { url, cluster } => {
+            let client = registry_registrar::ClientConfig::new(url.clone(), cluster.clone(), node);
+            stack(registry_registrar::RegistrarClient::connect(client)?, &cfg)?
+        }
+    })
+}
+
+/// A running instance.
+pub struct Service {
+    pub grpc: SocketAddr,
+    pub http: SocketAddr,
+    peers: HealthClient<tonic::transport::Channel>,
+    stop: watch::Sender<bool>,
+    servers: Vec<tokio::task::JoinHandle<Result<(), BoxError>>>,
+}
+
+/// Serve gRPC and HTTP, announce both endpoints in `registry`, and keep a
+/// channel to the other instances of the service.
+pub async fn start(registry: Arc<dyn Stack>, s: &Settings) -> Result<Service, BoxError> {
+    let grpc = tokio::net::TcpListener::bind(("0.0.0.0", s.grpc_port)).await?;
+    let http = tokio::net::TcpListener::bind(("0.0.0.0", s.http_port)).await?;
+    let (grpc_addr, http_addr) = (grpc.local_addr()?, http.local_addr()?);
+    let endpoints = vec![
+        Endpoint::new(SERVICE, &s.id, &s.host, grpc_addr.port())
+            .with_protocol(Protocol::Grpc)
+            .with_node(&s.node),
+        Endpoint::new(HTTP_SERVICE, &s.id, &s.host, http_addr.port())
+            .with_protocol(Protocol::Http)
+            .with_node(&s.node),
+    ];
+    let announced = announce(Arc::clone(&registry), endpoints, AnnounceConfig::default())?;
+    announced.registered().await;
+
+    // On stop: leave the registry first, then let both servers finish.
+    let (stop, mut stopping) = watch::channel(false);
+    let (left_tx, left) = watch::channel(false);
+    tokio::spawn(async move {
+        announced
+            .leave_on(async move {
+                let _ = stopping.wait_for(|s| *s).await;
+            })
+            .await;
+        let _ = left_tx.send(true);
+    });
+    let after_leaving = move || {
+        let mut left = left.clone();
+        async move {
+            let _ = left.wait_for(|l| *l).await;
+        }
+    };
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+    let grpc_server = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), after_leaving());
+    let id = s.id.clone();
+    let app = axum::Router::new().route(
+        "/",
+        axum::routing::get(move || std::future::ready(format!("hello from {id}\n"))),
+    );
+    let http_server = axum::serve(http, app).with_graceful_shutdown(after_leaving());
+    let servers = vec![
+        tokio::spawn(async move { grpc_server.await.map_err(BoxError::from) }),
+        tokio::spawn(async move { http_server.await.map_err(BoxError::from) }),
+    ];
+
+    // Peers: the healthy gRPC endpoints of the service, except this one.
+    let me = s.id.clone();
+    let channel = balanced_channel(
+        registry,
+        SERVICE,
+        ChannelConfig::default()
+            .with_filter(move |e| e.id != me)
+            .with_timeout(CALL_TIMEOUT),
+    )?;
+    Ok(Service {
+        grpc: grpc_addr,
+        http: http_addr,
+        peers: HealthClient::new(channel),
+        stop,
+        servers,
+    })
+}
+
+impl Service {
+    /// Ask one peer (balanced over all of them) whether it serves.
+    pub async fn call_peer(&self) -> Result<String, BoxError> {
+        let mut peers = self.peers.clone();
+        // With no peer registered, a balanced channel waits for one: bound it.
+        let reply = tokio::time::timeout(CALL_TIMEOUT, peers.check(HealthCheckRequest::default()))
+            .await
+            .map_err(|_| format!("no peer answered within {CALL_TIMEOUT:?}"))??;
+        Ok(format!("{:?}", reply.into_inner().status()))
+    }
+
+    /// Leave the registry, then stop both servers.
+    pub async fn stop(self) -> Result<(), BoxError> {
+        let _ = self.stop.send(true);
+        for server in self.servers {
+            server.await??;
+        }
+        Ok(())
+    }
+}
