@@ -195,6 +195,11 @@ impl Opening {
         protocols.check(&options)?;
         let stop = stop_signal(shutdown);
         status.opening_failed(&Error::unavailable("opening"));
+        if secured.is_none() {
+            // Before the health port answers, so that its first answer
+            // names the files.
+            status.waiting_for(Some(not_found(&options)));
+        }
         let slot: Slot = Arc::new(OnceLock::new());
         let health = HealthServer::start(
             health,
@@ -293,14 +298,7 @@ async fn wait_for_tls(
                 Err(e) => format!("the TLS files to load ({e})"),
             }
         } else {
-            let named: Vec<String> = missing
-                .iter()
-                .map(|(what, path)| format!("the {what} {}", path.display()))
-                .collect();
-            format!(
-                "the TLS files (not found: {}); serving once they exist",
-                named.join(", ")
-            )
+            not_found(options)
         };
         if last.as_ref() != Some(&why) {
             tracing::warn!(waiting_for = %why, "not serving yet: waiting for the TLS files");
@@ -312,6 +310,20 @@ async fn wait_for_tls(
             () = until_stopped(stopped) => return None,
         }
     }
+}
+
+/// What [`wait_for_tls`] waits for while TLS files of `options` do not
+/// exist, naming them.
+fn not_found(options: &ServeOptions) -> String {
+    let named: Vec<String> = options
+        .missing_tls_files()
+        .iter()
+        .map(|(what, path)| format!("the {what} {}", path.display()))
+        .collect();
+    format!(
+        "the TLS files (not found: {}); serving once they exist",
+        named.join(", ")
+    )
 }
 
 /// Resolves once `stopped` says so (or its sender is gone). Keeps the
