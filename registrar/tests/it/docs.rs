@@ -183,9 +183,21 @@ fn flags_in(text: &str, yaml: bool) -> BTreeSet<String> {
     out
 }
 
+/// The `--help` of every command of the binary, one after the other.
+pub(super) fn all_help() -> String {
+    let mut help = String::new();
+    for cmd in COMMANDS {
+        let out = Command::new(BIN).args([cmd, "--help"]).output().unwrap();
+        assert!(out.status.success(), "registrar {cmd} --help failed");
+        help.push_str(&String::from_utf8_lossy(&out.stdout));
+    }
+    help
+}
+
 /// Whether some command of the binary accepts `flag` (hidden ones too):
 /// given with `--help`, only an unknown flag is an unexpected argument.
-fn accepted(flag: &str, help: &str) -> bool {
+/// `help` is [`all_help`].
+pub(super) fn accepted(flag: &str, help: &str) -> bool {
     if help.contains(&format!("{flag} ")) || help.contains(&format!("{flag}\n")) {
         return true;
     }
@@ -201,12 +213,7 @@ fn accepted(flag: &str, help: &str) -> bool {
 #[test]
 fn every_flag_the_registrar_docs_and_manifests_name_is_accepted() {
     let root = repo();
-    let mut help = String::new();
-    for cmd in COMMANDS {
-        let out = Command::new(BIN).args([cmd, "--help"]).output().unwrap();
-        assert!(out.status.success(), "registrar {cmd} --help failed");
-        help.push_str(&String::from_utf8_lossy(&out.stdout));
-    }
+    let help = all_help();
     let mut sources = vec![
         root.join("registrar/README.md"),
         root.join("registrar-server/README.md"),

@@ -11,6 +11,7 @@ mod cli;
 mod consul_agent;
 mod crash;
 mod deploy;
+mod deploy_aws;
 #[cfg(feature = "dns")]
 mod dns;
 mod docs;
