@@ -108,15 +108,23 @@ fn every_repository_path_the_markdown_names_exists() {
     let mut missing = Vec::new();
     for md in &mds {
         let text = prose(&std::fs::read_to_string(md).unwrap());
+        // Directories the page names: paths may be relative to one of them.
+        let dirs: Vec<std::path::PathBuf> = repo_paths(&text, &tops)
+            .into_iter()
+            .map(|d| root.join(d))
+            .filter(|d| d.is_dir())
+            .collect();
         for path in repo_paths(&text, &tops) {
             // A glob or a placeholder names no one file.
             if path.contains(['*', '<', '{']) {
                 continue;
             }
-            // From the root, or from the crate the page is in or names.
+            // From the root, or from the crate or directory the page is in
+            // or names.
             let found = root.join(&path).exists()
                 || md.parent().unwrap().join(&path).exists()
-                || tops.iter().any(|top| root.join(top).join(&path).exists());
+                || tops.iter().any(|top| root.join(top).join(&path).exists())
+                || dirs.iter().any(|d| d.join(&path).exists());
             if !found {
                 missing.push(format!(
                     "{}: {path}",
