@@ -322,7 +322,7 @@ impl Replica {
     }
 
     /// Advance the clock for a local write made at wall-clock time `now`
-    /// (microseconds, see [`micros`]) and return the new timestamp:
+    /// (in microseconds) and return the new timestamp:
     /// `max(clock, now) + 1`.
     pub fn tick_at(&mut self, now: u64) -> u64 {
         self.clock.observe(now);

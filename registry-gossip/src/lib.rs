@@ -3,17 +3,25 @@
 
 mod backend;
 mod config;
-pub mod crdt;
+mod crdt;
 mod error;
 mod layout;
-pub mod machine;
+mod machine;
 mod names;
 mod shared;
+#[cfg(feature = "sim")]
+pub mod sim;
 mod watch;
+// The wire format is public only to what simulates nodes and crafts their
+// datagrams (the `sim` feature).
+#[cfg(feature = "sim")]
 pub mod wire;
+#[cfg(not(feature = "sim"))]
+mod wire;
 
 pub use backend::GossipRegistry;
 pub use config::GossipConfig;
 pub use crdt::{Change, Entry, NodeId, Replica, Stamp};
-pub use machine::{dissemination_count, Machine, Stats};
+pub use machine::{describe_metrics, dissemination_count, Machine, Stats};
 pub use names::{NameBinding, NameEvent, NAME_PORT, NAME_SERVICE};
+pub use wire::GossipId;

@@ -5,7 +5,8 @@
 //! `Duration` since an epoch the caller picks, randomness from a seed, and
 //! datagrams go in through [`Machine::handle_datagram`] and out through
 //! [`Machine::take_outbox`]. The UDP driver ([`crate::GossipRegistry`]) and
-//! the simulation in the tests drive the same code.
+//! the simulator (the `sim` module, with the `sim` feature) drive the same
+//! code.
 //!
 //! [`Machine`] drives the parts, each in its own module: the replica and
 //! its tombstone bookkeeping (`store`), foca and the membership around it
@@ -57,8 +58,7 @@ pub use self::membership::dissemination_count;
 /// How many periodic membership syncs after joining go to the member
 /// joined through (its view is the widest while a cluster forms).
 const JOIN_PEER_SYNCS: u8 = 2;
-pub use self::replay::Rejected;
-pub use self::stats::{describe_metrics, Stats, CAPPED_METRIC, DROPPED_METRIC, REFUSED_METRIC};
+pub use self::stats::{describe_metrics, Stats};
 
 /// One gossip node's protocol state. See the module docs.
 pub struct Machine {

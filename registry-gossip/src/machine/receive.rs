@@ -5,7 +5,7 @@
 //! cut to twice its size.
 //!
 //! Every drop is counted in [`Stats`](super::Stats) and in the
-//! [`DROPPED_METRIC`](super::DROPPED_METRIC) counter, and logged: at
+//! [`DROPPED_METRIC`](super::stats::DROPPED_METRIC) counter, and logged: at
 //! `warn` for the 1st, 2nd, 4th, 8th… drop of a kind, else at `debug`.
 
 use std::net::SocketAddr;

@@ -79,7 +79,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    fn from_u8(b: u8) -> Result<Kind, FrameError> {
+    pub(crate) fn from_u8(b: u8) -> Result<Kind, FrameError> {
         Ok(match b {
             0 => Kind::Swim,
             1 => Kind::Digest,

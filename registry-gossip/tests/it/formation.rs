@@ -3,115 +3,43 @@
 //! late joiner is known everywhere, within 2·log2 N + 4 rounds. Round
 //! counts, not wall-clock time: the figures do not depend on the machine.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use rand::rngs::SmallRng;
-use rand::{RngExt, SeedableRng};
-use registry_gossip::{GossipConfig, Machine, NodeId};
+use registry_gossip::sim::{Identity, Network, NodeStart, Sim, SimConfig, TickOrder};
+use registry_gossip::{GossipConfig, NodeId};
 
 const STEP: Duration = Duration::from_millis(5);
 
-/// A datagram in flight: delivery time, sequence, to, from, bytes.
-type InFlight = (Duration, u64, usize, usize, Vec<u8>);
-
-struct Sim {
-    nodes: Vec<Machine>,
-    addrs: Vec<SocketAddr>,
-    index: HashMap<SocketAddr, usize>,
-    now: Duration,
-    flight: BinaryHeap<Reverse<InFlight>>,
-    seq: u64,
-    rng: SmallRng,
-    config: GossipConfig,
-    loss: f64,
+/// Node `i` of these tests: `10.1.x.y:7000`, `f0042`, seeded by its index
+/// alone.
+fn identity(start: &NodeStart) -> Identity {
+    let i = start.index;
+    Identity {
+        addr: SocketAddr::from(([10, 1, (i >> 8) as u8, i as u8], 7000)),
+        name: NodeId::new(format!("f{i:04}")),
+        seed: 0xf00 + i as u64,
+    }
 }
 
-impl Sim {
-    fn new(seed: u64, config: GossipConfig, loss: f64) -> Sim {
-        Sim {
-            nodes: Vec::new(),
-            addrs: Vec::new(),
-            index: HashMap::new(),
-            now: Duration::ZERO,
-            flight: BinaryHeap::new(),
-            seq: 0,
-            rng: SmallRng::seed_from_u64(seed),
-            config,
-            loss,
-        }
-    }
+/// A network losing `loss` of the datagrams, 1–5 ms of delay, 5 ms steps,
+/// timers fired in index order.
+fn new_sim(seed: u64, config: GossipConfig, loss: f64) -> Sim {
+    let config = SimConfig::new(config)
+        .with_seed(seed)
+        .with_step(STEP)
+        .with_network(Network::default().with_loss(loss))
+        .with_tick_order(TickOrder::ByIndex)
+        .with_identities(identity);
+    Sim::new(config).unwrap()
+}
 
-    fn add(&mut self, via: Option<usize>) {
-        let i = self.nodes.len();
-        let addr = SocketAddr::from(([10, 1, (i >> 8) as u8, i as u8], 7000));
-        let mut m = Machine::new(
-            &self.config,
-            addr,
-            NodeId::new(format!("f{i:04}")),
-            0xf00 + i as u64,
-            self.now,
-        )
-        .unwrap();
-        if let Some(v) = via {
-            m.join(self.addrs[v], self.now);
-        }
-        self.nodes.push(m);
-        self.addrs.push(addr);
-        self.index.insert(addr, i);
-        self.collect(i);
-    }
-
-    fn collect(&mut self, i: usize) {
-        for (to, data) in self.nodes[i].take_outbox() {
-            let Some(&j) = self.index.get(&to) else {
-                continue;
-            };
-            if self.loss > 0.0 && self.rng.random_bool(self.loss) {
-                continue;
-            }
-            let delay = Duration::from_millis(self.rng.random_range(1..=5));
-            self.seq += 1;
-            self.flight
-                .push(Reverse((self.now + delay, self.seq, j, i, data)));
-        }
-    }
-
-    fn step(&mut self) {
-        self.now += STEP;
-        let now = self.now;
-        while self.flight.peek().is_some_and(|f| f.0 .0 <= now) {
-            let Reverse((_, _, to, from, data)) = self.flight.pop().unwrap();
-            self.nodes[to].handle_datagram(self.addrs[from], &data, now);
-            self.collect(to);
-        }
-        for i in 0..self.nodes.len() {
-            if self.nodes[i].next_deadline().is_some_and(|d| d <= now) {
-                self.nodes[i].tick(now);
-                self.collect(i);
-            }
-        }
-    }
-
-    fn complete(&self) -> bool {
-        let n = self.nodes.len();
-        self.nodes.iter().all(|m| m.num_members() == n - 1)
-    }
-
-    /// Step until the membership is complete or `limit` has passed;
-    /// returns the simulated time it took.
-    fn until_complete(&mut self, limit: Duration) -> Option<Duration> {
-        let start = self.now;
-        while !self.complete() {
-            if self.now - start > limit {
-                return None;
-            }
-            self.step();
-        }
-        Some(self.now - start)
-    }
+/// Step until the membership is complete or `limit` has passed; returns
+/// the simulated time it took.
+fn until_complete(sim: &mut Sim, limit: Duration) -> Option<Duration> {
+    let start = sim.now();
+    sim.run_until(limit, Sim::members_complete)
+        .then(|| sim.now() - start)
 }
 
 fn bound_rounds(n: usize) -> f64 {
@@ -122,20 +50,10 @@ fn bound_rounds(n: usize) -> f64 {
 /// through node 0.
 fn formed(seed: u64, n: usize, config: GossipConfig, loss: f64) -> (Sim, Option<Duration>) {
     let interval = config.gossip_interval;
-    let mut sim = Sim::new(seed, config, loss);
-    let mut starts: Vec<Duration> = (1..n)
-        .map(|_| Duration::from_micros(sim.rng.random_range(0..interval.as_micros() as u64)))
-        .collect();
-    starts.sort();
-    sim.add(None);
-    for at in starts {
-        while sim.now < at {
-            sim.step();
-        }
-        sim.add(Some(0));
-    }
+    let mut sim = new_sim(seed, config, loss);
+    sim.boot(n, interval);
     let limit = interval.mul_f64(bound_rounds(n) * 3.0);
-    let took = sim.until_complete(limit).map(|_| sim.now);
+    let took = until_complete(&mut sim, limit).map(|_| sim.now());
     (sim, took)
 }
 
@@ -156,8 +74,7 @@ fn membership_of_256_forms_within_the_round_bound() {
     // A late joiner through a random member: known to all, and knowing
     // all, within the bound too.
     sim.add(Some(100));
-    let took = sim
-        .until_complete(interval.mul_f64(bound_rounds(257) * 3.0))
+    let took = until_complete(&mut sim, interval.mul_f64(bound_rounds(257) * 3.0))
         .expect("the late joiner was not learned by all");
     let rounds = took.as_secs_f64() / interval.as_secs_f64();
     eprintln!("late joiner known to all in {rounds:.1} rounds");
@@ -193,20 +110,20 @@ fn a_joiner_pulls_the_whole_view_in_pages() {
         let (mut sim, took) = formed(3, 150, config, 0.0);
         assert!(took.is_some(), "budget {budget}: no membership");
         sim.add(Some(42));
-        let joiner = sim.nodes.len() - 1;
+        let joiner = sim.len() - 1;
         // Well before its first gossip round ends (announce, feed, then
         // the pages, a few milliseconds each way).
         let mut waited = Duration::ZERO;
-        while sim.nodes[joiner].num_members() < 150 && waited < interval {
+        while sim.node(joiner).num_members() < 150 && waited < interval {
             sim.step();
             waited += STEP;
         }
-        let pages = sim.nodes[joiner].stats().members_received;
+        let pages = sim.node(joiner).stats().members_received;
         assert_eq!(
-            sim.nodes[joiner].num_members(),
+            sim.node(joiner).num_members(),
             150,
             "budget {budget}: the joiner knows {} of 150 after {waited:?}",
-            sim.nodes[joiner].num_members()
+            sim.node(joiner).num_members()
         );
         assert!(
             pages >= 150,
@@ -223,15 +140,11 @@ fn agreeing_views_exchange_only_digests() {
     let (mut sim, took) = formed(5, 32, config, 0.0);
     assert!(took.is_some(), "no membership");
     // Let the views settle, then idle.
-    for _ in 0..(3000 / 5) {
-        sim.step();
-    }
-    let before: Vec<_> = sim.nodes.iter().map(Machine::stats).collect();
-    for _ in 0..(10_000 / 5) {
-        sim.step();
-    }
+    sim.run_for(Duration::from_secs(3));
+    let before: Vec<_> = sim.alive().map(|(_, m)| m.stats()).collect();
+    sim.run_for(Duration::from_secs(10));
     let mut equal = 0;
-    for (m, b) in sim.nodes.iter().zip(&before) {
+    for ((_, m), b) in sim.alive().zip(&before) {
         let s = m.stats();
         assert_eq!(
             s.members_received,

@@ -6,7 +6,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use registry_api::testing::{eventually, wait_limit};
 use registry_api::{Endpoint, Registry};
-use registry_gossip::crdt::micros;
+use registry_gossip::sim::micros;
 use registry_gossip::wire::{self, AeMessage, FrameHeader, FrameKey};
 use registry_gossip::{Entry, GossipConfig, GossipRegistry, NodeId, Stamp};
 use tokio::net::UdpSocket;
