@@ -9,10 +9,8 @@ mod serve;
 
 pub use crate::auth::policy::Policy;
 pub use crate::auth::{AuthzConfig, DEFAULT_ID_PATTERN};
-pub use crate::engine::backends::{
-    open_backend, Backend, BackendKind, BackendOptions, DynamoDbSync,
-};
 pub use crate::engine::config::{Ack, RegistrarConfig, StreamEncoding, DEFAULT_MAX_REQUEST_BYTES};
+pub use crate::engine::open::{open_backend, Backend, BackendKind, BackendOptions, DynamoDbSync};
 pub use crate::engine::refusals::Refusal;
 pub use crate::engine::registrar::Registrar;
 pub use crate::engine::status::{Readiness, Status};

@@ -1,18 +1,18 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
-mod backend;
 mod config;
 mod error;
 mod instances;
 pub mod layout;
 mod nodes;
 mod records;
+mod registry;
 mod services;
 mod shared;
 mod watch;
 
 pub use crate::shared::{CloudMapStats, MAX_BATCH};
 pub use aws_sdk_servicediscovery;
-pub use backend::CloudMapRegistry;
 pub use config::{CloudMapConfig, NamespaceKind, ReadMode, WriteMode};
+pub use registry::CloudMapRegistry;

@@ -1,21 +1,21 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
-mod backend;
 mod config;
 mod error;
 mod keyspace;
 mod layout;
 mod leases;
+mod registry;
 mod shared;
 mod watch;
 
-pub use backend::EtcdRegistry;
 pub use config::{
     EtcdConfig, TlsConfig, DEFAULT_LEASE_TTL, DEFAULT_MAX_BATCH, DEFAULT_MAX_TXN_BYTES,
     DEFAULT_PAGE_SIZE, DEFAULT_PREFIX,
 };
 pub use layout::ENCODING_VERSION;
+pub use registry::EtcdRegistry;
 
 /// The etcd client this crate uses, for [`EtcdRegistry::client`].
 pub use etcd_client;

@@ -1,13 +1,13 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
-mod backend;
 mod config;
 mod crdt;
 mod error;
 mod layout;
 mod machine;
 mod names;
+mod registry;
 mod shared;
 #[cfg(feature = "sim")]
 pub mod sim;
@@ -19,9 +19,9 @@ pub mod wire;
 #[cfg(not(feature = "sim"))]
 mod wire;
 
-pub use backend::GossipRegistry;
 pub use config::GossipConfig;
 pub use crdt::{Change, Entry, NodeId, Replica, Stamp};
 pub use machine::{describe_metrics, dissemination_count, Machine, Stats};
 pub use names::{NameBinding, NameEvent, NAME_PORT, NAME_SERVICE};
+pub use registry::GossipRegistry;
 pub use wire::GossipId;

@@ -10,7 +10,7 @@
 use futures::stream::{self, BoxStream, StreamExt};
 use registry_api::{Endpoint, EndpointKey, Event, Registry, Result, Snapshot, Version, Watch};
 
-use crate::backend::GossipRegistry;
+use crate::registry::GossipRegistry;
 
 /// The service that holds name bindings.
 pub const NAME_SERVICE: &str = "actor-names";

@@ -1,11 +1,11 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
-mod backend;
 mod config;
 mod error;
 mod layout;
 mod overlay;
+mod registry;
 mod rpc;
 mod shared;
 pub mod tls;
@@ -31,10 +31,10 @@ pub mod proto {
 }
 
 pub use crate::shared::Refusal;
-pub use backend::RegistrarClient;
 pub use config::{Ack, ClientConfig, Direct, Fallback};
 pub use error::{error_from_status, status_from_error};
 pub use layout::{endpoint_from_proto, endpoint_to_proto, key_from_parts, Token};
 pub use overlay::{Overlay, DEFAULT_HOLD};
+pub use registry::RegistrarClient;
 pub use rpc::RpcClient;
 pub use tls::TlsFiles;

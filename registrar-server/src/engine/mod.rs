@@ -4,8 +4,8 @@
 //! settings. Every face reads and writes through [`registrar::Registrar`];
 //! nothing here knows a face.
 
-pub(crate) mod backends;
 pub(crate) mod config;
+pub(crate) mod open;
 pub(crate) mod refusals;
 pub(crate) mod registrar;
 pub(crate) mod status;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use futures::StreamExt;
 use registry_api::{Event, EventStream, Registry, Result, Version, Watch};
 
-use crate::engine::backends::Backend;
+use crate::engine::open::Backend;
 use crate::engine::status::Status;
 use crate::metrics::names;
 

@@ -16,8 +16,8 @@ use tokio::sync::watch;
 use tonic::service::interceptor::InterceptedService;
 
 use crate::auth;
-use crate::engine::backends::Backend;
 use crate::engine::config::RegistrarConfig;
+use crate::engine::open::Backend;
 use crate::engine::registrar::Registrar;
 use crate::engine::registrar::Slot;
 use crate::engine::status::Status;

@@ -19,7 +19,7 @@ use crate::engine::status::Status;
 use crate::engine::streams::{StreamCounters, WatchStats};
 use crate::engine::sync::SyncMetered;
 
-use crate::engine::backends::Backend;
+use crate::engine::open::Backend;
 use crate::metrics::names;
 
 /// The registrar once it exists (the health port answers before the
