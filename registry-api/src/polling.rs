@@ -1,4 +1,4 @@
-//! [`Polling`]: a [`Watch`] for any registry by polling `snapshot()` and
+//! [`Polling`]: a [`Watch`](crate::Watch) for any registry by polling `snapshot()` and
 //! diffing.
 
 use std::fmt;
@@ -77,7 +77,7 @@ impl PollingConfig {
     }
 }
 
-/// Turns any [`Registry`] into a [`Watch`] by polling `snapshot()` every
+/// Turns any [`Registry`] into a [`Watch`](crate::Watch) by polling `snapshot()` every
 /// `interval` and sending the [`diff`] of consecutive snapshots.
 ///
 /// Each delta gets its own version from a counter that starts at the
