@@ -39,129 +39,84 @@ pub(crate) mod names {
     pub(crate) const HTTP_SSE_STREAMS: &str = "registrar_http_sse_streams";
 }
 
+use metrics::Unit;
 use names::*;
+
+/// What a metric is recorded as.
+#[derive(Clone, Copy)]
+enum Kind {
+    Gauge,
+    Counter,
+    Histogram,
+}
+
+/// Every metric of the registrar, with its kind, unit and help text (a
+/// table, laid out by hand).
+#[rustfmt::skip]
+const DESCRIPTIONS: &[(&str, Kind, Unit, &str)] = &[
+    (BACKEND_UP, Kind::Gauge, Unit::Count,
+        "1 while the backend answers, 0 while it is unreachable"),
+    (BACKEND_DOWN_SECONDS, Kind::Gauge, Unit::Seconds,
+        "How long the backend has been unreachable (0 while it answers)"),
+    (READY, Kind::Gauge, Unit::Count,
+        "1 while /readyz answers 200"),
+    (CONNECTED_AGENTS, Kind::Gauge, Unit::Count,
+        "Number of agents with active watch streams"),
+    (ENDPOINT_COUNT, Kind::Gauge, Unit::Count,
+        "Total endpoints in snapshot, by cluster"),
+    (WRITE_QUEUE_DEPTH, Kind::Gauge, Unit::Count,
+        "Pending writes in buffer"),
+    (SNAPSHOT_PENDING_ENDPOINTS, Kind::Gauge, Unit::Count,
+        "Endpoints of first snapshots that open watch streams have not sent yet (taken chunk by chunk as each agent reads)"),
+    (CACHE_AGE_SECONDS, Kind::Gauge, Unit::Seconds,
+        "How stale the registrar's cache of the backend may be (0 while its watch delivers)"),
+    (XDS_STREAMS, Kind::Gauge, Unit::Count,
+        "Open xDS (ADS) streams, by variant (sotw, delta)"),
+    (HTTP_BLOCKING_QUERIES, Kind::Gauge, Unit::Count,
+        "HTTP API blocking queries (?index=) waiting, by route"),
+    (HTTP_SSE_STREAMS, Kind::Gauge, Unit::Count,
+        "Open Server-Sent Events streams (the HTTP API's /v1/watch, the dashboard's feed), by route"),
+    (WRITE_ERRORS_TOTAL, Kind::Counter, Unit::Count,
+        "Failed backend write calls, by error kind"),
+    (SYNC_ERRORS_TOTAL, Kind::Counter, Unit::Count,
+        "Failed sync attempts"),
+    (EVENT_BROADCAST_TOTAL, Kind::Counter, Unit::Count,
+        "Events pushed to agents, by type"),
+    (STREAM_MESSAGES_ENCODED_TOTAL, Kind::Counter, Unit::Count,
+        "Watch stream messages encoded to protobuf (once for every stream that sends them)"),
+    (SNAPSHOT_BYTES_TOTAL, Kind::Counter, Unit::Bytes,
+        "Encoded size of the FULL_SNAPSHOT messages sent to agents"),
+    (STREAM_RECONNECTS_TOTAL, Kind::Counter, Unit::Count,
+        "Failures or ends of the registrar's watch of the backend"),
+    (XDS_PUSHES_TOTAL, Kind::Counter, Unit::Count,
+        "xDS responses pushed, by type URL"),
+    (XDS_RESOURCES_SENT_TOTAL, Kind::Counter, Unit::Count,
+        "xDS resources sent in responses, by type URL"),
+    (XDS_NACKS_TOTAL, Kind::Counter, Unit::Count,
+        "xDS responses rejected by clients (NACK), by type URL"),
+    (HTTP_REQUESTS_TOTAL, Kind::Counter, Unit::Count,
+        "HTTP API requests answered, by route, method and status"),
+    (SYNC_DURATION_SECONDS, Kind::Histogram, Unit::Seconds,
+        "External registry sync latency"),
+    (WRITE_BATCH_SIZE, Kind::Histogram, Unit::Count,
+        "Operations per write batch"),
+    (HTTP_REQUEST_DURATION_SECONDS, Kind::Histogram, Unit::Seconds,
+        "HTTP API time to the answer's headers, by route, method and blocking (a blocking query's includes its wait)"),
+];
 
 /// Describe the registrar's metrics (help text and unit) to the installed
 /// recorder; [`serve`](crate::serve) calls it. (The agents' two metrics,
 /// `agent_registrar_cache_age_seconds` and
 /// `agent_registrar_stream_reconnects_total`, are exported by the agents.)
 pub fn describe_metrics() {
-    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
-    let gauges = [
-        (
-            BACKEND_UP,
-            Unit::Count,
-            "1 while the backend answers, 0 while it is unreachable",
-        ),
-        (
-            BACKEND_DOWN_SECONDS,
-            Unit::Seconds,
-            "How long the backend has been unreachable (0 while it answers)",
-        ),
-        (READY, Unit::Count, "1 while /readyz answers 200"),
-        (
-            CONNECTED_AGENTS,
-            Unit::Count,
-            "Number of agents with active watch streams",
-        ),
-        (
-            ENDPOINT_COUNT,
-            Unit::Count,
-            "Total endpoints in snapshot, by cluster",
-        ),
-        (WRITE_QUEUE_DEPTH, Unit::Count, "Pending writes in buffer"),
-        (
-            SNAPSHOT_PENDING_ENDPOINTS,
-            Unit::Count,
-            "Endpoints of first snapshots that open watch streams have not sent yet \
-             (taken chunk by chunk as each agent reads)",
-        ),
-        (
-            CACHE_AGE_SECONDS,
-            Unit::Seconds,
-            "How stale the registrar's cache of the backend may be (0 while its watch delivers)",
-        ),
-        (
-            XDS_STREAMS,
-            Unit::Count,
-            "Open xDS (ADS) streams, by variant (sotw, delta)",
-        ),
-        (
-            HTTP_BLOCKING_QUERIES,
-            Unit::Count,
-            "HTTP API blocking queries (?index=) waiting, by route",
-        ),
-        (
-            HTTP_SSE_STREAMS,
-            Unit::Count,
-            "Open Server-Sent Events streams (the HTTP API's /v1/watch, the dashboard's feed), by route",
-        ),
-    ];
-    for (name, unit, help) in gauges {
-        describe_gauge!(name, unit, help);
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    for &(name, kind, unit, help) in DESCRIPTIONS {
+        match kind {
+            Kind::Gauge => describe_gauge!(name, unit, help),
+            Kind::Counter => describe_counter!(name, unit, help),
+            Kind::Histogram => describe_histogram!(name, unit, help),
+        }
     }
-    let counters = [
-        (
-            WRITE_ERRORS_TOTAL,
-            Unit::Count,
-            "Failed backend write calls, by error kind",
-        ),
-        (SYNC_ERRORS_TOTAL, Unit::Count, "Failed sync attempts"),
-        (
-            EVENT_BROADCAST_TOTAL,
-            Unit::Count,
-            "Events pushed to agents, by type",
-        ),
-        (
-            STREAM_MESSAGES_ENCODED_TOTAL,
-            Unit::Count,
-            "Watch stream messages encoded to protobuf (once for every stream that sends them)",
-        ),
-        (
-            SNAPSHOT_BYTES_TOTAL,
-            Unit::Bytes,
-            "Encoded size of the FULL_SNAPSHOT messages sent to agents",
-        ),
-        (
-            STREAM_RECONNECTS_TOTAL,
-            Unit::Count,
-            "Failures or ends of the registrar's watch of the backend",
-        ),
-        (
-            XDS_PUSHES_TOTAL,
-            Unit::Count,
-            "xDS responses pushed, by type URL",
-        ),
-        (
-            XDS_RESOURCES_SENT_TOTAL,
-            Unit::Count,
-            "xDS resources sent in responses, by type URL",
-        ),
-        (
-            XDS_NACKS_TOTAL,
-            Unit::Count,
-            "xDS responses rejected by clients (NACK), by type URL",
-        ),
-        (
-            HTTP_REQUESTS_TOTAL,
-            Unit::Count,
-            "HTTP API requests answered, by route, method and status",
-        ),
-    ];
-    for (name, unit, help) in counters {
-        describe_counter!(name, unit, help);
-    }
-    describe_histogram!(
-        SYNC_DURATION_SECONDS,
-        Unit::Seconds,
-        "External registry sync latency"
-    );
-    describe_histogram!(WRITE_BATCH_SIZE, Unit::Count, "Operations per write batch");
-    describe_histogram!(
-        HTTP_REQUEST_DURATION_SECONDS,
-        Unit::Seconds,
-        "HTTP API time to the answer's headers, by route, method and blocking (a blocking query's includes its wait)"
-    );
 }
 
 /// Make the metrics that are not labelled present from the start, at

@@ -14,6 +14,7 @@ use clap::Parser;
 use registrar_server::{
     open_backend, AuthzConfig, BackendKind, OpenPolicy, Opening, ServeOptions, Status,
 };
+use tokio::net::TcpListener;
 
 use crate::cli::{Cli, Command, LogFormat, ServeArgs};
 use crate::error::CliError;
@@ -70,59 +71,12 @@ async fn run_serve(args: ServeArgs) -> Result<(), CliError> {
              (without --registry-backend=memory it runs on SQLite, --sqlite-path)"
         );
     }
-    let tls_files = args.tls.files()?;
-    let authz = args.trust_domain.as_ref().map(|td| {
-        let base = AuthzConfig::new(td.clone()).with_id_pattern(args.spiffe_id_pattern.clone());
-        let base = match &args.authz_policy {
-            Some(path) => base.with_policy_file(path),
-            None => base,
-        };
-        args.admin_ids
-            .iter()
-            .fold(base, |a, id| a.with_admin(id.clone()))
-    });
-    let grpc_addr = args.grpc_addr(tls_files.is_some());
-    let mut options = ServeOptions::default()
-        .with_max_request_bytes(args.max_request_bytes)
-        .with_http2_keepalive(
-            Some(args.http2_keepalive_interval),
-            args.http2_keepalive_timeout,
-        )
-        .with_tcp_keepalive(Some(args.tcp_keepalive))
-        .with_ui(args.ui);
-    if let Some(files) = tls_files {
-        options = options.with_tls(files);
-    }
-    if let Some(authz) = authz {
-        options = options.with_authz(authz);
-    }
-    if args.insecure {
-        options = options.allow_insecure();
-    }
-    if args.allow_any_certificate {
-        options = options.allow_any_certificate();
-    }
-    options.check().map_err(|e| e.to_string())?;
-    if args.ui {
-        tracing::warn!(
-            addr = %args.health_addr,
-            "serving the dashboard at /ui on the health port, which has no authentication: \
-             anyone who can reach it can read every endpoint"
-        );
-    }
+    let options = serve_options(&args)?;
     let cfg = args.registrar_config();
     cfg.validate().map_err(|e| e.to_string())?;
     let metrics = install_metrics()?;
-    let grpc = tokio::net::TcpListener::bind(grpc_addr)
-        .await
-        .map_err(|e| format!("cannot listen on {grpc_addr} (gRPC): {e}"))?;
-    let health = tokio::net::TcpListener::bind(args.health_addr)
-        .await
-        .map_err(|e| format!("cannot listen on {} (health): {e}", args.health_addr))?;
-    let grpc_addr = grpc.local_addr().map_err(|e| e.to_string())?;
-    let health_addr = health.local_addr().map_err(|e| e.to_string())?;
+    let (grpc, health, mut listening) = listen(&args, options.tls.is_some()).await?;
     let mut server = Opening::new(cfg);
-    let mut listening = format!("registrar listening grpc={grpc_addr} health={health_addr}");
     bind_protocols(&args, &mut server, &mut listening).await?;
     server.policy = if args.fail_fast {
         OpenPolicy::FailFast
@@ -169,6 +123,71 @@ async fn run_serve(args: ServeArgs) -> Result<(), CliError> {
         .map_err(|e| CliError::registry(format!("{kind} backend"), e))
 }
 
+/// The serving options the flags ask for (TLS, authorization, limits,
+/// keepalives, the dashboard), checked.
+fn serve_options(args: &ServeArgs) -> Result<ServeOptions, CliError> {
+    let tls_files = args.tls.files()?;
+    let authz = args.trust_domain.as_ref().map(|td| {
+        let base = AuthzConfig::new(td.clone()).with_id_pattern(args.spiffe_id_pattern.clone());
+        let base = match &args.authz_policy {
+            Some(path) => base.with_policy_file(path),
+            None => base,
+        };
+        args.admin_ids
+            .iter()
+            .fold(base, |a, id| a.with_admin(id.clone()))
+    });
+    let mut options = ServeOptions::default()
+        .with_max_request_bytes(args.max_request_bytes)
+        .with_http2_keepalive(
+            Some(args.http2_keepalive_interval),
+            args.http2_keepalive_timeout,
+        )
+        .with_tcp_keepalive(Some(args.tcp_keepalive))
+        .with_ui(args.ui);
+    if let Some(files) = tls_files {
+        options = options.with_tls(files);
+    }
+    if let Some(authz) = authz {
+        options = options.with_authz(authz);
+    }
+    if args.insecure {
+        options = options.allow_insecure();
+    }
+    if args.allow_any_certificate {
+        options = options.allow_any_certificate();
+    }
+    options.check().map_err(|e| e.to_string())?;
+    if args.ui {
+        tracing::warn!(
+            addr = %args.health_addr,
+            "serving the dashboard at /ui on the health port, which has no authentication: \
+             anyone who can reach it can read every endpoint"
+        );
+    }
+    Ok(options)
+}
+
+/// Bind the gRPC port (by default on every address with TLS, on loopback
+/// without) and the health port; the start of the `listening` line with
+/// the addresses bound.
+async fn listen(
+    args: &ServeArgs,
+    tls: bool,
+) -> Result<(TcpListener, TcpListener, String), CliError> {
+    let grpc_addr = args.grpc_addr(tls);
+    let grpc = TcpListener::bind(grpc_addr)
+        .await
+        .map_err(|e| format!("cannot listen on {grpc_addr} (gRPC): {e}"))?;
+    let health = TcpListener::bind(args.health_addr)
+        .await
+        .map_err(|e| format!("cannot listen on {} (health): {e}", args.health_addr))?;
+    let grpc_addr = grpc.local_addr().map_err(|e| e.to_string())?;
+    let health_addr = health.local_addr().map_err(|e| e.to_string())?;
+    let listening = format!("registrar listening grpc={grpc_addr} health={health_addr}");
+    Ok((grpc, health, listening))
+}
+
 /// Bind the listeners of the HTTP API, DNS and xDS the flags ask for into
 /// `server`, adding their addresses to the `listening` line.
 async fn bind_protocols(
@@ -178,7 +197,7 @@ async fn bind_protocols(
 ) -> Result<(), CliError> {
     #[cfg(feature = "http-api")]
     if let Some(addr) = args.http_api_addr {
-        let l = tokio::net::TcpListener::bind(addr)
+        let l = TcpListener::bind(addr)
             .await
             .map_err(|e| format!("cannot listen on {addr} (HTTP API): {e}"))?;
         let bound = l.local_addr().map_err(|e| e.to_string())?;
@@ -198,7 +217,7 @@ async fn bind_protocols(
     }
     #[cfg(feature = "xds")]
     if let Some(addr) = args.xds_addr {
-        let l = tokio::net::TcpListener::bind(addr)
+        let l = TcpListener::bind(addr)
             .await
             .map_err(|e| format!("cannot listen on {addr} (xDS): {e}"))?;
         let bound = l.local_addr().map_err(|e| e.to_string())?;
@@ -239,22 +258,29 @@ fn init_logging(format: LogFormat, default_level: &str) {
     }
 }
 
+/// Exit as clap does on a conflict when `serve` is given a client
+/// command's option, or a backend's flag beside another backend.
+fn check_serve_flags(cli: &Cli) {
+    let Command::Serve(args) = &cli.command else {
+        return;
+    };
+    use clap::CommandFactory;
+    let conflict = match cli.early.first_given() {
+        Some(flag) => Some(format!(
+            "{flag} is an option of the client commands, not of `serve`"
+        )),
+        None => args.backend_kind().err(),
+    };
+    if let Some(message) = conflict {
+        Cli::command()
+            .error(clap::error::ErrorKind::ArgumentConflict, message)
+            .exit();
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Command::Serve(args) = &cli.command {
-        use clap::CommandFactory;
-        let conflict = match cli.early.first_given() {
-            Some(flag) => Some(format!(
-                "{flag} is an option of the client commands, not of `serve`"
-            )),
-            None => args.backend_kind().err(),
-        };
-        if let Some(message) = conflict {
-            Cli::command()
-                .error(clap::error::ErrorKind::ArgumentConflict, message)
-                .exit();
-        }
-    }
+    check_serve_flags(&cli);
     let default_level = match cli.command {
         Command::Serve(_) => "info",
         _ => "warn",

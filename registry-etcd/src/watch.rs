@@ -13,7 +13,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{EventType, WatchOptions};
+use etcd_client::{EventType, KeyValue, WatchOptions, WatchResponse, WatchStream};
 use futures::{stream, StreamExt};
 use registry_api::{Error, Event, EventStream, Result, Version};
 use tokio::sync::mpsc;
@@ -120,47 +120,18 @@ impl Watcher {
         self.tx.send(Ok(ev)).await.is_ok()
     }
 
+    /// One etcd watch: catch up (a snapshot when one is needed), watch
+    /// from the revision after the last delivered, deliver what it sends.
     async fn session(&mut self) -> Result<Outcome> {
         let root = self.keyspace.layout.root().to_string();
         if self.check_from {
-            // A revision from the future (another cluster, a wiped etcd):
-            // watching from it would skip changes, so start over.
-            let current = self.current_revision(&root).await?;
-            self.check_from = false;
-            if self.last > current {
-                info!(
-                    from = self.last,
-                    current, "watch from a revision etcd has not reached; sending a snapshot"
-                );
-                self.need_snapshot = true;
-            }
+            self.verify_from(&root).await?;
         }
-        if self.need_snapshot {
-            let snap = self.keyspace.snapshot().await?;
-            let revision = i64::try_from(snap.version().0).unwrap_or(i64::MAX);
-            if !self.send(Event::Snapshot(snap)).await {
-                return Ok(Outcome::Closed);
-            }
-            self.last = revision;
-            self.need_snapshot = false;
+        if self.need_snapshot && !self.send_snapshot().await? {
+            return Ok(Outcome::Closed);
         }
-        let opts = WatchOptions::new()
-            .with_prefix()
-            .with_start_revision(self.last.saturating_add(1))
-            .with_progress_notify();
-        let mut client = self.keyspace.client.watch_client();
-        let ws = self
-            .keyspace
-            .timed(client.watch(root.clone(), Some(opts)))
-            .await
-            .map_err(|e| {
-                error::map(
-                    e,
-                    format!("watch {root} from revision {}", self.last.saturating_add(1)),
-                )
-            })?;
         // Keep the sender: closing it would end the watch on etcd's side.
-        let (mut requests, mut responses) = ws.split();
+        let (mut requests, mut responses) = self.open(&root).await?.split();
         let every = self
             .keyspace
             .cfg
@@ -187,63 +158,116 @@ impl Watcher {
                     )))
                 }
             };
-            if resp.compact_revision() > 0 {
-                info!(
-                    last = self.last,
-                    compacted = resp.compact_revision(),
-                    "watch history compacted; sending a fresh snapshot"
-                );
-                return Ok(Outcome::Resync);
+            if let Some(outcome) = self.receive(resp).await {
+                return Ok(outcome);
             }
-            if resp.canceled() {
-                warn!(
-                    reason = resp.cancel_reason(),
-                    "etcd cancelled the watch; sending a fresh snapshot"
-                );
-                return Ok(Outcome::Resync);
+        }
+    }
+
+    /// A revision from the future (another cluster, a wiped etcd):
+    /// watching from it would skip changes, so start over.
+    async fn verify_from(&mut self, root: &str) -> Result<()> {
+        let current = self.current_revision(root).await?;
+        self.check_from = false;
+        if self.last > current {
+            info!(
+                from = self.last,
+                current, "watch from a revision etcd has not reached; sending a snapshot"
+            );
+            self.need_snapshot = true;
+        }
+        Ok(())
+    }
+
+    /// Send a snapshot and go on from its revision; `false` when the
+    /// consumer is gone.
+    async fn send_snapshot(&mut self) -> Result<bool> {
+        let snap = self.keyspace.snapshot().await?;
+        let revision = i64::try_from(snap.version().0).unwrap_or(i64::MAX);
+        if !self.send(Event::Snapshot(snap)).await {
+            return Ok(false);
+        }
+        self.last = revision;
+        self.need_snapshot = false;
+        Ok(true)
+    }
+
+    /// Open the watch of `root` from the revision after the last delivered.
+    async fn open(&self, root: &str) -> Result<WatchStream> {
+        let from = self.last.saturating_add(1);
+        let opts = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(from)
+            .with_progress_notify();
+        let mut client = self.keyspace.client.watch_client();
+        self.keyspace
+            .timed(client.watch(root.to_string(), Some(opts)))
+            .await
+            .map_err(|e| error::map(e, format!("watch {root} from revision {from}")))
+    }
+
+    /// Take one response of the watch; how the session ends, if it does.
+    async fn receive(&mut self, resp: WatchResponse) -> Option<Outcome> {
+        if resp.compact_revision() > 0 {
+            info!(
+                last = self.last,
+                compacted = resp.compact_revision(),
+                "watch history compacted; sending a fresh snapshot"
+            );
+            return Some(Outcome::Resync);
+        }
+        if resp.canceled() {
+            warn!(
+                reason = resp.cancel_reason(),
+                "etcd cancelled the watch; sending a fresh snapshot"
+            );
+            return Some(Outcome::Resync);
+        }
+        if resp.created() {
+            debug!(from = self.last.saturating_add(1), "etcd watch created");
+            self.connected = true;
+            return None;
+        }
+        if resp.events().is_empty() {
+            // A progress notification: every change up to the header's
+            // revision has been sent.
+            if let Some(h) = resp.header() {
+                self.last = self.last.max(h.revision());
             }
-            if resp.created() {
-                debug!(from = self.last.saturating_add(1), "etcd watch created");
-                self.connected = true;
-                continue;
-            }
-            if resp.events().is_empty() {
-                // A progress notification: every change up to the header's
-                // revision has been sent.
-                if let Some(h) = resp.header() {
-                    self.last = self.last.max(h.revision());
+            return None;
+        }
+        for ev in resp.events() {
+            let Some(kv) = ev.kv() else { continue };
+            if let Some(event) = self.event(ev.event_type(), kv) {
+                if !self.send(event).await {
+                    return Some(Outcome::Closed);
                 }
-                continue;
             }
-            for ev in resp.events() {
-                let Some(kv) = ev.kv() else { continue };
-                let version = Version(u64::try_from(kv.mod_revision()).unwrap_or(0));
-                let event = match ev.event_type() {
-                    EventType::Put => {
-                        match layout::decode(&self.keyspace.layout, kv.key(), kv.value()) {
-                            Ok(endpoint) if kv.create_revision() == kv.mod_revision() => {
-                                Some(Event::Added { version, endpoint })
-                            }
-                            Ok(endpoint) => Some(Event::Updated { version, endpoint }),
-                            Err(e) => {
-                                warn!(error = %e, "skipping a record that is not an endpoint");
-                                None
-                            }
-                        }
-                    }
-                    EventType::Delete => self
-                        .keyspace
-                        .layout
-                        .parse(kv.key())
-                        .map(|key| Event::Removed { version, key }),
-                };
-                if let Some(event) = event {
-                    if !self.send(event).await {
-                        return Ok(Outcome::Closed);
-                    }
+            self.last = self.last.max(kv.mod_revision());
+        }
+        None
+    }
+
+    /// A change of etcd as an event of the registry (none for a record that
+    /// is not an endpoint's).
+    fn event(&self, kind: EventType, kv: &KeyValue) -> Option<Event> {
+        let version = Version(u64::try_from(kv.mod_revision()).unwrap_or(0));
+        match kind {
+            EventType::Put => match layout::decode(&self.keyspace.layout, kv.key(), kv.value()) {
+                Ok(endpoint) if kv.create_revision() == kv.mod_revision() => {
+                    Some(Event::Added { version, endpoint })
                 }
-                self.last = self.last.max(kv.mod_revision());
-            }
+                Ok(endpoint) => Some(Event::Updated { version, endpoint }),
+                Err(e) => {
+                    warn!(error = %e, "skipping a record that is not an endpoint");
+                    None
+                }
+            },
+            EventType::Delete => self
+                .keyspace
+                .layout
+                .parse(kv.key())
+                .map(|key| Event::Removed { version, key }),
         }
     }
 

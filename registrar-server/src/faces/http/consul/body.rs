@@ -4,6 +4,11 @@
 //! `deregister_critical_service_after`), durations as Go writes them
 //! (`"10s"`, `"1m30s"`, or nanoseconds). Errors name the field by Consul's
 //! name (`Port`, `Checks[1].Interval`).
+//!
+//! The fields are looked up by their folded names rather than deserialized
+//! with serde: only the service's and the checks' own field names fold
+//! (the keys of `Meta` and `Header` are the caller's, kept as given), and
+//! each error names the field as Consul does and says what it must be.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -19,6 +24,22 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The shortest interval the registrar runs a check at (as Consul's agent).
 const MIN_INTERVAL: Duration = Duration::from_secs(1);
 
+/// The fields of a check that ask for a kind of check the registrar does
+/// not run, and that kind.
+const UNSUPPORTED_CHECK: [(&str, &str); 11] = [
+    ("Args", "script checks"),
+    ("ScriptArgs", "script checks"),
+    ("Script", "script checks"),
+    ("DockerContainerID", "Docker checks"),
+    ("H2PING", "HTTP/2 ping checks"),
+    ("UDP", "UDP checks"),
+    ("OSService", "OS service checks"),
+    ("AliasService", "alias checks"),
+    ("AliasNode", "alias checks"),
+    ("Body", "HTTP checks with a request body"),
+    ("GRPCUseTLS", "gRPC checks over TLS"),
+];
+
 /// A JSON object whose fields are looked up as Consul does.
 struct Obj<'a> {
     map: &'a Map<String, Value>,
@@ -31,6 +52,11 @@ fn fold(name: &str) -> String {
         .filter(|c| *c != '_' && *c != '-')
         .map(|c| c.to_ascii_lowercase())
         .collect()
+}
+
+/// The reason given for a value of the wrong type: `must be {what}, got …`.
+fn must_be(what: &str, got: &Value) -> String {
+    format!("must be {what}, got {}", quote(&got.to_string()))
 }
 
 impl<'a> Obj<'a> {
@@ -65,9 +91,23 @@ impl<'a> Obj<'a> {
         match self.get(name) {
             None => Ok(None),
             Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(other) => Err(Error::invalid(self.field(name), must_be("a string", other))),
+        }
+    }
+
+    /// A string that is not empty (an empty one counting as absent).
+    fn text(&self, name: &str) -> Result<Option<String>, Error> {
+        Ok(self.string(name)?.filter(|s| !s.is_empty()))
+    }
+
+    /// A list, refused as not a list of `what` when it is something else.
+    fn list(&self, name: &str, what: &str) -> Result<&'a [Value], Error> {
+        match self.get(name) {
+            None => Ok(&[]),
+            Some(Value::Array(items)) => Ok(items),
             Some(other) => Err(Error::invalid(
                 self.field(name),
-                format!("must be a string, got {}", quote(&other.to_string())),
+                must_be(&format!("a list of {what}"), other),
             )),
         }
     }
@@ -123,93 +163,92 @@ pub(crate) struct Registration {
     pub(crate) checks: Vec<(String, Check)>,
 }
 
+/// `body` as JSON.
+fn json(body: &[u8]) -> Result<Value, Error> {
+    serde_json::from_slice(body).map_err(|e| Error::invalid("body", format!("not JSON: {e}")))
+}
+
 /// Parse the JSON `body` of a registration.
 pub(crate) fn registration(body: &[u8], now_ms: u64) -> Result<Registration, Error> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| Error::invalid("body", format!("not JSON: {e}")))?;
+    let value = json(body)?;
     let o = Obj::new(&value, String::new())?;
     let name = o
-        .string("Name")?
-        .filter(|n| !n.is_empty())
+        .text("Name")?
         .ok_or_else(|| Error::invalid("Name", "required: the service's name"))?;
-    let id = o
-        .string("ID")?
-        .filter(|i| !i.is_empty())
-        .unwrap_or_else(|| name.clone());
-    let tags = match o.get("Tags") {
-        None => Vec::new(),
-        Some(Value::Array(items)) => items
-            .iter()
-            .enumerate()
-            .map(|(i, t)| match t {
-                Value::String(s) if s.contains(',') => Err(Error::invalid(
-                    format!("Tags[{i}]"),
-                    format!(
-                        "{} contains a comma, which separates tags in the registry's `tags` label",
-                        quote(s)
-                    ),
-                )),
-                Value::String(s) => Ok(s.clone()),
-                other => Err(Error::invalid(
-                    format!("Tags[{i}]"),
-                    format!("must be a string, got {}", quote(&other.to_string())),
-                )),
-            })
-            .collect::<Result<_, _>>()?,
-        Some(other) => {
-            return Err(Error::invalid(
-                "Tags",
-                format!(
-                    "must be a list of strings, got {}",
-                    quote(&other.to_string())
-                ),
-            ))
-        }
+    let id = o.text("ID")?.unwrap_or_else(|| name.clone());
+    let tags = tags(&o)?;
+    let address = o.text("Address")?;
+    let port = port(&o)?;
+    let meta = meta(&o)?;
+    plain_service(&o)?;
+    let checks = checks(&o, &name, &id, now_ms)?;
+    Ok(Registration {
+        name,
+        id,
+        tags,
+        address,
+        port,
+        meta,
+        checks,
+    })
+}
+
+/// `Tags`: strings without commas.
+fn tags(o: &Obj<'_>) -> Result<Vec<String>, Error> {
+    let tag = |(i, t): (usize, &Value)| match t {
+        Value::String(s) if s.contains(',') => Err(Error::invalid(
+            format!("Tags[{i}]"),
+            format!(
+                "{} contains a comma, which separates tags in the registry's `tags` label",
+                quote(s)
+            ),
+        )),
+        Value::String(s) => Ok(s.clone()),
+        other => Err(Error::invalid(
+            format!("Tags[{i}]"),
+            must_be("a string", other),
+        )),
     };
-    let address = o.string("Address")?.filter(|a| !a.is_empty());
-    let port = match o.get("Port") {
-        None => 0,
-        Some(v) => v
-            .as_u64()
-            .and_then(|p| u16::try_from(p).ok())
-            .ok_or_else(|| {
-                Error::invalid(
-                    "Port",
-                    format!(
-                        "must be a number from 1 to 65535, got {}",
-                        quote(&v.to_string())
-                    ),
-                )
-            })?,
+    o.list("Tags", "strings")?
+        .iter()
+        .enumerate()
+        .map(tag)
+        .collect()
+}
+
+/// `Port` (0 when absent).
+fn port(o: &Obj<'_>) -> Result<u16, Error> {
+    let Some(v) = o.get("Port") else {
+        return Ok(0);
     };
-    let mut meta = BTreeMap::new();
-    match o.get("Meta") {
-        None => {}
-        Some(Value::Object(m)) => {
-            for (k, v) in m {
-                let Value::String(s) = v else {
-                    return Err(Error::invalid(
-                        format!("Meta[{}]", quote(k)),
-                        format!("must be a string, got {}", quote(&v.to_string())),
-                    ));
-                };
-                meta.insert(k.clone(), s.clone());
-            }
-        }
-        Some(other) => {
-            return Err(Error::invalid(
-                "Meta",
-                format!(
-                    "must be an object of strings, got {}",
-                    quote(&other.to_string())
-                ),
-            ))
-        }
-    }
-    if let Some(kind) = o
-        .string("Kind")?
-        .filter(|k| !k.is_empty() && k != "typical")
-    {
+    v.as_u64()
+        .and_then(|p| u16::try_from(p).ok())
+        .ok_or_else(|| Error::invalid("Port", must_be("a number from 1 to 65535", v)))
+}
+
+/// `Meta`: an object of strings, its keys as given.
+fn meta(o: &Obj<'_>) -> Result<BTreeMap<String, String>, Error> {
+    let Some(m) = o.get("Meta") else {
+        return Ok(BTreeMap::new());
+    };
+    let Value::Object(m) = m else {
+        return Err(Error::invalid("Meta", must_be("an object of strings", m)));
+    };
+    m.iter()
+        .map(|(k, v)| match v {
+            Value::String(s) => Ok((k.clone(), s.clone())),
+            _ => Err(Error::invalid(
+                format!("Meta[{}]", quote(k)),
+                must_be("a string", v),
+            )),
+        })
+        .collect()
+}
+
+/// Refuse what makes a service more than a plain one: a `Kind` other than
+/// `typical`, a proxy, Connect, a socket.
+fn plain_service(o: &Obj<'_>) -> Result<(), Error> {
+    if let Some(kind) = o.text("Kind")?.filter(|k| k != "typical") {
         return Err(Error::invalid(
             "Kind",
             format!(
@@ -218,40 +257,37 @@ pub(crate) fn registration(body: &[u8], now_ms: u64) -> Result<Registration, Err
             ),
         ));
     }
-    o.unsupported(
-        "Proxy",
-        "Connect proxies are not supported by the registrar",
-    )?;
-    o.unsupported("Connect", "Connect is not supported by the registrar")?;
-    o.unsupported(
-        "SocketPath",
-        "the registry holds address and port, not sockets",
-    )?;
+    for (name, why) in [
+        (
+            "Proxy",
+            "Connect proxies are not supported by the registrar",
+        ),
+        ("Connect", "Connect is not supported by the registrar"),
+        (
+            "SocketPath",
+            "the registry holds address and port, not sockets",
+        ),
+    ] {
+        o.unsupported(name, why)?;
+    }
+    Ok(())
+}
 
-    let mut defs: Vec<(String, &Value)> = Vec::new();
-    if let Some(c) = o.get("Check") {
-        defs.push(("Check.".to_string(), c));
-    }
-    match o.get("Checks") {
-        None => {}
-        Some(Value::Array(items)) => {
-            defs.extend(
-                items
-                    .iter()
-                    .enumerate()
-                    .map(|(i, c)| (format!("Checks[{i}]."), c)),
-            );
-        }
-        Some(other) => {
-            return Err(Error::invalid(
-                "Checks",
-                format!(
-                    "must be a list of checks, got {}",
-                    quote(&other.to_string())
-                ),
-            ))
-        }
-    }
+/// `Check` and `Checks` of service `service` (its ID `id`), each with its
+/// check ID: given, or `service:<id>` (numbered from 1 when there are
+/// several).
+fn checks(
+    o: &Obj<'_>,
+    service: &str,
+    id: &str,
+    now_ms: u64,
+) -> Result<Vec<(String, Check)>, Error> {
+    let one = o.get("Check").map(|c| ("Check.".to_string(), c));
+    let many = o.list("Checks", "checks")?.iter().enumerate();
+    let defs: Vec<(String, &Value)> = one
+        .into_iter()
+        .chain(many.map(|(i, c)| (format!("Checks[{i}]."), c)))
+        .collect();
     let numbered = defs.len() > 1;
     let mut checks: Vec<(String, Check)> = Vec::new();
     for (n, (at, def)) in defs.into_iter().enumerate() {
@@ -272,129 +308,24 @@ pub(crate) fn registration(body: &[u8], now_ms: u64) -> Result<Registration, Err
                 format!("{} is given to two checks", quote(&check_id)),
             ));
         }
-        checks.push((check_id, check(&c, &name, now_ms)?));
+        checks.push((check_id, check(&c, service, now_ms)?));
     }
-    Ok(Registration {
-        name,
-        id,
-        tags,
-        address,
-        port,
-        meta,
-        checks,
-    })
+    Ok(checks)
 }
 
 /// One check definition of service `service`.
 fn check(c: &Obj<'_>, service: &str, now_ms: u64) -> Result<Check, Error> {
-    for (name, what) in [
-        ("Args", "script checks"),
-        ("ScriptArgs", "script checks"),
-        ("Script", "script checks"),
-        ("DockerContainerID", "Docker checks"),
-        ("H2PING", "HTTP/2 ping checks"),
-        ("UDP", "UDP checks"),
-        ("OSService", "OS service checks"),
-        ("AliasService", "alias checks"),
-        ("AliasNode", "alias checks"),
-        ("Body", "HTTP checks with a request body"),
-        ("GRPCUseTLS", "gRPC checks over TLS"),
-    ] {
+    for (name, what) in UNSUPPORTED_CHECK {
         c.unsupported(name, &format!("the registrar does not run {what}"))?;
     }
-    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-    let interval = |c: &Obj<'_>| -> Result<u64, Error> {
-        let d = c
-            .duration("Interval")?
-            .ok_or_else(|| Error::invalid(c.field("Interval"), "required for this check"))?;
-        if d < MIN_INTERVAL {
-            return Err(Error::invalid(
-                c.field("Interval"),
-                format!("{d:?} is shorter than the least interval, {MIN_INTERVAL:?}"),
-            ));
-        }
-        Ok(ms(d))
-    };
-    let timeout = |c: &Obj<'_>| -> Result<u64, Error> {
-        Ok(ms(c.duration("Timeout")?.unwrap_or(DEFAULT_TIMEOUT)))
-    };
-    let mut probes = Vec::new();
-    if let Some(ttl) = c.duration("TTL")? {
-        if ttl.is_zero() {
-            return Err(Error::invalid(c.field("TTL"), "must be longer than zero"));
-        }
-        probes.push(Probe::Ttl { ttl_ms: ms(ttl) });
-    }
-    if let Some(url) = c.string("HTTP")?.filter(|u| !u.is_empty()) {
-        if !url.starts_with("http://") {
-            return Err(Error::invalid(
-                c.field("HTTP"),
-                format!(
-                    "{}: the registrar runs plain http:// checks only",
-                    quote(&url)
-                ),
-            ));
-        }
-        let method = c
-            .string("Method")?
-            .filter(|m| !m.is_empty())
-            .unwrap_or_else(|| "GET".into());
-        if axum::http::Method::from_bytes(method.as_bytes()).is_err() {
-            return Err(Error::invalid(
-                c.field("Method"),
-                format!("{} is not an HTTP method", quote(&method)),
-            ));
-        }
-        probes.push(Probe::Http {
-            url,
-            method,
-            header: header(c)?,
-            interval_ms: interval(c)?,
-            timeout_ms: timeout(c)?,
-        });
-    }
-    if let Some(target) = c.string("TCP")?.filter(|t| !t.is_empty()) {
-        probes.push(Probe::Tcp {
-            target,
-            interval_ms: interval(c)?,
-            timeout_ms: timeout(c)?,
-        });
-    }
-    if let Some(target) = c.string("GRPC")?.filter(|t| !t.is_empty()) {
-        probes.push(Probe::Grpc {
-            target,
-            interval_ms: interval(c)?,
-            timeout_ms: timeout(c)?,
-        });
-    }
-    let probe = match probes.len() {
-        1 => probes.remove(0),
-        0 => {
-            return Err(Error::invalid(
-                c.field("TTL"),
-                "a check needs one of TTL, HTTP, TCP or GRPC",
-            ))
-        }
-        _ => {
-            return Err(Error::invalid(
-                c.field("TTL"),
-                "a check takes only one of TTL, HTTP, TCP or GRPC",
-            ))
-        }
-    };
-    let status = match c.string("Status")?.filter(|s| !s.is_empty()) {
+    let probe = probe(c)?;
+    let status = match c.text("Status")? {
         None => Status::Critical,
-        Some(s) => Status::parse(&s).ok_or_else(|| {
-            Error::invalid(
-                c.field("Status"),
-                format!("{} is not passing, warning or critical", quote(&s)),
-            )
-        })?,
+        Some(s) => Status::parse(&s).ok_or_else(|| not_a_status(c.field("Status"), &s))?,
     };
     let mut check = Check {
         name: c
-            .string("Name")?
-            .filter(|n| !n.is_empty())
+            .text("Name")?
             .unwrap_or_else(|| format!("Service '{service}' check")),
         probe,
         deregister_after_ms: c.duration("DeregisterCriticalServiceAfter")?.map(ms),
@@ -405,6 +336,96 @@ fn check(c: &Obj<'_>, service: &str, now_ms: u64) -> Result<Check, Error> {
     };
     check.expires_ms = check.deadline_from(now_ms);
     Ok(check)
+}
+
+/// What a check runs: exactly one of `TTL`, `HTTP`, `TCP` and `GRPC`.
+fn probe(c: &Obj<'_>) -> Result<Probe, Error> {
+    let mut probes = Vec::new();
+    if let Some(ttl) = c.duration("TTL")? {
+        if ttl.is_zero() {
+            return Err(Error::invalid(c.field("TTL"), "must be longer than zero"));
+        }
+        probes.push(Probe::Ttl { ttl_ms: ms(ttl) });
+    }
+    if let Some(url) = c.text("HTTP")? {
+        probes.push(http(c, url)?);
+    }
+    if let Some(target) = c.text("TCP")? {
+        probes.push(Probe::Tcp {
+            target,
+            interval_ms: interval(c)?,
+            timeout_ms: timeout(c)?,
+        });
+    }
+    if let Some(target) = c.text("GRPC")? {
+        probes.push(Probe::Grpc {
+            target,
+            interval_ms: interval(c)?,
+            timeout_ms: timeout(c)?,
+        });
+    }
+    match (probes.pop(), probes.is_empty()) {
+        (Some(probe), true) => Ok(probe),
+        (None, _) => Err(Error::invalid(
+            c.field("TTL"),
+            "a check needs one of TTL, HTTP, TCP or GRPC",
+        )),
+        (Some(_), false) => Err(Error::invalid(
+            c.field("TTL"),
+            "a check takes only one of TTL, HTTP, TCP or GRPC",
+        )),
+    }
+}
+
+/// An HTTP check of `url`, with its `Method`, `Header`, `Interval` and
+/// `Timeout`.
+fn http(c: &Obj<'_>, url: String) -> Result<Probe, Error> {
+    if !url.starts_with("http://") {
+        return Err(Error::invalid(
+            c.field("HTTP"),
+            format!(
+                "{}: the registrar runs plain http:// checks only",
+                quote(&url)
+            ),
+        ));
+    }
+    let method = c.text("Method")?.unwrap_or_else(|| "GET".into());
+    if axum::http::Method::from_bytes(method.as_bytes()).is_err() {
+        return Err(Error::invalid(
+            c.field("Method"),
+            format!("{} is not an HTTP method", quote(&method)),
+        ));
+    }
+    Ok(Probe::Http {
+        url,
+        method,
+        header: header(c)?,
+        interval_ms: interval(c)?,
+        timeout_ms: timeout(c)?,
+    })
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A check's `Interval`, required, and at least [`MIN_INTERVAL`].
+fn interval(c: &Obj<'_>) -> Result<u64, Error> {
+    let d = c
+        .duration("Interval")?
+        .ok_or_else(|| Error::invalid(c.field("Interval"), "required for this check"))?;
+    if d < MIN_INTERVAL {
+        return Err(Error::invalid(
+            c.field("Interval"),
+            format!("{d:?} is shorter than the least interval, {MIN_INTERVAL:?}"),
+        ));
+    }
+    Ok(ms(d))
+}
+
+/// A check's `Timeout` ([`DEFAULT_TIMEOUT`] when absent).
+fn timeout(c: &Obj<'_>) -> Result<u64, Error> {
+    Ok(ms(c.duration("Timeout")?.unwrap_or(DEFAULT_TIMEOUT)))
 }
 
 /// An HTTP check's `Header`: `{"Name": ["value", …]}`.
@@ -435,20 +456,22 @@ fn header(c: &Obj<'_>) -> Result<BTreeMap<String, Vec<String>>, Error> {
     Ok(out)
 }
 
+/// `status` is not one of a check's.
+fn not_a_status(field: String, status: &str) -> Error {
+    Error::invalid(
+        field,
+        format!("{} is not passing, warning or critical", quote(status)),
+    )
+}
+
 /// The body of `PUT /v1/agent/check/update/<id>`: `Status` and `Output`.
 pub(crate) fn update(body: &[u8]) -> Result<(Status, String), Error> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| Error::invalid("body", format!("not JSON: {e}")))?;
+    let value = json(body)?;
     let o = Obj::new(&value, String::new())?;
     let status = o
         .string("Status")?
         .ok_or_else(|| Error::invalid("Status", "required: passing, warning or critical"))?;
-    let status = Status::parse(&status).ok_or_else(|| {
-        Error::invalid(
-            "Status",
-            format!("{} is not passing, warning or critical", quote(&status)),
-        )
-    })?;
+    let status = Status::parse(&status).ok_or_else(|| not_a_status("Status".into(), &status))?;
     Ok((status, o.string("Output")?.unwrap_or_default()))
 }
 

@@ -52,106 +52,172 @@ fn first_run(now: Instant, id: &str, every: Duration) -> Instant {
 
 /// Run the checks of `registrar`'s cluster until it closes.
 pub(crate) async fn run(registrar: Arc<Registrar>, view: Arc<ConsulView>) {
-    let prober = Prober::default();
-    let own = registrar.config().cluster_name.clone();
-    let mut schedule: HashMap<String, Scheduled> = HashMap::new();
-    let mut running: JoinSet<Done> = JoinSet::new();
-    let mut removing: HashSet<EndpointKey> = HashSet::new();
-    // TTL checks whose stored state is being written.
-    let mut ttl_writing: HashSet<String> = HashSet::new();
-    let mut tick = tokio::time::interval(TICK);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let closing = registrar.closing();
     tokio::pin!(closing);
+    let mut runner = Runner::new(registrar);
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::select! {
+        let done = tokio::select! {
             () = &mut closing => return,
-            Some(done) = running.join_next() => {
-                match done {
-                    Ok(Done::Ran(id)) => {
-                        if let Some(s) = schedule.get_mut(&id) {
-                            s.running = false;
-                        }
-                    }
-                    // Tried again at the next tick.
-                    Ok(Done::Removed(key, false)) => {
-                        removing.remove(&key);
-                    }
-                    Ok(Done::Expired(id)) => {
-                        ttl_writing.remove(&id);
-                    }
-                    Ok(Done::Removed(_, true)) | Err(_) => {}
-                }
-                continue;
-            }
-            _ = tick.tick() => {}
+            Some(done) = runner.running.join_next() => Some(done),
+            _ = tick.tick() => None,
+        };
+        match done {
+            Some(done) => runner.finished(done),
+            None => runner.tick(&view),
         }
-        let Some(snap) = registrar.state().store().snapshot() else {
-            continue;
+    }
+}
+
+/// The runner's state between ticks.
+struct Runner {
+    registrar: Arc<Registrar>,
+    prober: Prober,
+    /// The registrar's cluster: the one whose checks it runs.
+    own: String,
+    schedule: HashMap<String, Scheduled>,
+    running: JoinSet<Done>,
+    removing: HashSet<EndpointKey>,
+    /// TTL checks whose stored state is being written.
+    ttl_writing: HashSet<String>,
+}
+
+impl Runner {
+    fn new(registrar: Arc<Registrar>) -> Self {
+        Self {
+            own: registrar.config().cluster_name.clone(),
+            registrar,
+            prober: Prober::default(),
+            schedule: HashMap::new(),
+            running: JoinSet::new(),
+            removing: HashSet::new(),
+            ttl_writing: HashSet::new(),
+        }
+    }
+
+    /// A task ended: what it held is free again.
+    fn finished(&mut self, done: Result<Done, tokio::task::JoinError>) {
+        match done {
+            Ok(Done::Ran(id)) => {
+                if let Some(s) = self.schedule.get_mut(&id) {
+                    s.running = false;
+                }
+            }
+            // Tried again at the next tick.
+            Ok(Done::Removed(key, false)) => {
+                self.removing.remove(&key);
+            }
+            Ok(Done::Expired(id)) => {
+                self.ttl_writing.remove(&id);
+            }
+            Ok(Done::Removed(_, true)) | Err(_) => {}
+        }
+    }
+
+    /// Start what is due among the checks of `view` that are stored on
+    /// endpoints of the registrar's cluster, and forget the checks gone.
+    fn tick(&mut self, view: &ConsulView) {
+        let Some(snap) = self.registrar.state().store().snapshot() else {
+            return;
         };
         let now = Instant::now();
         let now_ms = check::now_ms();
         let mut seen = HashSet::new();
         for (id, key) in view.all_checks() {
-            let Some(e) = snap.get(&key).filter(|e| e.cluster == own) else {
+            let Some(e) = snap.get(&key).filter(|e| e.cluster == self.own) else {
                 continue;
             };
             let Some(c) = check::check(e, &id) else {
                 continue;
             };
             seen.insert(id.clone());
-            if let Some(after) = c.deregister_after_ms {
-                let overdue = now_ms.saturating_sub(c.since_ms) >= after;
-                if c.status == Status::Critical && overdue && removing.insert(key.clone()) {
-                    let registrar = Arc::clone(&registrar);
-                    running.spawn(async move {
-                        let ok = deregister(&registrar, &key, &id).await;
-                        Done::Removed(key, ok)
+            if !self.deregister_if_overdue(&id, &key, &c, now_ms) {
+                self.start_if_due(id, key, c, now, now_ms);
+            }
+        }
+        self.schedule.retain(|id, _| seen.contains(id));
+        self.removing.retain(|k| snap.contains(k));
+    }
+
+    /// Deregister endpoint `key` when its check `c` has been critical
+    /// longer than its `DeregisterCriticalServiceAfter`; whether it is
+    /// being deregistered by this call (then the check does not run).
+    fn deregister_if_overdue(
+        &mut self,
+        id: &str,
+        key: &EndpointKey,
+        c: &check::Check,
+        now_ms: u64,
+    ) -> bool {
+        let Some(after) = c.deregister_after_ms else {
+            return false;
+        };
+        let overdue = now_ms.saturating_sub(c.since_ms) >= after;
+        if c.status != Status::Critical || !overdue || !self.removing.insert(key.clone()) {
+            return false;
+        }
+        let (registrar, key, id) = (Arc::clone(&self.registrar), key.clone(), id.to_string());
+        self.running.spawn(async move {
+            let ok = deregister(&registrar, &key, &id).await;
+            Done::Removed(key, ok)
+        });
+        true
+    }
+
+    /// Bring a TTL check's stored state up to date, or run any other check
+    /// whose time has come (registered again with another definition, it
+    /// runs now), at most [`MAX_RUNNING`] at once.
+    fn start_if_due(
+        &mut self,
+        id: String,
+        key: EndpointKey,
+        c: check::Check,
+        now: Instant,
+        now_ms: u64,
+    ) {
+        if let Probe::Ttl { ttl_ms } = c.probe {
+            if let Some(due) = ttl_due(&c, now_ms) {
+                if self.ttl_writing.insert(id.clone()) {
+                    let registrar = Arc::clone(&self.registrar);
+                    self.running.spawn(async move {
+                        expire(&registrar, &key, &id, due, ttl_ms).await;
+                        Done::Expired(id)
                     });
-                    continue;
                 }
             }
-            if let Probe::Ttl { ttl_ms } = c.probe {
-                if let Some(due) = ttl_due(&c, now_ms) {
-                    if ttl_writing.insert(id.clone()) {
-                        let registrar = Arc::clone(&registrar);
-                        running.spawn(async move {
-                            expire(&registrar, &key, &id, due, ttl_ms).await;
-                            Done::Expired(id)
-                        });
-                    }
-                }
-                continue;
-            }
-            let Some(every) = c.probe.interval() else {
-                continue;
-            };
-            let s = schedule.entry(id.clone()).or_insert_with(|| Scheduled {
+            return;
+        }
+        let Some(every) = c.probe.interval() else {
+            return;
+        };
+        let s = self
+            .schedule
+            .entry(id.clone())
+            .or_insert_with(|| Scheduled {
                 key: key.clone(),
                 probe: c.probe.clone(),
                 next: first_run(now, &id, every),
                 running: false,
             });
-            if s.probe != c.probe || s.key != key {
-                // Registered again with another definition: run it soon.
-                s.probe = c.probe.clone();
-                s.key = key.clone();
-                s.next = now;
-            }
-            if s.running || s.next > now || running.len() >= MAX_RUNNING {
-                continue;
-            }
-            s.running = true;
-            s.next = now + every;
-            let (registrar, prober, probe) = (Arc::clone(&registrar), prober.clone(), c.probe);
-            running.spawn(async move {
-                let (status, output) = prober.run(&probe).await;
-                set_status(&registrar, &key, &id, status, &output).await;
-                Done::Ran(id)
-            });
+        if s.probe != c.probe || s.key != key {
+            // Registered again with another definition: run it soon.
+            s.probe = c.probe.clone();
+            s.key = key.clone();
+            s.next = now;
         }
-        schedule.retain(|id, _| seen.contains(id));
-        removing.retain(|k| snap.contains(k));
+        if s.running || s.next > now || self.running.len() >= MAX_RUNNING {
+            return;
+        }
+        s.running = true;
+        s.next = now + every;
+        let (registrar, prober, probe) =
+            (Arc::clone(&self.registrar), self.prober.clone(), c.probe);
+        self.running.spawn(async move {
+            let (status, output) = prober.run(&probe).await;
+            set_status(&registrar, &key, &id, status, &output).await;
+            Done::Ran(id)
+        });
     }
 }
 
