@@ -11,8 +11,6 @@
 //! # Ok(()) }
 //! ```
 
-use std::time::Duration;
-
 use registry_api::testing::Guarded;
 
 use crate::FixtureError;
@@ -94,7 +92,8 @@ pub async fn cloudmap() -> Result<
     .map_err(setup("creating the fixture namespace"))?;
     let polling = registry_api::polling::Polling::with_config(
         raw,
-        registry_api::polling::PollingConfig::default().with_interval(Duration::from_millis(50)),
+        registry_api::polling::PollingConfig::default()
+            .with_interval(std::time::Duration::from_millis(50)),
     )
     .map_err(setup("polling the fixture namespace"))?;
     Ok(Guarded::new(polling, moto))
