@@ -88,6 +88,7 @@ async fn watcher(url: String, i: usize, seen: mpsc::UnboundedSender<Seen>) {
             cluster_name: "bench".into(),
             node_name: format!("watcher-{i}"),
             last_version: String::new(),
+            held: None,
         })
         .await
         .unwrap()

@@ -3,7 +3,7 @@
 //! [`crate::watch`]).
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -14,6 +14,7 @@ use tokio::sync::{broadcast, watch};
 use tonic::transport::{Channel, Endpoint as TonicEndpoint};
 
 use crate::config::{Ack, ClientConfig};
+use crate::digest::Digests;
 use crate::error::error_from_status;
 use crate::layout::{endpoint_from_proto, endpoint_to_proto, Token};
 use crate::proto::registrar::v1::registrar_client::RegistrarClient as Grpc;
@@ -51,6 +52,11 @@ pub struct RpcClient {
     pub(crate) connected: Arc<watch::Sender<u64>>,
     /// Refusals of writes read from the watch stream.
     pub(crate) refusals: broadcast::Sender<StreamRefusal>,
+    /// What the watch streams delivered, as the client holds it: summarized
+    /// in the next stream's request (resume by content).
+    pub(crate) held: Arc<Mutex<Option<Snapshot>>>,
+    /// The digests of that summary, each computed once per content.
+    pub(crate) digests: Arc<Digests>,
 }
 
 impl RpcClient {
@@ -88,6 +94,8 @@ impl RpcClient {
             epoch: Arc::new(watch::channel(None).0),
             connected: Arc::new(watch::channel(0).0),
             refusals: broadcast::channel(256).0,
+            held: Arc::default(),
+            digests: Arc::default(),
         })
     }
 

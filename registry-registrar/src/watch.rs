@@ -2,12 +2,13 @@
 //! [`RpcClient`]'s [`Watch`], and the decoder that assembles chunked
 //! snapshots, checks epochs and hands refusals to the client.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use futures::stream::{self, StreamExt};
 use registry_api::{Endpoint, Error, Event, EventStream, Op, Result, Snapshot, Version, Watch};
 use tokio::sync::{broadcast, watch};
 
+use crate::digest::merge_partial;
 use crate::error::error_from_status;
 use crate::layout::{endpoint_from_proto, key_from_parts, Token};
 use crate::proto::registrar::v1::endpoint_event::EventType;
@@ -17,6 +18,13 @@ use crate::rpc::{RpcClient, StreamRefusal};
 /// Turns the registrar's events into ours, assembling chunked snapshots.
 struct Decoder {
     buffered: Vec<Endpoint>,
+    /// The snapshot being assembled is partial (`snapshot_partial`).
+    partial: bool,
+    /// What this stream's request summarized: what a partial snapshot
+    /// applies to.
+    base: Option<Snapshot>,
+    /// What the client holds after the events decoded so far.
+    mirror: Arc<Mutex<Option<Snapshot>>>,
     epoch: Arc<watch::Sender<Option<u64>>>,
     connected: Arc<watch::Sender<u64>>,
     refusals: broadcast::Sender<StreamRefusal>,
@@ -29,6 +37,7 @@ impl Decoder {
         let token: Token = ev.version.parse()?;
         let out = match EventType::try_from(ev.r#type) {
             Ok(EventType::FullSnapshot) => {
+                self.partial |= ev.snapshot_partial;
                 for (i, p) in ev.snapshot_endpoints.into_iter().enumerate() {
                     self.buffered.push(endpoint_from_proto(
                         p,
@@ -40,7 +49,17 @@ impl Decoder {
                 }
                 self.epoch.send_replace(Some(token.epoch));
                 let eps = std::mem::take(&mut self.buffered);
-                Event::Snapshot(Snapshot::from_endpoints(token.version, eps))
+                if std::mem::take(&mut self.partial) {
+                    let base = self.base.take().ok_or_else(|| {
+                        Error::internal(
+                            "registrar sent a partial snapshot to a client holding nothing",
+                        )
+                    })?;
+                    let removed = &ev.snapshot_removed_services;
+                    Event::Snapshot(merge_partial(&base, token.version, eps, removed))
+                } else {
+                    Event::Snapshot(Snapshot::from_endpoints(token.version, eps))
+                }
             }
             Ok(kind) => {
                 if *self.epoch.borrow() != Some(token.epoch) {
@@ -77,6 +96,7 @@ impl Decoder {
                 )))
             }
         };
+        self.remember(&out);
         if !self.announced {
             self.announced = true;
             self.connected.send_modify(|n| *n += 1);
@@ -86,6 +106,18 @@ impl Decoder {
 }
 
 impl Decoder {
+    /// Keep what the client holds after `event`, for the next stream's
+    /// summary. A change no newer than what is held (another stream of
+    /// this client sent it already) is not applied twice.
+    fn remember(&self, event: &Event) {
+        let mut held = self.mirror.lock().unwrap_or_else(|p| p.into_inner());
+        match (event, held.as_mut()) {
+            (Event::Snapshot(snap), _) => *held = Some(snap.clone()),
+            (delta, Some(snap)) if delta.version() > snap.version() => snap.apply(delta),
+            _ => {}
+        }
+    }
+
     /// Hand a refusal carried by `event` (its undo) to the client.
     fn refusal(&self, r: WriteRefusal, event: &Event) -> Result<()> {
         let restored = match event {
@@ -117,15 +149,25 @@ impl Watch for RpcClient {
             (Some(version), Some(epoch)) => Token { epoch, version }.to_string(),
             _ => String::new(),
         };
+        // Resuming: say what is held too, for a registrar of another epoch.
+        let base = match from {
+            Some(_) => self.held.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            None => None,
+        };
+        let held = base.as_ref().and_then(|snap| self.digests.held(snap));
         let req = WatchEndpointsRequest {
             cluster_name: self.cfg.cluster_name.clone(),
             node_name: self.cfg.node_name.clone(),
             last_version,
+            held,
         };
         let mut grpc = self.grpc.clone();
         let addr = self.cfg.address.clone();
         let mut decoder = Decoder {
             buffered: Vec::new(),
+            partial: false,
+            base,
+            mirror: Arc::clone(&self.held),
             epoch: Arc::clone(&self.epoch),
             connected: Arc::clone(&self.connected),
             refusals: self.refusals.clone(),

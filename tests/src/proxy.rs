@@ -1,7 +1,8 @@
 //! A TCP proxy on loopback in front of a fixture server (or a server under
 //! test) that tests use to break the network between a client and it: cut
 //! every open connection, refuse new ones, or black-hole them (keep them
-//! open and forward nothing).
+//! open and forward nothing); or move clients to another server, as a
+//! load balancer does when the server behind it changes.
 //!
 //! ```no_run
 //! # async fn demo(server: std::net::SocketAddr) -> Result<(), registry_fixtures::FixtureError> {
@@ -35,6 +36,8 @@ pub struct CutProxy {
     mode: watch::Sender<Mode>,
     /// Bumped to close every open connection.
     cut: watch::Sender<u64>,
+    /// Where new connections go.
+    target: watch::Sender<SocketAddr>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -49,7 +52,8 @@ impl CutProxy {
             .map_err(crate::io("reading the proxy's port"))?;
         let mode = watch::channel(Mode::Forward).0;
         let cut = watch::channel(0u64).0;
-        let (m, c) = (mode.clone(), cut.clone());
+        let target = watch::channel(target).0;
+        let (m, c, t) = (mode.clone(), cut.clone(), target.clone());
         let task = tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
@@ -58,13 +62,15 @@ impl CutProxy {
                 if *m.borrow() == Mode::Refuse {
                     continue; // dropped: the client sees the connection close
                 }
-                tokio::spawn(pipe(client, target, m.subscribe(), c.subscribe()));
+                let to = *t.borrow();
+                tokio::spawn(pipe(client, to, m.subscribe(), c.subscribe()));
             }
         });
         Ok(CutProxy {
             addr,
             mode,
             cut,
+            target,
             task,
         })
     }
@@ -94,6 +100,12 @@ impl CutProxy {
     /// Forward nothing, without closing anything, until [`CutProxy::heal`].
     pub fn black_hole(&self) {
         self.mode.send_replace(Mode::BlackHole);
+    }
+
+    /// Close every open connection and send new ones to `target`.
+    pub fn retarget(&self, target: SocketAddr) {
+        self.target.send_replace(target);
+        self.cut();
     }
 
     /// Forward again, and accept new connections.

@@ -26,6 +26,7 @@ mod http_api;
 mod http_native;
 mod operators;
 mod registrar;
+mod resume;
 #[cfg(all(feature = "sqlite", feature = "http-api"))]
 mod soak;
 mod streams;
@@ -35,5 +36,7 @@ mod ui;
 mod ui_browser;
 #[cfg(feature = "xds")]
 mod xds;
+#[cfg(all(feature = "xds", feature = "sqlite"))]
+mod xds_resume;
 #[cfg(feature = "xds")]
 mod xds_tonic;

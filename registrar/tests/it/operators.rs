@@ -272,6 +272,7 @@ async fn endpoint_removed_carries_the_last_endpoint() {
             cluster_name: "default".into(),
             node_name: "n7".into(),
             last_version: String::new(),
+            held: None,
         })
         .await
         .unwrap()

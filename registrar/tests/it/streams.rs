@@ -56,6 +56,7 @@ fn watch_request(node: &str) -> WatchEndpointsRequest {
         cluster_name: "test".into(),
         node_name: node.into(),
         last_version: String::new(),
+        held: None,
     }
 }
 

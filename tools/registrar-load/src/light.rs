@@ -81,6 +81,7 @@ impl LightAgent {
             cluster_name: "load".into(),
             node_name: node.into(),
             last_version: String::new(),
+            held: None,
         });
         request_body.send_data(request, true)?;
         let response = driven(&mut conn, response).await??;

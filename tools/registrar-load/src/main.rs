@@ -29,12 +29,19 @@
 //!    endpoints, while a healthy watcher gets every change in order.
 //!
 //! 5. restart (only when asked for, `--phases restart`): `--agents`
-//!    agents on `RegistrarClient` (in a child process) connected to a
-//!    registrar that is stopped and started again on the same port over
-//!    the same backend: how long until every agent's stream is back, and
-//!    the snapshots that took.
+//!    agents (in a child process) connected to a registrar that is stopped
+//!    and started again on the same port over the same backend, on a
+//!    registry of `--endpoints` endpoints of which `--changed` percent of
+//!    the services change meanwhile: how long until every agent's stream
+//!    is back, the snapshot bytes and the new registrar's CPU that took,
+//!    for agents that resume by content (`RegistrarClient`) against agents
+//!    that get a full snapshot (the baseline).
+//! 6. failover (only when asked for, `--phases failover`): the same, with
+//!    the agents moved by a load balancer from one registrar to another
+//!    over the same backend (`restart.rs`).
 //!
-//! `--phases stuck` (a comma list of `fanout,backend,cold,stuck,restart`)
+//! `--phases stuck` (a comma list of
+//! `fanout,backend,cold,stuck,restart,failover`)
 //! runs only some phases. `--pin` puts the registrar on CPU 0 and its agents on
 //! CPU 1 in the fan-out phase, and it prints the registrar's CPU time per
 //! delivered event (and the part of it in the kernel) and per change.
@@ -83,6 +90,13 @@ struct Args {
     /// Endpoints for the stuck-streams phase.
     #[arg(long, default_value_t = 100_000)]
     stuck_endpoints: usize,
+    /// Endpoints for the restart and failover phases.
+    #[arg(long, default_value_t = 1000)]
+    endpoints: usize,
+    /// Restart and failover phases: the percentage of services that
+    /// change while the agents are away.
+    #[arg(long, default_value_t = 0.0)]
+    changed: f64,
     /// Phases to run.
     #[arg(
         long,
@@ -368,7 +382,10 @@ async fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
         stuck::phase(&args).await?;
     }
     if run("restart") {
-        restart::phase(&args).await?;
+        restart::phase(&args, restart::Move::Restart).await?;
+    }
+    if run("failover") {
+        restart::phase(&args, restart::Move::Failover).await?;
     }
     Ok(())
 }

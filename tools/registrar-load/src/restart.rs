@@ -1,154 +1,305 @@
-//! Phase 5 of `registrar-load` (`--phases restart`): a registrar restart
-//! under `--agents` agents. The agents are `RegistrarClient`s, as a node's
-//! are, in a child process; the registrar (this process) holds 1,000
-//! endpoints in a `MemoryRegistry` that outlives it. Once every agent's
-//! stream is open, the registrar is stopped as on SIGTERM (its streams
-//! end) and a new one starts on the same port over the same backend, a
-//! new epoch: each agent reconnects by its own backoff (200 ms, doubling,
-//! jittered) and gets a fresh snapshot. Printed: how long until every
-//! stream is back (and the first), the snapshot messages and bytes that
-//! took, and the new registrar's CPU time meanwhile.
+//! Phases 5 and 6 of `registrar-load` (`--phases restart,failover`):
+//! `--agents` agents come back to a registrar of another epoch, which
+//! cannot resume them by version.
+//!
+//! - **restart**: the registrar is stopped as on SIGTERM (its streams end)
+//!   and a new one starts on the same port over the same backend.
+//! - **failover**: two registrars over one backend; the agents reach the
+//!   first through a load balancer (a TCP proxy in the agents' process),
+//!   the first stops, and the proxy sends them to the second, which has
+//!   been following the backend all along.
+//!
+//! The registry holds `--endpoints` endpoints in 20-endpoint services, in
+//! a `MemoryRegistry` that outlives the registrars; `--changed` percent of
+//! the services gain an endpoint while the agents are away. Each phase
+//! runs twice in the same process: with `RegistrarClient` agents, which
+//! say what they hold and get only the services that differ (resume by
+//! content), and with bare HTTP/2 readers that say nothing (`light.rs`),
+//! which get a full snapshot each, as agents without a summary do: the
+//! baseline. Printed per run: how long until every stream was back, the
+//! snapshot bytes sent, and the new registrar's CPU per returning agent
+//! (this process's CPU; the agents and the proxy are in a child); then
+//! the ratios of the two.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use registrar_server::{Backend, RegistrarConfig};
 use registry_api::{backend::backoff, memory::MemoryRegistry, Endpoint, Registry};
-use registry_registrar::{ClientConfig, RegistrarClient};
+use registry_fixtures::proxy::CutProxy;
+use registry_registrar::{ClientConfig, RegistrarClient, RpcClient};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdout, Command};
 
 use crate::light::LightAgent;
 use crate::procs::cpu_seconds;
-use crate::{start_on, Args};
+use crate::{start_on, Args, Server};
 
 type Res<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
-/// Endpoints in the registry each reconnecting agent gets in its snapshot.
-const ENDPOINTS: usize = 1_000;
-/// The longest wait for all agents, before and after the restart.
+/// The longest wait for all agents, before and after the move.
 const LIMIT: Duration = Duration::from_secs(300);
+/// Endpoints per service.
+const PER_SERVICE: usize = 20;
 
-/// Wait until `streams()` is `want`, at most [`LIMIT`]; when the first was
-/// open and when all were.
-async fn all_open(
-    streams: impl Fn() -> usize,
-    want: usize,
-    from: Instant,
-) -> Res<(Duration, Duration)> {
-    let mut first = None;
-    loop {
-        let open = streams();
-        if open > 0 && first.is_none() {
-            first = Some(from.elapsed());
+/// How the agents come to a registrar of another epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Move {
+    Restart,
+    Failover,
+}
+
+impl Move {
+    fn name(self) -> &'static str {
+        match self {
+            Move::Restart => "restart",
+            Move::Failover => "failover",
         }
-        if open >= want {
-            return Ok((first.unwrap_or_default(), from.elapsed()));
+    }
+}
+
+/// What the agents' return cost the new registrar.
+struct Figures {
+    all_back: Duration,
+    chunks: u64,
+    bytes: u64,
+    cpu: f64,
+}
+
+/// Wait until `done()`, at most [`LIMIT`]; how long that took.
+async fn until(what: &str, done: impl Fn() -> bool, from: Instant) -> Res<Duration> {
+    loop {
+        if done() {
+            return Ok(from.elapsed());
         }
         if from.elapsed() > LIMIT {
-            return Err(format!("{open} of {want} streams open after {LIMIT:?}").into());
+            return Err(format!("{what}: not after {LIMIT:?}").into());
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
-pub(crate) async fn phase(args: &Args) -> Res<()> {
+/// Every agent's stream open on `server`, with its snapshot sent.
+fn all_served(server: &Server, agents: usize) -> bool {
+    let stats = server.registrar.watch_stats();
+    stats.streams >= agents && stats.pending_endpoints == 0
+}
+
+fn service(i: usize, services: usize) -> String {
+    format!("svc-{:05}", i % services)
+}
+
+async fn registry(endpoints: usize) -> Res<(Arc<MemoryRegistry>, usize)> {
     let memory = Arc::new(MemoryRegistry::new());
-    for i in 0..ENDPOINTS {
-        let e = Endpoint::new(
-            format!("svc-{}", i % 50),
-            format!("ep-{i}"),
-            "10.1.0.1",
-            8080,
-        );
-        memory
-            .register(e.with_node(format!("node-{}", i % 100)))
-            .await?;
+    let services = endpoints.div_ceil(PER_SERVICE).max(1);
+    let ops: Vec<registry_api::Op> = (0..endpoints)
+        .map(|i| {
+            let e = Endpoint::new(service(i, services), format!("ep-{i}"), "10.1.0.1", 8080);
+            registry_api::Op::Register(e.with_node(format!("node-{}", i % 100)))
+        })
+        .collect();
+    for batch in ops.chunks(1000) {
+        registry_api::Batch::apply(memory.as_ref(), batch.to_vec()).await?;
     }
+    Ok((memory, services))
+}
+
+/// The agents' process, and its stdout (one line once they are ready).
+struct Agents {
+    child: Child,
+    _out: tokio::io::Lines<BufReader<ChildStdout>>,
+}
+
+impl Agents {
+    async fn spawn(args: &Args, target: SocketAddr, light: bool) -> Res<Agents> {
+        let mut child = Command::new(std::env::current_exe()?)
+            .args(["--restart-client", &target.to_string()])
+            .args(["--agents", &args.agents.to_string()])
+            .args(light.then_some("--light-agents"))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        let stdout = child.stdout.take().ok_or("the agents' stdout")?;
+        let mut out = BufReader::new(stdout).lines();
+        let line = tokio::time::timeout(LIMIT, out.next_line()).await??;
+        if line.as_deref() != Some("ready") {
+            return Err(format!("the agents' process said {line:?}, not ready").into());
+        }
+        Ok(Agents { child, _out: out })
+    }
+
+    /// Tell the agents' load balancer to send them to `addr`.
+    async fn retarget(&mut self, addr: SocketAddr) -> Res<()> {
+        let stdin = self.child.stdin.as_mut().ok_or("the agents' stdin")?;
+        stdin
+            .write_all(format!("retarget {addr}\n").as_bytes())
+            .await?;
+        stdin.flush().await?;
+        Ok(())
+    }
+}
+
+/// One run: the agents ([`RegistrarClient`]s, or light ones with `light`)
+/// on a first registrar, moved as `how` says to a new one.
+async fn run(args: &Args, how: Move, light: bool) -> Res<Figures> {
+    let (memory, services) = registry(args.endpoints).await?;
     let backend = || Arc::clone(&memory) as Arc<dyn Backend>;
     let cfg = || RegistrarConfig::new("load").with_agent_buffer(65_536);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let first = start_on(backend(), cfg(), listener).await?;
-    let mut child = tokio::process::Command::new(std::env::current_exe()?)
-        .args(["--restart-client", &first.url()])
-        .args(["--agents", &args.agents.to_string()])
-        .args(args.light_agents.then_some("--light-agents"))
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()?;
-    let (_, opened) = all_open(
-        || first.registrar.watch_stats().streams,
-        args.agents,
+    let second = match how {
+        Move::Failover => {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            Some(start_on(backend(), cfg(), l).await?)
+        }
+        Move::Restart => None,
+    };
+    let mut agents = Agents::spawn(args, addr, light).await?;
+    until(
+        "every agent's first snapshot",
+        || all_served(&first, args.agents),
         Instant::now(),
     )
     .await?;
-    println!(
-        "restart: {} agents ({}) on {ENDPOINTS} endpoints, all streams open after {:.1} s",
-        args.agents,
-        if args.light_agents {
-            "light: bare HTTP/2, RegistrarClient's backoff"
-        } else {
-            "RegistrarClient"
-        },
-        opened.as_secs_f64()
-    );
 
-    let stopping = Instant::now();
     crate::shut_down(first, Duration::from_secs(60)).await?;
-    let stopped = stopping.elapsed();
-    // The same port again (the old listener is closed; a socket of the
-    // old connections in TIME_WAIT does not stop a new bind).
-    let listener = loop {
-        match tokio::net::TcpListener::bind(addr).await {
-            Ok(l) => break l,
-            Err(_) if stopping.elapsed() < Duration::from_secs(10) => {
-                tokio::time::sleep(Duration::from_millis(20)).await;
+    // While the agents are away, some services change.
+    let changed = ((services as f64) * args.changed / 100.0).round() as usize;
+    for s in 0..changed.min(services) {
+        let e = Endpoint::new(
+            service(s, services),
+            format!("ep-new-{s}"),
+            "10.1.0.2",
+            8080,
+        );
+        memory.register(e.with_node("node-0")).await?;
+    }
+    let (second, started, cpu, before) = match second {
+        Some(second) => {
+            // The second registrar has the changes before the agents come.
+            let rpc = RpcClient::connect(ClientConfig::new(second.url(), "load", "check"))?;
+            let want = memory.snapshot().await?;
+            let from = Instant::now();
+            loop {
+                if rpc.snapshot().await?.same_endpoints(&want) {
+                    break;
+                }
+                if from.elapsed() > LIMIT {
+                    return Err("the second registrar never had the changes".into());
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            Err(e) => return Err(format!("cannot bind {addr} again: {e}").into()),
+            let before = second.registrar.watch_stats();
+            let cpu = cpu_seconds();
+            let started = Instant::now();
+            agents.retarget(second.addr).await?;
+            (second, started, cpu, before)
+        }
+        None => {
+            let listener = rebind(addr).await?;
+            let cpu = cpu_seconds();
+            let started = Instant::now();
+            let second = start_on(backend(), cfg(), listener).await?;
+            let before = second.registrar.watch_stats();
+            (second, started, cpu, before)
         }
     };
-    let cpu = cpu_seconds();
-    let started = Instant::now();
-    let second = start_on(backend(), cfg(), listener).await?;
-    let (first_back, all_back) = all_open(
-        || second.registrar.watch_stats().streams,
-        args.agents,
+    let all_back = until(
+        "every agent back",
+        || all_served(&second, args.agents),
         started,
     )
     .await?;
     let cpu = cpu_seconds() - cpu;
     let stats = second.registrar.watch_stats();
-    println!(
-        "restart: the registrar drained in {:.2} s; on the new one the first agent was back after {} ms, all {} after {:.2} s; {} snapshot messages ({:.1} MiB) sent meanwhile; its CPU {:.2} s ({:.0} µs per agent back)",
-        stopped.as_secs_f64(),
-        first_back.as_millis(),
-        args.agents,
-        all_back.as_secs_f64(),
-        stats.snapshot_chunks,
-        stats.snapshot_bytes as f64 / f64::from(1 << 20),
+    let _ = agents.child.kill().await;
+    Ok(Figures {
+        all_back,
+        chunks: stats.snapshot_chunks - before.snapshot_chunks,
+        bytes: stats.snapshot_bytes - before.snapshot_bytes,
         cpu,
-        cpu / args.agents as f64 * 1e6
+    })
+}
+
+/// `addr` bound again once the old listener is closed (a socket of the
+/// old connections in TIME_WAIT does not stop a new bind).
+async fn rebind(addr: SocketAddr) -> Res<tokio::net::TcpListener> {
+    let from = Instant::now();
+    loop {
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => return Ok(l),
+            Err(_) if from.elapsed() < Duration::from_secs(10) => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => return Err(format!("cannot bind {addr} again: {e}").into()),
+        }
+    }
+}
+
+pub(crate) async fn phase(args: &Args, how: Move) -> Res<()> {
+    let name = how.name();
+    let mut figures = Vec::new();
+    for (light, label) in [(true, "full snapshots"), (false, "resumed by content")] {
+        let f = run(args, how, light).await?;
+        println!(
+            "{name}: {} agents on {} endpoints, {}% of the services changed, {label}: all back after {:.2} s; {} snapshot messages, {:.1} KiB per agent; the new registrar's CPU {:.0} µs per agent",
+            args.agents,
+            args.endpoints,
+            args.changed,
+            f.all_back.as_secs_f64(),
+            f.chunks,
+            f.bytes as f64 / args.agents as f64 / 1024.0,
+            f.cpu / args.agents as f64 * 1e6,
+        );
+        figures.push(f);
+    }
+    let (full, content) = (&figures[0], &figures[1]);
+    println!(
+        "{name}: resumed by content / full snapshots: bytes {:.2} %, CPU {:.1} %",
+        content.bytes as f64 / full.bytes.max(1) as f64 * 100.0,
+        content.cpu / full.cpu.max(f64::EPSILON) * 100.0,
     );
-    let _ = child.kill().await;
     Ok(())
 }
 
-/// The child: `agents` `RegistrarClient`s against `url` (with `light`,
-/// [`LightAgent`]s that reconnect as a `RegistrarClient` does), held
-/// until the parent kills this process (at most [`LIMIT`] twice over).
-pub(crate) async fn client(url: &str, agents: usize, light: bool) -> Res<()> {
+/// The child: `agents` `RegistrarClient`s (with `light`, [`LightAgent`]s
+/// that reconnect as a `RegistrarClient` does) through a proxy to
+/// `target`; prints `ready` once every client holds its first snapshot,
+/// moves the proxy to the address of each `retarget <addr>` line on
+/// stdin, and ends when stdin does (at most [`LIMIT`] twice over).
+pub(crate) async fn client(target: &str, agents: usize, light: bool) -> Res<()> {
+    let proxy = CutProxy::start(target.parse()?).await?;
+    let url = proxy.url();
+    let mut clients = Vec::with_capacity(agents);
     if light {
         for i in 0..agents {
-            tokio::spawn(light_agent(url.to_owned(), i));
+            tokio::spawn(light_agent(url.clone(), i));
         }
-        tokio::time::sleep(LIMIT * 2).await;
-        return Ok(());
+    } else {
+        for i in 0..agents {
+            let cfg = ClientConfig::new(&url, "load", format!("agent-{i}"));
+            clients.push(RegistrarClient::connect(cfg)?);
+        }
+        for c in &clients {
+            tokio::time::timeout(LIMIT, c.cache().wait_until_ready()).await?;
+        }
     }
-    let mut clients = Vec::with_capacity(agents);
-    for i in 0..agents {
-        let cfg = ClientConfig::new(url, "load", format!("agent-{i}"));
-        clients.push(RegistrarClient::connect(cfg)?);
-    }
-    tokio::time::sleep(LIMIT * 2).await;
+    println!("ready");
+    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    let _ = tokio::time::timeout(LIMIT * 2, async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Some(addr) = line.strip_prefix("retarget ") {
+                match addr.parse() {
+                    Ok(addr) => proxy.retarget(addr),
+                    Err(e) => eprintln!("registrar-load agents: {addr:?}: {e}"),
+                }
+            }
+        }
+    })
+    .await;
     drop(clients);
     Ok(())
 }

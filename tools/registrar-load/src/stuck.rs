@@ -34,6 +34,7 @@ pub(crate) async fn client(
                 cluster_name: "load".into(),
                 node_name: format!("stuck-{i}"),
                 last_version: String::new(),
+                held: None,
             })
             .await?
             .into_inner();

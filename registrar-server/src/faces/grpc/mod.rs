@@ -15,6 +15,7 @@ use registry_registrar::proto::registrar::v1::{
 };
 use registry_registrar::{
     endpoint_from_proto, endpoint_to_proto, key_from_parts, status_from_error, Token,
+    MAX_SUMMARY_BYTES,
 };
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
@@ -64,13 +65,17 @@ impl RegistrarService {
         self
     }
 
-    /// As a tonic service: requests up to the request limit, responses
+    /// As a tonic service: requests up to the request limit (a
+    /// `WatchEndpoints` request [`MAX_SUMMARY_BYTES`] more, for the agent's
+    /// summary of what it holds), responses
     /// large enough for big registries (256 MiB); `WatchEndpoints` sends
     /// each message encoded once for every stream (see
     /// [`RegistrarConfig::stream_encoding`](crate::RegistrarConfig)).
     pub fn into_server(self) -> RegistrarGrpc {
         let limit = self.max_request_bytes;
-        let watch = watch::WatchService::new(self.clone(), limit, MAX_RESPONSE_BYTES);
+        // A watch request may carry the agent's summary of what it holds.
+        let watch_limit = limit + MAX_SUMMARY_BYTES;
+        let watch = watch::WatchService::new(self.clone(), watch_limit, MAX_RESPONSE_BYTES);
         let server = RegistrarServer::new(self)
             .max_decoding_message_size(limit)
             .max_encoding_message_size(MAX_RESPONSE_BYTES);
@@ -86,13 +91,16 @@ impl RegistrarService {
     ) -> Result<FrameStream, Status> {
         let caller = self.security.caller(&request)?;
         caller.may_read()?;
-        let req = request.into_inner();
+        let mut req = request.into_inner();
         let from = self.registrar.resume_from(&req.last_version);
+        // Resumed by version, the summary is not needed.
+        let held = req.held.take().filter(|_| from.is_none());
         tracing::debug!(
             cluster = %req.cluster_name,
             node = %req.node_name,
             last_version = %req.last_version,
             resume = from.is_some(),
+            by_content = held.is_some(),
             %caller,
             "agent watching"
         );
@@ -106,6 +114,7 @@ impl RegistrarService {
             Some((first, feed)) => AgentStream::fed(Arc::clone(reg), feeds, first, feed),
             None => AgentStream::new(Arc::clone(reg), feeds, reg.state().watch(from), encoding),
         }
+        .holding(held)
         .take_until(reg.closing());
         Ok(Box::pin(stream))
     }

@@ -44,6 +44,10 @@
 //! The messages on the wire are the ones the proto documents: a snapshot is
 //! one or more `FULL_SNAPSHOT` events of `snapshot_chunk` endpoints in key
 //! order, the last (or the only, empty one) with `snapshot_last` set.
+//! For an agent that could not be resumed by version and said what it
+//! holds (`held`), the first snapshot holds only the services whose
+//! digest differs ([`registry_registrar::Digests`]), each chunk flagged
+//! `snapshot_partial`; it is that stream's own, so encoded by it.
 
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -54,9 +58,9 @@ use futures::{Stream, StreamExt};
 use prost::Message;
 use registry_api::{Endpoint, EndpointKey, Error, Event, EventStream, Op, Snapshot, Version};
 use registry_registrar::proto::registrar::v1::endpoint_event::EventType;
-use registry_registrar::proto::registrar::v1::{EndpointEvent, WriteRefusal};
+use registry_registrar::proto::registrar::v1::{EndpointEvent, HeldServices, WriteRefusal};
 use registry_registrar::proto::registry::v1::ServiceEndpoint;
-use registry_registrar::{endpoint_to_proto, status_from_error, Token};
+use registry_registrar::{endpoint_to_proto, status_from_error, Digests, Token};
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use tonic::Status;
 
@@ -86,6 +90,9 @@ struct Cursor {
     index: usize,
     /// The chunks other streams of this snapshot encoded (shared encoding).
     memo: Option<MemoUse>,
+    /// A partial snapshot (resumed by content): the services the agent
+    /// holds that are gone, said on the last chunk.
+    partial: Option<Vec<String>>,
 }
 
 impl Cursor {
@@ -103,15 +110,18 @@ impl Cursor {
             None => self.last.clone(),
         };
         let count = eps.len();
+        let snapshot_last = self.left.saturating_sub(count) == 0;
         let msg = EndpointEvent {
             r#type: EventType::FullSnapshot as i32,
-            service_name: String::new(),
-            protocol: 0,
-            endpoint: None,
             version: self.version.clone(),
             snapshot_endpoints: eps,
-            snapshot_last: self.left.saturating_sub(count) == 0,
-            refusal: None,
+            snapshot_last,
+            snapshot_partial: self.partial.is_some(),
+            snapshot_removed_services: match &self.partial {
+                Some(removed) if snapshot_last => removed.clone(),
+                _ => Vec::new(),
+            },
+            ..Default::default()
         };
         (msg, last, count)
     }
@@ -192,6 +202,8 @@ impl Broadcasts {
 pub(crate) struct Feeds {
     pub(crate) fanout: Arc<fanout::Fanout>,
     pub(crate) shared: Arc<shared::Shared>,
+    /// The services' content digests, for agents resuming by content.
+    pub(crate) digests: Digests,
 }
 
 impl Feeds {
@@ -202,6 +214,7 @@ impl Feeds {
         Self {
             fanout,
             shared: Arc::default(),
+            digests: Digests::new(),
         }
     }
 }
@@ -215,6 +228,9 @@ pub(crate) struct AgentStream {
     chunk: usize,
     encoding: StreamEncoding,
     snapshot: Option<Cursor>,
+    /// What the agent holds, when it could not resume by version: its
+    /// first snapshot is then only what differs.
+    held: Option<HeldServices>,
     guard: StreamGuard,
     broadcasts: Broadcasts,
 }
@@ -229,6 +245,18 @@ impl AgentStream {
         encoding: StreamEncoding,
     ) -> Self {
         Self::from_source(registrar, feeds, Source::Own(events), encoding)
+    }
+
+    /// Send only what differs from `held` (an agent's summary) in place
+    /// of the first snapshot.
+    pub(crate) fn holding(mut self, held: Option<HeldServices>) -> Self {
+        let Some(held) = held else { return self };
+        self.held = Some(held);
+        // A fed stream's first snapshot is already in place: begun again.
+        if let Some(cursor) = self.snapshot.take() {
+            self.begin_snapshot(cursor.snap);
+        }
+        self
     }
 
     /// The messages of the registrar's feed: `first` (unless resuming),
@@ -262,6 +290,7 @@ impl AgentStream {
             encoding,
             registrar,
             snapshot: None,
+            held: None,
             guard,
             broadcasts: Broadcasts::new(),
         }
@@ -320,9 +349,8 @@ impl AgentStream {
             protocol: ep.protocol,
             endpoint: Some(ep),
             version,
-            snapshot_endpoints: Vec::new(),
-            snapshot_last: false,
             refusal,
+            ..Default::default()
         }
     }
 
@@ -386,21 +414,37 @@ impl AgentStream {
         self.next_chunk()
     }
 
-    /// Make `snap` the snapshot to send next.
+    /// Make `snap` the snapshot to send next: only what differs from
+    /// what the agent holds, when it said.
     fn begin_snapshot(&mut self, snap: Snapshot) {
+        let version = self.token(snap.version());
+        let (snap, partial) = match self.held.take() {
+            Some(held) => {
+                let diff = self.feeds.digests.differing(&snap, &held);
+                tracing::debug!(
+                    changed = diff.changed.len(),
+                    removed = diff.removed.len(),
+                    held = held.services.len(),
+                    "agent resumed by content"
+                );
+                (diff.snapshot(&snap, snap.version()), Some(diff.removed))
+            }
+            None => (snap, None),
+        };
         let left = snap.len();
-        let memo = if self.encoding.shares_encodings() {
-            self.feeds.shared.snapshot_memo(&snap)
-        } else {
-            None
+        // A partial snapshot is this stream's own: not shared.
+        let memo = match partial {
+            None if self.encoding.shares_encodings() => self.feeds.shared.snapshot_memo(&snap),
+            _ => None,
         };
         self.snapshot = Some(Cursor {
-            version: self.token(snap.version()),
+            version,
             snap,
             last: None,
             left,
             index: 0,
             memo,
+            partial,
         });
         self.guard.set_pending(left as u64);
     }

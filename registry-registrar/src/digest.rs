@@ -1,0 +1,301 @@
+//! Resuming by content: per service, a digest of its endpoints that every
+//! registrar and every agent compute the same way from the same endpoints
+//! (unlike versions, whose epoch names one registrar run), so that an agent
+//! reconnecting to another replica, or to a restarted registrar, is sent
+//! only the services that differ.
+//!
+//! The agent sends what it holds ([`Digests::held`]) in
+//! `WatchEndpointsRequest.held`; a registrar that cannot resume from
+//! `last_version` answers with a partial snapshot of the services whose
+//! digest differs ([`Digests::differing`]), and the agent applies it to
+//! what it holds ([`merge_partial`]). The format is the proto's
+//! (`ServiceDigest`), so clients in other languages can compute it too.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Mutex;
+
+use registry_api::{Endpoint, Event, Snapshot, Version};
+use sha2::{Digest as _, Sha256};
+
+use crate::layout::endpoint_to_proto;
+use crate::proto::registrar::v1::{HeldServices, ServiceDigest};
+
+/// The largest summary an agent sends: a registry of more services than
+/// fit (about 30,000 of 20-byte names) is resumed with a full snapshot.
+pub const MAX_SUMMARY_BYTES: usize = 1024 * 1024;
+
+/// The digest of one service's endpoints, as the proto's `ServiceDigest`
+/// defines it; `endpoints` in id order (as a [`Snapshot`] lists them).
+///
+/// ```
+/// use registry_api::{Endpoint, Snapshot, Version};
+/// use registry_registrar::service_digest;
+/// let a = Snapshot::from_endpoints(Version(1), [Endpoint::new("api", "a", "10.0.0.1", 80)]);
+/// let b = Snapshot::from_endpoints(Version(9), [Endpoint::new("api", "a", "10.0.0.1", 80)]);
+/// let c = Snapshot::from_endpoints(Version(1), [Endpoint::new("api", "a", "10.0.0.2", 80)]);
+/// assert_eq!(service_digest(a.service("api")), service_digest(b.service("api")));
+/// assert_ne!(service_digest(a.service("api")), service_digest(c.service("api")));
+/// ```
+pub fn service_digest<'a>(endpoints: impl IntoIterator<Item = &'a Endpoint>) -> u64 {
+    fn text(h: &mut Sha256, s: &str) {
+        number(h, s.len());
+        h.update(s.as_bytes());
+    }
+    fn number(h: &mut Sha256, n: impl TryInto<u32>) {
+        h.update(n.try_into().unwrap_or(u32::MAX).to_be_bytes());
+    }
+    let mut h = Sha256::new();
+    for e in endpoints {
+        // The wire's view of the endpoint: its enums' numbers as sent.
+        let p = endpoint_to_proto(e);
+        text(&mut h, &p.id);
+        text(&mut h, &p.address);
+        number(&mut h, p.port);
+        number(&mut h, p.protocol);
+        text(&mut h, &p.cluster);
+        text(&mut h, &p.node);
+        number(&mut h, p.health);
+        number(&mut h, e.labels.len());
+        for (k, v) in &e.labels {
+            text(&mut h, k);
+            text(&mut h, v);
+        }
+    }
+    let out = h.finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&out[..8]);
+    u64::from_be_bytes(first)
+}
+
+/// What an agent's summary says differs from a registry's state.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Differing {
+    /// Services whose endpoints differ from the summary's, or that it
+    /// lacks, in order.
+    pub changed: Vec<String>,
+    /// Services of the summary that have no endpoint any more, in order.
+    pub removed: Vec<String>,
+}
+
+impl Differing {
+    /// The partial snapshot at `version` that brings a holder of the
+    /// summary to `snap`: the endpoints of the changed services.
+    pub fn snapshot(&self, snap: &Snapshot, version: Version) -> Snapshot {
+        let endpoints = self
+            .changed
+            .iter()
+            .flat_map(|s| snap.service(s).cloned())
+            .collect::<Vec<_>>();
+        Snapshot::from_endpoints(version, endpoints)
+    }
+}
+
+/// Service digests, each computed once per content: a cache keyed by the
+/// [`Snapshot::fingerprint`] of the service, so a summary of a registry
+/// costs one lookup per service unless the service changed. Shared by the
+/// streams of one registrar, or kept by one client.
+#[derive(Debug, Default)]
+pub struct Digests {
+    cache: Mutex<HashMap<String, (u128, u64)>>,
+}
+
+impl Digests {
+    /// An empty cache.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// `service`'s digest in `snap`; `None` when it has no endpoint.
+    pub fn of(&self, snap: &Snapshot, service: &str) -> Option<u64> {
+        let print = snap.fingerprint(service)?;
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        Some(Self::cached(&mut cache, snap, service, print))
+    }
+
+    fn cached(
+        cache: &mut HashMap<String, (u128, u64)>,
+        snap: &Snapshot,
+        service: &str,
+        print: u128,
+    ) -> u64 {
+        match cache.get(service) {
+            Some((p, d)) if *p == print => *d,
+            _ => {
+                let d = service_digest(snap.service(service));
+                cache.insert(service.to_string(), (print, d));
+                d
+            }
+        }
+    }
+
+    /// Every service of `snap` with its digest, in order.
+    fn all(&self, snap: &Snapshot) -> Vec<(String, u64)> {
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let out: Vec<(String, u64)> = snap
+            .services()
+            .filter_map(|s| {
+                let print = snap.fingerprint(s)?;
+                Some((s.to_string(), Self::cached(&mut cache, snap, s, print)))
+            })
+            .collect();
+        // Forget services gone from the registry, now and then.
+        if cache.len() > 2 * out.len() + 64 {
+            cache.retain(|s, _| snap.fingerprint(s).is_some());
+        }
+        out
+    }
+
+    /// The summary of what `snap` holds, as an agent sends it; `None`
+    /// when it would be larger than [`MAX_SUMMARY_BYTES`].
+    pub fn held(&self, snap: &Snapshot) -> Option<HeldServices> {
+        let services: Vec<ServiceDigest> = self
+            .all(snap)
+            .into_iter()
+            .map(|(service_name, digest)| ServiceDigest {
+                service_name,
+                digest,
+            })
+            .collect();
+        let held = HeldServices { services };
+        (prost::Message::encoded_len(&held) <= MAX_SUMMARY_BYTES).then_some(held)
+    }
+
+    /// What differs between `held` (an agent's summary) and `snap`.
+    pub fn differing(&self, snap: &Snapshot, held: &HeldServices) -> Differing {
+        let theirs: HashMap<&str, u64> = held
+            .services
+            .iter()
+            .map(|s| (s.service_name.as_str(), s.digest))
+            .collect();
+        let ours = self.all(snap);
+        let present: BTreeSet<&str> = ours.iter().map(|(s, _)| s.as_str()).collect();
+        let changed = ours
+            .iter()
+            .filter(|(s, d)| theirs.get(s.as_str()) != Some(d))
+            .map(|(s, _)| s.clone())
+            .collect();
+        let removed: BTreeSet<&str> = theirs
+            .keys()
+            .copied()
+            .filter(|s| !present.contains(s))
+            .collect();
+        Differing {
+            changed,
+            removed: removed.into_iter().map(str::to_string).collect(),
+        }
+    }
+}
+
+/// `base` brought up to date by a partial snapshot at `version`: every
+/// service `endpoints` name replaced by exactly those endpoints, the
+/// `removed` services dropped, the rest kept.
+///
+/// ```
+/// use registry_api::{Endpoint, Snapshot, Version};
+/// use registry_registrar::merge_partial;
+/// let base = Snapshot::from_endpoints(
+///     Version(3),
+///     [Endpoint::new("api", "a", "10.0.0.1", 80), Endpoint::new("db", "d", "10.0.0.4", 5432),
+///      Endpoint::new("old", "o", "10.0.0.9", 1)],
+/// );
+/// let got = merge_partial(
+///     &base,
+///     Version(7),
+///     vec![Endpoint::new("api", "b", "10.0.0.2", 80)],
+///     &["old".to_string()],
+/// );
+/// assert_eq!(got.version(), Version(7));
+/// let ids: Vec<_> = got.iter().map(|e| e.id.as_str()).collect();
+/// assert_eq!(ids, ["b", "d"]);
+/// ```
+pub fn merge_partial(
+    base: &Snapshot,
+    version: Version,
+    endpoints: Vec<Endpoint>,
+    removed: &[String],
+) -> Snapshot {
+    let mut out = base.clone();
+    let replaced: BTreeSet<&str> = endpoints
+        .iter()
+        .map(|e| e.service.as_str())
+        .chain(removed.iter().map(String::as_str))
+        .collect();
+    for service in replaced {
+        for key in base.service(service).map(Endpoint::key) {
+            out.apply(&Event::Removed { version, key });
+        }
+    }
+    for endpoint in endpoints {
+        out.apply(&Event::Added { version, endpoint });
+    }
+    out.at_version(version)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use registry_api::testing::ep;
+
+    fn snap(eps: Vec<Endpoint>) -> Snapshot {
+        Snapshot::from_endpoints(Version(1), eps)
+    }
+
+    #[test]
+    fn the_digest_is_fixed_by_the_format() {
+        // The proto's definition, computed by hand for one endpoint.
+        let e = ep("api", "a", 80).with_label("zone", "z1");
+        let mut h = Sha256::new();
+        for s in ["a", &e.address] {
+            h.update((s.len() as u32).to_be_bytes());
+            h.update(s.as_bytes());
+        }
+        h.update(80u32.to_be_bytes());
+        h.update(1u32.to_be_bytes()); // TCP
+        for s in [&e.cluster, &e.node] {
+            h.update((s.len() as u32).to_be_bytes());
+            h.update(s.as_bytes());
+        }
+        h.update(1u32.to_be_bytes()); // HEALTHY
+        h.update(1u32.to_be_bytes());
+        for s in ["zone", "z1"] {
+            h.update((s.len() as u32).to_be_bytes());
+            h.update(s.as_bytes());
+        }
+        let want = u64::from_be_bytes(h.finalize()[..8].try_into().expect("8 bytes"));
+        assert_eq!(service_digest([&e]), want);
+    }
+
+    #[test]
+    fn only_what_differs_is_named_and_the_merge_restores_the_state() {
+        let held_state = snap(vec![ep("a", "1", 1), ep("b", "1", 2), ep("gone", "1", 3)]);
+        let now = snap(vec![
+            ep("a", "1", 1),
+            ep("b", "1", 2).with_label("v", "2"),
+            ep("new", "1", 4),
+        ]);
+        let agent = Digests::new();
+        let held = agent.held(&held_state).expect("small summary");
+        let registrar = Digests::new();
+        let diff = registrar.differing(&now, &held);
+        assert_eq!(diff.changed, ["b", "new"]);
+        assert_eq!(diff.removed, ["gone"]);
+        let partial = diff.snapshot(&now, Version(5));
+        assert_eq!(partial.len(), 2);
+        let merged = merge_partial(&held_state, Version(5), partial.to_vec(), &diff.removed);
+        assert!(merged.same_endpoints(&now));
+        // Nothing differs once merged.
+        let again = agent.held(&merged).expect("small summary");
+        assert_eq!(registrar.differing(&now, &again), Differing::default());
+    }
+
+    #[test]
+    fn a_cached_digest_follows_the_content() {
+        let d = Digests::new();
+        let one = snap(vec![ep("a", "1", 1)]);
+        let two = one.with_endpoint(ep("a", "2", 2));
+        let first = d.of(&one, "a");
+        assert_ne!(d.of(&two, "a"), first);
+        assert_eq!(d.of(&one, "a"), first);
+        assert_eq!(d.of(&one, "none"), None);
+    }
+}
