@@ -1,5 +1,6 @@
-//! Light agents (`--light-agents` in the fan-out and restart phases, and
-//! always against the HTTP/2 floor, `floor.rs`). Each agent is a
+//! Light agents (`--light-agents` in the fan-out phase, the baseline of
+//! the restart and failover phases, and always against the HTTP/2 floor,
+//! `floor.rs`). Each agent is a
 //! bare HTTP/2 connection (the `h2` crate) carrying one `WatchEndpoints`
 //! call, driven by one task that reads the stream's DATA frames, cuts them
 //! into gRPC messages and decodes each `EndpointEvent` with prost. There is

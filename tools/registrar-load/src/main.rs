@@ -45,7 +45,7 @@
 //! runs only some phases. `--pin` puts the registrar on CPU 0 and its agents on
 //! CPU 1 in the fan-out phase, and it prints the registrar's CPU time per
 //! delivered event (and the part of it in the kernel) and per change.
-//! `--light-agents` makes the agents of the fan-out and restart phases
+//! `--light-agents` makes the agents of the fan-out phase
 //! bare HTTP/2 readers (`light.rs`) instead of `RegistrarClient`s, so that
 //! on a small machine the figures are the registrar's rather than its
 //! agents'.
@@ -125,7 +125,7 @@ struct Args {
     /// per delivery is its own, whatever the agents cost.
     #[arg(long)]
     pin: bool,
-    /// Fan-out and restart phases: the agents are bare HTTP/2 readers, one
+    /// Fan-out phase: the agents are bare HTTP/2 readers, one
     /// task per connection decoding each event with prost (`light.rs`),
     /// instead of `RpcClient` watches or `RegistrarClient`s; they cost
     /// less CPU per event, so their process limits a run less.
