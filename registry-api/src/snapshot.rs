@@ -45,6 +45,13 @@ pub(crate) struct Sum {
     pub(crate) count: u64,
 }
 
+impl Sum {
+    /// What [`Snapshot::fingerprint`] says of the service.
+    fn fingerprint(&self) -> u128 {
+        self.print ^ u128::from(self.count).rotate_left(64)
+    }
+}
+
 /// An endpoint with its fingerprint: a 128-bit hash of the whole endpoint
 /// (key included), computed once when it enters a snapshot, so that
 /// [`crate::backend::diff`] can pass over equal endpoints of two
@@ -352,9 +359,22 @@ impl Snapshot {
     /// assert_eq!(a.fingerprint("none"), None);
     /// ```
     pub fn fingerprint(&self, service: &str) -> Option<u128> {
+        self.services.get(service).map(Sum::fingerprint)
+    }
+
+    /// Every service with its [`Snapshot::fingerprint`], in order; a walk
+    /// of the service index, not of the endpoints.
+    ///
+    /// ```
+    /// use registry_api::{Endpoint, Snapshot, Version};
+    /// let snap = Snapshot::from_endpoints(Version(1), [Endpoint::new("api", "a", "10.0.0.1", 80)]);
+    /// let all: Vec<_> = snap.fingerprints().collect();
+    /// assert_eq!(all, [("api", snap.fingerprint("api").unwrap())]);
+    /// ```
+    pub fn fingerprints(&self) -> impl Iterator<Item = (&str, u128)> + '_ {
         self.services
-            .get(service)
-            .map(|s| s.print ^ u128::from(s.count).rotate_left(64))
+            .iter()
+            .map(|(s, sum)| (s.as_str(), sum.fingerprint()))
     }
 
     /// Every service with the fingerprint of its endpoints, in order.

@@ -11,13 +11,14 @@
 //! what it holds ([`merge_partial`]). The format is the proto's
 //! (`ServiceDigest`), so clients in other languages can compute it too.
 
+use std::cmp::Ordering;
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use registry_api::{Endpoint, Event, Snapshot, Version};
 use sha2::{Digest as _, Sha256};
 
-use crate::layout::endpoint_to_proto;
+use crate::layout::{health_to_proto, protocol_to_proto};
 use crate::proto::registrar::v1::{HeldServices, ServiceDigest};
 
 /// The largest summary an agent sends: a registry of more services than
@@ -47,14 +48,13 @@ pub fn service_digest<'a>(endpoints: impl IntoIterator<Item = &'a Endpoint>) -> 
     let mut h = Sha256::new();
     for e in endpoints {
         // The wire's view of the endpoint: its enums' numbers as sent.
-        let p = endpoint_to_proto(e);
-        text(&mut h, &p.id);
-        text(&mut h, &p.address);
-        number(&mut h, p.port);
-        number(&mut h, p.protocol);
-        text(&mut h, &p.cluster);
-        text(&mut h, &p.node);
-        number(&mut h, p.health);
+        text(&mut h, &e.id);
+        text(&mut h, &e.address);
+        number(&mut h, e.port);
+        number(&mut h, protocol_to_proto(e.protocol) as i32);
+        text(&mut h, &e.cluster);
+        text(&mut h, &e.node);
+        number(&mut h, health_to_proto(e.health) as i32);
         number(&mut h, e.labels.len());
         for (k, v) in &e.labels {
             text(&mut h, k);
@@ -90,13 +90,25 @@ impl Differing {
     }
 }
 
+/// One service's digest, with the [`Snapshot::fingerprint`] it was
+/// computed at.
+#[derive(Debug, Clone)]
+struct Entry {
+    service: String,
+    print: u128,
+    digest: u64,
+}
+
 /// Service digests, each computed once per content: a cache keyed by the
-/// [`Snapshot::fingerprint`] of the service, so a summary of a registry
-/// costs one lookup per service unless the service changed. Shared by the
+/// [`Snapshot::fingerprint`] of the service, and the last whole summary,
+/// which the next caller checks against its snapshot's fingerprints (a
+/// walk of the service index, no hashing) and reuses when nothing
+/// changed, as when many agents resume against one state. Shared by the
 /// streams of one registrar, or kept by one client.
 #[derive(Debug, Default)]
 pub struct Digests {
     cache: Mutex<HashMap<String, (u128, u64)>>,
+    last: Mutex<Arc<Vec<Entry>>>,
 }
 
 impl Digests {
@@ -129,19 +141,33 @@ impl Digests {
     }
 
     /// Every service of `snap` with its digest, in order.
-    fn all(&self, snap: &Snapshot) -> Vec<(String, u64)> {
+    fn all(&self, snap: &Snapshot) -> Arc<Vec<Entry>> {
+        let last = Arc::clone(&self.last.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut prints = snap.fingerprints();
+        let same = last.len() == snap.services().count()
+            && last.iter().all(|e| {
+                prints
+                    .next()
+                    .is_some_and(|(s, p)| p == e.print && s == e.service)
+            });
+        if same {
+            return last;
+        }
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        let out: Vec<(String, u64)> = snap
-            .services()
-            .filter_map(|s| {
-                let print = snap.fingerprint(s)?;
-                Some((s.to_string(), Self::cached(&mut cache, snap, s, print)))
+        let out: Vec<Entry> = snap
+            .fingerprints()
+            .map(|(s, print)| Entry {
+                service: s.to_string(),
+                print,
+                digest: Self::cached(&mut cache, snap, s, print),
             })
             .collect();
         // Forget services gone from the registry, now and then.
         if cache.len() > 2 * out.len() + 64 {
             cache.retain(|s, _| snap.fingerprint(s).is_some());
         }
+        let out = Arc::new(out);
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Arc::clone(&out);
         out
     }
 
@@ -150,39 +176,60 @@ impl Digests {
     pub fn held(&self, snap: &Snapshot) -> Option<HeldServices> {
         let services: Vec<ServiceDigest> = self
             .all(snap)
-            .into_iter()
-            .map(|(service_name, digest)| ServiceDigest {
-                service_name,
-                digest,
+            .iter()
+            .map(|e| ServiceDigest {
+                service_name: e.service.clone(),
+                digest: e.digest,
             })
             .collect();
         let held = HeldServices { services };
         (prost::Message::encoded_len(&held) <= MAX_SUMMARY_BYTES).then_some(held)
     }
 
-    /// What differs between `held` (an agent's summary) and `snap`.
+    /// What differs between `held` (an agent's summary, in any order) and
+    /// `snap`: a merge of the two in service order.
     pub fn differing(&self, snap: &Snapshot, held: &HeldServices) -> Differing {
-        let theirs: HashMap<&str, u64> = held
-            .services
-            .iter()
-            .map(|s| (s.service_name.as_str(), s.digest))
-            .collect();
-        let ours = self.all(snap);
-        let present: BTreeSet<&str> = ours.iter().map(|(s, _)| s.as_str()).collect();
-        let changed = ours
-            .iter()
-            .filter(|(s, d)| theirs.get(s.as_str()) != Some(d))
-            .map(|(s, _)| s.clone())
-            .collect();
-        let removed: BTreeSet<&str> = theirs
-            .keys()
-            .copied()
-            .filter(|s| !present.contains(s))
-            .collect();
-        Differing {
-            changed,
-            removed: removed.into_iter().map(str::to_string).collect(),
+        let mut theirs: Vec<&ServiceDigest> = held.services.iter().collect();
+        if !theirs.is_sorted_by(|a, b| a.service_name <= b.service_name) {
+            theirs.sort_by(|a, b| a.service_name.cmp(&b.service_name));
         }
+        let ours = self.all(snap);
+        let mut out = Differing::default();
+        let (mut i, mut j) = (0, 0);
+        while i < ours.len() || j < theirs.len() {
+            let order = match (ours.get(i), theirs.get(j)) {
+                (Some(o), Some(t)) => o.service.as_str().cmp(t.service_name.as_str()),
+                (Some(_), None) => Ordering::Less,
+                _ => Ordering::Greater,
+            };
+            match order {
+                Ordering::Less => {
+                    out.changed.push(ours[i].service.clone());
+                    i += 1;
+                }
+                Ordering::Greater => {
+                    // The same name twice in a summary is said once.
+                    if out.removed.last() != Some(&theirs[j].service_name) {
+                        out.removed.push(theirs[j].service_name.clone());
+                    }
+                    j += 1;
+                }
+                Ordering::Equal => {
+                    if ours[i].digest != theirs[j].digest {
+                        out.changed.push(ours[i].service.clone());
+                    }
+                    i += 1;
+                    // Past every entry of this name.
+                    while theirs
+                        .get(j)
+                        .is_some_and(|t| t.service_name == ours[i - 1].service)
+                    {
+                        j += 1;
+                    }
+                }
+            }
+        }
+        out
     }
 }
 
@@ -286,6 +333,24 @@ mod tests {
         // Nothing differs once merged.
         let again = agent.held(&merged).expect("small summary");
         assert_eq!(registrar.differing(&now, &again), Differing::default());
+    }
+
+    #[test]
+    fn a_summary_in_any_order_is_read_the_same() {
+        let held_state = snap(vec![ep("a", "1", 1), ep("b", "1", 2), ep("c", "1", 3)]);
+        let now = snap(vec![ep("a", "1", 1), ep("c", "1", 9)]);
+        let d = Digests::new();
+        let mut held = d.held(&held_state).expect("small summary");
+        held.services.reverse();
+        let dup = held.services[0].clone();
+        held.services.push(dup);
+        let diff = Digests::new().differing(&now, &held);
+        assert_eq!(diff.changed, ["c"]);
+        assert_eq!(diff.removed, ["b"]);
+        // The memo follows a changed state.
+        let later = now.with_endpoint(ep("a", "2", 1));
+        assert_eq!(d.differing(&later, &held).changed, ["a", "c"]);
+        assert_eq!(d.differing(&now, &held).changed, ["c"]);
     }
 
     #[test]

@@ -53,7 +53,7 @@ impl FromStr for Token {
     }
 }
 
-fn protocol_to_proto(p: Protocol) -> service::Protocol {
+pub(crate) fn protocol_to_proto(p: Protocol) -> service::Protocol {
     match p {
         Protocol::Udp => service::Protocol::Udp,
         Protocol::Http => service::Protocol::Http,
@@ -61,6 +61,13 @@ fn protocol_to_proto(p: Protocol) -> service::Protocol {
         Protocol::Grpc => service::Protocol::Grpc,
         // Tcp, and any protocol added later, travel as TCP.
         _ => service::Protocol::Tcp,
+    }
+}
+
+pub(crate) fn health_to_proto(h: Health) -> service_endpoint::Health {
+    match h {
+        Health::Healthy => service_endpoint::Health::Healthy,
+        Health::Unhealthy => service_endpoint::Health::Unhealthy,
     }
 }
 
@@ -74,10 +81,7 @@ pub fn endpoint_to_proto(e: &Endpoint) -> ServiceEndpoint {
         protocol: protocol_to_proto(e.protocol) as i32,
         cluster: e.cluster.clone(),
         node: e.node.clone(),
-        health: match e.health {
-            Health::Healthy => service_endpoint::Health::Healthy,
-            Health::Unhealthy => service_endpoint::Health::Unhealthy,
-        } as i32,
+        health: health_to_proto(e.health) as i32,
         labels: e.labels.clone().into_iter().collect(),
     }
 }
