@@ -21,7 +21,7 @@
 //! writer whose condition failed wrote nothing, reads the head again and
 //! retries after a pause drawn at random up to a ceiling that starts at the
 //! lost transaction's round trip and doubles with each loss (full jitter;
-//! [`ATTEMPTS`] times, then `Conflict`).
+//! [`CHANGELOG_ATTEMPTS`] times, then `Conflict`).
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -51,9 +51,9 @@ pub const CHANGELOG_MAX_BATCH: usize = 90;
 /// limit is 400 KB).
 pub(crate) const ENTRY_BUDGET: usize = 350 * 1024;
 
-/// Transactions tried before a batch that keeps losing the race for the
-/// head gives up with `Conflict`.
-pub(crate) const ATTEMPTS: u32 = 16;
+/// Transactions tried before a change log batch that keeps losing the
+/// race for the head gives up with `Conflict` (nothing written).
+pub const CHANGELOG_ATTEMPTS: u32 = 16;
 
 /// The least ceiling of the first pause after a lost race. The ceiling is
 /// the longer of this and the lost transaction's round trip (how long a
@@ -67,9 +67,21 @@ const RETRY_BASE: Duration = Duration::from_millis(4);
 /// The largest ceiling of a pause after a lost race, on a fast server.
 const RETRY_CAP: Duration = Duration::from_millis(250);
 
-/// The ceiling of the pause before the `attempt`-th retry (1-based) after
-/// a lost race whose transaction took `round_trip`.
-fn race_ceiling(attempt: u32, round_trip: Duration) -> Duration {
+/// The ceiling of the pause before the `attempt`-th retry (1-based) of a
+/// change log batch that lost the race for the head, when the lost
+/// transaction took `round_trip`; the pause is drawn from zero to it
+/// ([`registry_api::backend::full_jitter`]). Public for models of
+/// contention, such as the crate's `contention` bench.
+///
+/// ```
+/// use std::time::Duration;
+/// use registry_dynamodb::changelog_retry_ceiling;
+/// let ms = Duration::from_millis;
+/// assert_eq!(changelog_retry_ceiling(1, ms(10)), ms(10));
+/// assert_eq!(changelog_retry_ceiling(2, ms(10)), ms(20));
+/// assert_eq!(changelog_retry_ceiling(16, ms(10)), ms(250));
+/// ```
+pub fn changelog_retry_ceiling(attempt: u32, round_trip: Duration) -> Duration {
     let cap = RETRY_CAP.max(round_trip.saturating_mul(16));
     round_trip
         .max(RETRY_BASE)
@@ -79,7 +91,7 @@ fn race_ceiling(attempt: u32, round_trip: Duration) -> Duration {
 
 /// The pause before the `attempt`-th retry after a lost race.
 fn race_pause(attempt: u32, round_trip: Duration) -> Duration {
-    registry_api::backend::full_jitter(race_ceiling(attempt, round_trip))
+    registry_api::backend::full_jitter(changelog_retry_ceiling(attempt, round_trip))
 }
 
 /// The sort key of entry `version`.
@@ -290,7 +302,7 @@ impl Table {
                 fresh.as_str()
             }
         };
-        for attempt in 1..=ATTEMPTS {
+        for attempt in 1..=CHANGELOG_ATTEMPTS {
             let mut items = endpoint_items.clone();
             keys.truncate(ops.len());
             keys.extend(guard.keys.iter().cloned());
@@ -337,7 +349,7 @@ impl Table {
             }
         }
         Err(Error::conflict(format!(
-            "change log of DynamoDB table {}: {ATTEMPTS} transactions lost the race for the head \
+            "change log of DynamoDB table {}: {CHANGELOG_ATTEMPTS} transactions lost the race for the head \
              to other writers; nothing was written",
             self.cfg.table
         )))
@@ -524,8 +536,8 @@ mod tests {
     fn race_pauses_are_drawn_up_to_a_doubling_capped_ceiling() {
         let ms = Duration::from_millis;
         for rtt in [ms(1), ms(30), ms(400)] {
-            for attempt in 1..=ATTEMPTS {
-                let ceiling = race_ceiling(attempt, rtt);
+            for attempt in 1..=CHANGELOG_ATTEMPTS {
+                let ceiling = changelog_retry_ceiling(attempt, rtt);
                 let pauses: Vec<Duration> = (0..200).map(|_| race_pause(attempt, rtt)).collect();
                 assert!(
                     pauses.iter().all(|p| *p <= ceiling),
@@ -539,12 +551,18 @@ mod tests {
             }
         }
         // A fast server: from 4 ms, doubling, up to 250 ms.
-        assert_eq!(race_ceiling(1, ms(1)), ms(4));
-        assert_eq!(race_ceiling(2, ms(1)), ms(8));
-        assert_eq!(race_ceiling(ATTEMPTS, ms(1)), RETRY_CAP);
+        assert_eq!(changelog_retry_ceiling(1, ms(1)), ms(4));
+        assert_eq!(changelog_retry_ceiling(2, ms(1)), ms(8));
+        assert_eq!(
+            changelog_retry_ceiling(CHANGELOG_ATTEMPTS, ms(1)),
+            RETRY_CAP
+        );
         // A slow one: from its round trip, up to 16 of them.
-        assert_eq!(race_ceiling(1, ms(400)), ms(400));
-        assert_eq!(race_ceiling(ATTEMPTS, ms(400)), ms(6400));
+        assert_eq!(changelog_retry_ceiling(1, ms(400)), ms(400));
+        assert_eq!(
+            changelog_retry_ceiling(CHANGELOG_ATTEMPTS, ms(400)),
+            ms(6400)
+        );
     }
 
     #[test]

@@ -12,7 +12,7 @@ mod shards;
 mod shared;
 mod watch;
 
-pub use crate::changelog::CHANGELOG_MAX_BATCH;
+pub use crate::changelog::{changelog_retry_ceiling, CHANGELOG_ATTEMPTS, CHANGELOG_MAX_BATCH};
 pub use crate::shared::MAX_TRANSACTION_ITEMS;
 pub use config::{DynamoDbConfig, StaticCredentials, WatchMode};
 pub use registry::DynamoDbRegistry;
