@@ -31,20 +31,10 @@
 
 #![allow(missing_docs)]
 
-/// A small deterministic generator (xorshift64*), so runs are repeatable.
-struct Rng(u64);
+#[path = "common/rng.rs"]
+mod rng;
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
+use rng::Rng;
 
 fn num(digits: usize) -> usize {
     digits.div_ceil(2) + 1

@@ -26,6 +26,8 @@
 #[path = "../../tests/it/common/mod.rs"]
 mod common;
 mod model;
+#[path = "../common/rng.rs"]
+mod rng;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

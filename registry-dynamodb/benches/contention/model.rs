@@ -23,6 +23,8 @@ use std::time::Duration;
 
 use registry_dynamodb::{changelog_retry_ceiling, CHANGELOG_ATTEMPTS};
 
+use crate::rng::Rng;
+
 /// Times on the simulated clock, in microseconds.
 type Micros = u64;
 
@@ -55,19 +57,6 @@ pub struct Counts {
     pub conflicts: u64,
     /// Commit latency of every committed batch, from its first tick.
     pub latencies: Vec<Micros>,
-    pub most_attempts: u32,
-}
-
-/// A small deterministic generator (xorshift64*), so runs are repeatable.
-struct Rng(u64);
-
-impl Rng {
-    fn unit(&mut self) -> f64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
-    }
 }
 
 #[derive(PartialEq, Eq, PartialOrd, Ord)]
@@ -123,7 +112,6 @@ pub fn run(r: &Run) -> Counts {
             lost: 0,
             conflicts: 0,
             latencies: Vec::new(),
-            most_attempts: 0,
         },
     };
     for w in 0..r.writers {
@@ -208,7 +196,6 @@ impl Sim {
                 if let Some(b) = wr.batch.take() {
                     self.counts.committed += 1;
                     self.counts.latencies.push(now - b.first);
-                    self.counts.most_attempts = self.counts.most_attempts.max(b.attempts);
                 }
                 self.next_batch(now, w);
             }
@@ -220,7 +207,6 @@ impl Sim {
                 let (attempts, sent) = (b.attempts, b.sent);
                 if attempts >= CHANGELOG_ATTEMPTS {
                     self.counts.conflicts += 1;
-                    self.counts.most_attempts = self.counts.most_attempts.max(attempts);
                     self.writers[w].batch = None;
                     self.next_batch(now, w);
                     return;
