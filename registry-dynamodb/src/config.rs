@@ -138,6 +138,13 @@ pub struct DynamoDbConfig {
     /// endpoints expired by `item_ttl` (reads skip expired items at once;
     /// DynamoDB deletes them later). At least 1 s. Default 5 min.
     pub changelog_check_interval: Duration,
+    /// Heads of the change log ([`WatchMode::ChangeLog`]), 1 to
+    /// [`crate::CHANGELOG_MAX_HEADS`]: each key's changes go to one head,
+    /// and writers race only for the heads their batches share, so tens of
+    /// writers committing every 100 ms need several (see "Change log" in
+    /// the crate docs). Readers send one `Query` per head and sync. Every
+    /// writer and reader of a table must use the same number. Default 1.
+    pub changelog_heads: u32,
     /// Time limit of one API call including retries. Default 10 s.
     pub operation_timeout: Duration,
     /// Attempts per API call (the SDK's standard retry with backoff on
@@ -168,6 +175,7 @@ impl Default for DynamoDbConfig {
             item_ttl: None,
             changelog_retention: Duration::from_secs(3600),
             changelog_check_interval: Duration::from_secs(300),
+            changelog_heads: 1,
             operation_timeout: Duration::from_secs(10),
             max_attempts: 3,
             liveness: LivenessConfig::default(),
@@ -245,6 +253,11 @@ impl DynamoDbConfig {
     /// Set `changelog_check_interval` (at least 1 s).
     pub fn with_changelog_check_interval(mut self, d: Duration) -> Self {
         self.changelog_check_interval = d;
+        self
+    }
+    /// Set `changelog_heads` (clamped to 1 to [`crate::CHANGELOG_MAX_HEADS`]).
+    pub fn with_changelog_heads(mut self, n: u32) -> Self {
+        self.changelog_heads = n.clamp(1, crate::CHANGELOG_MAX_HEADS);
         self
     }
     /// Set `item_ttl`.

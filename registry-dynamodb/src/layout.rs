@@ -21,9 +21,10 @@ const NODE: &str = "node";
 const HEALTH: &str = "health";
 const LABELS: &str = "labels";
 
-/// The partition of the change log's items (see `changelog.rs`). It
-/// holds a space, which no valid service name does, so no endpoint can
-/// ever share it; reads and the stream watch skip it.
+/// The partition of the change log's items (see `changelog/mod.rs`; head
+/// `h` ≥ 1 of a log of several is in `LOG_PARTITION/h`). It holds a space,
+/// which no valid service name does, so no endpoint can ever share it;
+/// reads and the stream watch skip it.
 pub(crate) const LOG_PARTITION: &str = "~registry changelog";
 
 /// The partition of the nodes' liveness records (see `nodes.rs`); like
@@ -33,7 +34,7 @@ pub(crate) const NODE_PARTITION: &str = "~registry nodes";
 /// Whether `item` is one of the registry's own bookkeeping items (the
 /// change log, the nodes' records), not an endpoint.
 pub(crate) fn is_internal(item: &Item) -> bool {
-    matches!(item.get(SERVICE), Some(AttributeValue::S(s)) if s == LOG_PARTITION || s == NODE_PARTITION)
+    matches!(item.get(SERVICE), Some(AttributeValue::S(s)) if s.starts_with(LOG_PARTITION) || s == NODE_PARTITION)
 }
 
 /// An item as the SDK holds it.

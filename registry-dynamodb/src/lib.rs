@@ -2,7 +2,6 @@
 #![deny(missing_docs)]
 
 mod changelog;
-mod changelog_watch;
 mod config;
 mod error;
 mod layout;
@@ -12,7 +11,10 @@ mod shards;
 mod shared;
 mod watch;
 
-pub use crate::changelog::{changelog_retry_ceiling, CHANGELOG_ATTEMPTS, CHANGELOG_MAX_BATCH};
+pub use crate::changelog::{
+    changelog_head_of, changelog_max_batch, changelog_retry_ceiling, CHANGELOG_ATTEMPTS,
+    CHANGELOG_MAX_BATCH, CHANGELOG_MAX_HEADS,
+};
 pub use crate::shared::MAX_TRANSACTION_ITEMS;
 pub use config::{DynamoDbConfig, StaticCredentials, WatchMode};
 pub use registry::DynamoDbRegistry;

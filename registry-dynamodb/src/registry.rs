@@ -14,8 +14,8 @@ use registry_api::{
     Result, Snapshot, Version, Watch,
 };
 
-use crate::changelog::CHANGELOG_MAX_BATCH;
-use crate::changelog_watch::LogWatch;
+use crate::changelog::changelog_max_batch;
+use crate::changelog::watch::LogWatch;
 use crate::config::{DynamoDbConfig, WatchMode};
 use crate::shared::{usable_stream, Table, MAX_TRANSACTION_ITEMS};
 use crate::watch::{self, StreamWatch};
@@ -48,6 +48,16 @@ impl DynamoDbRegistry {
     /// follows its stream when it has one with new images and `cfg.watch`
     /// is [`WatchMode::Auto`].
     pub async fn connect(cfg: DynamoDbConfig) -> Result<Self> {
+        if !(1..=crate::CHANGELOG_MAX_HEADS).contains(&cfg.changelog_heads) {
+            return Err(registry_api::Error::invalid(
+                "changelog_heads",
+                format!(
+                    "{} is not a number of change log heads: 1 to {}",
+                    cfg.changelog_heads,
+                    crate::CHANGELOG_MAX_HEADS
+                ),
+            ));
+        }
         let table = Table::new(&cfg).await;
         let description = table.describe_existing().await?;
         table.check_schema(&description)?;
@@ -128,11 +138,11 @@ impl DynamoDbRegistry {
     }
 
     /// Most ops in one batch: [`MAX_TRANSACTION_ITEMS`], or
-    /// [`CHANGELOG_MAX_BATCH`] with the change log (its entries and head
-    /// share the transaction).
+    /// [`crate::changelog_max_batch`] with the change log (its entries and
+    /// heads share the transaction).
     fn batch_limit(&self) -> usize {
         if self.uses_changelog() {
-            CHANGELOG_MAX_BATCH
+            changelog_max_batch(self.table.log_heads())
         } else {
             MAX_TRANSACTION_ITEMS
         }

@@ -52,6 +52,14 @@ async fn table() -> (DynamoDbConfig, Arc<MotoServer>) {
 
 /// Every log item, read with the client: (sort key, item).
 async fn log_items(reg: &DynamoDbRegistry) -> Vec<(String, HashMap<String, AttributeValue>)> {
+    partition_items(reg, LOG).await
+}
+
+/// Every item of `partition`, read with the client: (sort key, item).
+async fn partition_items(
+    reg: &DynamoDbRegistry,
+    partition: &str,
+) -> Vec<(String, HashMap<String, AttributeValue>)> {
     let mut out = Vec::new();
     let mut start = None;
     loop {
@@ -60,7 +68,7 @@ async fn log_items(reg: &DynamoDbRegistry) -> Vec<(String, HashMap<String, Attri
             .query()
             .table_name(reg.table())
             .key_condition_expression("service = :s")
-            .expression_attribute_values(":s", AttributeValue::S(LOG.into()))
+            .expression_attribute_values(":s", AttributeValue::S(partition.into()))
             .consistent_read(true)
             .set_exclusive_start_key(start.take())
             .send()
@@ -449,4 +457,132 @@ async fn an_item_removed_behind_the_logs_back_leaves_every_reader() {
     for (stream, state) in streams.iter_mut().zip(states.iter_mut()) {
         follow_to(stream, state, &mut hist, &only_kept, false).await;
     }
+}
+
+/// Four registries write one table whose log has four heads, every batch
+/// touching keys of several heads and every writer sharing keys with the
+/// others: each head's entries run from 1 to its head without a hole,
+/// each key's changes are all on the head `changelog_head_of` names, and
+/// two readers see every key's history as the logs record it. A registry
+/// set to another number of heads is refused, naming the setting, and
+/// writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_heads_every_reader_sees_each_keys_history_in_order() {
+    let heads = 4u32;
+    let (cfg, moto) = table().await;
+    let proxy = RecordingProxy::start_serial(moto.url()).await;
+    let cfg = cfg.with_endpoint_url(&proxy.url).with_changelog_heads(heads);
+    let mut writers = Vec::new();
+    for _ in 0..4 {
+        writers.push(changelog_registry(&cfg).await);
+    }
+    let readers = [
+        changelog_registry(&cfg).await,
+        changelog_registry(&cfg).await,
+    ];
+    let mut streams: Vec<EventStream> = readers.iter().map(|r| r.watch(None)).collect();
+    let mut states = [BTreeMap::new(), BTreeMap::new()];
+    let mut hists = [Histories::new(), Histories::new()];
+    for s in streams.iter_mut() {
+        assert!(first_snapshot(s, "the first state").await.is_empty());
+    }
+    let svc = unique("heads");
+    let batches = 12u16;
+    let write = |w: u16| {
+        let reg = &writers[w as usize];
+        let svc = svc.clone();
+        async move {
+            for j in 0..batches {
+                let port = w * 100 + j + 1;
+                let mut ops: Vec<Op> = (0..3)
+                    .map(|k| {
+                        Op::Register(Endpoint::new(
+                            &svc,
+                            format!("shared-{}", (j + k) % 6),
+                            "10.0.0.2",
+                            port,
+                        ))
+                    })
+                    .collect();
+                if j % 4 == 3 {
+                    ops.push(Op::Deregister(EndpointKey::new(
+                        &svc,
+                        format!("shared-{}", (j + 4) % 6),
+                    )));
+                }
+                reg.apply(ops).await.unwrap();
+            }
+        }
+    };
+    futures::future::join4(write(0), write(1), write(2), write(3)).await;
+
+    let mut truth = Histories::new();
+    let mut used = 0;
+    for h in 0..heads {
+        let partition = if h == 0 {
+            LOG.to_string()
+        } else {
+            format!("{LOG}/{h}")
+        };
+        let items = partition_items(&readers[0], &partition).await;
+        let Some((_, head_item)) = items.iter().find(|(id, _)| id == HEAD) else {
+            continue;
+        };
+        used += 1;
+        assert_eq!(head_item["heads"].as_n().unwrap(), &heads.to_string());
+        let top: usize = head_item["v"].as_n().unwrap().parse().unwrap();
+        let entries: Vec<_> = items.iter().filter(|(id, _)| id != HEAD).collect();
+        assert_eq!(entries.len(), top, "head {h}: one entry per version");
+        for (i, (id, item)) in entries.iter().enumerate() {
+            assert_eq!(id, &format!("v{:020}", i + 1), "head {h}");
+            let mut changed = Vec::new();
+            for v in item["del"].as_l().unwrap() {
+                let m = v.as_m().unwrap();
+                let key = EndpointKey::new(m["service"].as_s().unwrap(), m["id"].as_s().unwrap());
+                changed.push((key, None));
+            }
+            for v in item["put"].as_l().unwrap() {
+                let m = v.as_m().unwrap();
+                let key = EndpointKey::new(m["service"].as_s().unwrap(), m["id"].as_s().unwrap());
+                changed.push((key, Some(m["port"].as_n().unwrap().parse().unwrap())));
+            }
+            for (key, port) in changed {
+                assert_eq!(
+                    registry_dynamodb::changelog_head_of(&key, heads),
+                    h,
+                    "{key} on head {h}"
+                );
+                push(&mut truth, key, port);
+            }
+        }
+    }
+    assert!(used > 1, "the keys should spread over several heads");
+    let want = table_state(&readers[0]).await;
+    for (k, h) in &truth {
+        assert_eq!(
+            want.get(k).map(|e| e.port),
+            *h.last().unwrap(),
+            "{k}: log and table disagree"
+        );
+    }
+    for (i, s) in streams.iter_mut().enumerate() {
+        follow_to(s, &mut states[i], &mut hists[i], &want, false).await;
+        assert_eq!(hists[i], truth, "reader {i} saw another history");
+    }
+
+    // Another number of heads: refused, and nothing written.
+    let other = changelog_registry(&cfg.clone().with_changelog_heads(1)).await;
+    let shared = (0..6)
+        .map(|k| EndpointKey::new(&svc, format!("shared-{k}")))
+        .find(|k| registry_dynamodb::changelog_head_of(k, heads) == 0)
+        .unwrap_or_else(|| EndpointKey::new(&svc, "shared-0"));
+    let err = other
+        .register(Endpoint::new(&svc, &shared.id, "10.9.9.9", 9))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("changelog_heads") && err.to_string().contains("4 head"),
+        "{err}"
+    );
+    assert_eq!(table_state(&readers[0]).await, want, "nothing was written");
 }

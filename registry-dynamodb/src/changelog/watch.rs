@@ -1,20 +1,25 @@
 //! The change log watch ([`crate::WatchMode::ChangeLog`]): a task that
-//! reads the log (see `changelog.rs`) every `poll_interval` and feeds a
+//! reads the log (see `mod.rs`) every `poll_interval` and feeds a
 //! [`Hub`] that every `watch()` subscribes to.
 //!
-//! - **Position**: the last version applied. Each sync is one `Query` of
-//!   the log after it, which also returns the head; its entries are applied
-//!   in version order, a batch (`last`) only once all its entries are read.
+//! - **Position**: per head, the last version applied. Each sync is one
+//!   `Query` per head (sent at once) of its log after it, which also
+//!   returns the head; each head's entries are applied in version order, a
+//!   batch (`last`) only once all its entries on that head are read. Each
+//!   key's changes are on one head, so every key's history is applied in
+//!   order; a batch that spans heads may reach watchers over two syncs when
+//!   one of its parts is not visible yet (reads are not isolated).
 //! - **Gaps**: when the head is past the entries read (an entry missing),
-//!   the reader stops before the gap. A gap can be a batch whose
+//!   the reader stops before the gap on that head. A gap can be a batch whose
 //!   transaction is still becoming visible (`Query` is read-committed), so
 //!   only a gap still there on the next sync means the entry is gone:
 //!   trimmed by TTL (the reader was away longer than the retention) or
 //!   deleted. Then, and on the first sync, and when the head went back
-//!   (the table was recreated), the reader **resyncs**: reads the head `H`,
-//!   scans the table, reads the log after `H` and applies it over the
-//!   scan (which makes it the state at the head read last, without moving
-//!   any endpoint back in its history), and goes on from there. The first
+//!   (the table was recreated), the reader **resyncs**: reads every head
+//!   `H_h`, scans the table, reads each head's log after `H_h` and applies
+//!   it over the scan (which makes each key's state the one at its head
+//!   read last, without moving any endpoint back in its history), and goes
+//!   on from there. The first
 //!   state is sent as [`registry_api::Event::Snapshot`], later ones as the difference.
 //! - **Checks**: every `changelog_check_interval` (±20 %) the reader
 //!   resyncs anyway, so that what bypasses the log (another tool's
@@ -33,6 +38,7 @@ use registry_api::backend::{backoff, Hub};
 use registry_api::{Error, EventStream, Version};
 
 use crate::changelog::Entry;
+use futures::future::try_join_all;
 use crate::shards::Change;
 use crate::shared::Table;
 use crate::watch::{publish_changes, publish_fresh, publish_snapshot_with, FeedTask};
@@ -120,11 +126,11 @@ impl Resync {
 
 /// The reader's state between syncs.
 struct Reader {
-    /// The last version applied; `None`: resync.
-    pos: Option<u64>,
+    /// Per head, the last version applied; `None`: resync.
+    pos: Option<Vec<u64>>,
     why: Resync,
-    /// A gap (the first missing version) seen on the last sync.
-    gap: Option<u64>,
+    /// Per head, a gap (the first missing version) seen on the last sync.
+    gap: Vec<Option<u64>>,
     /// A failure was reported: the next state is sent whole.
     failed: bool,
 }
@@ -133,7 +139,7 @@ async fn run(table: Arc<Table>, hub: Weak<Hub>) {
     let mut r = Reader {
         pos: None,
         why: Resync::First,
-        gap: None,
+        gap: vec![None; table.log_heads() as usize],
         failed: false,
     };
     let interval = table.cfg.poll_interval.max(Duration::from_millis(10));
@@ -151,7 +157,7 @@ async fn run(table: Arc<Table>, hub: Weak<Hub>) {
         if r.pos.is_some() && Instant::now() >= check_at {
             resync_next(&table, &mut r, Resync::Check);
         }
-        let res = match r.pos {
+        let res = match r.pos.clone() {
             None => {
                 let res = resync(&table, &hub, &mut r).await;
                 if r.pos.is_some() {
@@ -181,41 +187,60 @@ async fn run(table: Arc<Table>, hub: Weak<Hub>) {
     }
 }
 
-/// One sync from `pos`: a `Query` of the log, its whole batches applied.
-async fn sync(table: &Table, hub: &Weak<Hub>, r: &mut Reader, pos: u64) -> Result<(), Error> {
-    let page = table.query_log(pos).await?;
-    let head = page.head.unwrap_or(0);
-    let first = page.entries.first().map(|e| e.version);
-    let walked = walk(pos, page.entries);
+/// The log of every head after `pos` (one position per head), read at once.
+async fn query_heads(table: &Table, pos: &[u64]) -> Result<Vec<crate::changelog::LogPage>, Error> {
+    try_join_all(
+        pos.iter()
+            .enumerate()
+            .map(|(h, after)| table.query_log(h as u32, *after)),
+    )
+    .await
+}
+
+/// One sync from `pos`: a `Query` of each head's log, its whole batches
+/// applied.
+async fn sync(table: &Table, hub: &Weak<Hub>, r: &mut Reader, pos: Vec<u64>) -> Result<(), Error> {
+    let pages = query_heads(table, &pos).await?;
+    let mut changes = Vec::new();
+    let mut next = Vec::with_capacity(pos.len());
+    let mut resync = None;
+    for (h, (page, at)) in pages.into_iter().zip(&pos).enumerate() {
+        let head = page.head.unwrap_or(0);
+        let first = page.entries.first().map(|e| e.version);
+        let mut walked = walk(*at, page.entries);
+        changes.append(&mut walked.changes);
+        next.push(walked.pos);
+        if head < *at {
+            resync = Some(Resync::HeadBack);
+        } else if walked.pos < head {
+            let missing = walked.pos + 1;
+            if r.gap[h] == Some(missing) {
+                let why = if walked.pos == *at && first.is_none_or(|f| f > missing) {
+                    Resync::Trimmed
+                } else {
+                    Resync::Gap
+                };
+                resync = resync.or(Some(why));
+            } else {
+                tracing::debug!(table = %table.cfg.table, head = h, missing, version = head, "change log entry not there (yet); waiting one sync");
+                r.gap[h] = Some(missing);
+            }
+        } else {
+            r.gap[h] = None;
+        }
+    }
     let Some(strong) = hub.upgrade() else {
         return Ok(());
     };
     if r.failed {
-        publish_snapshot_with(&strong, &table.clock, walked.changes);
+        publish_snapshot_with(&strong, &table.clock, changes);
         r.failed = false;
     } else {
-        publish_changes(&strong, &table.clock, walked.changes);
+        publish_changes(&strong, &table.clock, changes);
     }
-    r.pos = Some(walked.pos);
-    if head < pos {
-        resync_next(table, r, Resync::HeadBack);
-        return Ok(());
-    }
-    if walked.pos < head {
-        let missing = walked.pos + 1;
-        if r.gap == Some(missing) {
-            let why = if walked.pos == pos && first.is_none_or(|f| f > missing) {
-                Resync::Trimmed
-            } else {
-                Resync::Gap
-            };
-            resync_next(table, r, why);
-            return Ok(());
-        }
-        tracing::debug!(table = %table.cfg.table, missing, head, "change log entry not there (yet); waiting one sync");
-        r.gap = Some(missing);
-    } else {
-        r.gap = None;
+    r.pos = Some(next);
+    if let Some(why) = resync {
+        resync_next(table, r, why);
     }
     Ok(())
 }
@@ -230,27 +255,34 @@ fn resync_next(table: &Table, r: &mut Reader, why: Resync) {
     metrics::counter!("registry_dynamodb_changelog_resyncs_total", "reason" => why.as_str())
         .increment(1);
     r.pos = None;
-    r.gap = None;
+    r.gap.iter_mut().for_each(|g| *g = None);
     r.why = why;
 }
 
-/// Read the head, scan, and apply the log after that head over the scan;
-/// publish the result (whole the first time and after a failure, else as
-/// the difference).
+/// Read every head, scan, and apply each head's log after it over the
+/// scan; publish the result (whole the first time and after a failure,
+/// else as the difference).
 async fn resync(table: &Table, hub: &Weak<Hub>, r: &mut Reader) -> Result<(), Error> {
     tracing::debug!(table = %table.cfg.table, why = r.why.as_str(), "change log: scanning");
-    let h1 = table.read_log_head().await?;
+    let read: Vec<u64> =
+        try_join_all((0..table.log_heads()).map(|h| table.read_log_head(h))).await?;
     let mut state = table.scan_all().await?;
-    let page = table.query_log(h1).await?;
-    let head = page.head.unwrap_or(0);
-    let walked = walk(h1, page.entries);
-    if walked.pos < head {
-        // Versions after the head read before the scan are not all
-        // readable yet; scan again on the next round.
-        tracing::debug!(table = %table.cfg.table, h1, head, "change log: entries after the scan not all visible; scanning again");
-        return Ok(());
+    let pages = query_heads(table, &read).await?;
+    let mut changes = Vec::new();
+    let mut pos = Vec::with_capacity(read.len());
+    for (h, (page, at)) in pages.into_iter().zip(&read).enumerate() {
+        let head = page.head.unwrap_or(0);
+        let mut walked = walk(*at, page.entries);
+        if walked.pos < head {
+            // Versions after the head read before the scan are not all
+            // readable yet; scan again on the next round.
+            tracing::debug!(table = %table.cfg.table, head = h, read = at, version = head, "change log: entries after the scan not all visible; scanning again");
+            return Ok(());
+        }
+        changes.append(&mut walked.changes);
+        pos.push(walked.pos);
     }
-    for change in walked.changes {
+    for change in changes {
         state = match change {
             Change::Put(e) => state.with_endpoint(e),
             Change::Remove(key) => state.without(&key),
@@ -267,7 +299,7 @@ async fn resync(table: &Table, hub: &Weak<Hub>, r: &mut Reader) -> Result<(), Er
         whole,
     );
     r.failed = false;
-    r.pos = Some(walked.pos);
+    r.pos = Some(pos);
     Ok(())
 }
 
