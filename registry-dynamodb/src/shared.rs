@@ -28,13 +28,16 @@ use crate::layout::{self, Item};
 /// Most actions DynamoDB takes in one `TransactWriteItems`.
 pub const MAX_TRANSACTION_ITEMS: usize = 100;
 
-/// The change log writer's guess of the head (0: unknown or empty, read
-/// it), and the lock that lets one batch of this process at a time race
-/// for it (batches of one process would only make each other retry).
+/// The change log writer's guess of the head of a one-head log (0:
+/// unknown or empty, read it), the lock that lets one batch of this
+/// process at a time race for the heads (batches of one process would
+/// only make each other retry), and the last stamp this process gave a
+/// batch of a log of several heads (microseconds, never going back).
 #[derive(Debug, Default)]
 pub(crate) struct HeadCache(
     pub(crate) std::sync::atomic::AtomicU64,
     pub(crate) tokio::sync::Mutex<()>,
+    pub(crate) std::sync::atomic::AtomicU64,
 );
 
 /// The clients, settings and version clock shared by the registry and its

@@ -15,6 +15,7 @@ pub(crate) const HEAD_ID: &str = "~head";
 const VERSION: &str = "v";
 const HEADS: &str = "heads";
 const LAST: &str = "last";
+const AT: &str = "at";
 const PUT: &str = "put";
 const DEL: &str = "del";
 
@@ -102,6 +103,8 @@ pub(crate) struct Entry {
     pub version: u64,
     /// The last version of the batch this entry belongs to.
     pub last: u64,
+    /// The batch's stamp (0 in a one-head log, which needs none).
+    pub at: u64,
     pub changes: Vec<Change>,
 }
 
@@ -231,11 +234,15 @@ impl Table {
         last: u64,
         part: &Part,
         expires: u64,
+        at: Option<u64>,
     ) -> Result<TransactWriteItem> {
         let mut item = layout::key_item(&EndpointKey::new(log_partition(head), entry_id(version)));
         item.insert(LAST.into(), n(last));
         item.insert(PUT.into(), AttributeValue::L(part.0.clone()));
         item.insert(DEL.into(), AttributeValue::L(part.1.clone()));
+        if let Some(at) = at {
+            item.insert(AT.into(), n(at));
+        }
         if let Some(attr) = &self.cfg.ttl_attribute {
             item.insert(attr.clone(), n(expires));
         }
@@ -353,9 +360,14 @@ impl Table {
                 None => changes.extend(layout::decode_key(m).map(Change::Remove)),
             }
         }
+        let at = match item.get(AT) {
+            Some(AttributeValue::N(v)) => v.parse().unwrap_or(0),
+            _ => 0,
+        };
         Some(Entry {
             version,
             last,
+            at,
             changes,
         })
     }

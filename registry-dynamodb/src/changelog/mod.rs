@@ -14,7 +14,10 @@
 //!   endpoint items written, in the endpoint layout), `del` (L of M, the
 //!   keys deleted), `last` (N, the last version of the same batch on this
 //!   head: a batch too big for one 400 KB item takes several consecutive
-//!   versions), and the TTL attribute (`now + changelog_retention`).
+//!   versions), and the TTL attribute (`now + changelog_retention`); with
+//!   more than one head, `at` (N), the batch's stamp: the writer's clock in
+//!   microseconds when it sent the transaction, never going back within
+//!   one process.
 //!
 //! A batch whose keys route to heads `h…` that it finds at `V_h` writes, in
 //! one transaction, its endpoint actions and, per head, an update from
@@ -29,7 +32,10 @@
 //! round trip and doubles with each loss (full jitter;
 //! [`CHANGELOG_ATTEMPTS`] times, then `Conflict`). Writers only race each
 //! other for the heads their batches share, so more heads hold more
-//! writers; readers pay one `Query` per head and sync.
+//! writers; readers pay one `Query` per head and sync, and merge what one
+//! sync read by the batches' stamps, each head in its own order (so each
+//! key's history is exact, and batches on different heads reach readers in
+//! commit order up to the writers' clock skew).
 
 mod items;
 pub(crate) mod watch;
@@ -43,8 +49,8 @@ use aws_sdk_dynamodb::types::TransactWriteItem;
 use registry_api::{EndpointKey, Error, Op, Result};
 
 pub use items::changelog_head_of;
-pub(crate) use items::{Entry, LogPage};
 use items::{entry_id, log_partition, pack, Part, HEAD_ID};
+pub(crate) use items::{Entry, LogPage};
 
 use crate::error::map_transact;
 use crate::shared::{new_token, Table, MAX_TRANSACTION_ITEMS};
@@ -181,6 +187,27 @@ impl Table {
             .map(drop)
     }
 
+    /// A stamp for a batch of a log of several heads, taken as its
+    /// transaction is sent: the clock in microseconds, past every stamp
+    /// this process gave before.
+    fn next_stamp(&self) -> u64 {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
+        let mut last = self.log_head.2.load(Ordering::Acquire);
+        loop {
+            let at = now.max(last + 1);
+            match self
+                .log_head
+                .2
+                .compare_exchange(last, at, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return at,
+                Err(seen) => last = seen,
+            }
+        }
+    }
+
     /// The versions of `heads` (in order): one head's from this process's
     /// cache when it holds it, else strongly consistent reads, at once.
     async fn read_heads(&self, logs: &[(u32, Vec<Part>)]) -> Result<Vec<u64>> {
@@ -235,8 +262,8 @@ impl Table {
         let _turn = self.log_head.1.lock().await;
         let mut keys: Vec<EndpointKey> = ops.iter().map(Op::key).collect();
         let mut from = self.read_heads(&logs).await?;
-        let expires = crate::layout::now_secs()
-            .saturating_add(self.cfg.changelog_retention.as_secs().max(1));
+        let expires =
+            crate::layout::now_secs().saturating_add(self.cfg.changelog_retention.as_secs().max(1));
         let mut fresh;
         let mut token = match token {
             Some(t) => t,
@@ -249,13 +276,14 @@ impl Table {
             let mut items: Vec<TransactWriteItem> = endpoint_items.clone();
             keys.truncate(ops.len());
             keys.extend(guard.keys.iter().cloned());
+            let at = (heads > 1).then(|| self.next_stamp());
             for ((h, parts), v) in logs.iter().zip(&from) {
                 let to = v + parts.len() as u64;
                 items.push(self.head_update(*h, *v, to)?);
                 keys.push(EndpointKey::new(log_partition(*h), HEAD_ID));
                 for (i, part) in parts.iter().enumerate() {
                     let version = v + 1 + i as u64;
-                    items.push(self.entry_put(*h, version, to, part, expires)?);
+                    items.push(self.entry_put(*h, version, to, part, expires, at)?);
                     keys.push(EndpointKey::new(log_partition(*h), entry_id(version)));
                 }
             }

@@ -38,10 +38,10 @@ use registry_api::backend::{backoff, Hub};
 use registry_api::{Error, EventStream, Version};
 
 use crate::changelog::Entry;
-use futures::future::try_join_all;
 use crate::shards::Change;
 use crate::shared::Table;
 use crate::watch::{publish_changes, publish_fresh, publish_snapshot_with, FeedTask};
+use futures::future::try_join_all;
 
 /// The change log watch of one registry.
 pub(crate) struct LogWatch {
@@ -72,7 +72,8 @@ impl LogWatch {
 /// the last of them.
 #[derive(Debug, Default, PartialEq)]
 pub(crate) struct Walk {
-    pub changes: Vec<Change>,
+    /// Each with its batch's stamp.
+    pub changes: Vec<(u64, Change)>,
     pub pos: u64,
 }
 
@@ -83,7 +84,7 @@ pub(crate) fn walk(pos: u64, entries: Vec<Entry>) -> Walk {
         changes: Vec::new(),
         pos,
     };
-    let mut pending: Vec<Change> = Vec::new();
+    let mut pending: Vec<(u64, Change)> = Vec::new();
     let mut expected = pos + 1;
     for entry in entries {
         if entry.version < expected {
@@ -92,7 +93,8 @@ pub(crate) fn walk(pos: u64, entries: Vec<Entry>) -> Walk {
         if entry.version > expected {
             break;
         }
-        pending.extend(entry.changes);
+        let at = entry.at;
+        pending.extend(entry.changes.into_iter().map(|c| (at, c)));
         expected += 1;
         if entry.version >= entry.last {
             out.changes.append(&mut pending);
@@ -100,6 +102,29 @@ pub(crate) fn walk(pos: u64, entries: Vec<Entry>) -> Walk {
         }
     }
     out
+}
+
+/// The changes one sync read from every head (`heads[h]`, in head `h`'s
+/// order, each with its batch's stamp), merged: each head's order kept
+/// (it is each of its keys' history), and otherwise the order of the
+/// stamps, the smallest pending first (ties: the lower head).
+fn merge_heads(heads: Vec<Vec<(u64, Change)>>) -> Vec<Change> {
+    let mut heads: Vec<std::collections::VecDeque<(u64, Change)>> =
+        heads.into_iter().map(Into::into).collect();
+    let mut out = Vec::with_capacity(heads.iter().map(|h| h.len()).sum());
+    loop {
+        let next = heads
+            .iter()
+            .enumerate()
+            .filter_map(|(h, q)| q.front().map(|(at, _)| (*at, h)))
+            .min();
+        let Some((_, h)) = next else {
+            return out;
+        };
+        if let Some((_, change)) = heads[h].pop_front() {
+            out.push(change);
+        }
+    }
 }
 
 /// Why the reader scans the table.
@@ -208,7 +233,7 @@ async fn sync(table: &Table, hub: &Weak<Hub>, r: &mut Reader, pos: Vec<u64>) -> 
         let head = page.head.unwrap_or(0);
         let first = page.entries.first().map(|e| e.version);
         let mut walked = walk(*at, page.entries);
-        changes.append(&mut walked.changes);
+        changes.push(std::mem::take(&mut walked.changes));
         next.push(walked.pos);
         if head < *at {
             resync = Some(Resync::HeadBack);
@@ -229,6 +254,7 @@ async fn sync(table: &Table, hub: &Weak<Hub>, r: &mut Reader, pos: Vec<u64>) -> 
             r.gap[h] = None;
         }
     }
+    let changes = merge_heads(changes);
     let Some(strong) = hub.upgrade() else {
         return Ok(());
     };
@@ -279,10 +305,10 @@ async fn resync(table: &Table, hub: &Weak<Hub>, r: &mut Reader) -> Result<(), Er
             tracing::debug!(table = %table.cfg.table, head = h, read = at, version = head, "change log: entries after the scan not all visible; scanning again");
             return Ok(());
         }
-        changes.append(&mut walked.changes);
+        changes.push(std::mem::take(&mut walked.changes));
         pos.push(walked.pos);
     }
-    for change in changes {
+    for change in merge_heads(changes) {
         state = match change {
             Change::Put(e) => state.with_endpoint(e),
             Change::Remove(key) => state.without(&key),
@@ -312,8 +338,29 @@ mod tests {
         Entry {
             version,
             last,
+            at: version,
             changes: vec![Change::Put(ep("s", id, 1))],
         }
+    }
+
+    #[test]
+    fn heads_are_merged_by_stamp_each_in_its_own_order() {
+        let a = |id: &str| Change::Put(ep("s", id, 1));
+        let merged = merge_heads(vec![
+            // A later stamp committed first on head 0 stays first there.
+            vec![(5, a("h0-first")), (1, a("h0-second"))],
+            vec![(1, a("h1-tie")), (3, a("h1")), (9, a("h1-last"))],
+        ]);
+        assert_eq!(
+            merged,
+            vec![
+                a("h1-tie"),
+                a("h1"),
+                a("h0-first"),
+                a("h0-second"),
+                a("h1-last")
+            ]
+        );
     }
 
     #[test]
@@ -344,6 +391,6 @@ mod tests {
         assert_eq!(w.pos, 2);
         // Entries at or before the position are skipped.
         let w = walk(3, vec![entry(3, 3, "a"), entry(4, 4, "b")]);
-        assert_eq!(w.changes, vec![Change::Put(ep("s", "b", 1))]);
+        assert_eq!(w.changes, vec![(4, Change::Put(ep("s", "b", 1)))]);
     }
 }

@@ -471,7 +471,9 @@ async fn four_heads_every_reader_sees_each_keys_history_in_order() {
     let heads = 4u32;
     let (cfg, moto) = table().await;
     let proxy = RecordingProxy::start_serial(moto.url()).await;
-    let cfg = cfg.with_endpoint_url(&proxy.url).with_changelog_heads(heads);
+    let cfg = cfg
+        .with_endpoint_url(&proxy.url)
+        .with_changelog_heads(heads);
     let mut writers = Vec::new();
     for _ in 0..4 {
         writers.push(changelog_registry(&cfg).await);

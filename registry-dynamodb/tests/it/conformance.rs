@@ -2,7 +2,8 @@
 //! for this backend: once on tables with a stream (native watch) and once
 //! on tables without (`Polling` every 50 ms, as `registry_api::stack::stack`
 //! wraps such a registry), and once in change log mode
-//! (`WatchMode::ChangeLog`): the three ways this backend is watched. Each check
+//! (`WatchMode::ChangeLog`), with one head and with eight: the ways this
+//! backend is watched. Each check
 //! gets a table of its own on one shared moto server.
 
 use crate::common;
@@ -38,6 +39,20 @@ mod changelog {
     use super::*;
     async fn make() -> Guarded<DynamoDbRegistry> {
         let h = Harness::changelog().await;
+        assert!(h.reg.uses_changelog());
+        h.guarded()
+    }
+    registry_api::conformance_tests!(make, super::lose_history);
+}
+
+mod changelog_heads {
+    use super::*;
+    async fn make() -> Guarded<DynamoDbRegistry> {
+        let h = Harness::with_config(false, |c| {
+            c.with_watch(registry_dynamodb::WatchMode::ChangeLog)
+                .with_changelog_heads(8)
+        })
+        .await;
         assert!(h.reg.uses_changelog());
         h.guarded()
     }
