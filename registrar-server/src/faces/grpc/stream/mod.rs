@@ -62,8 +62,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures::{Stream, StreamExt};
-use prost::Message;
-use registry_api::{Endpoint, EndpointKey, Error, Event, EventStream, Op, Snapshot, Version};
+use registry_api::{Endpoint, Error, Event, EventStream, Op, Snapshot, Version};
 use registry_registrar::proto::registrar::v1::endpoint_event::EventType;
 use registry_registrar::proto::registrar::v1::{EndpointEvent, HeldServices, WriteRefusal};
 use registry_registrar::proto::registry::v1::ServiceEndpoint;
