@@ -9,7 +9,9 @@ mod serve;
 
 pub use crate::auth::policy::Policy;
 pub use crate::auth::{AuthzConfig, DEFAULT_ID_PATTERN};
-pub use crate::engine::config::{Ack, RegistrarConfig, StreamEncoding, DEFAULT_MAX_REQUEST_BYTES};
+pub use crate::engine::config::{
+    Ack, RegistrarConfig, StreamEncoding, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_SNAPSHOT_CHUNK_BYTES,
+};
 pub use crate::engine::open::{open_backend, Backend, BackendKind, BackendOptions, DynamoDbSync};
 pub use crate::engine::refusals::Refusal;
 pub use crate::engine::registrar::Registrar;

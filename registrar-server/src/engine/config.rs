@@ -34,12 +34,22 @@ pub struct RegistrarConfig {
     /// Versions kept so a reconnecting agent gets only what it missed.
     /// Default 8192.
     pub history: usize,
-    /// Endpoints per `FULL_SNAPSHOT` message. Default 1000. A stream
-    /// takes its next chunk (encoded, or shared by a stream of the same
-    /// version) only when its client's flow-control window takes it, so
-    /// this is also what a stream holds of its snapshot in encoded form
-    /// beyond the window (about two chunks).
+    /// Most endpoints per snapshot message (a `FULL_SNAPSHOT` message of
+    /// `WatchEndpoints`, a page of the HTTP watch and of the dashboard's
+    /// feed). Default 1000; 1 to 1 000 000. `WatchEndpoints` messages are
+    /// also bounded by [`snapshot_chunk_bytes`](Self::snapshot_chunk_bytes),
+    /// whichever bound a message reaches first.
     pub snapshot_chunk: usize,
+    /// Most encoded bytes per `FULL_SNAPSHOT` message of `WatchEndpoints`
+    /// (the protobuf message, without gRPC's 5-byte prefix); a single
+    /// endpoint larger than this is a message of its own. Default 16 KiB
+    /// (16 384); 1 to 4 MiB (the message size gRPC clients accept by
+    /// default). A stream takes its next message (encoded, or shared by a
+    /// stream of the same version) only when its client's flow-control
+    /// window takes it, so what a stream that stops reading holds of its
+    /// snapshot beyond the window is about two messages: under 64 KiB at
+    /// the default, whatever the size of the registry.
+    pub snapshot_chunk_bytes: usize,
     /// When writes are acknowledged unless a request says otherwise.
     /// Default optimistic.
     pub ack: Ack,
@@ -100,6 +110,7 @@ impl RegistrarConfig {
             agent_buffer: 1024,
             history: 8192,
             snapshot_chunk: 1000,
+            snapshot_chunk_bytes: DEFAULT_SNAPSHOT_CHUNK_BYTES,
             ack: Ack::Optimistic,
             probe_interval: Duration::from_secs(5),
             probe_timeout: Duration::from_secs(30),
@@ -144,6 +155,12 @@ impl RegistrarConfig {
         self
     }
 
+    /// Set `snapshot_chunk_bytes`.
+    pub fn with_snapshot_chunk_bytes(mut self, n: usize) -> Self {
+        self.snapshot_chunk_bytes = n;
+        self
+    }
+
     /// Set `ack`.
     pub fn with_ack(mut self, ack: Ack) -> Self {
         self.ack = ack;
@@ -184,11 +201,21 @@ impl RegistrarConfig {
         check_count("agent_buffer", self.agent_buffer, 1, 10_000_000)?;
         check_count("history", self.history, 1, 10_000_000)?;
         check_count("snapshot_chunk", self.snapshot_chunk, 1, 1_000_000)?;
+        check_count(
+            "snapshot_chunk_bytes",
+            self.snapshot_chunk_bytes,
+            1,
+            4 * 1024 * 1024,
+        )?;
         check_duration("probe_interval", self.probe_interval, ms(10), hour)?;
         check_duration("probe_timeout", self.probe_timeout, ms(10), hour)?;
         check_duration("drain_timeout", self.drain_timeout, Duration::ZERO, hour)
     }
 }
+
+/// The default of [`RegistrarConfig::snapshot_chunk_bytes`]: 16 KiB, one
+/// HTTP/2 frame at the protocol's default frame size.
+pub const DEFAULT_SNAPSHOT_CHUNK_BYTES: usize = 16 * 1024;
 
 /// The metadata key that picks the acknowledgement of one write.
 pub const ACK_METADATA: &str = "x-registrar-ack";

@@ -30,6 +30,7 @@ mod resume;
 #[cfg(all(feature = "sqlite", feature = "http-api"))]
 mod soak;
 mod streams;
+mod stuck;
 mod tls;
 mod trust;
 mod ui;

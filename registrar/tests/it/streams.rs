@@ -36,11 +36,12 @@ const ENDPOINTS: usize = 20_000;
 const CHUNK: usize = 100;
 /// The HTTP/2 flow-control window the stuck clients advertise (the
 /// protocol's default), for their stream and their connection.
-const WINDOW: u32 = 65_535;
-/// What tonic gathers before handing bytes to hyper (its yield threshold).
-const TONIC_BATCH: u64 = 32 * 1024;
+pub(super) const WINDOW: u32 = 65_535;
+/// What tonic gathers before handing bytes to hyper (the yield threshold
+/// of `WatchEndpoints`' codec).
+const TONIC_BATCH: u64 = 8 * 1024;
 
-async fn registry_of(n: usize) -> Arc<dyn Backend> {
+pub(super) async fn registry_of(n: usize) -> Arc<dyn Backend> {
     let mem = MemoryRegistry::new();
     let ops: Vec<Op> = (0..n)
         .map(|i| Op::Register(ep(&format!("svc-{:05}", i / 10), &format!("ep-{i}"), 8080)))
@@ -51,7 +52,7 @@ async fn registry_of(n: usize) -> Arc<dyn Backend> {
     Arc::new(mem)
 }
 
-fn watch_request(node: &str) -> WatchEndpointsRequest {
+pub(super) fn watch_request(node: &str) -> WatchEndpointsRequest {
     WatchEndpointsRequest {
         cluster_name: "test".into(),
         node_name: node.into(),
@@ -60,7 +61,7 @@ fn watch_request(node: &str) -> WatchEndpointsRequest {
     }
 }
 
-async fn next(stream: &mut Streaming<EndpointEvent>) -> EndpointEvent {
+pub(super) async fn next(stream: &mut Streaming<EndpointEvent>) -> EndpointEvent {
     tokio::time::timeout(Duration::from_secs(30), stream.message())
         .await
         .expect("no message within 30 s")
@@ -71,7 +72,7 @@ async fn next(stream: &mut Streaming<EndpointEvent>) -> EndpointEvent {
 /// Read a whole snapshot: its messages, checked against the proto's
 /// contract (chunks of `CHUNK` in key order, one version, only the last
 /// flagged).
-async fn read_snapshot(stream: &mut Streaming<EndpointEvent>) -> Vec<EndpointEvent> {
+pub(super) async fn read_snapshot(stream: &mut Streaming<EndpointEvent>) -> Vec<EndpointEvent> {
     let mut msgs = Vec::new();
     loop {
         let m = next(stream).await;
@@ -130,7 +131,7 @@ async fn snapshot_messages_on_the_wire_are_chunks_in_key_order() {
 
 /// A client that reads one message, then nothing: its HTTP/2 window
 /// (`WINDOW`) fills and stays full.
-async fn stuck_stream(url: &str, node: &str) -> (Channel, Streaming<EndpointEvent>) {
+pub(super) async fn stuck_stream(url: &str, node: &str) -> (Channel, Streaming<EndpointEvent>) {
     let channel = Endpoint::from_shared(url.to_string())
         .unwrap()
         .initial_stream_window_size(WINDOW)
@@ -213,8 +214,9 @@ async fn streams_that_stop_reading_hold_a_bounded_part_of_the_snapshot() {
     }
 
     // Per stuck stream, what the registrar encoded of its snapshot: what
-    // the client's window took, plus what tonic and hyper hold (a batch
-    // each, every batch at most 32 KiB plus one chunk), plus the chunk
+    // the client's window took, plus what HTTP/2 queued beyond it and
+    // hyper holds (a batch each, every batch at most tonic's 8 KiB plus
+    // one chunk), plus the chunk
     // being encoded. Eagerly encoded, it would be the whole snapshot.
     let bound = u64::from(WINDOW) + 2 * (TONIC_BATCH + largest) + largest;
     assert!(bound * 4 < whole, "the registry is too small to tell");

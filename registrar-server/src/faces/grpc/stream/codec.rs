@@ -7,7 +7,7 @@
 use bytes::Bytes;
 use prost::Message;
 use registry_registrar::proto::registrar::v1::{EndpointEvent, WatchEndpointsRequest};
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::Status;
 
 /// One `EndpointEvent` on its way to a client.
@@ -52,13 +52,31 @@ impl Codec for FrameCodec {
 }
 
 /// Writes a [`Frame`] into tonic's buffer (tonic adds the length prefix,
-/// and batches what the stream yields while the transport is busy).
+/// and batches what the stream yields while the transport is busy, up to
+/// [`YIELD_THRESHOLD`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct FrameEncoder;
+
+/// How many bytes tonic gathers from a stream's ready messages before it
+/// hands them to hyper as one body chunk (tonic's default is 32 KiB). A
+/// chunk is the unit hyper holds back, and HTTP/2 queues, for a stream
+/// whose client's window is full: a stream that stops reading holds about
+/// two, each at most this plus one message. Below the default snapshot
+/// message ([`crate::DEFAULT_SNAPSHOT_CHUNK_BYTES`]), so each such message
+/// goes out as a chunk of its own, and a lagging stream's deltas (a few
+/// hundred bytes each) still go out dozens at a time.
+pub(crate) const YIELD_THRESHOLD: usize = 8 * 1024;
+
+/// The buffer tonic allocates for a stream's messages (its default).
+const BUFFER_SIZE: usize = 8 * 1024;
 
 impl Encoder for FrameEncoder {
     type Item = Frame;
     type Error = Status;
+
+    fn buffer_settings(&self) -> BufferSettings {
+        BufferSettings::new(BUFFER_SIZE, YIELD_THRESHOLD)
+    }
 
     fn encode(&mut self, item: Frame, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
         match item {

@@ -9,7 +9,8 @@
 //! stream sends the same [`bytes::Bytes`] ([`shared`]). The stream yields
 //! [`Frame`]s, which `WatchEndpoints`' own codec ([`codec`]) copies into
 //! tonic's write buffer, so tonic still gathers what a lagging stream has
-//! queued into one write (up to its 32 KiB yield threshold).
+//! queued into one write (up to the codec's 8 KiB yield threshold,
+//! [`codec::YIELD_THRESHOLD`]).
 //! [`StreamEncoding::PerStream`](crate::StreamEncoding) encodes every
 //! message for every stream, as before; it is kept to measure against.
 //!
@@ -17,14 +18,18 @@
 //!
 //! - **Its snapshot**: a [`Snapshot`] (a persistent map, shared with the
 //!   registrar's state and every other stream of the same version) and a
-//!   cursor (the last key sent). A chunk of at most
+//!   cursor ([`cursor`]: the last key sent). A message of at most
 //!   [`RegistrarConfig::snapshot_chunk`](crate::RegistrarConfig) endpoints
-//!   is encoded (or taken from the shared memo) only when tonic polls for
-//!   the next message, which it does only once hyper has sent what it had
-//!   and the client's HTTP/2 flow-control window has room. Beyond the
-//!   window the transport holds at most two tonic batches (each under
-//!   32 KiB plus one chunk), so a stream that never reads costs its
-//!   client's window plus about two chunks, whatever the size of the
+//!   and [`RegistrarConfig::snapshot_chunk_bytes`](crate::RegistrarConfig)
+//!   bytes (16 KiB by default) is encoded (or taken from the shared memo)
+//!   only when tonic polls for the next message. Tonic polls when hyper
+//!   asks for the next body chunk, and hyper asks as long as HTTP/2 has
+//!   queued less than the client's flow-control window; once the queue
+//!   reaches the window, hyper holds one more body chunk and waits for
+//!   the window to open. So beyond what the window took, a stream that
+//!   never reads holds the rest of one tonic batch queued in HTTP/2 and
+//!   one batch in hyper, each at most the codec's yield threshold plus
+//!   one message: under 64 KiB at the defaults, whatever the size of the
 //!   registry. The shared memo is held by the registrar, not the stream:
 //!   at most one snapshot's chunks (the newest a stream is sending), freed
 //!   when no stream sends that snapshot any more.
@@ -42,8 +47,10 @@
 //!   [`shared::DELTA_WINDOW`] events for those streams together.
 //!
 //! The messages on the wire are the ones the proto documents: a snapshot is
-//! one or more `FULL_SNAPSHOT` events of `snapshot_chunk` endpoints in key
-//! order, the last (or the only, empty one) with `snapshot_last` set.
+//! one or more `FULL_SNAPSHOT` events in key order, each of at most
+//! `snapshot_chunk` endpoints and `snapshot_chunk_bytes` bytes (a single
+//! larger endpoint is a message of its own), the last (or the only, empty
+//! one) with `snapshot_last` set.
 //! For an agent that could not be resumed by version and said what it
 //! holds (`held`), the first snapshot holds only the services whose
 //! digest differs ([`registry_registrar::Digests`]), each chunk flagged
@@ -55,8 +62,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures::{Stream, StreamExt};
-use prost::Message;
-use registry_api::{Endpoint, EndpointKey, Error, Event, EventStream, Op, Snapshot, Version};
+use registry_api::{Endpoint, Error, Event, EventStream, Op, Snapshot, Version};
 use registry_registrar::proto::registrar::v1::endpoint_event::EventType;
 use registry_registrar::proto::registrar::v1::{EndpointEvent, HeldServices, WriteRefusal};
 use registry_registrar::proto::registry::v1::ServiceEndpoint;
@@ -68,101 +74,16 @@ use crate::engine::config::StreamEncoding;
 use crate::engine::registrar::Registrar;
 
 pub(crate) mod codec;
+mod cursor;
 pub(crate) mod fanout;
 pub(crate) mod shared;
 
 pub(crate) use codec::Frame;
+use cursor::{ChunkBounds, Cursor};
 use fanout::{Feed, Item};
-use shared::{Chunk, MemoUse};
 
 use crate::engine::streams::StreamGuard;
 use crate::metrics::names;
-
-/// Where a stream is in sending one snapshot.
-struct Cursor {
-    snap: Snapshot,
-    version: String,
-    /// The last key sent; `None` before the first chunk.
-    last: Option<EndpointKey>,
-    /// Endpoints not sent yet.
-    left: usize,
-    /// Chunks sent.
-    index: usize,
-    /// The chunks other streams of this snapshot encoded (shared encoding).
-    memo: Option<MemoUse>,
-    /// A partial snapshot (resumed by content): the services the agent
-    /// holds that are gone, said on the last chunk.
-    partial: Option<Vec<String>>,
-}
-
-impl Cursor {
-    /// The next `FULL_SNAPSHOT` message (at most `chunk` endpoints after
-    /// `last`), the last key it holds and how many endpoints.
-    fn build(&self, chunk: usize) -> (EndpointEvent, Option<EndpointKey>, usize) {
-        let eps: Vec<ServiceEndpoint> = self
-            .snap
-            .after(self.last.as_ref())
-            .take(chunk)
-            .map(endpoint_to_proto)
-            .collect();
-        let last = match eps.last() {
-            Some(p) => Some(EndpointKey::new(p.service_name.clone(), p.id.clone())),
-            None => self.last.clone(),
-        };
-        let count = eps.len();
-        let snapshot_last = self.left.saturating_sub(count) == 0;
-        let msg = EndpointEvent {
-            r#type: EventType::FullSnapshot as i32,
-            version: self.version.clone(),
-            snapshot_endpoints: eps,
-            snapshot_last,
-            snapshot_partial: self.partial.is_some(),
-            snapshot_removed_services: match &self.partial {
-                Some(removed) if snapshot_last => removed.clone(),
-                _ => Vec::new(),
-            },
-            ..Default::default()
-        };
-        (msg, last, count)
-    }
-
-    /// The next chunk as a frame, its size in bytes, and whether this
-    /// stream encoded it (rather than taking another stream's).
-    fn next(&mut self, chunk: usize, encoding: StreamEncoding) -> (Frame, u64, bool) {
-        let shared = match &self.memo {
-            Some(memo) if encoding.shares_encodings() => memo.chunk(self.index, || {
-                let (msg, last, count) = self.build(chunk);
-                Chunk {
-                    bytes: codec::encode(&msg),
-                    last,
-                    count,
-                }
-            }),
-            _ => None,
-        };
-        let (frame, len, encoded) = match shared {
-            Some((c, encoded)) => {
-                self.last = c.last;
-                self.left = self.left.saturating_sub(c.count);
-                (
-                    Frame::Shared(c.bytes.clone()),
-                    c.bytes.len() as u64,
-                    encoded,
-                )
-            }
-            None => {
-                // Encoded by the codec, into this stream's buffer.
-                let (msg, last, count) = self.build(chunk);
-                self.last = last;
-                self.left = self.left.saturating_sub(count);
-                let len = msg.encoded_len() as u64;
-                (Frame::Own(Box::new(msg)), len, true)
-            }
-        };
-        self.index += 1;
-        (frame, len, encoded)
-    }
-}
 
 /// Where a stream's events come from.
 enum Source {
@@ -225,7 +146,7 @@ pub(crate) struct AgentStream {
     registrar: Arc<Registrar>,
     feeds: Arc<Feeds>,
     epoch: u64,
-    chunk: usize,
+    chunk: ChunkBounds,
     encoding: StreamEncoding,
     snapshot: Option<Cursor>,
     /// What the agent holds, when it could not resume by version: its
@@ -286,7 +207,7 @@ impl AgentStream {
             source,
             feeds,
             epoch: registrar.epoch(),
-            chunk: registrar.config().snapshot_chunk.max(1),
+            chunk: ChunkBounds::of(registrar.config()),
             encoding,
             registrar,
             snapshot: None,
