@@ -352,6 +352,12 @@ pub struct ServeArgs {
     /// [default: auto]
     #[arg(long, value_parser = dynamodb_sync())]
     pub dynamodb_sync: Option<registrar_server::DynamoDbSync>,
+    /// Heads of the DynamoDB change log (`--dynamodb-sync=changelog`), 1 to
+    /// 64: tens of registrars writing one table need several (each key is
+    /// logged on one head; readers send one Query per head). Every
+    /// registrar on the table must use the same number. [default: 1]
+    #[arg(long, value_parser = count_in(1, 64))]
+    pub dynamodb_changelog_heads: Option<usize>,
     /// The Cloud Map namespace (`--registry-backend=cloudmap`); created as an
     /// HTTP namespace if missing [default: registry].
     #[arg(long)]
@@ -470,6 +476,11 @@ impl ServeArgs {
             ),
             ("--dynamodb-sync", "dynamodb", self.dynamodb_sync.is_some()),
             (
+                "--dynamodb-changelog-heads",
+                "dynamodb",
+                self.dynamodb_changelog_heads.is_some(),
+            ),
+            (
                 "--cloudmap-namespace",
                 "cloudmap",
                 self.cloudmap_namespace.is_some(),
@@ -511,6 +522,9 @@ impl ServeArgs {
         o.dynamodb_create_table = self.dynamodb_create_table;
         if let Some(sync) = self.dynamodb_sync {
             o.dynamodb_sync = sync;
+        }
+        if let Some(heads) = self.dynamodb_changelog_heads {
+            o.dynamodb_changelog_heads = heads as u32;
         }
         if let Some(namespace) = &self.cloudmap_namespace {
             o.cloudmap_namespace = namespace.clone();

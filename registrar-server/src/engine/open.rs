@@ -178,6 +178,9 @@ pub struct BackendOptions {
     pub dynamodb_create_table: bool,
     /// How the DynamoDB table is followed. Default [`DynamoDbSync::Auto`].
     pub dynamodb_sync: DynamoDbSync,
+    /// Heads of the DynamoDB change log ([`DynamoDbSync::Changelog`]);
+    /// every registrar on the table must use the same. Default 1.
+    pub dynamodb_changelog_heads: u32,
     /// The Cloud Map namespace. Default `registry`.
     pub cloudmap_namespace: String,
     /// AWS region (default: the AWS chain's).
@@ -204,6 +207,7 @@ impl BackendOptions {
             dynamodb_table: "registry".to_string(),
             dynamodb_create_table: false,
             dynamodb_sync: DynamoDbSync::Auto,
+            dynamodb_changelog_heads: 1,
             cloudmap_namespace: "registry".to_string(),
             aws_region: None,
             aws_endpoint_url: None,
@@ -253,6 +257,7 @@ pub async fn open_backend(opts: &BackendOptions) -> Result<Arc<dyn Backend>> {
             let mut table = registry_dynamodb::DynamoDbConfig::new(opts.dynamodb_table.clone())
                 .with_poll_interval(opts.sync_interval)
                 .with_watch(watch)
+                .with_changelog_heads(opts.dynamodb_changelog_heads)
                 .with_liveness(opts.liveness.clone());
             if let Some(region) = &opts.aws_region {
                 table = table.with_region(region.clone());

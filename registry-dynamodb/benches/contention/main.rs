@@ -39,6 +39,8 @@ use registry_dynamodb::{DynamoDbRegistry, WatchMode};
 const INTERVAL: Duration = Duration::from_millis(100);
 /// Writer counts measured (after one alone, the baseline).
 const WRITERS: [usize; 3] = [3, 10, 50];
+/// Heads of the log measured.
+const HEADS: [u32; 3] = [1, 8, 32];
 
 /// A latency percentile of `v` (sorted here), in milliseconds.
 fn percentile(v: &mut [u64], p: f64, unit: f64) -> f64 {
@@ -75,10 +77,11 @@ impl Row {
     }
 }
 
-fn model_row(writers: usize, hold_ms: u64) -> Row {
+fn model_row(writers: usize, heads: u32, hold_ms: u64) -> Row {
     let seconds = 60;
     let mut c = model::run(&model::Run {
         writers,
+        heads,
         interval: INTERVAL.as_micros() as u64,
         seconds,
         server: model::Server {
@@ -104,12 +107,15 @@ fn model_runs() {
          (at most {} transactions a batch)",
         registry_dynamodb::CHANGELOG_ATTEMPTS
     );
-    for hold in [5, 10, 20] {
-        let what = format!("model, head held {hold} ms");
-        let alone = model_row(1, hold);
+    for (heads, hold) in HEADS
+        .iter()
+        .flat_map(|k| [5, 10, 20].map(|hold| (*k, hold)))
+    {
+        let what = format!("model, {heads} head(s) held {hold} ms");
+        let alone = model_row(1, heads, hold);
         alone.print(&what, 1);
         for writers in WRITERS {
-            let row = model_row(writers, hold);
+            let row = model_row(writers, heads, hold);
             row.print(&what, writers);
             println!(
                 "RATIO {what}: {writers} writers' p99 / one writer's: {:.1}",
@@ -121,8 +127,15 @@ fn model_runs() {
 
 /// `writers` registries on a fresh table of `moto` (through a serial
 /// proxy), each committing two endpoints every [`INTERVAL`] for `run`.
-async fn moto_row(moto: &registry_fixtures::MotoServer, writers: usize, run: Duration) -> Row {
-    let cfg = common::config(moto.url()).with_watch(WatchMode::ChangeLog);
+async fn moto_row(
+    moto: &registry_fixtures::MotoServer,
+    writers: usize,
+    heads: u32,
+    run: Duration,
+) -> Row {
+    let cfg = common::config(moto.url())
+        .with_watch(WatchMode::ChangeLog)
+        .with_changelog_heads(heads);
     assert!(DynamoDbRegistry::create_table_if_missing(&cfg, false)
         .await
         .unwrap());
@@ -200,16 +213,18 @@ async fn moto_row(moto: &registry_fixtures::MotoServer, writers: usize, run: Dur
 async fn moto_runs() {
     let moto = registry_fixtures::MotoServer::start_async().await.unwrap();
     let run = Duration::from_secs(10);
-    let what = "moto, serial";
-    let alone = moto_row(&moto, 1, run).await;
-    alone.print(what, 1);
-    for writers in WRITERS {
-        let row = moto_row(&moto, writers, run).await;
-        row.print(what, writers);
-        println!(
-            "RATIO {what}: {writers} writers' p99 / one writer's: {:.1}",
-            row.p99_ms / alone.p99_ms
-        );
+    for heads in [1, 32] {
+        let what = &format!("moto, serial, {heads} head(s)");
+        let alone = moto_row(&moto, 1, heads, run).await;
+        alone.print(what, 1);
+        for writers in WRITERS {
+            let row = moto_row(&moto, writers, heads, run).await;
+            row.print(what, writers);
+            println!(
+                "RATIO {what}: {writers} writers' p99 / one writer's: {:.1}",
+                row.p99_ms / alone.p99_ms
+            );
+        }
     }
 }
 

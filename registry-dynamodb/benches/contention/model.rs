@@ -1,19 +1,21 @@
-//! The counting model: writers racing for the change log's head on a
+//! The counting model: writers racing for the change log's heads on a
 //! simulated clock, with DynamoDB's per-item transaction rules and the
 //! crate's own retry policy ([`changelog_retry_ceiling`], drawn with full
 //! jitter, at most [`CHANGELOG_ATTEMPTS`] transactions a batch).
 //!
-//! The server, as DynamoDB documents transactions on one item: a
-//! `TransactWriteItems` that reaches the head while another transaction
+//! The server, as DynamoDB documents transactions on items: a
+//! `TransactWriteItems` that reaches a head while another transaction
 //! holds it is cancelled at once (`TransactionConflict`); one whose
-//! condition `v = V` no longer holds is cancelled at once
-//! (`ConditionalCheckFailed`); otherwise it holds the head for `hold`,
-//! then commits. A cancelled transaction holds nothing. A strongly
-//! consistent `GetItem` of the head sees the last commit.
+//! condition `v = V` on one of its heads no longer holds is cancelled at
+//! once (`ConditionalCheckFailed`); otherwise it holds its heads for
+//! `hold`, then commits. A cancelled transaction holds nothing. A strongly
+//! consistent `GetItem` of a head sees the last commit.
 //!
-//! A writer, as `commit_logged` does: it keeps the head it last wrote
-//! (and tries it first), and after a lost race pauses, reads the head, and
-//! tries again. One batch at a time per writer: the changes of ticks that
+//! A writer, as `commit_logged` does: each batch writes the writer's two
+//! keys (as the moto runs do), whose heads [`changelog_head_of`] names.
+//! With one head it keeps the head it last wrote (and tries it first);
+//! with several it reads its heads before the first attempt. After a lost
+//! race it pauses, reads its heads, and tries again. One batch at a time per writer: the changes of ticks that
 //! pass while a batch is in flight go in the next one, whose latency
 //! counts from the first of those ticks.
 
@@ -21,7 +23,8 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::Duration;
 
-use registry_dynamodb::{changelog_retry_ceiling, CHANGELOG_ATTEMPTS};
+use registry_api::EndpointKey;
+use registry_dynamodb::{changelog_head_of, changelog_retry_ceiling, CHANGELOG_ATTEMPTS};
 
 use crate::rng::Rng;
 
@@ -42,6 +45,8 @@ pub struct Server {
 /// One run's settings.
 pub struct Run {
     pub writers: usize,
+    /// Heads of the log.
+    pub heads: u32,
     pub interval: Micros,
     pub seconds: u64,
     pub server: Server,
@@ -63,16 +68,16 @@ pub struct Counts {
 enum Step {
     /// A tick of the writer's batch interval.
     Tick,
-    /// The writer's transaction reaches the server, expecting the head
-    /// at the given version.
-    Arrive(u64),
-    /// The answer to the writer's transaction: the version it wrote, or
+    /// The writer's transaction reaches the server, expecting its heads
+    /// at the given versions.
+    Arrive(Vec<u64>),
+    /// The answer to the writer's transaction: the versions it wrote, or
     /// `None` when it lost the race.
-    Answer(Option<u64>),
-    /// The writer reads the head (after its pause).
+    Answer(Option<Vec<u64>>),
+    /// The writer reads its heads (after its pause, or before a batch).
     Read,
-    /// The head read reaches the writer.
-    HeadIs(u64),
+    /// The heads read reach the writer.
+    HeadIs(Vec<u64>),
 }
 
 /// A batch in flight.
@@ -86,13 +91,31 @@ struct Batch {
 }
 
 /// One writer's state.
-#[derive(Default)]
 struct Writer {
-    /// The head it will try next, as it last saw it.
-    head: u64,
+    /// The heads its batches write.
+    heads: Vec<usize>,
+    /// Their versions it will try next, as it last saw them.
+    seen: Vec<u64>,
     batch: Option<Batch>,
     /// The first tick of changes waiting for the next batch.
     waiting: Option<Micros>,
+}
+
+/// Writer `w` of a log of `heads` heads: the heads of its two keys.
+fn writer(w: usize, heads: u32) -> Writer {
+    let mut mine: Vec<usize> = (0..2)
+        .map(|k| {
+            changelog_head_of(&EndpointKey::new("contention", format!("w{w}-{k}")), heads) as usize
+        })
+        .collect();
+    mine.sort_unstable();
+    mine.dedup();
+    Writer {
+        seen: vec![0; mine.len()],
+        heads: mine,
+        batch: None,
+        waiting: None,
+    }
 }
 
 /// Run the model.
@@ -104,9 +127,10 @@ pub fn run(r: &Run) -> Counts {
         seq: 0,
         rng: Rng(r.seed | 1),
         server: r.server,
-        version: 0,
-        held_until: 0,
-        writers: (0..r.writers).map(|_| Writer::default()).collect(),
+        version: vec![0; r.heads as usize],
+        held_until: vec![0; r.heads as usize],
+        cache: r.heads == 1,
+        writers: (0..r.writers).map(|w| writer(w, r.heads)).collect(),
         counts: Counts {
             committed: 0,
             lost: 0,
@@ -132,9 +156,12 @@ struct Sim {
     seq: u64,
     rng: Rng,
     server: Server,
-    /// The head's version, and until when a transaction holds it.
-    version: u64,
-    held_until: Micros,
+    /// Each head's version, and until when a transaction holds it.
+    version: Vec<u64>,
+    held_until: Vec<Micros>,
+    /// Whether writers keep the head they wrote (one head) instead of
+    /// reading their heads before a batch.
+    cache: bool,
     writers: Vec<Writer>,
     counts: Counts,
 }
@@ -148,7 +175,7 @@ impl Sim {
     /// Writer `w` sends its batch's transaction at `now`.
     fn send(&mut self, now: Micros, w: usize) {
         let wr = &mut self.writers[w];
-        let head = wr.head;
+        let head = wr.seen.clone();
         if let Some(b) = wr.batch.as_mut() {
             b.attempts += 1;
             b.sent = now;
@@ -163,7 +190,11 @@ impl Sim {
             attempts: 0,
             sent: now,
         });
-        self.send(now, w);
+        if self.cache {
+            self.send(now, w);
+        } else {
+            self.at(now, w, Step::Read);
+        }
     }
 
     fn step(&mut self, now: Micros, w: usize, step: Step) {
@@ -180,19 +211,28 @@ impl Sim {
                 }
             }
             Step::Arrive(expected) => {
-                let won = now >= self.held_until && expected == self.version;
+                let heads = self.writers[w].heads.clone();
+                let won = heads
+                    .iter()
+                    .zip(&expected)
+                    .all(|(h, v)| now >= self.held_until[*h] && *v == self.version[*h]);
                 let (done, answer) = if won {
-                    self.held_until = now + s.hold;
-                    self.version += 1;
-                    (now + s.hold, Some(self.version))
+                    for h in &heads {
+                        self.held_until[*h] = now + s.hold;
+                        self.version[*h] += 1;
+                    }
+                    (
+                        now + s.hold,
+                        Some(heads.iter().map(|h| self.version[*h]).collect()),
+                    )
                 } else {
                     (now + s.answer, None)
                 };
                 self.at(done + s.one_way, w, Step::Answer(answer));
             }
-            Step::Answer(Some(version)) => {
+            Step::Answer(Some(versions)) => {
                 let wr = &mut self.writers[w];
-                wr.head = version;
+                wr.seen = versions;
                 if let Some(b) = wr.batch.take() {
                     self.counts.committed += 1;
                     self.counts.latencies.push(now - b.first);
@@ -218,23 +258,25 @@ impl Sim {
             Step::Read => {
                 // The server answers with the head as it is when the read
                 // arrives.
-                let version = self.version_at(now + s.one_way);
-                self.at(now + 2 * s.one_way + s.answer, w, Step::HeadIs(version));
+                let versions = (0..self.writers[w].heads.len())
+                    .map(|i| self.version_at(self.writers[w].heads[i], now + s.one_way))
+                    .collect();
+                self.at(now + 2 * s.one_way + s.answer, w, Step::HeadIs(versions));
             }
-            Step::HeadIs(version) => {
-                self.writers[w].head = version;
+            Step::HeadIs(versions) => {
+                self.writers[w].seen = versions;
                 self.send(now, w);
             }
         }
     }
 
-    /// The head's version a read arriving at `t` sees: the commit that
+    /// Head `h`'s version a read arriving at `t` sees: the commit that
     /// holds the head until after `t` is not visible yet.
-    fn version_at(&self, t: Micros) -> u64 {
-        if t < self.held_until {
-            self.version.saturating_sub(1)
+    fn version_at(&self, h: usize, t: Micros) -> u64 {
+        if t < self.held_until[h] {
+            self.version[h].saturating_sub(1)
         } else {
-            self.version
+            self.version[h]
         }
     }
 
