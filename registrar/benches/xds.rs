@@ -89,6 +89,7 @@ async fn watcher(url: String, i: usize, seen: mpsc::UnboundedSender<Seen>) {
             node_name: format!("watcher-{i}"),
             last_version: String::new(),
             held: None,
+            held_total: None,
         })
         .await
         .unwrap()

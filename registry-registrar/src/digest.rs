@@ -10,6 +10,12 @@
 //! digest differs ([`Digests::differing`]), and the agent applies it to
 //! what it holds ([`merge_partial`]). The format is the proto's
 //! (`ServiceDigest`), so clients in other languages can compute it too.
+//!
+//! With the summary the agent sends its total ([`Digests::total`], in
+//! `WatchEndpointsRequest.held_total`): one digest over every service's
+//! name and digest. A registrar whose own total is the same answers the
+//! empty partial snapshot without reading the summary, and its total is
+//! computed once per content of the registry, not per agent.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeSet, HashMap};
@@ -19,7 +25,7 @@ use registry_api::{Endpoint, Event, Snapshot, Version};
 use sha2::{Digest as _, Sha256};
 
 use crate::layout::{health_to_proto, protocol_to_proto};
-use crate::proto::registrar::v1::{HeldServices, ServiceDigest};
+use crate::proto::registrar::v1::{HeldServices, HeldTotal, ServiceDigest};
 
 /// The largest summary an agent sends: a registry of more services than
 /// fit (about 30,000 of 20-byte names) is resumed with a full snapshot.
@@ -67,6 +73,34 @@ pub fn service_digest<'a>(endpoints: impl IntoIterator<Item = &'a Endpoint>) -> 
     u64::from_be_bytes(first)
 }
 
+/// The total of a summary, as the proto's `HeldTotal` defines it:
+/// `services` (name, digest) in name order, each name once.
+///
+/// ```
+/// use registry_registrar::total_digest;
+/// let one = total_digest([("api", 1), ("db", 2)]);
+/// assert_eq!(one.services, 2);
+/// assert_ne!(one, total_digest([("api", 1), ("db", 3)]));
+/// assert_ne!(one, total_digest([("api", 1)]));
+/// ```
+pub fn total_digest<'a>(services: impl IntoIterator<Item = (&'a str, u64)>) -> HeldTotal {
+    let mut h = Sha256::new();
+    let mut count = 0u32;
+    for (name, digest) in services {
+        h.update(u32::try_from(name.len()).unwrap_or(u32::MAX).to_be_bytes());
+        h.update(name.as_bytes());
+        h.update(digest.to_be_bytes());
+        count = count.saturating_add(1);
+    }
+    let out = h.finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&out[..8]);
+    HeldTotal {
+        digest: u64::from_be_bytes(first),
+        services: count,
+    }
+}
+
 /// What an agent's summary says differs from a registry's state.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Differing {
@@ -99,16 +133,36 @@ struct Entry {
     digest: u64,
 }
 
+/// Every service with its digest, in order, and their total.
+#[derive(Debug)]
+struct Summary {
+    entries: Vec<Entry>,
+    total: HeldTotal,
+}
+
+impl Summary {
+    fn of(entries: Vec<Entry>) -> Self {
+        let total = total_digest(entries.iter().map(|e| (e.service.as_str(), e.digest)));
+        Self { entries, total }
+    }
+}
+
+impl Default for Summary {
+    fn default() -> Self {
+        Self::of(Vec::new())
+    }
+}
+
 /// Service digests, each computed once per content: a cache keyed by the
-/// [`Snapshot::fingerprint`] of the service, and the last whole summary,
-/// which the next caller checks against its snapshot's fingerprints (a
-/// walk of the service index, no hashing) and reuses when nothing
-/// changed, as when many agents resume against one state. Shared by the
-/// streams of one registrar, or kept by one client.
+/// [`Snapshot::fingerprint`] of the service, and the last whole summary
+/// with its total, which the next caller checks against its snapshot's
+/// fingerprints (a walk of the service index, no hashing) and reuses when
+/// nothing changed, as when many agents resume against one state. Shared
+/// by the streams of one registrar, or kept by one client.
 #[derive(Debug, Default)]
 pub struct Digests {
     cache: Mutex<HashMap<String, (u128, u64)>>,
-    last: Mutex<Arc<Vec<Entry>>>,
+    last: Mutex<Arc<Summary>>,
 }
 
 impl Digests {
@@ -140,12 +194,12 @@ impl Digests {
         }
     }
 
-    /// Every service of `snap` with its digest, in order.
-    fn all(&self, snap: &Snapshot) -> Arc<Vec<Entry>> {
+    /// Every service of `snap` with its digest, in order, and their total.
+    fn all(&self, snap: &Snapshot) -> Arc<Summary> {
         let last = Arc::clone(&self.last.lock().unwrap_or_else(|p| p.into_inner()));
         let mut prints = snap.fingerprints();
-        let same = last.len() == snap.services().count()
-            && last.iter().all(|e| {
+        let same = last.entries.len() == snap.services().count()
+            && last.entries.iter().all(|e| {
                 prints
                     .next()
                     .is_some_and(|(s, p)| p == e.print && s == e.service)
@@ -166,7 +220,7 @@ impl Digests {
         if cache.len() > 2 * out.len() + 64 {
             cache.retain(|s, _| snap.fingerprint(s).is_some());
         }
-        let out = Arc::new(out);
+        let out = Arc::new(Summary::of(out));
         *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Arc::clone(&out);
         out
     }
@@ -176,6 +230,7 @@ impl Digests {
     pub fn held(&self, snap: &Snapshot) -> Option<HeldServices> {
         let services: Vec<ServiceDigest> = self
             .all(snap)
+            .entries
             .iter()
             .map(|e| ServiceDigest {
                 service_name: e.service.clone(),
@@ -186,6 +241,13 @@ impl Digests {
         (prost::Message::encoded_len(&held) <= MAX_SUMMARY_BYTES).then_some(held)
     }
 
+    /// The total of what `snap` holds ([`total_digest`] over its summary),
+    /// computed once per content: a walk of the service index when the
+    /// last summary still holds, no hashing.
+    pub fn total(&self, snap: &Snapshot) -> HeldTotal {
+        self.all(snap).total
+    }
+
     /// What differs between `held` (an agent's summary, in any order) and
     /// `snap`: a merge of the two in service order.
     pub fn differing(&self, snap: &Snapshot, held: &HeldServices) -> Differing {
@@ -193,7 +255,8 @@ impl Digests {
         if !theirs.is_sorted_by(|a, b| a.service_name <= b.service_name) {
             theirs.sort_by(|a, b| a.service_name.cmp(&b.service_name));
         }
-        let ours = self.all(snap);
+        let summary = self.all(snap);
+        let ours = &summary.entries;
         let mut out = Differing::default();
         let (mut i, mut j) = (0, 0);
         while i < ours.len() || j < theirs.len() {
@@ -351,6 +414,45 @@ mod tests {
         let later = now.with_endpoint(ep("a", "2", 1));
         assert_eq!(d.differing(&later, &held).changed, ["a", "c"]);
         assert_eq!(d.differing(&now, &held).changed, ["c"]);
+    }
+
+    #[test]
+    fn the_total_is_fixed_by_the_format() {
+        let mut h = Sha256::new();
+        for (name, digest) in [("api", 7u64), ("db", 9)] {
+            h.update((name.len() as u32).to_be_bytes());
+            h.update(name.as_bytes());
+            h.update(digest.to_be_bytes());
+        }
+        let want = u64::from_be_bytes(h.finalize()[..8].try_into().expect("8 bytes"));
+        let total = total_digest([("api", 7), ("db", 9)]);
+        assert_eq!((total.digest, total.services), (want, 2));
+    }
+
+    #[test]
+    fn the_total_follows_the_endpoints_not_the_version_or_the_holder() {
+        let eps = || vec![ep("a", "1", 1), ep("a", "2", 2), ep("b", "1", 3)];
+        let here = Snapshot::from_endpoints(Version(3), eps());
+        // Another registrar, of another epoch, at another version.
+        let there = Snapshot::from_endpoints(Version(900), eps().into_iter().rev());
+        let (one, two) = (Digests::new(), Digests::new());
+        assert_eq!(one.total(&here), two.total(&there));
+        // The total of what the summary lists.
+        let held = one.held(&here).expect("small summary");
+        let listed = held
+            .services
+            .iter()
+            .map(|s| (s.service_name.as_str(), s.digest));
+        assert_eq!(one.total(&here), total_digest(listed));
+        // One field of one endpoint, a service more or less: another total.
+        let moved = there.with_endpoint(ep("b", "1", 4));
+        assert_ne!(two.total(&moved), one.total(&here));
+        let more = there.with_endpoint(ep("c", "1", 1));
+        assert_ne!(two.total(&more), one.total(&here));
+        assert_eq!(two.total(&more).services, 3);
+        // And back: the same total again.
+        assert_eq!(two.total(&there), one.total(&here));
+        assert_eq!(Digests::new().total(&snap(vec![])).services, 0);
     }
 
     #[test]

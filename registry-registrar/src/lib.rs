@@ -33,7 +33,9 @@ pub mod proto {
 
 pub use crate::shared::Refusal;
 pub use config::{Ack, ClientConfig, Direct, Fallback};
-pub use digest::{merge_partial, service_digest, Differing, Digests, MAX_SUMMARY_BYTES};
+pub use digest::{
+    merge_partial, service_digest, total_digest, Differing, Digests, MAX_SUMMARY_BYTES,
+};
 pub use error::{error_from_status, status_from_error};
 pub use layout::{endpoint_from_proto, endpoint_to_proto, key_from_parts, Token};
 pub use overlay::{Overlay, DEFAULT_HOLD};

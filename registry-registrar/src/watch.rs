@@ -155,11 +155,18 @@ impl Watch for RpcClient {
             None => None,
         };
         let held = base.as_ref().and_then(|snap| self.digests.held(snap));
+        // With its total, which spares a registrar that holds the same the
+        // reading of the summary.
+        let held_total = base
+            .as_ref()
+            .filter(|_| held.is_some())
+            .map(|snap| self.digests.total(snap));
         let req = WatchEndpointsRequest {
             cluster_name: self.cfg.cluster_name.clone(),
             node_name: self.cfg.node_name.clone(),
             last_version,
             held,
+            held_total,
         };
         let mut grpc = self.grpc.clone();
         let addr = self.cfg.address.clone();

@@ -273,6 +273,7 @@ async fn endpoint_removed_carries_the_last_endpoint() {
             node_name: "n7".into(),
             last_version: String::new(),
             held: None,
+            held_total: None,
         })
         .await
         .unwrap()

@@ -11,12 +11,14 @@ use std::time::Duration;
 use common::{fast_client, start, start_on};
 use registrar_server::{Backend, RegistrarConfig};
 use registry_api::testing::{ep, eventually};
-use registry_api::{liveness::Liveness, memory::MemoryRegistry, Endpoint, Registry};
+use registry_api::{
+    liveness::Liveness, memory::MemoryRegistry, Endpoint, Registry, Snapshot, Version,
+};
 use registry_fixtures::proxy::CutProxy;
 use registry_registrar::proto::registrar::v1::endpoint_event::EventType;
 use registry_registrar::proto::registrar::v1::registrar_client::RegistrarClient as Grpc;
 use registry_registrar::proto::registrar::v1::WatchEndpointsRequest;
-use registry_registrar::RegistrarClient;
+use registry_registrar::{Digests, RegistrarClient};
 
 const SERVICES: usize = 40;
 
@@ -27,8 +29,12 @@ fn endpoints() -> Vec<Endpoint> {
         .collect()
 }
 
-/// Every endpoint the agent holds, in key order.
+/// Every endpoint the agent holds, in key order: what its watch delivered
+/// (before that, a client's reads go to the registrar).
 async fn held(agent: &RegistrarClient) -> Vec<Endpoint> {
+    tokio::time::timeout(Duration::from_secs(30), agent.cache().wait_until_ready())
+        .await
+        .expect("the agent's first snapshot within 30 s");
     agent
         .snapshot()
         .await
@@ -160,4 +166,85 @@ async fn an_agent_outliving_a_restart_gets_only_what_changed() {
         .await
         .unwrap();
     agrees(&agent, &writer, "a change after the restart").await;
+}
+
+/// The first snapshot `req` is answered with: whether partial, the
+/// services its endpoints name, and the services it says are gone.
+async fn first_snapshot(
+    url: String,
+    req: WatchEndpointsRequest,
+) -> (bool, Vec<String>, Vec<String>) {
+    let mut grpc = Grpc::connect(url).await.unwrap();
+    let mut stream = grpc.watch_endpoints(req).await.unwrap().into_inner();
+    let (mut partial, mut services, mut removed) = (true, Vec::new(), Vec::new());
+    loop {
+        let ev = tokio::time::timeout(Duration::from_secs(30), stream.message())
+            .await
+            .expect("a snapshot within 30 s")
+            .unwrap()
+            .expect("the stream ended");
+        assert_eq!(ev.r#type, EventType::FullSnapshot as i32);
+        partial &= ev.snapshot_partial;
+        services.extend(ev.snapshot_endpoints.iter().map(|e| e.service_name.clone()));
+        removed.extend(ev.snapshot_removed_services);
+        if ev.snapshot_last {
+            break;
+        }
+    }
+    services.dedup();
+    (partial, services, removed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_summary_with_its_total_or_without_gets_what_differs() {
+    let backend: Arc<dyn Backend> = Arc::new(Liveness::new(MemoryRegistry::new()));
+    let server = start(Arc::clone(&backend), RegistrarConfig::new("c")).await;
+    let writer = fast_client(&server.url(), "c", "writer");
+    for e in endpoints() {
+        writer.register(e).await.unwrap();
+    }
+    eventually(
+        "the registrar and its backend hold every endpoint",
+        || async {
+            let s = writer.snapshot().await.ok()?;
+            let b = backend.snapshot().await.ok()?;
+            (s.len() == 2 * SERVICES && b.len() == 2 * SERVICES).then_some(())
+        },
+    )
+    .await;
+    // What an agent of another registrar would hold: the same endpoints.
+    let state = backend.snapshot().await.unwrap();
+    let held = Snapshot::from_endpoints(Version(12_345), state.to_vec());
+    let agent = Digests::new();
+    let request = |total: bool| WatchEndpointsRequest {
+        cluster_name: "c".into(),
+        node_name: "agent".into(),
+        last_version: "1.12345".into(),
+        held: agent.held(&held),
+        held_total: total.then(|| agent.total(&held)),
+    };
+    let nothing = (true, vec![], vec![]);
+    assert_eq!(first_snapshot(server.url(), request(true)).await, nothing);
+    // Without the total, as agents that do not send it: the same answer.
+    assert_eq!(first_snapshot(server.url(), request(false)).await, nothing);
+
+    // One service gains an endpoint, another goes.
+    writer
+        .register(ep("svc-03", "ep-new", 8000).with_node("writer"))
+        .await
+        .unwrap();
+    for i in 0..2 {
+        writer
+            .deregister(&ep("svc-05", &format!("ep-{i}"), 8000).key())
+            .await
+            .unwrap();
+    }
+    eventually("the registrar has the changes", || async {
+        let s = writer.snapshot().await.ok()?;
+        (s.list("svc-03").len() == 3 && s.list("svc-05").is_empty()).then_some(())
+    })
+    .await;
+    let some = (true, vec!["svc-03".to_string()], vec!["svc-05".to_string()]);
+    assert_eq!(first_snapshot(server.url(), request(true)).await, some);
+    assert_eq!(first_snapshot(server.url(), request(false)).await, some);
 }

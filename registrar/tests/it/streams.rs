@@ -58,6 +58,7 @@ pub(super) fn watch_request(node: &str) -> WatchEndpointsRequest {
         node_name: node.into(),
         last_version: String::new(),
         held: None,
+        held_total: None,
     }
 }
 

@@ -83,6 +83,7 @@ impl LightAgent {
             node_name: node.into(),
             last_version: String::new(),
             held: None,
+            held_total: None,
         });
         request_body.send_data(request, true)?;
         let response = driven(&mut conn, response).await??;

@@ -35,6 +35,7 @@ pub(crate) async fn client(
                 node_name: format!("stuck-{i}"),
                 last_version: String::new(),
                 held: None,
+                held_total: None,
             })
             .await?
             .into_inner();

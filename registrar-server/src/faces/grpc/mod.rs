@@ -25,6 +25,7 @@ use crate::engine::config::{
     parse_ack, Ack, StreamEncoding, ACK_METADATA, DEFAULT_MAX_REQUEST_BYTES,
 };
 use crate::engine::registrar::Registrar;
+use crate::faces::grpc::stream::request::WatchRequest;
 use crate::faces::grpc::stream::{AgentStream, Feeds, Frame};
 
 pub(crate) mod stream;
@@ -86,7 +87,7 @@ impl RegistrarService {
     /// says.
     fn open_watch(
         &self,
-        request: Request<WatchEndpointsRequest>,
+        request: Request<WatchRequest>,
         encoding: StreamEncoding,
     ) -> Result<FrameStream, Status> {
         let caller = self.security.caller(&request)?;
@@ -245,7 +246,7 @@ impl GrpcRegistrar for RegistrarService {
         &self,
         request: Request<WatchEndpointsRequest>,
     ) -> Result<Response<Self::WatchEndpointsStream>, Status> {
-        let frames = self.open_watch(request, StreamEncoding::PerStream)?;
+        let frames = self.open_watch(request.map(WatchRequest::from), StreamEncoding::PerStream)?;
         let stream = frames.map(|f| f.and_then(Frame::into_message));
         Ok(Response::new(Box::pin(stream)))
     }

@@ -8,13 +8,13 @@ use std::convert::Infallible;
 use std::task::{Context, Poll};
 
 use registry_registrar::proto::registrar::v1::registrar_server::RegistrarServer;
-use registry_registrar::proto::registrar::v1::WatchEndpointsRequest;
 use tonic::codegen::{http, Body, BoxFuture, Service, StdError};
 use tonic::server::{Grpc, NamedService, ServerStreamingService};
 use tonic::{Request, Response, Status};
 
 use super::{FrameStream, RegistrarService};
 use crate::faces::grpc::stream::codec::FrameCodec;
+use crate::faces::grpc::stream::request::WatchRequest;
 use crate::faces::grpc::stream::Frame;
 
 /// The path of `WatchEndpoints`.
@@ -82,12 +82,12 @@ impl WatchService {
     }
 }
 
-impl ServerStreamingService<WatchEndpointsRequest> for WatchService {
+impl ServerStreamingService<WatchRequest> for WatchService {
     type Response = Frame;
     type ResponseStream = FrameStream;
     type Future = BoxFuture<Response<FrameStream>, Status>;
 
-    fn call(&mut self, request: Request<WatchEndpointsRequest>) -> Self::Future {
+    fn call(&mut self, request: Request<WatchRequest>) -> Self::Future {
         let service = self.service.clone();
         Box::pin(async move {
             let encoding = service.registrar.config().stream_encoding;

@@ -6,9 +6,11 @@
 
 use bytes::Bytes;
 use prost::Message;
-use registry_registrar::proto::registrar::v1::{EndpointEvent, WatchEndpointsRequest};
+use registry_registrar::proto::registrar::v1::EndpointEvent;
 use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::Status;
+
+use super::request::WatchRequest;
 
 /// One `EndpointEvent` on its way to a client.
 #[derive(Debug, Clone)]
@@ -38,7 +40,7 @@ pub(crate) struct FrameCodec;
 
 impl Codec for FrameCodec {
     type Encode = Frame;
-    type Decode = WatchEndpointsRequest;
+    type Decode = WatchRequest;
     type Encoder = FrameEncoder;
     type Decoder = RequestDecoder;
 
@@ -92,17 +94,18 @@ impl Encoder for FrameEncoder {
     }
 }
 
-/// Decodes the `WatchEndpointsRequest` (errors as tonic's prost codec
-/// reports them: `INTERNAL`).
+/// Decodes the `WatchEndpointsRequest`, the agent's summary left as its
+/// bytes ([`WatchRequest`]; errors as tonic's prost codec reports them:
+/// `INTERNAL`).
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct RequestDecoder;
 
 impl Decoder for RequestDecoder {
-    type Item = WatchEndpointsRequest;
+    type Item = WatchRequest;
     type Error = Status;
 
     fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Self::Item>, Status> {
-        WatchEndpointsRequest::decode(src)
+        WatchRequest::decode(src)
             .map(Some)
             .map_err(|e| Status::internal(e.to_string()))
     }

@@ -54,7 +54,10 @@
 //! For an agent that could not be resumed by version and said what it
 //! holds (`held`), the first snapshot holds only the services whose
 //! digest differs ([`registry_registrar::Digests`]), each chunk flagged
-//! `snapshot_partial`; it is that stream's own, so encoded by it.
+//! `snapshot_partial`; it is that stream's own, so encoded by it. When the
+//! agent's total (`held_total`) is the registrar's own for that snapshot,
+//! the answer is the empty partial snapshot and the summary is not read
+//! ([`request`]).
 
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -64,7 +67,7 @@ use std::task::{Context, Poll};
 use futures::{Stream, StreamExt};
 use registry_api::{Endpoint, Error, Event, EventStream, Op, Snapshot, Version};
 use registry_registrar::proto::registrar::v1::endpoint_event::EventType;
-use registry_registrar::proto::registrar::v1::{EndpointEvent, HeldServices, WriteRefusal};
+use registry_registrar::proto::registrar::v1::{EndpointEvent, WriteRefusal};
 use registry_registrar::proto::registry::v1::ServiceEndpoint;
 use registry_registrar::{endpoint_to_proto, status_from_error, Digests, Token};
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
@@ -76,11 +79,13 @@ use crate::engine::registrar::Registrar;
 pub(crate) mod codec;
 mod cursor;
 pub(crate) mod fanout;
+pub(crate) mod request;
 pub(crate) mod shared;
 
 pub(crate) use codec::Frame;
 use cursor::{ChunkBounds, Cursor};
 use fanout::{Feed, Item};
+use request::Held;
 
 use crate::engine::streams::StreamGuard;
 use crate::metrics::names;
@@ -125,6 +130,8 @@ pub(crate) struct Feeds {
     pub(crate) shared: Arc<shared::Shared>,
     /// The services' content digests, for agents resuming by content.
     pub(crate) digests: Digests,
+    /// The last partial snapshot sent to an agent resuming by content.
+    pub(crate) partials: request::Partials,
 }
 
 impl Feeds {
@@ -136,6 +143,7 @@ impl Feeds {
             fanout,
             shared: Arc::default(),
             digests: Digests::new(),
+            partials: request::Partials::default(),
         }
     }
 }
@@ -151,7 +159,7 @@ pub(crate) struct AgentStream {
     snapshot: Option<Cursor>,
     /// What the agent holds, when it could not resume by version: its
     /// first snapshot is then only what differs.
-    held: Option<HeldServices>,
+    held: Option<Held>,
     guard: StreamGuard,
     broadcasts: Broadcasts,
 }
@@ -170,7 +178,7 @@ impl AgentStream {
 
     /// Send only what differs from `held` (an agent's summary) in place
     /// of the first snapshot.
-    pub(crate) fn holding(mut self, held: Option<HeldServices>) -> Self {
+    pub(crate) fn holding(mut self, held: Option<Held>) -> Self {
         let Some(held) = held else { return self };
         self.held = Some(held);
         // A fed stream's first snapshot is already in place: begun again.
@@ -340,16 +348,22 @@ impl AgentStream {
     fn begin_snapshot(&mut self, snap: Snapshot) {
         let version = self.token(snap.version());
         let (snap, partial) = match self.held.take() {
-            Some(held) => {
-                let diff = self.feeds.digests.differing(&snap, &held);
-                tracing::debug!(
-                    changed = diff.changed.len(),
-                    removed = diff.removed.len(),
-                    held = held.services.len(),
-                    "agent resumed by content"
-                );
-                (diff.snapshot(&snap, snap.version()), Some(diff.removed))
-            }
+            Some(held) => match held.answer(&self.feeds.digests, &self.feeds.partials, &snap) {
+                Ok(answer) => {
+                    tracing::debug!(
+                        endpoints = answer.partial.len(),
+                        removed = answer.removed.len(),
+                        reading = ?answer.reading,
+                        "agent resumed by content"
+                    );
+                    (answer.partial, Some(answer.removed))
+                }
+                // Not a summary: what a request without one gets.
+                Err(error) => {
+                    tracing::warn!(%error, "an agent's summary does not decode: a full snapshot");
+                    (snap, None)
+                }
+            },
             None => (snap, None),
         };
         let left = snap.len();
