@@ -91,8 +91,13 @@ impl EtcdServer {
         crate::provision_container_async().await
     }
 
-    /// Start etcd as a local process on two free loopback ports.
+    /// Start etcd as a local process on two free loopback ports (fresh
+    /// ones when another socket takes one before etcd binds it).
     pub fn start_process() -> Result<Self, FixtureError> {
+        crate::on_fresh_ports(Self::start_process_once)
+    }
+
+    fn start_process_once() -> Result<Self, FixtureError> {
         let data = tempfile::Builder::new()
             .prefix("etcd-data-")
             .tempdir()

@@ -75,6 +75,35 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> FixtureError {
     move |source| FixtureError::Io { what, source }
 }
 
+impl FixtureError {
+    /// Whether a server exited because a port it was given was taken
+    /// between [`free_port`] finding it and the server binding it (by an
+    /// outgoing connection's local port, say).
+    pub fn port_taken(&self) -> bool {
+        matches!(self, FixtureError::NotReady { detail, .. }
+            if detail.to_ascii_lowercase().contains("address already in use"))
+    }
+}
+
+/// How many times a local server is started on fresh ports when the ones
+/// it was given were taken before it bound them.
+const PORT_TRIES: u32 = 5;
+
+/// `start()`, which picks its ports with [`free_port`], again with fresh
+/// ports while it fails because one was taken, at most [`PORT_TRIES`]
+/// times in all.
+pub(crate) fn on_fresh_ports<T>(
+    mut start: impl FnMut() -> Result<T, FixtureError>,
+) -> Result<T, FixtureError> {
+    let mut tries = 1;
+    loop {
+        match start() {
+            Err(e) if e.port_taken() && tries < PORT_TRIES => tries += 1,
+            result => return result,
+        }
+    }
+}
+
 /// A free TCP port on 127.0.0.1 (bound once, then released for the server).
 pub fn free_port() -> Result<u16, FixtureError> {
     let l = TcpListener::bind("127.0.0.1:0").map_err(io("binding a free loopback port"))?;
@@ -290,4 +319,48 @@ fn container_fallback(kind: &str, err: &FixtureError) {
         "fixture container failed, using a local process: {err}"
     );
     eprintln!("registry-fixtures: {kind} container failed, using a local process: {err}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exited(detail: &str) -> FixtureError {
+        FixtureError::NotReady {
+            program: "etcd".into(),
+            addr: SocketAddr::from(([127, 0, 0, 1], 2379)),
+            detail: detail.into(),
+        }
+    }
+
+    #[test]
+    fn a_server_that_found_its_port_taken_is_started_again_a_bounded_number_of_times() {
+        let taken = "exited with exit status: 1; log: listen tcp 127.0.0.1:38139: bind: address already in use";
+        let mut tries = 0;
+        let started = on_fresh_ports(|| {
+            tries += 1;
+            if tries < 3 {
+                Err(exited(taken))
+            } else {
+                Ok(tries)
+            }
+        });
+        assert_eq!(started.ok(), Some(3));
+        // Always taken: the last error, after PORT_TRIES starts.
+        let mut tries = 0;
+        let started: Result<(), _> = on_fresh_ports(|| {
+            tries += 1;
+            Err(exited("OSError: [Errno 98] Address already in use"))
+        });
+        assert!(started.is_err_and(|e| e.port_taken()));
+        assert_eq!(tries, PORT_TRIES);
+        // Any other failure: not started again.
+        let mut tries = 0;
+        let started: Result<(), _> = on_fresh_ports(|| {
+            tries += 1;
+            Err(exited("no answer within 30s"))
+        });
+        assert!(started.is_err_and(|e| !e.port_taken()));
+        assert_eq!(tries, 1);
+    }
 }

@@ -77,8 +77,13 @@ impl MotoServer {
         crate::provision_container_async().await
     }
 
-    /// Start `moto_server -H 127.0.0.1 -p <free port>` as a local process.
+    /// Start `moto_server -H 127.0.0.1 -p <free port>` as a local process
+    /// (on a fresh port when another socket takes it before moto binds it).
     pub fn start_process() -> Result<Self, FixtureError> {
+        crate::on_fresh_ports(Self::start_process_once)
+    }
+
+    fn start_process_once() -> Result<Self, FixtureError> {
         let port = free_port()?;
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let process = ServerProcess::spawn(
