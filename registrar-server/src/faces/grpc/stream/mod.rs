@@ -54,10 +54,11 @@
 //! For an agent that could not be resumed by version and said what it
 //! holds (`held`), the first snapshot holds only the services whose
 //! digest differs ([`registry_registrar::Digests`]), each chunk flagged
-//! `snapshot_partial`; it is that stream's own, so encoded by it. When the
-//! agent's total (`held_total`) is the registrar's own for that snapshot,
-//! the answer is the empty partial snapshot and the summary is not read
-//! ([`request`]).
+//! `snapshot_partial`. When the agent's total (`held_total`) is the
+//! registrar's own for that snapshot, the answer is the empty partial
+//! snapshot and the summary is not read; agents holding the same as one
+//! answered before get that answer again, its messages encoded once for
+//! all of them ([`request`]).
 
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -347,7 +348,8 @@ impl AgentStream {
     /// what the agent holds, when it said.
     fn begin_snapshot(&mut self, snap: Snapshot) {
         let version = self.token(snap.version());
-        let (snap, partial) = match self.held.take() {
+        let shares = self.encoding.shares_encodings();
+        let (snap, partial, memo) = match self.held.take() {
             Some(held) => match held.answer(&self.feeds.digests, &self.feeds.partials, &snap) {
                 Ok(answer) => {
                     tracing::debug!(
@@ -356,22 +358,23 @@ impl AgentStream {
                         reading = ?answer.reading,
                         "agent resumed by content"
                     );
-                    (answer.partial, Some(answer.removed))
+                    // Shared with the agents answered the same, if any.
+                    let memo = answer.memo.filter(|_| shares);
+                    (answer.partial, Some(answer.removed), memo)
                 }
                 // Not a summary: what a request without one gets.
                 Err(error) => {
                     tracing::warn!(%error, "an agent's summary does not decode: a full snapshot");
-                    (snap, None)
+                    let memo = shares.then(|| self.feeds.shared.snapshot_memo(&snap));
+                    (snap, None, memo.flatten())
                 }
             },
-            None => (snap, None),
+            None => {
+                let memo = shares.then(|| self.feeds.shared.snapshot_memo(&snap));
+                (snap, None, memo.flatten())
+            }
         };
         let left = snap.len();
-        // A partial snapshot is this stream's own: not shared.
-        let memo = match partial {
-            None if self.encoding.shares_encodings() => self.feeds.shared.snapshot_memo(&snap),
-            _ => None,
-        };
         self.snapshot = Some(Cursor {
             version,
             snap,

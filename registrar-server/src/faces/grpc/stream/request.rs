@@ -6,15 +6,18 @@
 //! 20-endpoint services, are most of what resuming such an agent costs.
 //! Agents that hold the same (the same total) and resume against the same
 //! state are sent the same partial snapshot: the last one is kept
-//! ([`Partials`]), so it is found once, not per agent.
+//! ([`Partials`]), so it is found once, not per agent, and its messages
+//! are encoded once for all of them.
 
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use prost::Message;
-use registry_api::Snapshot;
+use registry_api::{Snapshot, Version};
 use registry_registrar::proto::registrar::v1::{HeldServices, HeldTotal, WatchEndpointsRequest};
 use registry_registrar::{total_digest, Digests};
+
+use super::shared::{MemoUse, SnapshotMemo};
 
 /// The request's fields as on the wire, `held` undecoded: the same field
 /// numbers and types as the proto's `WatchEndpointsRequest` (a message
@@ -104,7 +107,6 @@ pub(crate) enum Reading {
 
 /// The answer to an agent's summary: the partial snapshot, the services
 /// it holds that are gone, and how the summary was read.
-#[derive(Debug, Clone)]
 pub(crate) struct Answer {
     /// The endpoints of the services that differ, at the snapshot's version.
     pub(crate) partial: Snapshot,
@@ -112,20 +114,35 @@ pub(crate) struct Answer {
     pub(crate) removed: Vec<String>,
     /// How it was found.
     pub(crate) reading: Reading,
+    /// The encoded messages of `partial` that agents answered the same
+    /// share, when it is the kept answer.
+    pub(crate) memo: Option<MemoUse>,
 }
 
 /// The last answer found service by service, with the totals it answers:
-/// the agent's (checked against its summary) and the registrar's.
-#[derive(Debug)]
+/// the agent's (checked against its summary) and the registrar's, and
+/// its messages as encoded for the last version it was sent at.
 struct Kept {
     theirs: HeldTotal,
     ours: HeldTotal,
-    partial: Snapshot,
     removed: Vec<String>,
+    memo: Mutex<Arc<SnapshotMemo>>,
+}
+
+impl Kept {
+    /// The partial snapshot at `version`, with the memo of its messages
+    /// there (a new one when the version moved on).
+    fn at(&self, version: Version) -> (Snapshot, MemoUse) {
+        let mut memo = self.memo.lock().unwrap_or_else(|p| p.into_inner());
+        if memo.snapshot().version() != version {
+            *memo = SnapshotMemo::detached(memo.snapshot().at_version(version));
+        }
+        (memo.snapshot().clone(), memo.use_detached())
+    }
 }
 
 /// The last partial snapshot answered, shared by a registrar's streams.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(crate) struct Partials(Mutex<Option<Arc<Kept>>>);
 
 impl Partials {
@@ -136,8 +153,10 @@ impl Partials {
             .map(Arc::clone)
     }
 
-    fn keep(&self, kept: Kept) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(kept));
+    fn keep(&self, kept: Kept) -> Arc<Kept> {
+        let kept = Arc::new(kept);
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&kept));
+        kept
     }
 }
 
@@ -159,13 +178,16 @@ impl Held {
                     partial: Snapshot::empty(version),
                     removed: Vec::new(),
                     reading: Reading::ByTotal,
+                    memo: None,
                 });
             }
             if let Some(kept) = partials.get(theirs, ours) {
+                let (partial, memo) = kept.at(version);
                 return Ok(Answer {
-                    partial: kept.partial.at_version(version),
+                    partial,
                     removed: kept.removed.clone(),
                     reading: Reading::Remembered,
+                    memo: Some(memo),
                 });
             }
         }
@@ -175,6 +197,7 @@ impl Held {
         };
         let diff = digests.differing(snap, &services);
         let partial = diff.snapshot(snap, version);
+        let reading = Reading::ByService(services.services.len());
         // Kept for others only when the total is the summary's own.
         if let Some(theirs) = self.total {
             let listed = services
@@ -186,27 +209,35 @@ impl Held {
                 .is_sorted_by(|a, b| a.service_name < b.service_name)
                 && total_digest(listed) == theirs
             {
-                partials.keep(Kept {
+                let kept = partials.keep(Kept {
                     theirs,
                     ours,
-                    partial: partial.clone(),
                     removed: diff.removed.clone(),
+                    memo: Mutex::new(SnapshotMemo::detached(partial.clone())),
+                });
+                let (partial, memo) = kept.at(version);
+                return Ok(Answer {
+                    partial,
+                    removed: diff.removed,
+                    reading,
+                    memo: Some(memo),
                 });
             }
         }
         Ok(Answer {
             partial,
             removed: diff.removed,
-            reading: Reading::ByService(services.services.len()),
+            reading,
+            memo: None,
         })
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::shared::Chunk;
     use super::*;
     use registry_api::testing::ep;
-    use registry_api::Version;
 
     fn state() -> Snapshot {
         Snapshot::from_endpoints(
@@ -303,6 +334,35 @@ mod tests {
         assert_eq!(again.reading, Reading::Remembered);
         assert_eq!(named(&again), named(&first));
         assert_eq!(again.partial.version(), Version(8));
+        // Its messages encoded once for every agent answered at version 8;
+        // at another version, encoded again.
+        let encode = |n: u8| {
+            move || Chunk {
+                bytes: Bytes::from(vec![n]),
+                last: None,
+                count: 2,
+            }
+        };
+        let memo = |a: Answer| a.memo.expect("the kept answer's messages");
+        let (one, encoded) = memo(again).chunk(0, encode(1)).expect("a chunk");
+        assert!(encoded);
+        let twice = sent(&state(), true)
+            .held
+            .expect("held")
+            .answer(&registrar, &partials, &now.at_version(Version(8)))
+            .expect("decodes");
+        let (two, encoded) = memo(twice).chunk(0, encode(2)).expect("a chunk");
+        assert!(!encoded);
+        assert_eq!(two.bytes, one.bytes);
+        let later = sent(&state(), true)
+            .held
+            .expect("held")
+            .answer(&registrar, &partials, &now.at_version(Version(9)))
+            .expect("decodes");
+        assert_eq!(later.reading, Reading::Remembered);
+        let (three, encoded) = memo(later).chunk(0, encode(3)).expect("a chunk");
+        assert!(encoded);
+        assert_eq!(&three.bytes[..], &[3]);
         // Holding something else, or against another state: read.
         let other = state().with_endpoint(ep("a", "2", 1));
         let answer = sent(&other, true)

@@ -161,6 +161,33 @@ pub(crate) struct SnapshotMemo {
     users: AtomicUsize,
 }
 
+impl SnapshotMemo {
+    /// A memo of `snap`'s chunks that its owner keeps, outside the
+    /// registrar's one slot: the partial snapshot answered to agents that
+    /// hold the same ([`super::request::Partials`]).
+    pub(crate) fn detached(snap: Snapshot) -> Arc<Self> {
+        Arc::new(Self {
+            snap,
+            chunks: Mutex::new(Vec::new()),
+            users: AtomicUsize::new(0),
+        })
+    }
+
+    /// The snapshot whose chunks these are.
+    pub(crate) fn snapshot(&self) -> &Snapshot {
+        &self.snap
+    }
+
+    /// A stream's use of this detached memo (held weakly, as every use:
+    /// once its owner drops it, streams encode their own).
+    pub(crate) fn use_detached(self: &Arc<Self>) -> MemoUse {
+        MemoUse {
+            shared: Weak::new(),
+            memo: Arc::downgrade(self),
+        }
+    }
+}
+
 /// One encoded `FULL_SNAPSHOT` message of a memo.
 #[derive(Clone)]
 pub(crate) struct Chunk {
