@@ -23,6 +23,10 @@ const START_LIMIT: Duration = Duration::from_secs(30);
 pub struct EtcdServer {
     endpoint: String,
     inner: Inner,
+    /// While killed: its client port, bound and not listening, so that
+    /// clients are refused as by a dead server and no other test's
+    /// server takes the port meanwhile.
+    hold: Option<crate::PortHold>,
 }
 
 enum Inner {
@@ -108,6 +112,7 @@ impl EtcdServer {
         let client_port = free_port()?;
         let mut s = Self {
             endpoint: format!("http://127.0.0.1:{client_port}"),
+            hold: None,
             inner: Inner::Process {
                 process: None,
                 data,
@@ -167,12 +172,16 @@ impl EtcdServer {
                 }
             }
         }
+        if !matches!(self.inner, Inner::External) {
+            self.hold = crate::PortHold::take(&self.endpoint);
+        }
     }
 
     /// Start etcd again on the same port with the same data (after
     /// [`EtcdServer::kill`], or killing it first). Does nothing for an
     /// external server.
     pub fn restart(&mut self) -> Result<(), FixtureError> {
+        self.hold = None;
         match &mut self.inner {
             Inner::External => Ok(()),
             Inner::Container(c) => c.restart(),
@@ -226,12 +235,14 @@ impl crate::Fixture for EtcdServer {
         Some(Self {
             endpoint,
             inner: Inner::External,
+            hold: None,
         })
     }
     fn in_container(c: ServerContainer) -> Self {
         Self {
             endpoint: format!("http://{}", c.addr()),
             inner: Inner::Container(c),
+            hold: None,
         }
     }
     fn start_process() -> Result<Self, FixtureError> {

@@ -104,6 +104,40 @@ pub(crate) fn on_fresh_ports<T>(
     }
 }
 
+/// A killed server's port, bound without listening until the server
+/// starts again: connections to it are refused, as to nothing, and no
+/// other socket binds it meanwhile (another test's server answering there
+/// would look like a backend that refuses requests).
+pub(crate) struct PortHold {
+    _socket: tokio::net::TcpSocket,
+}
+
+impl PortHold {
+    /// The port of `url` (`http://host:port`) held, trying for up to a
+    /// second while the server's own socket goes away; `None` if it
+    /// cannot be (the fault goes on without the hold).
+    pub(crate) fn take(url: &str) -> Option<Self> {
+        let addr: SocketAddr = url.trim_start_matches("http://").parse().ok()?;
+        let deadline = Instant::now() + Duration::from_secs(1);
+        loop {
+            let held = tokio::net::TcpSocket::new_v4().and_then(|s| {
+                // Over the killed server's connections in TIME_WAIT.
+                s.set_reuseaddr(true)?;
+                s.bind(addr)?;
+                Ok(s)
+            });
+            match held {
+                Ok(socket) => return Some(Self { _socket: socket }),
+                Err(e) if Instant::now() > deadline => {
+                    tracing::warn!("holding {addr} while its server is down: {e}");
+                    return None;
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+}
+
 /// A free TCP port on 127.0.0.1 (bound once, then released for the server).
 pub fn free_port() -> Result<u16, FixtureError> {
     let l = TcpListener::bind("127.0.0.1:0").map_err(io("binding a free loopback port"))?;
