@@ -71,7 +71,7 @@ impl RegistrarService {
     /// summary of what it holds), responses
     /// large enough for big registries (256 MiB); `WatchEndpoints` sends
     /// each message encoded once for every stream (see
-    /// [`RegistrarConfig::stream_encoding`](crate::RegistrarConfig)).
+    /// [`RegistrarConfig::stream_encoding`](crate::engine::config::RegistrarConfig)).
     pub fn into_server(self) -> RegistrarGrpc {
         let limit = self.max_request_bytes;
         // A watch request may carry the agent's summary of what it holds.

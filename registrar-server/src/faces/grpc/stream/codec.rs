@@ -64,7 +64,7 @@ pub(crate) struct FrameEncoder;
 /// chunk is the unit hyper holds back, and HTTP/2 queues, for a stream
 /// whose client's window is full: a stream that stops reading holds about
 /// two, each at most this plus one message. Below the default snapshot
-/// message ([`crate::DEFAULT_SNAPSHOT_CHUNK_BYTES`]), so each such message
+/// message ([`crate::engine::config::DEFAULT_SNAPSHOT_CHUNK_BYTES`]), so each such message
 /// goes out as a chunk of its own, and a lagging stream's deltas (a few
 /// hundred bytes each) still go out dozens at a time.
 pub(crate) const YIELD_THRESHOLD: usize = 8 * 1024;

@@ -1,7 +1,7 @@
 //! Where a stream is in sending its first snapshot, and how the next
 //! `FULL_SNAPSHOT` message is cut: at most
-//! [`RegistrarConfig::snapshot_chunk`](crate::RegistrarConfig) endpoints
-//! and [`RegistrarConfig::snapshot_chunk_bytes`](crate::RegistrarConfig)
+//! [`RegistrarConfig::snapshot_chunk`](crate::engine::config::RegistrarConfig) endpoints
+//! and [`RegistrarConfig::snapshot_chunk_bytes`](crate::engine::config::RegistrarConfig)
 //! encoded bytes, in key order after the last endpoint sent.
 
 use prost::Message;
@@ -43,7 +43,7 @@ pub(super) struct ChunkBounds {
 }
 
 impl ChunkBounds {
-    pub(super) fn of(config: &crate::RegistrarConfig) -> Self {
+    pub(super) fn of(config: &crate::engine::config::RegistrarConfig) -> Self {
         Self {
             endpoints: config.snapshot_chunk.max(1),
             bytes: config.snapshot_chunk_bytes.max(1),

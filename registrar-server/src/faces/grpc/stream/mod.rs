@@ -3,7 +3,7 @@
 //! the transport asks for the next message.
 //!
 //! **Encoded once, sent to all.** With
-//! [`StreamEncoding::Shared`](crate::StreamEncoding) (the default) a delta
+//! [`StreamEncoding::Shared`](crate::engine::config::StreamEncoding) (the default) a delta
 //! is encoded to protobuf by the first stream that sends it, and a snapshot
 //! chunk of one version by the first stream that reaches it; every other
 //! stream sends the same [`bytes::Bytes`] ([`shared`]). The stream yields
@@ -11,7 +11,7 @@
 //! tonic's write buffer, so tonic still gathers what a lagging stream has
 //! queued into one write (up to the codec's 8 KiB yield threshold,
 //! [`codec::YIELD_THRESHOLD`]).
-//! [`StreamEncoding::PerStream`](crate::StreamEncoding) encodes every
+//! [`StreamEncoding::PerStream`](crate::engine::config::StreamEncoding) encodes every
 //! message for every stream, as before; it is kept to measure against.
 //!
 //! What a stream holds, so what a client that never reads costs:
@@ -19,8 +19,8 @@
 //! - **Its snapshot**: a [`Snapshot`] (a persistent map, shared with the
 //!   registrar's state and every other stream of the same version) and a
 //!   cursor ([`cursor`]: the last key sent). A message of at most
-//!   [`RegistrarConfig::snapshot_chunk`](crate::RegistrarConfig) endpoints
-//!   and [`RegistrarConfig::snapshot_chunk_bytes`](crate::RegistrarConfig)
+//!   [`RegistrarConfig::snapshot_chunk`](crate::engine::config::RegistrarConfig) endpoints
+//!   and [`RegistrarConfig::snapshot_chunk_bytes`](crate::engine::config::RegistrarConfig)
 //!   bytes (16 KiB by default) is encoded (or taken from the shared memo)
 //!   only when tonic polls for the next message. Tonic polls when hyper
 //!   asks for the next body chunk, and hyper asks as long as HTTP/2 has
@@ -34,7 +34,7 @@
 //!   at most one snapshot's chunks (the newest a stream is sending), freed
 //!   when no stream sends that snapshot any more.
 //! - **Its deltas**: at most
-//!   [`RegistrarConfig::agent_buffer`](crate::RegistrarConfig) events
+//!   [`RegistrarConfig::agent_buffer`](crate::engine::config::RegistrarConfig) events
 //!   (1024 by default) queued behind the snapshot; one more and the stream
 //!   is cut off with `RESOURCE_EXHAUSTED` (the agent reconnects and resumes
 //!   from its last version, or gets a fresh snapshot). A stream on the
