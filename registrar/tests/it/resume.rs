@@ -96,31 +96,17 @@ async fn an_agent_moved_to_another_replica_gets_only_what_changed() {
 
     // What a client that holds nothing is sent by replica b, for scale.
     let full_before = snapshot_bytes(&b);
-    let mut grpc = Grpc::connect(b.url()).await.unwrap();
-    let mut stream = grpc
-        .watch_endpoints(WatchEndpointsRequest {
+    let first = first_snapshot(
+        b.url(),
+        WatchEndpointsRequest {
             cluster_name: "c".into(),
             node_name: "new-agent".into(),
             ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut sent = 0;
-    loop {
-        let ev = tokio::time::timeout(Duration::from_secs(30), stream.message())
-            .await
-            .expect("a snapshot within 30 s")
-            .unwrap()
-            .expect("the stream ended");
-        assert_eq!(ev.r#type, EventType::FullSnapshot as i32);
-        assert!(!ev.snapshot_partial, "a client that held nothing");
-        sent += ev.snapshot_endpoints.len();
-        if ev.snapshot_last {
-            break;
-        }
-    }
-    assert_eq!(sent, 2 * SERVICES - 2 + 1, "the whole registry");
+        },
+    )
+    .await;
+    assert_eq!(first.partial, Some(false), "a client that held nothing");
+    assert_eq!(first.endpoints, 2 * SERVICES - 2 + 1, "the whole registry");
     let full = snapshot_bytes(&b) - full_before;
     assert!(
         partial * 10 < full,
@@ -168,15 +154,29 @@ async fn an_agent_outliving_a_restart_gets_only_what_changed() {
     agrees(&agent, &writer, "a change after the restart").await;
 }
 
-/// The first snapshot `req` is answered with: whether partial, the
-/// services its endpoints name, and the services it says are gone.
-async fn first_snapshot(
-    url: String,
-    req: WatchEndpointsRequest,
-) -> (bool, Vec<String>, Vec<String>) {
+/// The first snapshot a watch is answered with.
+struct First {
+    /// Whether its messages say partial: `None` if they disagree.
+    partial: Option<bool>,
+    /// The endpoints it holds.
+    endpoints: usize,
+    /// The services they name, in order.
+    services: Vec<String>,
+    /// The services it says are gone.
+    removed: Vec<String>,
+}
+
+/// The first snapshot `req` is answered with.
+async fn first_snapshot(url: String, req: WatchEndpointsRequest) -> First {
     let mut grpc = Grpc::connect(url).await.unwrap();
     let mut stream = grpc.watch_endpoints(req).await.unwrap().into_inner();
-    let (mut partial, mut services, mut removed) = (true, Vec::new(), Vec::new());
+    let mut first = First {
+        partial: None,
+        endpoints: 0,
+        services: Vec::new(),
+        removed: Vec::new(),
+    };
+    let mut flags = Vec::new();
     loop {
         let ev = tokio::time::timeout(Duration::from_secs(30), stream.message())
             .await
@@ -184,15 +184,19 @@ async fn first_snapshot(
             .unwrap()
             .expect("the stream ended");
         assert_eq!(ev.r#type, EventType::FullSnapshot as i32);
-        partial &= ev.snapshot_partial;
-        services.extend(ev.snapshot_endpoints.iter().map(|e| e.service_name.clone()));
-        removed.extend(ev.snapshot_removed_services);
+        flags.push(ev.snapshot_partial);
+        first.endpoints += ev.snapshot_endpoints.len();
+        first
+            .services
+            .extend(ev.snapshot_endpoints.iter().map(|e| e.service_name.clone()));
+        first.removed.extend(ev.snapshot_removed_services);
         if ev.snapshot_last {
             break;
         }
     }
-    services.dedup();
-    (partial, services, removed)
+    first.services.dedup();
+    first.partial = flags.iter().all(|f| *f == flags[0]).then_some(flags[0]);
+    first
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -223,10 +227,17 @@ async fn a_summary_with_its_total_or_without_gets_what_differs() {
         held: agent.held(&held),
         held_total: total.then(|| agent.total(&held)),
     };
-    let nothing = (true, vec![], vec![]);
-    assert_eq!(first_snapshot(server.url(), request(true)).await, nothing);
+    let answer = |f: First| (f.partial, f.services, f.removed);
+    let nothing = (Some(true), vec![], vec![]);
+    assert_eq!(
+        answer(first_snapshot(server.url(), request(true)).await),
+        nothing
+    );
     // Without the total, as agents that do not send it: the same answer.
-    assert_eq!(first_snapshot(server.url(), request(false)).await, nothing);
+    assert_eq!(
+        answer(first_snapshot(server.url(), request(false)).await),
+        nothing
+    );
 
     // One service gains an endpoint, another goes.
     writer
@@ -244,7 +255,17 @@ async fn a_summary_with_its_total_or_without_gets_what_differs() {
         (s.list("svc-03").len() == 3 && s.list("svc-05").is_empty()).then_some(())
     })
     .await;
-    let some = (true, vec!["svc-03".to_string()], vec!["svc-05".to_string()]);
-    assert_eq!(first_snapshot(server.url(), request(true)).await, some);
-    assert_eq!(first_snapshot(server.url(), request(false)).await, some);
+    let some = (
+        Some(true),
+        vec!["svc-03".to_string()],
+        vec!["svc-05".to_string()],
+    );
+    assert_eq!(
+        answer(first_snapshot(server.url(), request(true)).await),
+        some
+    );
+    assert_eq!(
+        answer(first_snapshot(server.url(), request(false)).await),
+        some
+    );
 }

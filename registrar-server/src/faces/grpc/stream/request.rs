@@ -287,6 +287,21 @@ mod tests {
         assert!(read.held.is_some());
     }
 
+    /// The registrar's answer to an agent holding `held` (with its total
+    /// when `total`), against `now`.
+    fn answered(
+        held: &Snapshot,
+        total: bool,
+        (registrar, partials): (&Digests, &Partials),
+        now: &Snapshot,
+    ) -> Answer {
+        sent(held, total)
+            .held
+            .expect("held")
+            .answer(registrar, partials, now)
+            .expect("decodes")
+    }
+
     /// The services `answer` names, and those it says are gone.
     fn named(answer: &Answer) -> (Vec<&str>, Vec<&str>) {
         let mut services: Vec<&str> = answer.partial.iter().map(|e| e.service.as_str()).collect();
@@ -301,11 +316,7 @@ mod tests {
     fn a_matching_total_is_the_empty_partial_without_reading_the_summary() {
         let (registrar, partials) = (Digests::new(), Partials::default());
         let now = state().at_version(Version(77));
-        let answer = sent(&state(), true)
-            .held
-            .expect("held")
-            .answer(&registrar, &partials, &now)
-            .expect("decodes");
+        let answer = answered(&state(), true, (&registrar, &partials), &now);
         assert_eq!(answer.reading, Reading::ByTotal);
         assert_eq!(named(&answer), (vec![], vec![]));
         assert_eq!(answer.partial.version(), Version(77));
@@ -317,20 +328,17 @@ mod tests {
         let now = state()
             .with_endpoint(ep("b", "2", 2))
             .without(&ep("c", "1", 3).key());
-        let first = sent(&state(), true)
-            .held
-            .expect("held")
-            .answer(&registrar, &partials, &now)
-            .expect("decodes");
+        let first = answered(&state(), true, (&registrar, &partials), &now);
         assert_eq!(first.reading, Reading::ByService(3));
         assert_eq!(named(&first), (vec!["b"], vec!["c"]));
         assert_eq!(first.partial.len(), 2);
         // Another agent holding the same: the same answer, not read again.
-        let again = sent(&state(), true)
-            .held
-            .expect("held")
-            .answer(&registrar, &partials, &now.at_version(Version(8)))
-            .expect("decodes");
+        let again = answered(
+            &state(),
+            true,
+            (&registrar, &partials),
+            &now.at_version(Version(8)),
+        );
         assert_eq!(again.reading, Reading::Remembered);
         assert_eq!(named(&again), named(&first));
         assert_eq!(again.partial.version(), Version(8));
@@ -346,38 +354,32 @@ mod tests {
         let memo = |a: Answer| a.memo.expect("the kept answer's messages");
         let (one, encoded) = memo(again).chunk(0, encode(1)).expect("a chunk");
         assert!(encoded);
-        let twice = sent(&state(), true)
-            .held
-            .expect("held")
-            .answer(&registrar, &partials, &now.at_version(Version(8)))
-            .expect("decodes");
+        let twice = answered(
+            &state(),
+            true,
+            (&registrar, &partials),
+            &now.at_version(Version(8)),
+        );
         let (two, encoded) = memo(twice).chunk(0, encode(2)).expect("a chunk");
         assert!(!encoded);
         assert_eq!(two.bytes, one.bytes);
-        let later = sent(&state(), true)
-            .held
-            .expect("held")
-            .answer(&registrar, &partials, &now.at_version(Version(9)))
-            .expect("decodes");
+        let later = answered(
+            &state(),
+            true,
+            (&registrar, &partials),
+            &now.at_version(Version(9)),
+        );
         assert_eq!(later.reading, Reading::Remembered);
         let (three, encoded) = memo(later).chunk(0, encode(3)).expect("a chunk");
         assert!(encoded);
         assert_eq!(&three.bytes[..], &[3]);
         // Holding something else, or against another state: read.
         let other = state().with_endpoint(ep("a", "2", 1));
-        let answer = sent(&other, true)
-            .held
-            .expect("held")
-            .answer(&registrar, &partials, &now)
-            .expect("decodes");
+        let answer = answered(&other, true, (&registrar, &partials), &now);
         assert_eq!(answer.reading, Reading::ByService(3));
         assert_eq!(named(&answer).0, ["a", "b"]);
         let later = now.with_endpoint(ep("d", "1", 1));
-        let answer = sent(&state(), true)
-            .held
-            .expect("held")
-            .answer(&registrar, &partials, &later)
-            .expect("decodes");
+        let answer = answered(&state(), true, (&registrar, &partials), &later);
         assert_eq!(answer.reading, Reading::ByService(3));
         assert_eq!(named(&answer), (vec!["b", "d"], vec!["c"]));
     }
@@ -404,20 +406,12 @@ mod tests {
     fn a_summary_without_its_total_is_read_as_before() {
         let (registrar, partials) = (Digests::new(), Partials::default());
         for _ in 0..2 {
-            let answer = sent(&state(), false)
-                .held
-                .expect("held")
-                .answer(&registrar, &partials, &state())
-                .expect("decodes");
+            let answer = answered(&state(), false, (&registrar, &partials), &state());
             assert_eq!(answer.reading, Reading::ByService(3));
             assert_eq!(named(&answer), (vec![], vec![]));
         }
         let now = state().with_endpoint(ep("d", "1", 1));
-        let answer = sent(&state(), false)
-            .held
-            .expect("held")
-            .answer(&registrar, &partials, &now)
-            .expect("decodes");
+        let answer = answered(&state(), false, (&registrar, &partials), &now);
         assert_eq!(named(&answer).0, ["d"]);
     }
 
