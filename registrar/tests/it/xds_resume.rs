@@ -1,17 +1,31 @@
 //! Delta xDS resumed on another replica: two registrars over one SQLite
 //! file serve the same resource versions (hashes of the resources'
 //! content), so a proxy reconnecting to the other one with
-//! `initial_resource_versions` is sent only what changed.
+//! `initial_resource_versions` is sent only what changed. Run with two
+//! clients: the envoy-types one of these tests, and grpcio's with the
+//! Envoy API stubs of the `xds-protos` package (`xds_delta.py`).
 
 use crate::common;
 
 use std::collections::BTreeMap;
 
-use common::xds::{endpoints, node, Delta, EDS};
+use common::xds::{endpoints, node, require_xds_protos, Delta, EDS, LIMIT};
 use common::{fast_client, serve_binary};
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use registry_api::testing::eventually;
 use registry_api::{Endpoint, Registry};
+
+/// Resource names with the versions a proxy holds.
+type Versions = BTreeMap<String, String>;
+
+/// The delta xDS client a test drives.
+#[derive(Clone, Copy)]
+enum Client {
+    /// The tests' own (tonic and envoy-types).
+    EnvoyTypes,
+    /// grpcio with xds-protos' stubs, in a Python process.
+    Grpcio,
+}
 
 /// `(name, version, endpoint count)` of each resource a response carries.
 fn resources(
@@ -26,14 +40,30 @@ fn resources(
         .collect()
 }
 
-/// Subscribe to `want`'s load assignments, saying `held` is cached, and
-/// read (acknowledging) until each name was sent with `want` endpoints or
-/// was held and not sent: the versions then held, and the names sent.
-async fn follow(
-    ads: &mut Delta,
-    held: BTreeMap<String, String>,
+impl Client {
+    /// On a new stream to `xds`, subscribe to `want`'s load assignments,
+    /// saying `held` is cached, and read (acknowledging) until each name
+    /// was sent with `want` endpoints or was held and not sent: the
+    /// versions then held, and the names sent.
+    async fn follow(
+        self,
+        xds: &str,
+        held: Versions,
+        want: &BTreeMap<&str, usize>,
+    ) -> (Versions, Vec<String>) {
+        match self {
+            Client::EnvoyTypes => follow_envoy_types(xds, held, want).await,
+            Client::Grpcio => follow_grpcio(xds, held, want).await,
+        }
+    }
+}
+
+async fn follow_envoy_types(
+    xds: &str,
+    held: Versions,
     want: &BTreeMap<&str, usize>,
-) -> (BTreeMap<String, String>, Vec<String>) {
+) -> (Versions, Vec<String>) {
+    let mut ads = Delta::open(xds).await;
     ads.send(DeltaDiscoveryRequest {
         node: node("resuming-proxy"),
         type_url: EDS.to_string(),
@@ -63,8 +93,43 @@ async fn follow(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_proxy_moved_to_another_replica_gets_only_what_changed() {
+async fn follow_grpcio(
+    xds: &str,
+    held: Versions,
+    want: &BTreeMap<&str, usize>,
+) -> (Versions, Vec<String>) {
+    let script = format!("{}/tests/it/xds_delta.py", env!("CARGO_MANIFEST_DIR"));
+    let request = serde_json::json!({"node": "resuming-proxy", "held": held, "want": want});
+    let run = tokio::process::Command::new("python3")
+        .arg(script)
+        .arg(xds)
+        .arg(request.to_string())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(LIMIT * 2, run)
+        .await
+        .expect("the grpcio client ended in time")
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "the grpcio client failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "the grpcio client's answer is not JSON ({e}): {:.200}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    });
+    let versions = serde_json::from_value(answer["versions"].clone()).expect("versions");
+    let sent = serde_json::from_value(answer["sent"].clone()).expect("sent");
+    (versions, sent)
+}
+
+/// Two registrars over one SQLite file; `client` follows both services on
+/// the first, then, after one changed, on the second with what it held.
+async fn moved_to_another_replica(client: Client) {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("registry.db");
     let flags = [
@@ -82,9 +147,7 @@ async fn a_proxy_moved_to_another_replica_gets_only_what_changed() {
             .unwrap();
     }
     let one = BTreeMap::from([("web", 1), ("db", 1)]);
-    let mut on_a = Delta::open(&a.field("xds=")).await;
-    let (held, _) = follow(&mut on_a, BTreeMap::new(), &one).await;
-    drop(on_a);
+    let (held, _) = client.follow(&a.field("xds="), Versions::new(), &one).await;
 
     // While the proxy is away, db changes; replica b sees it.
     agent
@@ -97,16 +160,27 @@ async fn a_proxy_moved_to_another_replica_gets_only_what_changed() {
     })
     .await;
 
-    let mut on_b = Delta::open(&b.field("xds=")).await;
     let want = BTreeMap::from([("web", 1), ("db", 2)]);
-    let (versions, sent) = follow(&mut on_b, held.clone(), &want).await;
+    let (versions, sent) = client.follow(&b.field("xds="), held.clone(), &want).await;
     assert_eq!(sent, ["db"], "replica b sent only what changed");
     assert_eq!(versions["web"], held["web"]);
     assert_ne!(versions["db"], held["db"]);
 
     // A proxy holding nothing is sent both, web at a's version.
-    let mut fresh = Delta::open(&b.field("xds=")).await;
-    let (all, sent) = follow(&mut fresh, BTreeMap::new(), &want).await;
+    let (all, sent) = client
+        .follow(&b.field("xds="), Versions::new(), &want)
+        .await;
     assert_eq!(sent.len(), 2, "{sent:?}");
     assert_eq!(all, versions);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_moved_to_another_replica_gets_only_what_changed() {
+    moved_to_another_replica(Client::EnvoyTypes).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpcio_proxy_moved_to_another_replica_gets_only_what_changed() {
+    require_xds_protos();
+    moved_to_another_replica(Client::Grpcio).await;
 }

@@ -1,7 +1,8 @@
 //! The change log's head under contention: 3, 10 and 50 writers (each a
 //! registry of its own, as clusters sharing one table are), each
 //! committing a batch every 100 ms. Run with
-//! `cargo bench -p registry-dynamodb --bench contention`.
+//! `cargo bench -p registry-dynamodb --bench contention` (with `-- model`,
+//! the counting model alone: a few seconds).
 //!
 //! Two measurements, each against one writer alone in the same run:
 //!
@@ -18,7 +19,10 @@
 //! For each run: batches committed per second, lost races per committed
 //! batch, commit latency (p50 and p99, from the first tick whose changes a
 //! batch carries, so a writer's batches waiting behind its own count), and
-//! how many batches gave up with `Conflict` (their callers saw it). Lines
+//! how many batches gave up with `Conflict` (the registry's caller saw
+//! it) and, in the model, how many of those a `Coalescing` queue in front
+//! (as in a registrar) refused after its own retries (a caller of the
+//! registrar saw it). Lines
 //! starting `RATIO` compare p99 against the lone writer's.
 
 #![allow(clippy::unwrap_used, missing_docs)]
@@ -39,8 +43,8 @@ use registry_dynamodb::{DynamoDbRegistry, WatchMode};
 const INTERVAL: Duration = Duration::from_millis(100);
 /// Writer counts measured (after one alone, the baseline).
 const WRITERS: [usize; 3] = [3, 10, 50];
-/// Heads of the log measured.
-const HEADS: [u32; 3] = [1, 8, 32];
+/// Heads of the log measured in the model.
+const HEADS: [u32; 4] = [1, 8, 32, 64];
 
 /// A latency percentile of `v` (sorted here), in milliseconds.
 fn percentile(v: &mut [u64], p: f64, unit: f64) -> f64 {
@@ -57,6 +61,9 @@ struct Row {
     committed: u64,
     lost: u64,
     conflicts: u64,
+    /// Writes refused with `Conflict` by the Coalescing queue in front
+    /// (the model only).
+    refused: Option<u64>,
     seconds: f64,
     p50_ms: f64,
     p99_ms: f64,
@@ -66,13 +73,17 @@ impl Row {
     fn print(&self, what: &str, writers: usize) {
         println!(
             "{what}: {writers:>2} writers: {:.0} batches/s committed, {:.2} lost races per batch, \
-             commit latency p50 {:.0} ms, p99 {:.0} ms ({:.1} intervals), {} batches saw Conflict",
+             commit latency p50 {:.0} ms, p99 {:.0} ms ({:.1} intervals), {} batches saw Conflict{}",
             self.committed as f64 / self.seconds,
             self.lost as f64 / self.committed.max(1) as f64,
             self.p50_ms,
             self.p99_ms,
             self.p99_ms / INTERVAL.as_secs_f64() / 1000.0,
             self.conflicts,
+            match self.refused {
+                Some(n) => format!(", {n} refused by the Coalescing queue"),
+                None => String::new(),
+            },
         );
     }
 }
@@ -95,6 +106,7 @@ fn model_row(writers: usize, heads: u32, hold_ms: u64) -> Row {
         committed: c.committed,
         lost: c.lost,
         conflicts: c.conflicts,
+        refused: Some(c.refused),
         seconds: seconds as f64,
         p50_ms: percentile(&mut c.latencies, 0.50, 1000.0),
         p99_ms: percentile(&mut c.latencies, 0.99, 1000.0),
@@ -204,6 +216,7 @@ async fn moto_row(
         committed,
         lost: sent.saturating_sub(committed),
         conflicts,
+        refused: None,
         seconds,
         p50_ms: percentile(&mut latencies, 0.50, 1000.0),
         p99_ms: percentile(&mut latencies, 0.99, 1000.0),
@@ -231,6 +244,13 @@ async fn moto_runs() {
 fn main() {
     let started = Instant::now();
     model_runs();
+    if std::env::args().skip(1).any(|a| a == "model") {
+        println!(
+            "contention bench (model): {:.0} s",
+            started.elapsed().as_secs_f64()
+        );
+        return;
+    }
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

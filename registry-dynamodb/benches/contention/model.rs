@@ -18,11 +18,18 @@
 //! race it pauses, reads its heads, and tries again. One batch at a time per writer: the changes of ticks that
 //! pass while a batch is in flight go in the next one, whose latency
 //! counts from the first of those ticks.
+//!
+//! In front of each writer, as in a registrar, a `Coalescing` queue with
+//! its default settings: a batch that ends in `Conflict` is tried again
+//! (all of [`CHANGELOG_ATTEMPTS`] afresh) after Coalescing's retry delay,
+//! `conflict_retries` times, before its writes are refused with
+//! `Conflict`: only then does a caller of the registrar see it.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::Duration;
 
+use registry_api::coalescing::CoalescingConfig;
 use registry_api::EndpointKey;
 use registry_dynamodb::{changelog_head_of, changelog_retry_ceiling, CHANGELOG_ATTEMPTS};
 
@@ -57,9 +64,12 @@ pub struct Run {
 pub struct Counts {
     pub committed: u64,
     pub lost: u64,
-    /// Batches that lost [`CHANGELOG_ATTEMPTS`] races: their callers saw
-    /// `Conflict`.
+    /// Batches that lost [`CHANGELOG_ATTEMPTS`] races: the registry's
+    /// caller (the Coalescing queue) saw `Conflict`.
     pub conflicts: u64,
+    /// Batches whose writes the Coalescing queue refused with `Conflict`
+    /// after its `conflict_retries`: a caller of the registrar saw it.
+    pub refused: u64,
     /// Commit latency of every committed batch, from its first tick.
     pub latencies: Vec<Micros>,
 }
@@ -88,6 +98,8 @@ struct Batch {
     attempts: u32,
     /// When the last one was sent.
     sent: Micros,
+    /// Times it ended in `Conflict` so far.
+    conflicts: u32,
 }
 
 /// One writer's state.
@@ -131,10 +143,12 @@ pub fn run(r: &Run) -> Counts {
         held_until: vec![0; r.heads as usize],
         cache: r.heads == 1,
         writers: (0..r.writers).map(|w| writer(w, r.heads)).collect(),
+        queue_cfg: CoalescingConfig::default(),
         counts: Counts {
             committed: 0,
             lost: 0,
             conflicts: 0,
+            refused: 0,
             latencies: Vec::new(),
         },
     };
@@ -163,6 +177,8 @@ struct Sim {
     /// reading their heads before a batch.
     cache: bool,
     writers: Vec<Writer>,
+    /// The Coalescing queue's settings (the defaults).
+    queue_cfg: CoalescingConfig,
     counts: Counts,
 }
 
@@ -189,6 +205,7 @@ impl Sim {
             first,
             attempts: 0,
             sent: now,
+            conflicts: 0,
         });
         if self.cache {
             self.send(now, w);
@@ -241,14 +258,30 @@ impl Sim {
             }
             Step::Answer(None) => {
                 self.counts.lost += 1;
-                let Some(b) = self.writers[w].batch.as_ref() else {
+                let Some(b) = self.writers[w].batch.as_mut() else {
                     return;
                 };
                 let (attempts, sent) = (b.attempts, b.sent);
                 if attempts >= CHANGELOG_ATTEMPTS {
                     self.counts.conflicts += 1;
-                    self.writers[w].batch = None;
-                    self.next_batch(now, w);
+                    b.conflicts += 1;
+                    if b.conflicts > self.queue_cfg.conflict_retries {
+                        self.counts.refused += 1;
+                        self.writers[w].batch = None;
+                        self.next_batch(now, w);
+                        return;
+                    }
+                    // The queue tries the batch again after its delay:
+                    // exponential from retry_min, with jitter (up to as
+                    // much again).
+                    b.attempts = 0;
+                    let base = self
+                        .queue_cfg
+                        .retry_min
+                        .saturating_mul(1 << (b.conflicts - 1).min(16))
+                        .min(self.queue_cfg.retry_max);
+                    let delay = base.as_micros() as f64 * (1.0 + self.rng.unit());
+                    self.at(now + delay as Micros, w, Step::Read);
                     return;
                 }
                 let ceiling = changelog_retry_ceiling(attempts, Duration::from_micros(now - sent));

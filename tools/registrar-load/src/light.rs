@@ -1,5 +1,6 @@
 //! Light agents (`--light-agents` in the fan-out phase, the baseline of
-//! the restart and failover phases, and always against the HTTP/2 floor,
+//! the restart and failover phases and, with `--light-agents`, their
+//! agents that resume by content, and always against the HTTP/2 floor,
 //! `floor.rs`). Each agent is a
 //! bare HTTP/2 connection (the `h2` crate) carrying one `WatchEndpoints`
 //! call, driven by one task that reads the stream's DATA frames, cuts them
@@ -14,7 +15,7 @@ use std::net::SocketAddr;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use prost::Message;
 use registry_registrar::proto::registrar::v1::{
-    endpoint_event::EventType, EndpointEvent, WatchEndpointsRequest,
+    endpoint_event::EventType, EndpointEvent, HeldServices, HeldTotal, WatchEndpointsRequest,
 };
 use tokio::net::TcpStream;
 use tonic::codegen::http;
@@ -61,10 +62,26 @@ async fn driven<F: std::future::Future>(
     }
 }
 
+/// What an agent says it holds when it resumes by content: its summary
+/// and the summary's total, as `RegistrarClient` sends them.
+pub(crate) type Held = (HeldServices, HeldTotal);
+
 impl LightAgent {
     /// Open a watch at the registrar at `url` (`http://host:port`) as node
     /// `node` and read its snapshot.
     pub(crate) async fn open(url: &str, node: &str) -> Res<Self> {
+        Self::open_with(url, node, None, |_| ()).await
+    }
+
+    /// [`open`](Self::open), saying it holds `held` (then the snapshot is
+    /// partial: only the services that differ), and handing each snapshot
+    /// message to `each`.
+    pub(crate) async fn open_with(
+        url: &str,
+        node: &str,
+        held: Option<&Held>,
+        mut each: impl FnMut(&EndpointEvent),
+    ) -> Res<Self> {
         let addr: SocketAddr = url
             .strip_prefix("http://")
             .ok_or_else(|| format!("not an http:// URL: {url:.60}"))?
@@ -82,8 +99,8 @@ impl LightAgent {
             cluster_name: "load".into(),
             node_name: node.into(),
             last_version: String::new(),
-            held: None,
-            held_total: None,
+            held: held.map(|(services, _)| services.clone()),
+            held_total: held.map(|(_, total)| *total),
         });
         request_body.send_data(request, true)?;
         let response = driven(&mut conn, response).await??;
@@ -107,6 +124,7 @@ impl LightAgent {
                     format!("the first event was {:?}, not a snapshot", event.r#type()).into(),
                 );
             }
+            each(&event);
             if event.snapshot_last {
                 return Ok(agent);
             }

@@ -34,8 +34,9 @@
 //!    registry of `--endpoints` endpoints of which `--changed` percent of
 //!    the services change meanwhile: how long until every agent's stream
 //!    is back, the snapshot bytes and the new registrar's CPU that took,
-//!    for agents that resume by content (`RegistrarClient`) against agents
-//!    that get a full snapshot (the baseline).
+//!    for agents that resume by content (`RegistrarClient`, or with
+//!    `--light-agents` light agents sending the same summary) against
+//!    agents that get a full snapshot (the baseline).
 //! 6. failover (only when asked for, `--phases failover`): the same, with
 //!    the agents moved by a load balancer from one registrar to another
 //!    over the same backend (`restart.rs`).
@@ -128,9 +129,17 @@ struct Args {
     /// Fan-out phase: the agents are bare HTTP/2 readers, one
     /// task per connection decoding each event with prost (`light.rs`),
     /// instead of `RpcClient` watches or `RegistrarClient`s; they cost
-    /// less CPU per event, so their process limits a run less.
+    /// less CPU per event, so their process limits a run less. Restart
+    /// and failover phases: the agents that resume by content are light
+    /// agents too, sending the summary of what they were sent (computed
+    /// once: every agent was sent the same), so that thousands fit where
+    /// hundreds of `RegistrarClient`s, each with its own copy of the
+    /// registry, would not.
     #[arg(long)]
     light_agents: bool,
+    /// Internal: the restart phase's light agents resume by content.
+    #[arg(long, hide = true)]
+    restart_summary: bool,
     /// Internal: be the agents and the writer of the fan-out phase against
     /// the server at this URL.
     #[arg(long, hide = true)]
@@ -357,7 +366,12 @@ async fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
         return floor::client(addr, &args).await;
     }
     if let Some(url) = &args.restart_client {
-        return restart::client(url, args.agents, args.light_agents).await;
+        let kind = match (args.light_agents, args.restart_summary) {
+            (false, _) => restart::Kind::Clients,
+            (true, false) => restart::Kind::Full,
+            (true, true) => restart::Kind::LightByContent,
+        };
+        return restart::client(url, args.agents, kind).await;
     }
     if let Some(url) = &args.stuck_client {
         return stuck::client(url, args.stuck_streams).await;

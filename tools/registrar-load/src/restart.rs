@@ -14,7 +14,8 @@
 //! the services gain an endpoint while the agents are away. Each phase
 //! runs twice in the same process: with `RegistrarClient` agents, which
 //! say what they hold and get only the services that differ (resume by
-//! content), and with bare HTTP/2 readers that say nothing (`light.rs`),
+//! content; with `--light-agents`, bare HTTP/2 readers that send the same
+//! summary), and with bare HTTP/2 readers that say nothing (`light.rs`),
 //! which get a full snapshot each, as agents without a summary do: the
 //! baseline. Printed per run: how long until every stream was back, the
 //! snapshot bytes sent, and the new registrar's CPU per returning agent
@@ -27,12 +28,14 @@ use std::time::{Duration, Instant};
 
 use registrar_server::{Backend, RegistrarConfig};
 use registry_api::{backend::backoff, memory::MemoryRegistry, Endpoint, Registry};
+use registry_api::{Snapshot, Version};
 use registry_fixtures::proxy::CutProxy;
+use registry_registrar::{endpoint_from_proto, Digests};
 use registry_registrar::{ClientConfig, RegistrarClient, RpcClient};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdout, Command};
 
-use crate::light::LightAgent;
+use crate::light::{Held, LightAgent};
 use crate::procs::cpu_seconds;
 use crate::{start_on, Args, Server};
 
@@ -57,6 +60,19 @@ impl Move {
             Move::Failover => "failover",
         }
     }
+}
+
+/// The agents of one run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// `RegistrarClient`s: they resume by content.
+    Clients,
+    /// Light agents that say nothing of what they hold: each is sent a
+    /// full snapshot (the baseline).
+    Full,
+    /// Light agents that resume by content, sending the summary of what
+    /// they were sent.
+    LightByContent,
 }
 
 /// What the agents' return cost the new registrar.
@@ -116,11 +132,12 @@ struct Agents {
 }
 
 impl Agents {
-    async fn spawn(args: &Args, target: SocketAddr, light: bool) -> Res<Agents> {
+    async fn spawn(args: &Args, target: SocketAddr, kind: Kind) -> Res<Agents> {
         let mut child = Command::new(std::env::current_exe()?)
             .args(["--restart-client", &target.to_string()])
             .args(["--agents", &args.agents.to_string()])
-            .args(light.then_some("--light-agents"))
+            .args((kind != Kind::Clients).then_some("--light-agents"))
+            .args((kind == Kind::LightByContent).then_some("--restart-summary"))
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true)
@@ -145,9 +162,9 @@ impl Agents {
     }
 }
 
-/// One run: the agents ([`RegistrarClient`]s, or light ones with `light`)
-/// on a first registrar, moved as `how` says to a new one.
-async fn run(args: &Args, how: Move, light: bool) -> Res<Figures> {
+/// One run: the agents of `kind` on a first registrar, moved as `how`
+/// says to a new one.
+async fn run(args: &Args, how: Move, kind: Kind) -> Res<Figures> {
     let (memory, services) = registry(args.endpoints).await?;
     let backend = || Arc::clone(&memory) as Arc<dyn Backend>;
     let cfg = || RegistrarConfig::new("load").with_agent_buffer(65_536);
@@ -161,7 +178,7 @@ async fn run(args: &Args, how: Move, light: bool) -> Res<Figures> {
         }
         Move::Restart => None,
     };
-    let mut agents = Agents::spawn(args, addr, light).await?;
+    let mut agents = Agents::spawn(args, addr, kind).await?;
     until(
         "every agent's first snapshot",
         || all_served(&first, args.agents),
@@ -249,8 +266,12 @@ async fn rebind(addr: SocketAddr) -> Res<tokio::net::TcpListener> {
 pub(crate) async fn phase(args: &Args, how: Move) -> Res<()> {
     let name = how.name();
     let mut figures = Vec::new();
-    for (light, label) in [(true, "full snapshots"), (false, "resumed by content")] {
-        let f = run(args, how, light).await?;
+    let by_content = match args.light_agents {
+        true => (Kind::LightByContent, "resumed by content (light agents)"),
+        false => (Kind::Clients, "resumed by content"),
+    };
+    for (kind, label) in [(Kind::Full, "full snapshots"), by_content] {
+        let f = run(args, how, kind).await?;
         println!(
             "{name}: {} agents on {} endpoints, {}% of the services changed, {label}: all back after {:.2} s; {} snapshot messages, {:.2} KiB per agent; the new registrar's CPU {:.0} µs per agent ({:.0} µs without its start, {:.2} s)",
             args.agents,
@@ -276,26 +297,39 @@ pub(crate) async fn phase(args: &Args, how: Move) -> Res<()> {
     Ok(())
 }
 
-/// The child: `agents` `RegistrarClient`s (with `light`, [`LightAgent`]s
-/// that reconnect as a `RegistrarClient` does) through a proxy to
-/// `target`; prints `ready` once every client holds its first snapshot,
-/// moves the proxy to the address of each `retarget <addr>` line on
-/// stdin, and ends when stdin does (at most [`LIMIT`] twice over).
-pub(crate) async fn client(target: &str, agents: usize, light: bool) -> Res<()> {
+/// The child: `agents` agents of `kind` through a proxy to `target`
+/// ([`LightAgent`]s reconnect as a `RegistrarClient` does); prints
+/// `ready` once every `RegistrarClient` holds its first snapshot, moves
+/// the proxy to the address of each `retarget <addr>` line on stdin, and
+/// ends when stdin does (at most [`LIMIT`] twice over).
+pub(crate) async fn client(target: &str, agents: usize, kind: Kind) -> Res<()> {
     let proxy = CutProxy::start(target.parse()?).await?;
     let url = proxy.url();
     let mut clients = Vec::with_capacity(agents);
-    if light {
-        for i in 0..agents {
-            tokio::spawn(light_agent(url.clone(), i));
+    match kind {
+        Kind::Full => {
+            for i in 0..agents {
+                tokio::spawn(light_agent(url.clone(), i, None, None));
+            }
         }
-    } else {
-        for i in 0..agents {
-            let cfg = ClientConfig::new(&url, "load", format!("agent-{i}"));
-            clients.push(RegistrarClient::connect(cfg)?);
+        Kind::LightByContent => {
+            // The first agent's snapshot gives the summary they all send.
+            let (first, held) = first_summary(&url).await?;
+            let held = Arc::new(held);
+            let mut first = Some(first);
+            for i in 0..agents {
+                let held = Some(Arc::clone(&held));
+                tokio::spawn(light_agent(url.clone(), i, first.take(), held));
+            }
         }
-        for c in &clients {
-            tokio::time::timeout(LIMIT, c.cache().wait_until_ready()).await?;
+        Kind::Clients => {
+            for i in 0..agents {
+                let cfg = ClientConfig::new(&url, "load", format!("agent-{i}"));
+                clients.push(RegistrarClient::connect(cfg)?);
+            }
+            for c in &clients {
+                tokio::time::timeout(LIMIT, c.cache().wait_until_ready()).await?;
+            }
         }
     }
     println!("ready");
@@ -315,16 +349,50 @@ pub(crate) async fn client(target: &str, agents: usize, light: bool) -> Res<()> 
     Ok(())
 }
 
+/// The first light agent, open at `url`, and the summary of what it was
+/// sent, as a `RegistrarClient` holding that would send it (every agent
+/// is sent the same).
+async fn first_summary(url: &str) -> Res<(LightAgent, Held)> {
+    let mut sent = Vec::new();
+    let mut bad = None;
+    let agent = LightAgent::open_with(url, "agent-0", None, |event| {
+        for p in &event.snapshot_endpoints {
+            match endpoint_from_proto(p.clone(), "snapshot_endpoints.") {
+                Ok(e) => sent.push(e),
+                Err(e) => bad = Some(e),
+            }
+        }
+    })
+    .await
+    .map_err(|e| format!("the first agent's watch: {e}"))?;
+    if let Some(e) = bad {
+        return Err(format!("the registrar sent an endpoint that does not read: {e}").into());
+    }
+    let snap = Snapshot::from_endpoints(Version(0), sent);
+    let digests = Digests::new();
+    let services = digests
+        .held(&snap)
+        .ok_or("the summary is larger than an agent sends")?;
+    Ok((agent, (services, digests.total(&snap))))
+}
+
 /// Light agent `i`: a watch on `url`, opened again whenever it ends, with
 /// `RegistrarClient`'s default backoff between tries (the toolkit's
 /// [`backoff`]: from 200 ms, doubling to 30 s, jittered), reset once a
-/// snapshot is read.
-async fn light_agent(url: String, i: usize) {
+/// snapshot is read; `open` when it is open already. Once it has read a
+/// snapshot it says it holds `held` when there is one (what it was sent).
+async fn light_agent(url: String, i: usize, mut open: Option<LightAgent>, held: Option<Arc<Held>>) {
     let node = format!("agent-{i}");
     let (min, max) = ClientConfig::new(&url, "load", &node).reconnect;
     let mut delays = backoff(min, max);
+    let mut holds = open.as_ref().and(held.as_deref());
     loop {
-        if let Ok(mut agent) = LightAgent::open(&url, &node).await {
+        let agent = match open.take() {
+            Some(agent) => Ok(agent),
+            None => LightAgent::open_with(&url, &node, holds, |_| ()).await,
+        };
+        if let Ok(mut agent) = agent {
+            holds = held.as_deref();
             delays = backoff(min, max);
             while agent.next_event().await.is_ok() {}
         }

@@ -90,19 +90,22 @@ fn bytes_ratio(out: &str, name: &str) -> f64 {
     line.split(' ').next().unwrap().parse().unwrap()
 }
 
-#[tokio::test]
-async fn agents_come_back_after_a_restart_and_a_failover_with_less_than_a_snapshot() {
-    let out = run(&[
+/// The restart and failover phases with `extra` flags: every agent comes
+/// back in both runs of each, and the agents resumed by content (their
+/// run's label `by_content`) are sent fewer bytes than full snapshots.
+async fn come_back(extra: &[&str], by_content: &str) {
+    let mut args = vec![
         "--phases",
         "restart,failover",
         "--agents",
         "3",
         "--endpoints",
         "200",
-    ])
-    .await;
+    ];
+    args.extend_from_slice(extra);
+    let out = run(&args).await;
     for name in ["restart", "failover"] {
-        for label in ["full snapshots", "resumed by content"] {
+        for label in ["full snapshots", by_content] {
             let line = format!(
                 "{name}: 3 agents on 200 endpoints, 0% of the services changed, {label}: all back"
             );
@@ -111,4 +114,14 @@ async fn agents_come_back_after_a_restart_and_a_failover_with_less_than_a_snapsh
         let ratio = bytes_ratio(&out, name);
         assert!(ratio < 100.0, "{name}: {ratio} % of the bytes:\n{out}");
     }
+}
+
+#[tokio::test]
+async fn agents_come_back_after_a_restart_and_a_failover_with_less_than_a_snapshot() {
+    come_back(&[], "resumed by content").await;
+}
+
+#[tokio::test]
+async fn light_agents_resume_by_content_with_less_than_a_snapshot() {
+    come_back(&["--light-agents"], "resumed by content (light agents)").await;
 }
