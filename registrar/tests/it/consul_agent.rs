@@ -392,15 +392,7 @@ async fn a_blocking_query_on_one_service_sleeps_through_changes_to_others() {
 /// py-consul (PyPI), as a Python service would use it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn py_consul_registers_checks_and_watches_through_the_registrar() {
-    let ok = std::process::Command::new("python3")
-        .args(["-c", "import consul"])
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    assert!(
-        ok,
-        "python3 cannot import consul: install it with `python3 -m pip install py-consul` (scripts/test does)"
-    );
+    common::require_python("consul", "py-consul");
     let stack = start().await;
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/consul_client.py");
     let out = tokio::time::timeout(

@@ -10,8 +10,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use common::fast_client;
 use common::xds::{
-    bootstrap_json, endpoints, node, require_grpcio, serve_with_xds, Delta, Python, Sotw, CDS, EDS,
-    LDS,
+    bootstrap_json, endpoints, node, serve_with_xds, Delta, Python, Sotw, CDS, EDS, LDS,
 };
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
@@ -77,7 +76,7 @@ impl Traffic {
 /// traffic; one registered again, and a new one, get traffic.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxyless_grpc_follows_the_registry() {
-    require_grpcio();
+    common::require_python("grpc", "grpcio");
     let (served, xds) = serve_with_xds().await;
     let agent = fast_client(&served.url(), "default", "node-1");
     let mut greeters = Vec::new();

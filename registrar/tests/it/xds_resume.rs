@@ -9,7 +9,7 @@ use crate::common;
 
 use std::collections::BTreeMap;
 
-use common::xds::{endpoints, node, require_xds_protos, Delta, EDS, LIMIT};
+use common::xds::{endpoints, node, Delta, EDS, LIMIT};
 use common::{fast_client, serve_binary};
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use registry_api::testing::eventually;
@@ -181,6 +181,9 @@ async fn a_proxy_moved_to_another_replica_gets_only_what_changed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grpcio_proxy_moved_to_another_replica_gets_only_what_changed() {
-    require_xds_protos();
+    common::require_python(
+        "grpc, envoy.service.discovery.v3.ads_pb2_grpc",
+        "grpcio xds-protos",
+    );
     moved_to_another_replica(Client::Grpcio).await;
 }

@@ -37,6 +37,22 @@ pub async fn start_on(backend: Arc<dyn Backend>, cfg: RegistrarConfig, addr: Soc
         .expect("start a registrar")
 }
 
+/// Asserts that `python3` can run `import {modules}`, so that a test
+/// driving a Python client fails with how to install what it needs
+/// (`packages`, from PyPI) instead of a confusing error.
+pub fn require_python(modules: &str, packages: &str) {
+    let ok = std::process::Command::new("python3")
+        .args(["-c", &format!("import {modules}")])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(
+        ok,
+        "python3 cannot import {modules}: install it with \
+         `python3 -m pip install {packages}` (scripts/test does)"
+    );
+}
+
 /// A registrar serving with `options` (mTLS, authorization) on loopback.
 pub async fn start_with(
     backend: Arc<dyn Backend>,

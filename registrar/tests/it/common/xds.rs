@@ -222,36 +222,6 @@ fn greeter_script() -> String {
     format!("{}/tests/it/xds_greeter.py", env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Whether `python3` can import grpc (the test needs it: a clear message
-/// instead of a confusing failure).
-pub fn require_grpcio() {
-    let ok = std::process::Command::new("python3")
-        .args(["-c", "import grpc"])
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    assert!(
-        ok,
-        "python3 cannot import grpc: install it with `python3 -m pip install grpcio` \
-         (scripts/test does)"
-    );
-}
-
-/// Whether `python3` can import grpcio and the Envoy API stubs of the
-/// `xds-protos` package (the grpcio delta xDS client needs both).
-pub fn require_xds_protos() {
-    let ok = std::process::Command::new("python3")
-        .args(["-c", "import grpc, envoy.service.discovery.v3.ads_pb2_grpc"])
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    assert!(
-        ok,
-        "python3 cannot import grpc and xds-protos' stubs: install them with \
-         `python3 -m pip install grpcio xds-protos` (scripts/test does)"
-    );
-}
-
 impl Python {
     fn spawn(args: &[&str], env: &[(&str, &Path)]) -> Self {
         let mut child = Command::new("python3")
