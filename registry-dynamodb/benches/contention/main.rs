@@ -152,7 +152,12 @@ async fn moto_row(
         .await
         .unwrap());
     let proxy = common::RecordingProxy::start_serial(moto.url()).await;
-    let cfg = cfg.with_endpoint_url(&proxy.url);
+    // The proxy queues every writer's requests behind each other, so at 50
+    // writers one request can wait longer than the default operation
+    // timeout: that wait is what this run measures, not an outage.
+    let cfg = cfg
+        .with_endpoint_url(&proxy.url)
+        .with_operation_timeout(Duration::from_secs(600));
     let mut regs = Vec::new();
     for _ in 0..writers {
         regs.push(Arc::new(
