@@ -155,9 +155,14 @@ pub const NODE_SERVICE_PREFIX: &str = "x--registry-nodes-";
 /// service, a quota that cannot be raised, so 16 services hold up to
 /// about 14,000 nodes (the fullest of them reaches 1,000 first).
 pub const NODE_SHARDS: usize = 16;
-/// Attribute of a node record: the node's last heartbeat, in milliseconds
-/// since the Unix epoch (the node itself is in [`ATTR_NODE`]).
+/// Attribute of a node record: the wall time of the node's last recorded
+/// heartbeat, in milliseconds since the Unix epoch, by the clock of the
+/// process that recorded it (the node itself is in [`ATTR_NODE`]).
 pub const ATTR_BEAT: &str = "registry.beat";
+/// Attribute of a node record: how many heartbeats were recorded, one more
+/// at each (absent in records of a release that did not count them: 0).
+/// Liveness is judged by its changes, on each sweeper's own clock.
+pub const ATTR_BEATS: &str = "registry.beats";
 /// Attribute of a node record: the keys liveness marked unhealthy, as
 /// `service/id` pairs separated by `,`; continued in `registry.marked.1`,
 /// `registry.marked.2`, … when one value cannot hold them.

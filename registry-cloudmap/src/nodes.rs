@@ -8,14 +8,14 @@
 //! holds the heartbeat the sweep read") is a check and then an act:
 //!
 //! - **mark**: read the record again right before writing; skip when its
-//!   heartbeat moved. Write the record with the keys added to its marked
+//!   heartbeat (count or wall time) moved. Write the record with the keys added to its marked
 //!   ones, then the unhealthy copies of the endpoints, then read the record
 //!   once more: when a heartbeat landed in between, the heartbeat may have
 //!   revived before the unhealthy copies arrived, so the sweep revives what
 //!   it just marked itself; when the record is gone (removed meanwhile), it
 //!   deletes what it just wrote.
 //! - **remove**: read the record again right before deleting; skip when
-//!   its heartbeat moved. Delete the endpoints, then the record, then read
+//!   its heartbeat (count or wall time) moved. Delete the endpoints, then the record, then read
 //!   once more and delete a record written back by a heartbeat that read
 //!   it just before it was deleted (the node's next heartbeat is then
 //!   `NotFound`, and the node registers again).
@@ -163,15 +163,16 @@ impl NodeStore {
         Ok(self.read_service(&cm_name, Some(node)).await?.pop())
     }
 
-    /// Write `node`'s record with heartbeat `beat_ms` and the marked keys
-    /// that fit (see [`records::encode`]); the keys written.
+    /// Write `node`'s record with the heartbeat `heard` (count, wall time;
+    /// see [`NodeRecord::heard`]) and the marked keys that fit (see
+    /// [`records::encode`]); the keys written.
     async fn write_record(
         &self,
         node: &str,
-        beat_ms: u64,
+        heard: (u64, u64),
         marked: &[EndpointKey],
     ) -> Result<Vec<EndpointKey>> {
-        let enc = records::encode(node, beat_ms, marked);
+        let enc = records::encode(node, heard.0, heard.1, marked);
         if enc.left_out > 0 {
             tracing::warn!(
                 registry = %self,
@@ -331,7 +332,7 @@ impl NodeStore {
     async fn confirm_mark(&self, seen: &NodeRecord, marked: Vec<Endpoint>) -> Result<bool> {
         let node = &seen.node;
         match self.read_record(node).await? {
-            Some(after) if after.beat_ms == seen.beat_ms => Ok(true),
+            Some(after) if after.heard() == seen.heard() => Ok(true),
             Some(after) => {
                 tracing::debug!(registry = %self, node, "a heartbeat landed while the node was marked; reviving");
                 let keys: Vec<EndpointKey> = marked.iter().map(Endpoint::key).collect();
@@ -341,12 +342,13 @@ impl NodeStore {
                     .collect();
                 self.put_endpoints(&healthy).await?;
                 if after.marked.iter().any(|k| keys.contains(k)) {
+                    let heard = after.heard();
                     let rest: Vec<EndpointKey> = after
                         .marked
                         .into_iter()
                         .filter(|k| !keys.contains(k))
                         .collect();
-                    self.write_record(node, after.beat_ms, &rest).await?;
+                    self.write_record(node, heard, &rest).await?;
                 }
                 Ok(false)
             }
@@ -405,21 +407,20 @@ impl NodeTable for NodeStore {
     }
 
     /// A read of the record (`DiscoverInstances` asking for the node), and
-    /// unless it holds a later heartbeat, a `RegisterInstance` with the new
-    /// heartbeat and the marked keys it held.
+    /// a `RegisterInstance` with the heartbeat counted, its wall time, and
+    /// the marked keys it held.
     async fn touch(&self, node: &str, at_ms: u64, create: bool) -> Result<Option<NodeRecord>> {
         let _guard = self.lock(node).await;
         let before = self.read_record(node).await?;
-        match &before {
-            None if !create => return Ok(None),
-            Some(b) if b.beat_ms >= at_ms => return Ok(before),
-            _ => {}
+        if before.is_none() && !create {
+            return Ok(None);
         }
-        let marked = before
+        let (beats, marked) = before
             .as_ref()
-            .map(|b| b.marked.clone())
+            .map(|b| (b.beats, b.marked.clone()))
             .unwrap_or_default();
-        self.write_record(node, at_ms, &marked).await?;
+        self.write_record(node, (beats.saturating_add(1), at_ms), &marked)
+            .await?;
         Ok(before)
     }
 
@@ -427,7 +428,7 @@ impl NodeTable for NodeStore {
     async fn admit(&self, node: &str, at_ms: u64) -> Result<()> {
         let _guard = self.lock(node).await;
         if self.read_record(node).await?.is_none() {
-            self.write_record(node, at_ms, &[]).await?;
+            self.write_record(node, (0, at_ms), &[]).await?;
         }
         Ok(())
     }
@@ -442,7 +443,7 @@ impl NodeTable for NodeStore {
         let Some(current) = self.read_record(node).await? else {
             return Ok(false);
         };
-        if current.beat_ms != seen.beat_ms {
+        if current.heard() != seen.heard() {
             return Ok(false);
         }
         let mut marked = current.marked;
@@ -452,7 +453,7 @@ impl NodeTable for NodeStore {
                 marked.push(key);
             }
         }
-        let enc = records::encode(node, seen.beat_ms, &marked);
+        let enc = records::encode(node, seen.beats, seen.beat_ms, &marked);
         let (endpoints, unrecorded): (Vec<Endpoint>, Vec<Endpoint>) = endpoints
             .into_iter()
             .partition(|e| enc.kept.contains(&e.key()));
@@ -481,7 +482,7 @@ impl NodeTable for NodeStore {
         self.put_endpoints(&endpoints).await?;
         match self.read_record(node).await? {
             Some(rec) if !rec.marked.is_empty() => {
-                self.write_record(node, rec.beat_ms, &[]).await?;
+                self.write_record(node, rec.heard(), &[]).await?;
             }
             _ => {}
         }
@@ -493,7 +494,7 @@ impl NodeTable for NodeStore {
         let node = &seen.node;
         let _guard = self.lock(node).await;
         match self.read_record(node).await? {
-            Some(current) if current.beat_ms == seen.beat_ms => {}
+            Some(current) if current.heard() == seen.heard() => {}
             _ => return Ok(false),
         }
         self.delete_endpoints(&keys).await?;

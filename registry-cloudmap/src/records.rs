@@ -5,8 +5,10 @@
 //!
 //! - [`ATTR_NODE`]: the node's name, escaped ([`layout::escape`]); reads
 //!   of one record ask `DiscoverInstances` for this value;
-//! - [`ATTR_BEAT`]: the node's last heartbeat, in milliseconds since the
-//!   Unix epoch;
+//! - [`ATTR_BEAT`]: the wall time of the node's last recorded heartbeat,
+//!   in milliseconds since the Unix epoch (for people);
+//! - [`ATTR_BEATS`]: how many heartbeats were recorded (absent: none
+//!   counted); liveness is judged by its changes;
 //! - [`ATTR_MARKED`], then `registry.marked.1`, `registry.marked.2`, …:
 //!   the keys liveness marked unhealthy, as `service/id` pairs separated by
 //!   `,` (each part percent-escaped like [`layout::escape`], and `,` and
@@ -25,7 +27,7 @@ use registry_api::backend::NodeRecord;
 use registry_api::EndpointKey;
 
 use crate::layout::{
-    self, ATTR_BEAT, ATTR_MARKED, ATTR_NODE, MAX_ATTRIBUTES_LEN, MAX_ATTRIBUTE_VALUE_LEN,
+    self, ATTR_BEAT, ATTR_BEATS, ATTR_MARKED, ATTR_NODE, MAX_ATTRIBUTES_LEN, MAX_ATTRIBUTE_VALUE_LEN,
     MAX_CUSTOM_ATTRIBUTES,
 };
 
@@ -64,14 +66,17 @@ pub(crate) struct Encoded {
     pub(crate) left_out: usize,
 }
 
-/// The attributes of `node`'s record with heartbeat `beat_ms` and the
-/// marked keys of `marked` that fit Cloud Map's limits (taken in order;
-/// one that does not fit is left out, and later, shorter ones may still
-/// fit).
-pub(crate) fn encode(node: &str, beat_ms: u64, marked: &[EndpointKey]) -> Encoded {
+/// The attributes of `node`'s record with `beats` heartbeats counted, the
+/// last at `beat_ms`, and the marked keys of `marked` that fit Cloud Map's
+/// limits (taken in order; one that does not fit is left out, and later,
+/// shorter ones may still fit).
+pub(crate) fn encode(node: &str, beats: u64, beat_ms: u64, marked: &[EndpointKey]) -> Encoded {
     let mut attrs = HashMap::new();
     attrs.insert(ATTR_NODE.to_string(), layout::escape(node));
     attrs.insert(ATTR_BEAT.to_string(), beat_ms.to_string());
+    if beats > 0 {
+        attrs.insert(ATTR_BEATS.to_string(), beats.to_string());
+    }
     let mut used: usize = attrs.iter().map(|(k, v)| k.len() + v.len()).sum();
     let mut parts: Vec<String> = Vec::new();
     let mut kept = Vec::new();
@@ -113,11 +118,15 @@ pub(crate) fn encode(node: &str, beat_ms: u64, marked: &[EndpointKey]) -> Encode
 }
 
 /// The record an instance's attributes hold; `None` when they are not a
-/// record (no node or no heartbeat). Marked keys that cannot be read are
-/// skipped.
+/// record (no node or no heartbeat, or a count that is not a number).
+/// Marked keys that cannot be read are skipped.
 pub(crate) fn decode(attrs: &HashMap<String, String>) -> Option<NodeRecord> {
     let node = layout::unescape(attrs.get(ATTR_NODE)?)?;
     let beat_ms = attrs.get(ATTR_BEAT)?.parse().ok()?;
+    let beats = match attrs.get(ATTR_BEATS) {
+        Some(b) => b.parse().ok()?,
+        None => 0,
+    };
     let mut parts: Vec<(usize, &String)> = attrs
         .iter()
         .filter_map(|(k, v)| {
@@ -144,7 +153,11 @@ pub(crate) fn decode(attrs: &HashMap<String, String>) -> Option<NodeRecord> {
             ))
         })
         .collect();
-    Some(NodeRecord::new(node, beat_ms).with_marked(marked))
+    Some(
+        NodeRecord::new(node, beat_ms)
+            .with_beats(beats)
+            .with_marked(marked),
+    )
 }
 
 #[cfg(test)]
@@ -176,15 +189,18 @@ mod tests {
             EndpointKey::new("a/b,c", "ü d%20/,"),
             EndpointKey::new("Payments/EU", "x"),
         ];
-        let e = encode("node 7/ü", 1_700_000_000_123, &marked);
+        let e = encode("node 7/ü", 12, 1_700_000_000_123, &marked);
         assert_eq!(e.kept, marked);
         assert_eq!(e.left_out, 0);
         within_limits(&e);
         let rec = decode(&e.attrs).expect("a record");
         assert_eq!(rec.node, "node 7/ü");
         assert_eq!(rec.beat_ms, 1_700_000_000_123);
+        assert_eq!(rec.beats, 12);
         assert_eq!(rec.marked, marked);
-        let bare = encode("n", 5, &[]);
+        // No heartbeat counted yet (as a release that did not count them
+        // wrote it): no count attribute, read as 0.
+        let bare = encode("n", 0, 5, &[]);
         assert_eq!(bare.attrs.len(), 2);
         assert_eq!(decode(&bare.attrs), Some(NodeRecord::new("n", 5)));
     }
@@ -195,7 +211,7 @@ mod tests {
         let marked: Vec<EndpointKey> = (0..300)
             .map(|i| EndpointKey::new("payments-service", format!("pod-{i:04}-abcdefghijklmnop")))
             .collect();
-        let e = encode(&"n".repeat(253), u64::MAX, &marked);
+        let e = encode(&"n".repeat(253), u64::MAX, u64::MAX, &marked);
         within_limits(&e);
         assert!(e.kept.len() > 90, "{} kept", e.kept.len());
         assert_eq!(e.kept.len() + e.left_out, 300);
@@ -205,7 +221,7 @@ mod tests {
         // it still fit.
         let huge = EndpointKey::new("ü".repeat(120), "ü".repeat(120));
         let small = EndpointKey::new("s", "i");
-        let e = encode("n", 1, &[huge, small.clone()]);
+        let e = encode("n", 1, 1, &[huge, small.clone()]);
         assert_eq!((e.kept, e.left_out), (vec![small], 1));
     }
 
@@ -218,5 +234,8 @@ mod tests {
         assert_eq!(decode(&attrs), None, "no heartbeat");
         attrs.insert(ATTR_BEAT.to_string(), "soon".to_string());
         assert_eq!(decode(&attrs), None, "a heartbeat that is not a number");
+        attrs.insert(ATTR_BEAT.to_string(), "5".to_string());
+        attrs.insert(ATTR_BEATS.to_string(), "many".to_string());
+        assert_eq!(decode(&attrs), None, "a count that is not a number");
     }
 }

@@ -4,16 +4,25 @@
 //!
 //! Layout (partition [`NODE_PARTITION`], which no endpoint can use; sort
 //! key the node's name):
-//! - `beat` (N): the node's last heartbeat, in milliseconds since the Unix
-//!   epoch, as the process that recorded it saw the time;
+//! - `beats` (N): how many heartbeats were recorded, one more at each
+//!   (missing in records of a release that did not count them: read as
+//!   0); liveness is judged by its changes, timed on each sweeper's own
+//!   clock;
+//! - `beat` (N): the node's last recorded heartbeat, in milliseconds since
+//!   the Unix epoch, as the process that recorded it saw the time (for
+//!   people and for the TTL attribute);
 //! - `marked` (L of M, endpoint keys in the endpoint layout): the
 //!   endpoints liveness marked unhealthy, revived when the node is back;
-//! - the TTL attribute (when the table has one): the heartbeat plus twice
-//!   `remove_after`, so the records of forgotten nodes disappear.
+//! - the TTL attribute (when the table has one): the heartbeat's wall time
+//!   plus twice `remove_after` plus [`TTL_CLOCK_MARGIN`], so the records of
+//!   forgotten nodes disappear, and a writer whose clock is behind by less
+//!   than the margin never has a live node's record expire. (Were it to
+//!   happen, the node's next heartbeat or the next sweep writes the record
+//!   again: an expired record marks nothing.)
 //!
 //! Marking and removing are transactions that carry a condition on the
-//! record's `beat` being the one the sweep read, beside the endpoint
-//! writes (and, with the change log, the log's head and entries).
+//! record's `beats` and `beat` being those the sweep read, beside the
+//! endpoint writes (and, with the change log, the log's head and entries).
 
 use std::fmt;
 
@@ -32,7 +41,14 @@ use crate::layout::{self, Item, NODE_PARTITION};
 use crate::shared::{Table, MAX_TRANSACTION_ITEMS};
 
 const BEAT: &str = "beat";
+const BEATS: &str = "beats";
 const MARKED: &str = "marked";
+
+/// What a record's TTL attribute adds to its wall time beyond twice
+/// `remove_after`, so that the clock of the process that wrote it may be
+/// behind by up to an hour without the record expiring while its node
+/// lives.
+pub const TTL_CLOCK_MARGIN: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// The key of `node`'s record.
 fn record_key(node: &str) -> Item {
@@ -57,10 +73,11 @@ fn decode_record(item: &Item) -> Option<NodeRecord> {
         Some(AttributeValue::S(s)) => s.clone(),
         _ => return None,
     };
-    let beat = match item.get(BEAT) {
-        Some(AttributeValue::N(v)) => v.parse().ok()?,
-        _ => 0,
+    let number = |attr: &str| match item.get(attr) {
+        Some(AttributeValue::N(v)) => v.parse().ok(),
+        _ => Some(0),
     };
+    let (beat, beats) = (number(BEAT)?, number(BEATS)?);
     let marked = match item.get(MARKED) {
         Some(AttributeValue::L(l)) => l
             .iter()
@@ -68,7 +85,11 @@ fn decode_record(item: &Item) -> Option<NodeRecord> {
             .collect(),
         _ => Vec::new(),
     };
-    Some(NodeRecord::new(node, beat).with_marked(marked))
+    Some(
+        NodeRecord::new(node, beat)
+            .with_beats(beats)
+            .with_marked(marked),
+    )
 }
 
 fn build_err(e: aws_sdk_dynamodb::error::BuildError) -> Error {
@@ -79,8 +100,14 @@ impl Table {
     /// The TTL attribute's value for a record with heartbeat `beat_ms`.
     fn record_expiry(&self, beat_ms: u64) -> Option<(&str, AttributeValue)> {
         let attr = self.cfg.ttl_attribute.as_deref()?;
-        let keep = self.cfg.liveness.remove_after.as_secs().saturating_mul(2);
-        Some((attr, n((beat_ms / 1000).saturating_add(keep.max(60)))))
+        let keep = self
+            .cfg
+            .liveness
+            .remove_after
+            .as_secs()
+            .saturating_mul(2)
+            .saturating_add(TTL_CLOCK_MARGIN.as_secs());
+        Some((attr, n((beat_ms / 1000).saturating_add(keep))))
     }
 
     /// Most endpoints one guarded transaction writes beside its guard.
@@ -92,25 +119,16 @@ impl Table {
         }
     }
 
-    /// A strongly consistent read of `node`'s record.
-    async fn read_record(&self, node: &str) -> Result<Option<NodeRecord>> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.cfg.table)
-            .set_key(Some(record_key(node)))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| map_sdk(e, self.ctx("GetItem (node record)")))?;
-        Ok(out.item().and_then(decode_record))
-    }
-
-    /// The guard "the record of `seen.node` still holds `seen.beat_ms`",
-    /// as a condition check, an update of `marked`, or the record's delete.
+    /// The guard "the record of `seen.node` still holds `seen.beats` and
+    /// `seen.beat_ms`", as a condition check, an update of `marked`, or the
+    /// record's delete.
     fn record_guard(&self, seen: &NodeRecord, action: GuardAction<'_>) -> Result<Guard> {
         let key = record_key(&seen.node);
-        let cond = "#b = :seen";
+        let cond = if seen.beats == 0 {
+            "#b = :seen AND (attribute_not_exists(#g) OR #g = :g)"
+        } else {
+            "#b = :seen AND #g = :g"
+        };
         let item = match action {
             GuardAction::Check => TransactWriteItem::builder()
                 .condition_check(
@@ -119,7 +137,9 @@ impl Table {
                         .set_key(Some(key))
                         .condition_expression(cond)
                         .expression_attribute_names("#b", BEAT)
+                        .expression_attribute_names("#g", BEATS)
                         .expression_attribute_values(":seen", n(seen.beat_ms))
+                        .expression_attribute_values(":g", n(seen.beats))
                         .build()
                         .map_err(build_err)?,
                 )
@@ -132,8 +152,10 @@ impl Table {
                         .update_expression("SET #m = :m")
                         .condition_expression(cond)
                         .expression_attribute_names("#b", BEAT)
+                        .expression_attribute_names("#g", BEATS)
                         .expression_attribute_names("#m", MARKED)
                         .expression_attribute_values(":seen", n(seen.beat_ms))
+                        .expression_attribute_values(":g", n(seen.beats))
                         .expression_attribute_values(":m", keys_value(keys))
                         .build()
                         .map_err(build_err)?,
@@ -146,7 +168,9 @@ impl Table {
                         .set_key(Some(key))
                         .condition_expression(cond)
                         .expression_attribute_names("#b", BEAT)
+                        .expression_attribute_names("#g", BEATS)
                         .expression_attribute_values(":seen", n(seen.beat_ms))
+                        .expression_attribute_values(":g", n(seen.beats))
                         .build()
                         .map_err(build_err)?,
                 )
@@ -208,9 +232,9 @@ impl NodeTable for Table {
         }
     }
 
-    /// One `UpdateItem` that moves `beat` forward only (returning the old
-    /// record); when its condition fails, one consistent `GetItem` tells a
-    /// newer heartbeat from a missing record.
+    /// One `UpdateItem` that counts the heartbeat and sets `beat`
+    /// (returning the old record); without `create`, on condition that the
+    /// record exists.
     async fn touch(&self, node: &str, at_ms: u64, create: bool) -> Result<Option<NodeRecord>> {
         let mut u = self
             .client
@@ -218,19 +242,23 @@ impl NodeTable for Table {
             .table_name(&self.cfg.table)
             .set_key(Some(record_key(node)))
             .expression_attribute_names("#b", BEAT)
+            .expression_attribute_names("#g", BEATS)
             .expression_attribute_values(":at", n(at_ms))
-            .return_values(ReturnValue::AllOld)
-            .condition_expression(if create {
-                "attribute_not_exists(#b) OR #b < :at"
-            } else {
-                "attribute_exists(#b) AND #b < :at"
-            });
+            .expression_attribute_values(":zero", n(0))
+            .expression_attribute_values(":one", n(1))
+            .return_values(ReturnValue::AllOld);
+        if !create {
+            u = u
+                .condition_expression("attribute_exists(#id)")
+                .expression_attribute_names("#id", layout::ID);
+        }
+        let counted = "SET #b = :at, #g = if_not_exists(#g, :zero) + :one";
         u = match self.record_expiry(at_ms) {
             Some((attr, at)) => u
-                .update_expression("SET #b = :at, #t = :t")
+                .update_expression(format!("{counted}, #t = :t"))
                 .expression_attribute_names("#t", attr)
                 .expression_attribute_values(":t", at),
-            None => u.update_expression("SET #b = :at"),
+            None => u.update_expression(counted),
         };
         match u.send().await {
             Ok(out) => Ok(out.attributes.as_ref().and_then(decode_record)),
@@ -240,7 +268,7 @@ impl NodeTable for Table {
                     Some(UpdateItemError::ConditionalCheckFailedException(_))
                 ) =>
             {
-                self.read_record(node).await
+                Ok(None)
             }
             Err(e) => Err(map_sdk(e, self.ctx("UpdateItem (node record)"))),
         }
@@ -402,6 +430,10 @@ mod tests {
         let rec = decode_record(&item).expect("a record");
         assert_eq!(rec.node, "node-1");
         assert_eq!(rec.beat_ms, 1_700_000_000_123);
+        // Written by a release that did not count heartbeats.
+        assert_eq!(rec.beats, 0);
+        item.insert(BEATS.into(), n(42));
+        assert_eq!(decode_record(&item).expect("a record").beats, 42);
         assert_eq!(
             rec.marked,
             vec![EndpointKey::new("web", "a"), EndpointKey::new("db", "b")]

@@ -3,23 +3,32 @@
 use std::fmt::Debug;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use registry_api::{Error, Result};
 
 /// The file opened when no path is given.
 pub const DEFAULT_PATH: &str = "registry.db";
 
-/// Where liveness reads the time from.
+/// Where liveness reads the time from: two clocks, as the system has.
 ///
-/// [`SystemClock`] in production; [`ManualClock`] in tests, so that "silent
-/// for 5 minutes" takes no time at all.
+/// Silence is timed on the monotonic clock ([`Clock::instant`]); the wall
+/// clock ([`Clock::now`]) only stamps `last_seen` for people to read, so a
+/// step of the wall clock changes no judgement. [`SystemClock`] in
+/// production; [`ManualClock`] in tests, so that "silent for 5 minutes"
+/// takes no time at all.
 pub trait Clock: Debug + Send + Sync + 'static {
     /// The current wall-clock time.
     fn now(&self) -> SystemTime;
+
+    /// The current reading of the monotonic clock. Default:
+    /// [`Instant::now`].
+    fn instant(&self) -> Instant {
+        Instant::now()
+    }
 }
 
-/// The real time ([`SystemTime::now`]).
+/// The real time ([`SystemTime::now`], [`Instant::now`]).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SystemClock;
 
@@ -30,42 +39,59 @@ impl Clock for SystemClock {
 }
 
 /// A clock that only moves when told to; clones share the same time.
+/// [`ManualClock::advance`] lets time pass (both clocks move);
+/// [`ManualClock::set`] steps the wall clock alone, as NTP or an operator
+/// does.
 ///
 /// ```
 /// use std::time::{Duration, SystemTime};
 /// use registry_sqlite::{Clock, ManualClock};
 /// let clock = ManualClock::new(SystemTime::UNIX_EPOCH + Duration::from_secs(1_000));
+/// let start = clock.instant();
 /// clock.advance(Duration::from_secs(30));
 /// assert_eq!(clock.now(), SystemTime::UNIX_EPOCH + Duration::from_secs(1_030));
+/// clock.set(SystemTime::UNIX_EPOCH);
+/// assert_eq!(clock.instant() - start, Duration::from_secs(30));
 /// ```
 #[derive(Debug, Clone)]
 pub struct ManualClock {
-    now: Arc<Mutex<SystemTime>>,
+    now: Arc<Mutex<(SystemTime, Instant)>>,
 }
 
 impl ManualClock {
-    /// A clock standing at `start`.
+    /// A clock standing at `start` (and its monotonic clock at the time
+    /// it is made).
     pub fn new(start: SystemTime) -> Self {
         Self {
-            now: Arc::new(Mutex::new(start)),
+            now: Arc::new(Mutex::new((start, Instant::now()))),
         }
     }
 
-    /// Move the clock forward by `by`.
-    pub fn advance(&self, by: Duration) {
-        let mut now = self.now.lock().unwrap_or_else(|p| p.into_inner());
-        *now += by;
+    fn lock(&self) -> std::sync::MutexGuard<'_, (SystemTime, Instant)> {
+        self.now.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Set the clock to `to` (may move it backwards).
+    /// Let `by` pass: both clocks move forward.
+    pub fn advance(&self, by: Duration) {
+        let mut now = self.lock();
+        now.0 += by;
+        now.1 += by;
+    }
+
+    /// Step the wall clock to `to` (forward or back); the monotonic clock
+    /// does not move.
     pub fn set(&self, to: SystemTime) {
-        *self.now.lock().unwrap_or_else(|p| p.into_inner()) = to;
+        self.lock().0 = to;
     }
 }
 
 impl Clock for ManualClock {
     fn now(&self) -> SystemTime {
-        *self.now.lock().unwrap_or_else(|p| p.into_inner())
+        self.lock().0
+    }
+
+    fn instant(&self) -> Instant {
+        self.lock().1
     }
 }
 

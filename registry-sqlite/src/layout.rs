@@ -89,6 +89,11 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         endpoint TEXT                       -- JSON; NULL for removed
     );
     "#,
+    // 2: a count of each node's recorded heartbeats, by whose changes
+    // liveness judges silence (on each process's own monotonic clock).
+    r#"
+    ALTER TABLE nodes ADD COLUMN beats INTEGER NOT NULL DEFAULT 0;
+    "#,
 ];
 
 /// The most problems `PRAGMA quick_check` reports at open. The check
@@ -433,11 +438,6 @@ pub(crate) fn millis(t: SystemTime) -> i64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
         .unwrap_or(0)
-}
-
-/// A duration in milliseconds, saturating.
-pub(crate) fn duration_ms(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// The inverse of [`millis`].

@@ -7,19 +7,29 @@
 //! open), are shared by every process using the file, and change in the
 //! same transactions as the endpoints and the change log. A node is seen
 //! when it heartbeats, is registered with its address, or registers an
-//! endpoint.
+//! endpoint; each time, its `beats` count grows by one.
+//!
+//! Silence is timed on this process's monotonic clock
+//! ([`crate::Clock::instant`]), from when it saw a node's count change
+//! (at once for its own writes, at its next sweep for another process's),
+//! never by comparing `last_seen` (wall time, for people) with the clock:
+//! a step of the wall clock, or another process's clock being off, changes
+//! no judgement. A node first seen by this process (at open, or written by
+//! another process) gets a full `suspect_after` from then, and keeps the
+//! status the file holds until then.
 
 use std::collections::BTreeSet;
-use std::sync::Weak;
-use std::time::{Duration, SystemTime};
+use std::sync::{MutexGuard, Weak};
+use std::time::{Duration, Instant, SystemTime};
 
+use registry_api::backend::Silence;
 use registry_api::liveness::SweepReport;
 use registry_api::{Endpoint, EndpointKey, Error, Health, Result};
 use sqlx::sqlite::SqliteConnection;
 
 use crate::error::corrupt;
 use crate::layout::{
-    decode, duration_ms, encode, from_millis, log_rows, millis, store_rows, EpRow, EpRowSuspended,
+    decode, encode, from_millis, log_rows, millis, store_rows, EpRow, EpRowSuspended,
 };
 use crate::shared::Database;
 
@@ -48,8 +58,9 @@ pub struct SqliteSweepReport {
     /// endpoints (`removed`). `held` is always false: this sweep has no
     /// self-preservation.
     pub nodes: SweepReport,
-    /// Nodes found unhealthy although their last heartbeat is recent (the
-    /// clock moved back); marked healthy again.
+    /// Nodes found unhealthy although they were heard from within
+    /// `suspect_after` (by another process sharing the file, or before a
+    /// heartbeat's own revival could finish); marked healthy again.
     pub recovered: Vec<String>,
     /// Endpoints whose health changed.
     pub endpoints_changed: usize,
@@ -76,7 +87,7 @@ pub(crate) async fn sweep_loop(db: Weak<Database>, every: Duration) {
     loop {
         tick.tick().await;
         let Some(db) = db.upgrade() else { return };
-        if let Err(e) = db.sweep_at(db.cfg.clock.now()).await {
+        if let Err(e) = db.sweep_at(None).await {
             tracing::warn!(error = %e, "liveness sweep failed");
         }
     }
@@ -194,17 +205,30 @@ impl Database {
     ) -> Result<()> {
         let now = millis(self.cfg.clock.now());
         for node in nodes {
-            sqlx::query(
-                "INSERT INTO nodes (id, status, last_seen) VALUES (?1, 'healthy', ?2) \
-                 ON CONFLICT (id) DO UPDATE SET last_seen = excluded.last_seen",
+            let beats: i64 = sqlx::query_scalar(
+                "INSERT INTO nodes (id, status, last_seen, beats) VALUES (?1, 'healthy', ?2, 1) \
+                 ON CONFLICT (id) DO UPDATE SET last_seen = excluded.last_seen, \
+                 beats = nodes.beats + 1 RETURNING beats",
             )
             .bind(node)
             .bind(now)
-            .execute(&mut *conn)
+            .fetch_one(&mut *conn)
             .await
             .map_err(|e| self.map(e, what))?;
+            self.heard(node, beats, now);
         }
         Ok(())
+    }
+
+    /// This process recorded a heartbeat of `node`, leaving `beats` and
+    /// `last_seen` in its row: its silence starts now.
+    fn heard(&self, node: &str, beats: i64, last_seen: i64) {
+        let now = self.cfg.clock.instant();
+        self.silence().wrote(node, (beats, last_seen), now);
+    }
+
+    fn silence(&self) -> MutexGuard<'_, Silence<(i64, i64)>> {
+        self.silence.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Bring back the endpoints liveness marked unhealthy.
@@ -258,13 +282,12 @@ impl Database {
         Ok(())
     }
 
-    pub(crate) async fn sweep_at(&self, now: SystemTime) -> Result<SqliteSweepReport> {
+    /// One sweep, judging silence as of `now` on the monotonic clock
+    /// (`None`: the configured clock's reading once the nodes are read).
+    pub(crate) async fn sweep_at(&self, now: Option<Instant>) -> Result<SqliteSweepReport> {
         let what = "liveness sweep";
-        let now = millis(now);
-        let suspect_at = now.saturating_sub(duration_ms(self.cfg.suspect_after));
-        let remove_at = now.saturating_sub(duration_ms(self.cfg.remove_after));
         let mut tx = self.write_tx(what).await?;
-        let res = self.sweep_in(tx.conn(), suspect_at, remove_at, what).await;
+        let res = self.sweep_in(tx.conn(), now, what).await;
         let (report, rev) = tx.end(res, what).await?;
         self.bump(rev);
         if !report.is_empty() {
@@ -309,24 +332,30 @@ impl Database {
             }
         }
         let q = match info {
-            None => sqlx::query(
-                "INSERT INTO nodes (id, status, last_seen) VALUES (?1, 'healthy', ?2) \
-                 ON CONFLICT (id) DO UPDATE SET status = 'healthy', last_seen = excluded.last_seen",
+            None => sqlx::query_scalar(
+                "INSERT INTO nodes (id, status, last_seen, beats) VALUES (?1, 'healthy', ?2, 1) \
+                 ON CONFLICT (id) DO UPDATE SET status = 'healthy', \
+                 last_seen = excluded.last_seen, beats = nodes.beats + 1 RETURNING beats",
             )
             .bind(node)
             .bind(now),
-            Some((address, role)) => sqlx::query(
-                "INSERT INTO nodes (id, status, last_seen, address, role) \
-                 VALUES (?1, 'healthy', ?2, ?3, ?4) \
+            Some((address, role)) => sqlx::query_scalar(
+                "INSERT INTO nodes (id, status, last_seen, address, role, beats) \
+                 VALUES (?1, 'healthy', ?2, ?3, ?4, 1) \
                  ON CONFLICT (id) DO UPDATE SET status = 'healthy', \
-                 last_seen = excluded.last_seen, address = excluded.address, role = excluded.role",
+                 last_seen = excluded.last_seen, address = excluded.address, \
+                 role = excluded.role, beats = nodes.beats + 1 RETURNING beats",
             )
             .bind(node)
             .bind(now)
             .bind(address)
             .bind(role),
         };
-        q.execute(&mut *conn).await.map_err(|e| self.map(e, what))?;
+        let beats: i64 = q
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| self.map(e, what))?;
+        self.heard(node, beats, now);
         let mut rev = start;
         let revived = self.revive(conn, &mut rev, node, what).await?;
         self.finish(conn, start, floor, rev, what).await?;
@@ -338,22 +367,41 @@ impl Database {
     async fn sweep_in(
         &self,
         conn: &mut SqliteConnection,
-        suspect_at: i64,
-        remove_at: i64,
+        now: Option<Instant>,
         what: &str,
     ) -> Result<(SqliteSweepReport, u64)> {
         let mut report = SqliteSweepReport::default();
         let (start, floor) = self.counters(conn, what).await?;
         let mut rev = start;
-        let ids = |sql: &'static str, at: i64| sqlx::query_scalar::<_, String>(sql).bind(at);
+        let rows: Vec<(String, String, i64, i64)> =
+            sqlx::query_as("SELECT id, status, beats, last_seen FROM nodes ORDER BY id")
+                .fetch_all(&mut *conn)
+                .await
+                .map_err(|e| self.map(e, what))?;
+        // A change is seen when the read that shows it has ended.
+        let now = now.unwrap_or_else(|| self.cfg.clock.instant());
+        {
+            let mut silence = self.silence();
+            let ids: BTreeSet<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+            silence.retain(|n| ids.contains(n));
+            for (id, status, beats, last_seen) in &rows {
+                let seen = silence.observe(id, (*beats, *last_seen), now);
+                let healthy = status == "healthy";
+                if seen.silent_for >= self.cfg.remove_after {
+                    report.nodes.removed.push(id.clone());
+                } else if seen.silent_for >= self.cfg.suspect_after {
+                    if healthy {
+                        report.nodes.suspected.push(id.clone());
+                    }
+                } else if !healthy && seen.heard {
+                    report.recovered.push(id.clone());
+                }
+            }
+            for node in &report.nodes.removed {
+                silence.forget(node);
+            }
+        }
 
-        report.nodes.removed = ids(
-            "SELECT id FROM nodes WHERE last_seen <= ?1 ORDER BY id",
-            remove_at,
-        )
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(|e| self.map(e, what))?;
         for node in &report.nodes.removed {
             let what = format!("remove silent node {node}");
             let keys: Vec<(String, String)> =
@@ -373,13 +421,6 @@ impl Database {
                 .map_err(|e| self.map(e, &what))?;
         }
 
-        report.nodes.suspected = ids(
-            "SELECT id FROM nodes WHERE status = 'healthy' AND last_seen <= ?1 ORDER BY id",
-            suspect_at,
-        )
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(|e| self.map(e, what))?;
         for node in &report.nodes.suspected {
             let what = format!("mark silent node {node} unhealthy");
             sqlx::query("UPDATE nodes SET status = 'unhealthy' WHERE id = ?1")
@@ -402,13 +443,6 @@ impl Database {
             }
         }
 
-        report.recovered = ids(
-            "SELECT id FROM nodes WHERE status = 'unhealthy' AND last_seen > ?1 ORDER BY id",
-            suspect_at,
-        )
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(|e| self.map(e, what))?;
         for node in &report.recovered {
             sqlx::query("UPDATE nodes SET status = 'healthy' WHERE id = ?1")
                 .bind(node)

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::Instant;
 
 use async_trait::async_trait;
 use registry_api::{
@@ -111,17 +111,20 @@ impl SqliteRegistry {
         Ok(self.db.nodes(Some(id)).await?.pop())
     }
 
-    /// Run the liveness sweep now, at the configured clock's time.
+    /// Run the liveness sweep now, at the configured clock's time: nodes
+    /// silent for at least `suspect_after` are marked unhealthy with their
+    /// endpoints; nodes silent for at least `remove_after` are removed with
+    /// their endpoints. One transaction. Silence is timed on the clock's
+    /// monotonic reading, from when this process saw the node's heartbeat
+    /// count change (see [`crate::Clock`]).
     pub async fn sweep(&self) -> Result<SqliteSweepReport> {
-        self.db.sweep_at(self.db.cfg.clock.now()).await
+        self.db.sweep_at(None).await
     }
 
-    /// Run the liveness sweep as if the time were `now`: nodes silent for
-    /// at least `suspect_after` are marked unhealthy with their endpoints;
-    /// nodes silent for at least `remove_after` are removed with their
-    /// endpoints. One transaction.
-    pub async fn sweep_at(&self, now: SystemTime) -> Result<SqliteSweepReport> {
-        self.db.sweep_at(now).await
+    /// Run the liveness sweep as if the monotonic clock read `now` (a time
+    /// ahead of the clock judges every node that much more silent).
+    pub async fn sweep_at(&self, now: Instant) -> Result<SqliteSweepReport> {
+        self.db.sweep_at(Some(now)).await
     }
 
     /// `PRAGMA integrity_check`: `["ok"]` for a sound file, otherwise the

@@ -13,7 +13,9 @@
 //! 3. the pools connect (WAL mode, `synchronous = NORMAL`);
 //! 4. one write transaction checks and migrates the file
 //!    ([`crate::layout::prepare`]);
-//! 5. liveness is recomputed from `last_seen`. The registry then starts its
+//! 5. a first liveness sweep notes every node, giving each a full
+//!    `suspect_after` from now (the time the file was closed cannot be
+//!    told from a step of the wall clock). The registry then starts its
 //!    background tasks (the change-log poller and the liveness sweep).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -21,6 +23,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use registry_api::backend::Silence;
 use registry_api::{Endpoint, EndpointKey, Error, Op, Result, Snapshot, Version};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
@@ -55,6 +58,9 @@ pub(crate) struct Database {
     /// commit and by the log poller for other processes' commits.
     pub(crate) notify: watch::Sender<u64>,
     pub(crate) tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
+    /// Each node's silence as this process sees it: the heartbeat count
+    /// and `last_seen` it last saw, and when it saw them change.
+    pub(crate) silence: std::sync::Mutex<Silence<(i64, i64)>>,
 }
 
 impl Drop for Database {
@@ -126,9 +132,9 @@ impl Database {
         tx.end(res, what).await?;
         let revision = self.version().await?;
         self.bump(revision.0);
-        // Node status is recomputed from last_seen: whoever was silent
-        // while nobody had the file open is marked or removed now.
-        let report = self.sweep_at(self.cfg.clock.now()).await?;
+        // Every node is noted now, with a full `suspect_after` of grace:
+        // its stored status stands until this process has timed it.
+        let report = self.sweep_at(None).await?;
         tracing::info!(
             path = %self.cfg.path.display(),
             %revision,
@@ -158,6 +164,7 @@ impl Database {
             write_lock: Mutex::new(()),
             notify,
             tasks: std::sync::Mutex::new(Vec::new()),
+            silence: std::sync::Mutex::new(Silence::new()),
         }
     }
 

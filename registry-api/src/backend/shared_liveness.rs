@@ -2,8 +2,9 @@
 //! have no leases of their own (DynamoDB, Cloud Map), so that every
 //! process sharing the backend judges every node by the same record.
 //!
-//! A backend stores one record per node ([`NodeRecord`]: the time of its
-//! last heartbeat and the keys liveness marked unhealthy) and implements
+//! A backend stores one record per node ([`NodeRecord`]: a count of its
+//! recorded heartbeats, the wall time of the last one for people to read,
+//! and the keys liveness marked unhealthy) and implements
 //! [`NodeTable`]: a handful of requests, two of them conditional on a
 //! record's heartbeat still being the one a sweep read. [`SharedLiveness`]
 //! does the rest, the same way for every such backend:
@@ -13,10 +14,20 @@
 //!   heartbeats; a write of an endpoint owned by a node counts as its
 //!   heartbeat, and its record is written *before* the endpoint (so a
 //!   sweep that read the old record cannot overwrite the new endpoint).
+//! - **Silence is timed on the sweeper's own clock.** Each process
+//!   remembers, per node, the heartbeat count it last saw in the record and
+//!   when, on its own monotonic clock, it saw the count change
+//!   ([`Silence`]); a node is silent when its count has not changed for
+//!   `suspect_after` of that time. No decision compares the wall clocks of
+//!   two processes, or two readings across a step of one clock: a process
+//!   whose clock is off, or steps, judges exactly as the others do. A
+//!   process that has just started, or sees a node for the first time,
+//!   gives it a full `suspect_after` from then.
 //! - **Sweeps are safe with any number of sweepers.** Marking a node's
 //!   endpoints unhealthy and removing them are conditional on its record
-//!   still holding the heartbeat the sweep read: a heartbeat that lands in
-//!   between wins, and of two sweepers only one changes anything.
+//!   still holding the heartbeat (count and wall time) the sweep read: a
+//!   heartbeat that lands in between wins, and of two sweepers only one
+//!   changes anything.
 //! - **Self-preservation judges the shared view:** the share of all the
 //!   nodes in the backend that are silent, not of those one process heard.
 //! - Endpoints whose node has no record yet (written before the record
@@ -30,10 +41,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::{Mutex, MutexGuard, Weak};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 
+use super::silence::{Observed, Silence};
 use crate::error::{Error, Result};
 use crate::liveness::{self_preservation_holds, LivenessConfig, SweepReport};
 use crate::model::{Endpoint, EndpointKey, Health, Op};
@@ -45,7 +57,13 @@ use crate::snapshot::Snapshot;
 pub struct NodeRecord {
     /// The node, as its endpoints carry it in [`Endpoint::node`].
     pub node: String,
-    /// Its last heartbeat, in milliseconds since the Unix epoch.
+    /// How many heartbeats were recorded: one more at every recorded
+    /// heartbeat (0 in a record written by a release that did not count
+    /// them). Liveness is judged by its changes, never by `beat_ms`.
+    pub beats: u64,
+    /// The wall time of the last recorded heartbeat, in milliseconds since
+    /// the Unix epoch, by the clock of the process that recorded it: for
+    /// people, and for the garbage collection of forgotten records.
     pub beat_ms: u64,
     /// The endpoints liveness marked unhealthy (empty: none), revived when
     /// the node is heard from again.
@@ -53,13 +71,28 @@ pub struct NodeRecord {
 }
 
 impl NodeRecord {
-    /// A record of `node` last heard from at `beat_ms`, nothing marked.
+    /// A record of `node` last heard from at `beat_ms`, no heartbeat
+    /// counted, nothing marked.
     pub fn new(node: impl Into<String>, beat_ms: u64) -> Self {
         Self {
             node: node.into(),
+            beats: 0,
             beat_ms,
             marked: Vec::new(),
         }
+    }
+
+    /// Set the count of recorded heartbeats.
+    pub fn with_beats(mut self, beats: u64) -> Self {
+        self.beats = beats;
+        self
+    }
+
+    /// What changes at every recorded heartbeat: the count, and the wall
+    /// time (which alone changes when a release that does not count
+    /// heartbeats records one).
+    pub fn heard(&self) -> (u64, u64) {
+        (self.beats, self.beat_ms)
     }
 
     /// Set the keys liveness marked unhealthy.
@@ -83,18 +116,22 @@ pub trait NodeTable: Send + Sync + fmt::Display {
     /// Every node record.
     async fn node_records(&self) -> Result<Vec<NodeRecord>>;
 
-    /// Record a heartbeat of `node` at `at_ms`, never moving it back; with
+    /// Record a heartbeat of `node`: `beats` one more than before (1 in a
+    /// new record) and `beat_ms` set to `at_ms`, whatever it held (the
+    /// wall clock of another writer may be ahead); `marked` is kept. With
     /// `create`, a missing record is created. The record as it was before
     /// (`None`: there was none; then, without `create`, nothing was
     /// written).
     async fn touch(&self, node: &str, at_ms: u64, create: bool) -> Result<Option<NodeRecord>>;
 
-    /// Create the record of `node` at `at_ms` unless one exists.
+    /// Create the record of `node` at `at_ms` (no heartbeat counted)
+    /// unless one exists.
     async fn admit(&self, node: &str, at_ms: u64) -> Result<()>;
 
     /// Write `endpoints` (unhealthy copies) and add their keys to the
     /// record's `marked`, on condition that the record still holds
-    /// `seen.beat_ms`. `false`: it does not, and nothing was written.
+    /// `seen.beats` and `seen.beat_ms`. `false`: it does not, and nothing
+    /// was written.
     async fn mark(&self, seen: &NodeRecord, endpoints: Vec<Endpoint>) -> Result<bool>;
 
     /// Write `endpoints` (healthy copies of marked ones) and clear the
@@ -102,20 +139,18 @@ pub trait NodeTable: Send + Sync + fmt::Display {
     async fn revive(&self, node: &str, endpoints: Vec<Endpoint>) -> Result<()>;
 
     /// Delete `keys` and the record, on condition that the record still
-    /// holds `seen.beat_ms`. `false`: it does not, and nothing was deleted.
+    /// holds `seen.beats` and `seen.beat_ms`. `false`: it does not, and
+    /// nothing was deleted.
     async fn remove(&self, seen: &NodeRecord, keys: Vec<EndpointKey>) -> Result<bool>;
 }
 
-/// Wall-clock milliseconds since the Unix epoch.
+/// Wall-clock milliseconds since the Unix epoch: what records show people
+/// (liveness never decides on it).
 pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
-}
-
-fn ms(d: Duration) -> u64 {
-    d.as_millis().min(u128::from(u64::MAX)) as u64
 }
 
 /// Most nodes whose last record write one process remembers (for
@@ -132,7 +167,9 @@ const REMEMBERED: usize = 100_000;
 pub struct SharedLiveness {
     cfg: Mutex<LivenessConfig>,
     /// When this process last wrote each node's record.
-    written: Mutex<HashMap<String, u64>>,
+    written: Mutex<HashMap<String, Instant>>,
+    /// Each node's silence, as this process sees it.
+    silence: Mutex<Silence<(u64, u64)>>,
 }
 
 impl SharedLiveness {
@@ -142,6 +179,7 @@ impl SharedLiveness {
         Ok(Self {
             cfg: Mutex::new(cfg),
             written: Mutex::new(HashMap::new()),
+            silence: Mutex::new(Silence::new()),
         })
     }
 
@@ -170,18 +208,22 @@ impl SharedLiveness {
 
     /// Whether this process wrote `node`'s record within
     /// [`SharedLiveness::write_every`] of `now`.
-    fn fresh(&self, node: &str, now: u64) -> bool {
-        let every = ms(self.write_every());
+    fn fresh(&self, node: &str, now: Instant) -> bool {
+        let every = self.write_every();
         lock(&self.written)
             .get(node)
-            .is_some_and(|at| now.saturating_sub(*at) < every)
+            .is_some_and(|at| now.saturating_duration_since(*at) < every)
     }
 
-    fn wrote(&self, node: &str, at: u64) {
+    /// This process recorded a heartbeat of `node` at `at` (monotonic) and
+    /// `at_ms` (wall), over the record `before`.
+    fn wrote(&self, node: &str, before: Option<&NodeRecord>, at: Instant, at_ms: u64) {
+        let beats = before.map_or(0, |b| b.beats).saturating_add(1);
+        lock(&self.silence).wrote(node, (beats, at_ms), at);
         let mut w = lock(&self.written);
         if w.len() >= REMEMBERED && !w.contains_key(node) {
-            let every = ms(self.write_every());
-            w.retain(|_, t| at.saturating_sub(*t) < every);
+            let every = self.write_every();
+            w.retain(|_, t| at.saturating_duration_since(*t) < every);
             if w.len() >= REMEMBERED {
                 if let Some(oldest) = w.iter().min_by_key(|(_, t)| **t).map(|(n, _)| n.clone()) {
                     w.remove(&oldest);
@@ -193,6 +235,7 @@ impl SharedLiveness {
 
     fn forget(&self, node: &str) {
         lock(&self.written).remove(node);
+        lock(&self.silence).forget(node);
     }
 
     /// A heartbeat of `node`: its record is written unless this process
@@ -202,11 +245,11 @@ impl SharedLiveness {
     /// should register again.
     pub async fn heartbeat<T: NodeTable + ?Sized>(&self, table: &T, node: &str) -> Result<()> {
         crate::backend::check_name("node", node, true)?;
-        let now = now_ms();
+        let (now, wall) = (Instant::now(), now_ms());
         if self.fresh(node, now) {
             return Ok(());
         }
-        let before = match table.touch(node, now, false).await? {
+        let before = match table.touch(node, wall, false).await? {
             Some(before) => before,
             None => {
                 let snap = table.endpoints().await?;
@@ -216,11 +259,16 @@ impl SharedLiveness {
                          (never registered, or removed as dead); register again"
                     )));
                 }
-                table.touch(node, now, true).await?;
-                NodeRecord::new(node, now)
+                match table.touch(node, wall, true).await? {
+                    Some(before) => before,
+                    None => {
+                        self.wrote(node, None, now, wall);
+                        return Ok(());
+                    }
+                }
             }
         };
-        self.wrote(node, now);
+        self.wrote(node, Some(&before), now, wall);
         if !before.marked.is_empty() {
             self.revive_marked(table, &before).await?;
         }
@@ -263,13 +311,13 @@ impl SharedLiveness {
         nodes: Vec<&str>,
         rewritten: &[EndpointKey],
     ) -> Result<()> {
-        let now = now_ms();
+        let (now, wall) = (Instant::now(), now_ms());
         for node in nodes {
             if self.fresh(node, now) {
                 continue;
             }
-            let before = table.touch(node, now, true).await?;
-            self.wrote(node, now);
+            let before = table.touch(node, wall, true).await?;
+            self.wrote(node, before.as_ref(), now, wall);
             // A node writing its endpoints again is back: what liveness
             // marked and the node does not write now is revived too.
             if let Some(before) = before.filter(|b| !b.marked.is_empty()) {
@@ -312,13 +360,32 @@ impl SharedLiveness {
     }
 
     /// One sweep of every node in the backend, as described in the module
-    /// documentation.
+    /// documentation, timed on this process's monotonic clock.
     pub async fn sweep<T: NodeTable + ?Sized>(&self, table: &T) -> Result<SweepReport> {
+        self.sweep_with(table, Instant::now).await
+    }
+
+    /// [`SharedLiveness::sweep`] as if the records were read at `now` on
+    /// this process's monotonic clock: for tests that move time.
+    pub async fn sweep_at<T: NodeTable + ?Sized>(
+        &self,
+        table: &T,
+        now: Instant,
+    ) -> Result<SweepReport> {
+        self.sweep_with(table, || now).await
+    }
+
+    async fn sweep_with<T: NodeTable + ?Sized>(
+        &self,
+        table: &T,
+        clock: impl FnOnce() -> Instant,
+    ) -> Result<SweepReport> {
         let cfg = self.config();
-        // The time of the records' read, not of the end of the sweep's
-        // reads: silence is measured up to what the records showed.
-        let now = now_ms();
         let records = table.node_records().await?;
+        // A change is seen when the read that shows it has ended: taking
+        // the time after the read never starts a silence before the
+        // heartbeat that ended the last one.
+        let now = clock();
         let snap = table.endpoints().await?;
         let mut owned: BTreeMap<&str, Vec<&Endpoint>> = BTreeMap::new();
         for e in snap.iter().filter(|e| !e.node.is_empty()) {
@@ -326,19 +393,26 @@ impl SharedLiveness {
         }
         let known: HashMap<&str, &NodeRecord> =
             records.iter().map(|r| (r.node.as_str(), r)).collect();
+        let wall = now_ms();
         for node in owned.keys().filter(|n| !known.contains_key(*n)) {
-            table.admit(node, now).await?;
+            table.admit(node, wall).await?;
         }
-        let (suspect_ms, remove_ms) = (ms(cfg.suspect_after), ms(cfg.remove_after));
+        let judged: Vec<(&NodeRecord, Observed)> = {
+            let mut silence = lock(&self.silence);
+            silence.retain(|n| known.contains_key(n));
+            records
+                .iter()
+                .map(|r| (r, silence.observe(&r.node, r.heard(), now)))
+                .collect()
+        };
         let mut suspects = Vec::new();
         let mut dead = Vec::new();
         let mut back = Vec::new();
-        for rec in &records {
-            let silent = now.saturating_sub(rec.beat_ms);
+        for (rec, seen) in judged {
             let eps = owned.get(rec.node.as_str());
-            if silent >= remove_ms {
+            if seen.silent_for >= cfg.remove_after {
                 dead.push(rec);
-            } else if silent >= suspect_ms {
+            } else if seen.silent_for >= cfg.suspect_after {
                 let healthy: Vec<Endpoint> = eps
                     .into_iter()
                     .flatten()
@@ -348,7 +422,7 @@ impl SharedLiveness {
                 if !healthy.is_empty() {
                     suspects.push((rec, healthy));
                 }
-            } else if !rec.marked.is_empty() {
+            } else if seen.heard && !rec.marked.is_empty() {
                 back.push(rec);
             }
         }

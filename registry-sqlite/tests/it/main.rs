@@ -6,5 +6,6 @@ mod support;
 mod behaviour;
 mod conformance;
 mod faults;
+mod liveness;
 mod ownership;
 mod processes;

@@ -5,7 +5,7 @@
 //! backend's liveness (SQLite's sweeper, etcd's lease).
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant};
 
 use registry_api::announce::{announce, AnnounceConfig, Announcement};
 use registry_api::testing::{eventually, unique, wait_limit};
@@ -54,7 +54,7 @@ async fn on_sqlite_pruned_then_back_then_gone() {
     // Ten minutes of silence, as the sweeper sees it: the node is pruned
     // with its endpoint.
     let report = reg
-        .sweep_at(SystemTime::now() + Duration::from_secs(600))
+        .sweep_at(Instant::now() + Duration::from_secs(600))
         .await
         .unwrap();
     assert_eq!(report.nodes.removed, vec![e.node.clone()]);
@@ -188,8 +188,11 @@ async fn a_killed_service_turns_unhealthy_then_goes_on_sqlite() {
     let e = Endpoint::new("announced", &id, "127.0.0.1", 4242).with_node(&node);
     assert_eq!(reg.list("announced").await.unwrap(), vec![e.clone()]);
     svc.kill().await;
+    // The node's last heartbeat, as this process sees it: its silence
+    // starts at this sweep.
+    reg.sweep().await.unwrap();
     // Silent for 31 s, as the sweeper sees it: unhealthy; for 5 min: gone.
-    let now = SystemTime::now();
+    let now = Instant::now();
     let report = reg.sweep_at(now + Duration::from_secs(31)).await.unwrap();
     assert_eq!(report.nodes.suspected, vec![node.clone()]);
     assert_eq!(
