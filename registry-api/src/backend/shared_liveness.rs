@@ -487,3 +487,7 @@ pub async fn sweep_loop<T: NodeTable + ?Sized>(table: Weak<T>, liveness: Weak<Sh
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
+
+#[cfg(test)]
+#[path = "shared_liveness_tests.rs"]
+mod tests;
