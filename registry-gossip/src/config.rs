@@ -60,13 +60,15 @@ pub struct GossipConfig {
     pub auth_key: Option<Vec<u8>>,
     /// How far apart the nodes' wall clocks may be (default 60 s; `fast()`
     /// 2 s). Two things are measured against it: an entry whose timestamp
-    /// is further ahead of this node's wall clock is refused (so one bad
-    /// timestamp cannot drag every node's clock forward), and with a key a
-    /// datagram whose counter (a wall-clock time in microseconds) is further
-    /// from this node's clock, either way, is dropped as stale. Must be at
-    /// least 1 ms and below half of `tombstone_ttl`, so that a datagram
-    /// sent before a tombstone was written is stale everywhere before the
-    /// tombstone can be collected.
+    /// is further ahead of this node's wall clock is refused until this
+    /// node's clock is within the skew of it (so one bad timestamp cannot
+    /// drag every node's clock forward; anti-entropy brings it then), and
+    /// with a key a datagram whose counter (a wall-clock time in
+    /// microseconds) is further from this node's clock when it arrives,
+    /// either way, is dropped (`skewed` ahead, `stale` behind; the time in
+    /// transit counts). Must be at least 1 ms and below half of
+    /// `tombstone_ttl`, so that a datagram sent before a tombstone was
+    /// written is stale everywhere before the tombstone can be collected.
     pub max_clock_skew: Duration,
     /// Seed of the node's random choices (default: from the clock). Fix it
     /// for reproducible runs.

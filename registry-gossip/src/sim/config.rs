@@ -250,6 +250,43 @@ pub enum TickOrder {
     ByIndex,
 }
 
+/// How far a node's clock is from the simulation's (see
+/// [`Sim::add_with_clock`](super::Sim::add_with_clock)): the node is
+/// handed the simulated time moved by this much in every call, so its
+/// writes are stamped, its datagrams counted and what it receives judged
+/// by its own clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ClockSkew {
+    /// The node's clock is the simulation's.
+    #[default]
+    None,
+    /// The node's clock runs this far ahead of the simulation's.
+    Ahead(Duration),
+    /// The node's clock runs this far behind the simulation's (not below
+    /// zero).
+    Behind(Duration),
+}
+
+impl ClockSkew {
+    /// The node's clock when the simulation's reads `now`.
+    pub fn local(self, now: Duration) -> Duration {
+        match self {
+            ClockSkew::None => now,
+            ClockSkew::Ahead(d) => now.saturating_add(d),
+            ClockSkew::Behind(d) => now.saturating_sub(d),
+        }
+    }
+
+    /// The simulated time at which the node's clock reads `local`.
+    pub fn global(self, local: Duration) -> Duration {
+        match self {
+            ClockSkew::None => local,
+            ClockSkew::Ahead(d) => local.saturating_sub(d),
+            ClockSkew::Behind(d) => local.saturating_add(d),
+        }
+    }
+}
+
 /// What an identity is chosen from: which node, which run of it, when.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NodeStart {

@@ -8,9 +8,11 @@
 //! duplicating, reordering [`Network`], or instant delivery), how far a
 //! step moves the clock, the order the nodes' timers fire in
 //! ([`TickOrder`]) and who each node is ([`Identity`]). A [`Sim`] then
-//! adds, kills and restarts nodes, partitions them ([`Sim::set_group`]),
-//! writes through them, injects hand-made datagrams and steps the clock
-//! until a condition holds.
+//! adds nodes (each on the shared clock, or on one running ahead or
+//! behind it: [`Sim::add_with_clock`], [`ClockSkew`]), kills and restarts
+//! them, partitions them ([`Sim::set_group`]), writes through them,
+//! injects hand-made datagrams and steps the clock until a condition
+//! holds.
 //!
 //! ```
 //! use std::time::Duration;
@@ -41,7 +43,7 @@ use rand::{RngExt, SeedableRng};
 use registry_api::{Endpoint, EndpointKey};
 
 pub use self::config::{
-    default_identity, Delivery, Identity, Network, NodeStart, SimConfig, TickOrder,
+    default_identity, ClockSkew, Delivery, Identity, Network, NodeStart, SimConfig, TickOrder,
 };
 pub use crate::crdt::micros;
 use crate::crdt::NodeId;
@@ -77,6 +79,8 @@ pub struct Sim {
     names: Vec<NodeId>,
     /// How many times each node was restarted.
     runs: Vec<u32>,
+    /// How far each node's clock is from `now`.
+    clocks: Vec<ClockSkew>,
     index: HashMap<SocketAddr, usize>,
     /// The group of each node; datagrams between groups are dropped.
     group: Vec<u8>,
@@ -125,6 +129,7 @@ impl Sim {
             addrs: Vec::new(),
             names: Vec::new(),
             runs: Vec::new(),
+            clocks: Vec::new(),
             index: HashMap::new(),
             group: Vec::new(),
             now: config.start,
@@ -150,16 +155,30 @@ impl Sim {
     /// When the configuration refuses the node (a name too long for the
     /// replay header), or `via` is no node.
     pub fn add(&mut self, via: Option<usize>) -> usize {
+        self.add_with_clock(via, ClockSkew::None)
+    }
+
+    /// Add a node as [`add`](Self::add) does, whose clock is `clock` off
+    /// the simulation's for its whole life (restarts included): every
+    /// call hands it the simulated time moved by that much, and its timers
+    /// fire when its own clock reaches them.
+    ///
+    /// # Panics
+    ///
+    /// As [`add`](Self::add).
+    pub fn add_with_clock(&mut self, via: Option<usize>, clock: ClockSkew) -> usize {
         let i = self.nodes.len();
         let id = self.identity(i, 0);
-        let mut m = self.machine(i, id.addr, id.name.clone(), id.seed);
+        let local = clock.local(self.now);
+        let mut m = self.machine(i, id.addr, id.name.clone(), id.seed, local);
         if let Some(v) = via {
-            m.join(self.addrs[v], self.now);
+            m.join(self.addrs[v], local);
         }
         self.nodes.push(Some(m));
         self.addrs.push(id.addr);
         self.names.push(id.name);
         self.runs.push(0);
+        self.clocks.push(clock);
         self.index.insert(id.addr, i);
         self.group.push(0);
         self.collect(i);
@@ -198,8 +217,9 @@ impl Sim {
     pub fn restart(&mut self, i: usize, via: usize) {
         self.runs[i] += 1;
         let seed = self.identity(i, self.runs[i]).seed;
-        let mut m = self.machine(i, self.addrs[i], self.names[i].clone(), seed);
-        m.join(self.addrs[via], self.now);
+        let local = self.clock(i);
+        let mut m = self.machine(i, self.addrs[i], self.names[i].clone(), seed, local);
+        m.join(self.addrs[via], local);
         self.nodes[i] = Some(m);
         self.collect(i);
     }
@@ -230,21 +250,28 @@ impl Sim {
         })
     }
 
-    fn machine(&self, i: usize, addr: SocketAddr, name: NodeId, seed: u64) -> Machine {
-        Machine::new(&self.config.gossip, addr, name, seed, self.now)
+    fn machine(
+        &self,
+        i: usize,
+        addr: SocketAddr,
+        name: NodeId,
+        seed: u64,
+        now: Duration,
+    ) -> Machine {
+        Machine::new(&self.config.gossip, addr, name, seed, now)
             .unwrap_or_else(|e| panic!("simulated node {i}: {e}"))
     }
 
     // ----------------------------------------------------------- inputs
 
-    /// Run `f` on node `i` at the current time, then hand what it sent to
-    /// the network.
+    /// Run `f` on node `i` at the current time (by its clock), then hand
+    /// what it sent to the network.
     ///
     /// # Panics
     ///
     /// When node `i` was killed.
     pub fn with_node<T>(&mut self, i: usize, f: impl FnOnce(&mut Machine, Duration) -> T) -> T {
-        let now = self.now;
+        let now = self.clock(i);
         let out = f(self.node_mut(i), now);
         self.collect(i);
         out
@@ -274,7 +301,7 @@ impl Sim {
         data: &[u8],
     ) -> Vec<(SocketAddr, Vec<u8>)> {
         self.flush();
-        let now = self.now;
+        let now = self.clock(to);
         let m = self.node_mut(to);
         m.handle_datagram(from, data, now);
         let answers = m.take_outbox();
@@ -293,6 +320,16 @@ impl Sim {
     /// The simulated time.
     pub fn now(&self) -> Duration {
         self.now
+    }
+
+    /// Node `i`'s clock: the simulated time, moved by its
+    /// [`ClockSkew`].
+    ///
+    /// # Panics
+    ///
+    /// When node `i` was never added.
+    pub fn clock(&self, i: usize) -> Duration {
+        self.clocks[i].local(self.now)
     }
 
     /// How many nodes were added, killed ones included.

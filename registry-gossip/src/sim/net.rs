@@ -150,7 +150,8 @@ impl Sim {
             return;
         }
         if let Some(d) = self.nodes[i].as_ref().and_then(|m| m.next_deadline()) {
-            self.deadlines.push(Reverse((d, i)));
+            // The node's deadline is on its own clock.
+            self.deadlines.push(Reverse((self.clocks[i].global(d), i)));
         }
     }
 
@@ -176,7 +177,7 @@ impl Sim {
             return false;
         }
         let from_addr = self.addrs[from];
-        let now = self.now;
+        let now = self.clock(to);
         let Some(m) = self.nodes[to].as_mut() else {
             return false;
         };
@@ -196,7 +197,7 @@ impl Sim {
         match self.config.tick_order {
             TickOrder::ByIndex => {
                 for i in 0..self.nodes.len() {
-                    self.tick_if_due(i, now);
+                    self.tick_if_due(i);
                 }
             }
             TickOrder::ByDeadline => {
@@ -204,13 +205,15 @@ impl Sim {
                     let Some(Reverse((_, i))) = self.deadlines.pop() else {
                         break;
                     };
-                    self.tick_if_due(i, now);
+                    self.tick_if_due(i);
                 }
             }
         }
     }
 
-    fn tick_if_due(&mut self, i: usize, now: Duration) {
+    /// Fire node `i`'s timers due by its clock.
+    fn tick_if_due(&mut self, i: usize) {
+        let now = self.clock(i);
         let Some(m) = self.nodes[i].as_mut() else {
             return;
         };

@@ -9,5 +9,6 @@ mod formation;
 mod replay;
 mod seed;
 mod simulation;
+mod skew;
 mod udp;
 mod udp_replay;
