@@ -13,6 +13,7 @@ mod resume;
 mod settings;
 mod shared_liveness;
 mod silence;
+mod url;
 mod validate;
 
 pub use cause::{
@@ -25,6 +26,7 @@ pub use resume::resume_with_backoff;
 pub use settings::{check_count, check_duration};
 pub use shared_liveness::{now_ms, sweep_loop, NodeRecord, NodeTable, SharedLiveness};
 pub use silence::{Observed, Silence};
+pub use url::BackendUrl;
 pub use validate::{
     check_batch, check_name, forbidden_in_name, prefix, quote, validate_endpoint, validate_ops,
     QUOTE_BYTES,
