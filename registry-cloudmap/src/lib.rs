@@ -9,6 +9,7 @@ mod nodes;
 mod records;
 mod registry;
 mod services;
+mod url;
 mod shared;
 mod watch;
 

@@ -156,6 +156,11 @@ pub struct DynamoDbConfig {
     /// unhealthy, for `remove_after` (5 min) removed; each process sweeps
     /// every `sweep_interval` (10 s). Default [`LivenessConfig::default`].
     pub liveness: LivenessConfig,
+    /// Create the table at [`crate::DynamoDbRegistry::connect`] when it is
+    /// missing (on-demand capacity, with a stream when `watch` is
+    /// [`WatchMode::Auto`], the only mode that reads it). Default false: a
+    /// missing table is `NotFound`.
+    pub create_table: bool,
 }
 
 impl Default for DynamoDbConfig {
@@ -179,6 +184,7 @@ impl Default for DynamoDbConfig {
             operation_timeout: Duration::from_secs(10),
             max_attempts: 3,
             liveness: LivenessConfig::default(),
+            create_table: false,
         }
     }
 }
@@ -190,6 +196,11 @@ impl DynamoDbConfig {
             table: table.into(),
             ..Self::default()
         }
+    }
+    /// Set `create_table`.
+    pub fn with_create_table(mut self, create: bool) -> Self {
+        self.create_table = create;
+        self
     }
     /// Set `liveness`.
     pub fn with_liveness(mut self, liveness: LivenessConfig) -> Self {

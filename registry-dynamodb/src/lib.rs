@@ -8,6 +8,7 @@ mod layout;
 mod nodes;
 mod registry;
 mod shards;
+mod url;
 mod shared;
 mod watch;
 

@@ -58,6 +58,9 @@ impl DynamoDbRegistry {
                 ),
             ));
         }
+        if cfg.create_table {
+            Table::create_if_missing(&cfg, cfg.watch == WatchMode::Auto).await?;
+        }
         let table = Table::new(&cfg).await;
         let description = table.describe_existing().await?;
         table.check_schema(&description)?;

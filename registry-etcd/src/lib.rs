@@ -8,6 +8,7 @@ mod layout;
 mod leases;
 mod registry;
 mod shared;
+mod url;
 mod watch;
 
 pub use config::{

@@ -9,6 +9,7 @@ mod machine;
 mod names;
 mod registry;
 mod shared;
+mod url;
 #[cfg(feature = "sim")]
 pub mod sim;
 mod watch;

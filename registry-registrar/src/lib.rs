@@ -9,6 +9,7 @@ mod overlay;
 mod registry;
 mod rpc;
 mod shared;
+mod url;
 pub mod tls;
 mod watch;
 

@@ -8,6 +8,7 @@ mod liveness;
 mod registry;
 mod shared;
 mod tx;
+mod url;
 mod watch;
 
 pub use config::{Clock, ManualClock, SqliteConfig, SystemClock, DEFAULT_PATH};
