@@ -222,6 +222,11 @@ impl BackendUrl {
         percent_decode_str(path).decode_utf8_lossy().into_owned()
     }
 
+    /// Whether the URL gives parameter `name` (without taking it).
+    pub fn has(&self, name: &str) -> bool {
+        self.params.iter().any(|(n, _)| n == name)
+    }
+
     /// Take parameter `name` (so that [`BackendUrl::finish`] knows it was
     /// read).
     pub fn take(&mut self, name: &'static str) -> Option<String> {
