@@ -134,6 +134,10 @@ pub struct CloudMapConfig {
     /// Every registry on one namespace should use the same settings.
     /// Default [`LivenessConfig::default`].
     pub liveness: LivenessConfig,
+    /// Static credentials, for emulators and tests (their `Debug` never
+    /// shows the secret). Default `None`: the usual AWS credential chain
+    /// (environment, profile, web identity, ECS, IMDS).
+    pub credentials: Option<aws_sdk_servicediscovery::config::Credentials>,
 }
 
 impl CloudMapConfig {
@@ -159,7 +163,24 @@ impl CloudMapConfig {
             repeat_deregister: false,
             custom_health: false,
             liveness: LivenessConfig::default(),
+            credentials: None,
         }
+    }
+
+    /// Use static credentials instead of the AWS chain (emulators, tests).
+    pub fn with_static_credentials(
+        mut self,
+        access_key_id: impl Into<String>,
+        secret_access_key: impl Into<String>,
+    ) -> Self {
+        self.credentials = Some(aws_sdk_servicediscovery::config::Credentials::new(
+            access_key_id,
+            secret_access_key,
+            None,
+            None,
+            "static",
+        ));
+        self
     }
 
     /// Set `create_namespace`.

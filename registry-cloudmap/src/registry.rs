@@ -63,6 +63,9 @@ impl CloudMapRegistry {
         if let Some(region) = &cfg.region {
             loader = loader.region(Region::new(region.clone()));
         }
+        if let Some(credentials) = &cfg.credentials {
+            loader = loader.credentials_provider(credentials.clone());
+        }
         let shared = loader.load().await;
         Self::with_sdk_config(aws_sdk_servicediscovery::Config::from(&shared), cfg).await
     }

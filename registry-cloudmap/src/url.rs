@@ -15,7 +15,8 @@ impl FromStr for CloudMapConfig {
 
     /// `cloudmap://NAMESPACE`, with the parameters `region`, `endpoint` (an
     /// emulator or a VPC endpoint; credentials come from the usual AWS
-    /// chain), `create_namespace` (`true`: create an HTTP namespace when
+    /// chain, or for an emulator `access_key_id` and `secret_access_key`,
+    /// never shown), `create_namespace` (`true`: create an HTTP namespace when
     /// missing), `suspect_after`, `remove_after` and `sweep_interval`
     /// (durations such as `10s`).
     ///
@@ -44,6 +45,16 @@ impl FromStr for CloudMapConfig {
         }
         if let Some(create) = url.take_bool("create_namespace")? {
             cfg = cfg.with_create_namespace(create);
+        }
+        match (url.take("access_key_id"), url.take("secret_access_key")) {
+            (None, None) => {}
+            (Some(id), Some(secret)) => cfg = cfg.with_static_credentials(id, secret),
+            _ => {
+                return Err(Error::invalid(
+                    "registry URL",
+                    format!("{url}: access_key_id and secret_access_key go together"),
+                ))
+            }
         }
         cfg.liveness = url.take_liveness(cfg.liveness.clone())?;
         url.finish()?;

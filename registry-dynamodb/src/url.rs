@@ -15,7 +15,8 @@ impl FromStr for DynamoDbConfig {
 
     /// `dynamodb://TABLE`, with the parameters `region`, `endpoint` (an
     /// emulator or a VPC endpoint; credentials come from the usual AWS
-    /// chain), `watch` (`auto`, `changelog` or `scan`), `heads` (the change
+    /// chain, or for an emulator `access_key_id` and `secret_access_key`,
+    /// never shown), `watch` (`auto`, `changelog` or `scan`), `heads` (the change
     /// log's heads, 1 to 64), `create_table` (`true`: create it when
     /// missing), `poll_interval`, `suspect_after`, `remove_after`,
     /// `sweep_interval` (durations such as `10s`) and `consistent_reads`.
@@ -81,6 +82,16 @@ impl FromStr for DynamoDbConfig {
         }
         if let Some(consistent) = url.take_bool("consistent_reads")? {
             cfg.consistent_reads = consistent;
+        }
+        match (url.take("access_key_id"), url.take("secret_access_key")) {
+            (None, None) => {}
+            (Some(id), Some(secret)) => cfg = cfg.with_static_credentials(id, secret),
+            _ => {
+                return Err(Error::invalid(
+                    "registry URL",
+                    format!("{url}: access_key_id and secret_access_key go together"),
+                ))
+            }
         }
         cfg.liveness = url.take_liveness(cfg.liveness.clone())?;
         url.finish()?;

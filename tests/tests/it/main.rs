@@ -8,4 +8,5 @@ mod announce;
 mod containers;
 mod faults;
 mod fixtures;
+mod open_url;
 mod registries;
