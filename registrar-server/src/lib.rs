@@ -12,7 +12,7 @@ pub use crate::auth::{AuthzConfig, DEFAULT_ID_PATTERN};
 pub use crate::engine::config::{
     Ack, RegistrarConfig, StreamEncoding, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_SNAPSHOT_CHUNK_BYTES,
 };
-pub use crate::engine::open::{open_backend, Backend, BackendKind, BackendOptions, DynamoDbSync};
+pub use crate::engine::open::{backend_scheme, open_backend, stack_config, Backend};
 pub use crate::engine::refusals::Refusal;
 pub use crate::engine::registrar::Registrar;
 pub use crate::engine::status::{Readiness, Status};

@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use registrar_server::{Ack, BackendKind, BackendOptions, RegistrarConfig};
+use registrar_server::{Ack, RegistrarConfig};
+
+use crate::backend::{BackendKind, DynamoDbSync};
 use registry_api::liveness::LivenessConfig;
 
 use crate::connect::{ClientArgs, EarlyClientArgs, ServerTlsArgs};
@@ -199,9 +201,16 @@ pub struct DeregisterArgs {
 
 #[derive(clap::Args, Clone)]
 pub struct ServeArgs {
-    /// The backend holding the registry [default: sqlite, or the backend
-    /// whose own flags are given]. `memory` keeps nothing: every write is
-    /// lost on exit.
+    /// The backend holding the registry, as one URL: `sqlite:PATH`,
+    /// `etcd://HOST:PORT[,HOST:PORT]/PREFIX`, `dynamodb://TABLE?region=…`,
+    /// `cloudmap://NAMESPACE?region=…` or `memory:` (keeps nothing), with
+    /// the backend's settings as parameters (`?suspect_after=10s`, …)
+    /// [default: sqlite:registry.db]. The per-backend flags below describe
+    /// the same URL.
+    #[arg(long)]
+    pub registry: Option<String>,
+    /// The backend, when --registry is not given [default: sqlite, or the
+    /// backend whose own flags are given].
     #[arg(long, value_parser = backend_kind())]
     pub registry_backend: Option<BackendKind>,
     /// This registrar's cluster.
@@ -351,7 +360,7 @@ pub struct ServeArgs {
     /// table must use it) or `scan` (a full scan every --sync-interval).
     /// [default: auto]
     #[arg(long, value_parser = dynamodb_sync())]
-    pub dynamodb_sync: Option<registrar_server::DynamoDbSync>,
+    pub dynamodb_sync: Option<DynamoDbSync>,
     /// Heads of the DynamoDB change log (`--dynamodb-sync=changelog`), 1 to
     /// 64: tens of registrars writing one table need several (each key is
     /// logged on one head; readers send one Query per head). Every
@@ -424,79 +433,9 @@ impl ServeArgs {
         cfg
     }
 
-    /// The backend: `--registry-backend`, else the one whose own flags are
-    /// given, else SQLite. A backend's flag given beside another backend
-    /// (selected, or named by its own flags) is an error naming both
-    /// flags: it would otherwise be ignored.
-    pub fn backend_kind(&self) -> Result<BackendKind, String> {
-        let given = self.backend_flags_given();
-        if let Some(kind) = self.registry_backend {
-            if let Some((flag, other)) = given.iter().find(|(_, k)| *k != kind.as_str()) {
-                return Err(format!(
-                    "{flag} is a flag of the {other} backend, but --registry-backend={} \
-                     was given: drop one of them",
-                    kind.as_str()
-                ));
-            }
-            return Ok(kind);
-        }
-        let Some((flag, name)) = given.first() else {
-            return Ok(default_backend());
-        };
-        if let Some((other_flag, other)) = given.iter().find(|(_, k)| k != name) {
-            return Err(format!(
-                "{flag} selects the {name} backend and {other_flag} the {other} backend: \
-                 give --registry-backend and only that backend's flags"
-            ));
-        }
-        name.parse::<BackendKind>().map_err(|_| {
-            format!(
-                "{flag} selects the {name} backend, which this build does not include \
-                 (cargo feature `{name}`)"
-            )
-        })
-    }
-
-    /// The backend flags given, each with its backend's `--registry-backend`
-    /// value.
-    fn backend_flags_given(&self) -> Vec<(&'static str, &'static str)> {
-        let flags = [
-            ("--sqlite-path", "sqlite", self.sqlite_path.is_some()),
-            ("--etcd-endpoints", "etcd", self.etcd_endpoints.is_some()),
-            ("--etcd-prefix", "etcd", self.etcd_prefix.is_some()),
-            (
-                "--dynamodb-table",
-                "dynamodb",
-                self.dynamodb_table.is_some(),
-            ),
-            (
-                "--dynamodb-create-table",
-                "dynamodb",
-                self.dynamodb_create_table,
-            ),
-            ("--dynamodb-sync", "dynamodb", self.dynamodb_sync.is_some()),
-            (
-                "--dynamodb-changelog-heads",
-                "dynamodb",
-                self.dynamodb_changelog_heads.is_some(),
-            ),
-            (
-                "--cloudmap-namespace",
-                "cloudmap",
-                self.cloudmap_namespace.is_some(),
-            ),
-        ];
-        flags
-            .into_iter()
-            .filter(|(_, _, given)| *given)
-            .map(|(flag, kind, _)| (flag, kind))
-            .collect()
-    }
-
-    /// Where the backend is: the flags given, the defaults for the rest.
-    pub fn backend_options(&self) -> Result<BackendOptions, String> {
-        let mut o = BackendOptions::new(self.backend_kind()?);
-        o.sync_interval = self.sync_interval;
+    /// The liveness settings (`--suspect-after`, `--remove-after`,
+    /// `--liveness-sweep-interval`), checked together.
+    pub fn liveness(&self) -> Result<LivenessConfig, String> {
         if self.remove_after < self.suspect_after {
             return Err(format!(
                 "--remove-after ({}) is shorter than --suspect-after ({})",
@@ -504,42 +443,9 @@ impl ServeArgs {
                 show(self.suspect_after)
             ));
         }
-        o.liveness = LivenessConfig::default()
+        Ok(LivenessConfig::default()
             .with_thresholds(self.suspect_after, self.remove_after)
-            .with_sweep_interval(self.liveness_sweep_interval);
-        if let Some(path) = &self.sqlite_path {
-            o.sqlite_path = path.clone();
-        }
-        if let Some(endpoints) = &self.etcd_endpoints {
-            o.etcd_endpoints = endpoints.clone();
-        }
-        if let Some(prefix) = &self.etcd_prefix {
-            o.etcd_prefix = prefix.clone();
-        }
-        if let Some(table) = &self.dynamodb_table {
-            o.dynamodb_table = table.clone();
-        }
-        o.dynamodb_create_table = self.dynamodb_create_table;
-        if let Some(sync) = self.dynamodb_sync {
-            o.dynamodb_sync = sync;
-        }
-        if let Some(heads) = self.dynamodb_changelog_heads {
-            o.dynamodb_changelog_heads = heads as u32;
-        }
-        if let Some(namespace) = &self.cloudmap_namespace {
-            o.cloudmap_namespace = namespace.clone();
-        }
-        o.aws_region = self.aws_region.clone();
-        o.aws_endpoint_url = self.aws_endpoint_url.clone();
-        Ok(o)
+            .with_sweep_interval(self.liveness_sweep_interval))
     }
 }
 
-/// The backend when no flag names one: SQLite, which keeps what it
-/// acknowledged; in-memory only in a build without it.
-fn default_backend() -> BackendKind {
-    #[cfg(feature = "sqlite")]
-    return BackendKind::Sqlite;
-    #[cfg(not(feature = "sqlite"))]
-    return BackendKind::Memory;
-}

@@ -1,5 +1,6 @@
 //! `registrar`: the registrar server and its operator commands.
 
+mod backend;
 mod cli;
 mod connect;
 mod error;
@@ -12,7 +13,8 @@ use std::sync::Arc;
 
 use clap::Parser;
 use registrar_server::{
-    open_backend, AuthzConfig, BackendKind, OpenPolicy, Opening, ServeOptions, Status,
+    backend_scheme, open_backend, stack_config, AuthzConfig, OpenPolicy, Opening, ServeOptions,
+    Status,
 };
 use tokio::net::TcpListener;
 
@@ -63,12 +65,17 @@ fn install_metrics() -> Result<metrics_exporter_prometheus::PrometheusHandle, St
 }
 
 async fn run_serve(args: ServeArgs) -> Result<(), CliError> {
-    let backend = args.backend_options()?;
-    let kind = backend.kind.name();
-    if backend.kind == BackendKind::Memory {
+    let url = args.registry_url()?;
+    let stack = stack_config(args.liveness()?, args.sync_interval);
+    let kind = backend_scheme(&url).unwrap_or_else(|| "registry".into());
+    // The URL as logs may show it: secrets replaced.
+    let shown = registry_api::backend::BackendUrl::parse(&url)
+        .map(|u| u.to_string())
+        .unwrap_or_default();
+    if kind == "memory" {
         tracing::warn!(
             "the in-memory backend keeps nothing: every write is lost when the registrar exits \
-             (without --registry-backend=memory it runs on SQLite, --sqlite-path)"
+             (without --registry=memory: it runs on SQLite, --registry=sqlite:PATH)"
         );
     }
     let options = serve_options(&args)?;
@@ -93,7 +100,7 @@ async fn run_serve(args: ServeArgs) -> Result<(), CliError> {
         });
     }
     tracing::info!(
-        backend = kind,
+        backend = %shown,
         cluster = %args.cluster_name,
         ack = args.ack.as_str(),
         tls = server.options.tls.is_some(),
@@ -107,9 +114,9 @@ async fn run_serve(args: ServeArgs) -> Result<(), CliError> {
     server
         .serve(
             || {
-                let backend = backend.clone();
+                let (url, stack, kind) = (url.clone(), stack.clone(), kind.clone());
                 async move {
-                    open_backend(&backend).await.map_err(|e| {
+                    open_backend(&url, &stack).await.map_err(|e| {
                         tracing::warn!(error = %e, "cannot open the {kind} backend");
                         e
                     })
@@ -269,7 +276,7 @@ fn check_serve_flags(cli: &Cli) {
         Some(flag) => Some(format!(
             "{flag} is an option of the client commands, not of `serve`"
         )),
-        None => args.backend_kind().err(),
+        None => args.registry_url().err(),
     };
     if let Some(message) = conflict {
         Cli::command()

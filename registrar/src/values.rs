@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
-use registrar_server::{Ack, BackendKind, DynamoDbSync};
+use registrar_server::Ack;
+
+use crate::backend::{BackendKind, DynamoDbSync};
 
 pub(crate) const MS: Duration = Duration::from_millis(1);
 pub(crate) const SECOND: Duration = Duration::from_secs(1);

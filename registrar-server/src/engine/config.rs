@@ -12,7 +12,7 @@ pub use registry_registrar::Ack;
 /// Settings of the registrar. By default writes are flushed to the backend
 /// every 100 ms or as soon as 50 are queued. (How often a backend without
 /// a native watch is polled, 5 s by default, is
-/// [`crate::BackendOptions::sync_interval`].)
+/// the `sync_interval` of [`crate::stack_config`].)
 #[non_exhaustive]
 #[derive(Debug, Clone)]
 pub struct RegistrarConfig {
