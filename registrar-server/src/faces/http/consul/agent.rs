@@ -91,7 +91,8 @@ fn consul_field(e: Error) -> Error {
 }
 
 /// The endpoint a registration describes. A check registered again with
-/// the same definition keeps the state it had.
+/// the same definition keeps the state it had; registered again at all,
+/// it counts one more report, so that every replica starts its TTL again.
 fn endpoint(
     reg: Registration,
     cluster: &str,
@@ -116,6 +117,7 @@ fn endpoint(
     }
     for (id, mut c) in reg.checks {
         if let Some(old) = current.and_then(|cur| check::check(cur, &id)) {
+            c.reports = old.reports.wrapping_add(1);
             if old.probe == c.probe {
                 c.status = old.status;
                 c.output = old.output;
@@ -291,9 +293,11 @@ pub(super) async fn update(
     report(registrar, caller, consul, id, status, output).await
 }
 
-/// A service reports its TTL check `id`: its state and deadline are
-/// written when the state changes or the stored deadline is about to
-/// lapse ([`check::with_report`]); any replica takes the report.
+/// A service reports its TTL check `id`: the report is recorded when it
+/// changes the state, or when the last change this replica saw of the
+/// check is old enough on its own clock
+/// ([`Observed::report_writes`](super::observed::Observed::report_writes));
+/// any replica takes the report.
 async fn report(
     State(registrar): State<Arc<Registrar>>,
     Extension(caller): Extension<Caller>,
@@ -319,7 +323,11 @@ async fn report(
         .into());
     };
     caller.may_write(e)?;
-    match check::with_report(e, &id, status, &output, check::now_ms()) {
+    let now = tokio::time::Instant::now();
+    match consul
+        .observations
+        .report(e, &id, status, &output, now, check::now_ms())
+    {
         Some(updated) => write(&registrar, &caller, Op::Register(updated), None, &e.node).await,
         None => Ok(json_response(StatusCode::OK, &(), None)),
     }

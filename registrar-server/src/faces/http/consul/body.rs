@@ -333,6 +333,7 @@ fn check(c: &Obj<'_>, service: &str, now_ms: u64) -> Result<Check, Error> {
         output: String::new(),
         since_ms: now_ms,
         expires_ms: None,
+        reports: 0,
     };
     check.expires_ms = check.deadline_from(now_ms);
     Ok(check)

@@ -54,7 +54,8 @@ impl Status {
 #[serde(tag = "type", rename_all = "lowercase")]
 pub(crate) enum Probe {
     /// The service reports it (`/v1/agent/check/pass|warn|fail|update`);
-    /// critical when no report came within `ttl_ms`.
+    /// critical when no report was recorded for `ttl_ms`, as each replica
+    /// measures it on its own monotonic clock.
     Ttl { ttl_ms: u64 },
     /// An HTTP request every `interval_ms`: 2xx passing, 429 warning,
     /// anything else (or no answer within `timeout_ms`) critical.
@@ -118,18 +119,33 @@ pub(crate) struct Check {
     pub(crate) status: Status,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub(crate) output: String,
-    /// When `status` began (milliseconds since the Unix epoch).
+    /// When `status` began (milliseconds since the Unix epoch, on the
+    /// clock of the replica that wrote it). Shown to people and read by
+    /// registrars of earlier releases; no decision is taken on it.
     pub(crate) since_ms: u64,
-    /// A TTL check's deadline (milliseconds since the Unix epoch): it
-    /// turns critical when no report moved it by then. Stored with the
-    /// check, so a report to any replica counts for all of them.
+    /// A TTL check's wall-clock deadline (milliseconds since the Unix
+    /// epoch, on the clock of the replica that recorded the last report):
+    /// shown to people, and what registrars of earlier releases sharing
+    /// the backend judge. This release decides nothing on it: each
+    /// replica times a TTL check on its own monotonic clock
+    /// ([`super::observed`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) expires_ms: Option<u64>,
+    /// How many reports of a TTL check were recorded (written): it changes
+    /// at each one, which is how every replica learns of a report. Only
+    /// ever compared for equality; 0 in a label written without it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(crate) reports: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Check {
-    /// The TTL deadline of a check reported (or registered) at `now`:
-    /// `now + TTL` for a TTL check, `None` for the others.
+    /// The wall-clock TTL deadline of a check reported (or registered) at
+    /// `now` (`expires_ms`): `now + TTL` for a TTL check, `None` for the
+    /// others.
     pub(crate) fn deadline_from(&self, now: u64) -> Option<u64> {
         match self.probe {
             Probe::Ttl { ttl_ms } => Some(now.saturating_add(ttl_ms)),
@@ -214,36 +230,30 @@ pub(crate) fn with_status(
     Some(updated)
 }
 
-/// `e` after a report of its TTL check `id` at `now`, or `None` when
-/// nothing needs writing: the check keeps its state and its stored
-/// deadline is more than half a TTL away. A report moves the deadline to
-/// `now + TTL` only when it changes the state or the stored deadline
-/// would otherwise come within half a TTL, so a service reporting every
-/// few seconds costs at most about two writes per TTL, whichever replica
-/// it reports to.
+/// `e` after a recorded report of its TTL check `id` at wall time
+/// `now_ms`, or `None` when `e` has no TTL check `id`. The report counts
+/// in `reports` (so every replica sees a change), the wall-clock deadline
+/// moves to `now_ms + TTL`, and a change of state sets the status, its
+/// output and `since_ms`. Whether a report is recorded at all is the
+/// observing replica's call ([`super::observed::Observations::report`]).
 pub(crate) fn with_report(
     e: &Endpoint,
     id: &str,
     status: Status,
     output: &str,
-    now: u64,
+    now_ms: u64,
 ) -> Option<Endpoint> {
     let mut c = check(e, id)?;
-    let Probe::Ttl { ttl_ms } = c.probe else {
+    let Probe::Ttl { .. } = c.probe else {
         return None;
     };
-    let lapsing = c
-        .expires_ms
-        .is_none_or(|at| at.saturating_sub(now) < ttl_ms / 2);
-    if c.status == status && !lapsing {
-        return None;
-    }
     if c.status != status {
         c.status = status;
         c.output = registry_api::backend::prefix(output, MAX_OUTPUT_CHARS).into_owned();
-        c.since_ms = now;
+        c.since_ms = now_ms;
     }
-    c.expires_ms = c.deadline_from(now);
+    c.reports = c.reports.wrapping_add(1);
+    c.expires_ms = c.deadline_from(now_ms);
     let mut updated = e.clone();
     put(&mut updated, id, &c);
     Some(updated)
@@ -263,27 +273,51 @@ mod tests {
             output: String::new(),
             since_ms: 1,
             expires_ms: None,
+            reports: 0,
         }
     }
 
     #[test]
-    fn reports_write_only_changes_and_deadlines_about_to_lapse() {
+    fn a_recorded_report_counts_moves_the_wall_deadline_and_keeps_since_unless_the_state_changes() {
         let mut e = Endpoint::new("web", "a", "10.0.0.1", 80);
         put(&mut e, "t", &ttl(Status::Critical));
-        // The first pass: a change of state, and the deadline set.
-        let e = with_report(&e, "t", Status::Passing, "", 1_000).unwrap();
-        assert_eq!(check(&e, "t").unwrap().expires_ms, Some(11_000));
+        // A change of state: status, output, since and the deadline.
+        let e = with_report(&e, "t", Status::Passing, "up", 1_000).unwrap();
+        let c = check(&e, "t").unwrap();
+        assert_eq!(
+            (
+                c.status,
+                c.output.as_str(),
+                c.since_ms,
+                c.expires_ms,
+                c.reports
+            ),
+            (Status::Passing, "up", 1_000, Some(11_000), 1)
+        );
         assert_eq!(e.health, Health::Healthy);
-        // Passes while more than half the TTL is left write nothing.
-        assert!(with_report(&e, "t", Status::Passing, "", 3_000).is_none());
-        assert!(with_report(&e, "t", Status::Passing, "", 5_999).is_none());
-        // Within half a TTL of the deadline: moved, state kept.
-        let moved = with_report(&e, "t", Status::Passing, "", 6_500).unwrap();
-        let c = check(&moved, "t").unwrap();
-        assert_eq!((c.expires_ms, c.since_ms), (Some(16_500), 1_000));
-        // A change of state is always written.
-        let warn = with_report(&moved, "t", Status::Warning, "slow", 7_000).unwrap();
-        assert_eq!(check(&warn, "t").unwrap().status, Status::Warning);
+        // The same state again: counted, deadline moved, since kept (and
+        // an output without a change of state is not kept).
+        let again = with_report(&e, "t", Status::Passing, "other", 6_500).unwrap();
+        let c = check(&again, "t").unwrap();
+        assert_eq!(
+            (c.output.as_str(), c.since_ms, c.expires_ms, c.reports),
+            ("up", 1_000, Some(16_500), 2)
+        );
+        // No such check: nothing.
+        assert!(with_report(&again, "nope", Status::Passing, "", 7_000).is_none());
+    }
+
+    #[test]
+    fn a_label_without_a_report_count_reads_as_zero_and_zero_is_not_written() {
+        let old = r#"{"name":"t","type":"ttl","ttl_ms":10000,"status":"passing","since_ms":1,"expires_ms":11}"#;
+        let mut e = Endpoint::new("web", "a", "10.0.0.1", 80);
+        e.labels.insert(label_key("t"), old.to_string());
+        let c = check(&e, "t").unwrap();
+        assert_eq!((c.reports, c.expires_ms), (0, Some(11)));
+        put(&mut e, "t", &c);
+        assert!(!e.labels[&label_key("t")].contains("reports"));
+        let reported = with_report(&e, "t", Status::Passing, "", 20).unwrap();
+        assert!(reported.labels[&label_key("t")].contains(r#""reports":1"#));
     }
 
     #[test]
@@ -303,6 +337,7 @@ mod tests {
             output: String::new(),
             since_ms: 7,
             expires_ms: None,
+            reports: 3,
         };
         put(&mut e, "service:a", &http);
         assert_eq!(check(&e, "service:a"), Some(http));

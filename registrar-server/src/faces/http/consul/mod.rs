@@ -21,11 +21,13 @@ use crate::engine::registrar::Registrar;
 mod agent;
 mod body;
 pub(crate) mod check;
+mod observed;
 mod probe;
 mod runner;
 mod shapes;
 mod view;
 
+use observed::Observations;
 use shapes::{CatalogService, ServiceEntry};
 use view::ConsulView;
 
@@ -37,10 +39,12 @@ pub(crate) struct PeerIp(pub(crate) IpAddr);
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct LocalAddr(pub(crate) SocketAddr);
 
-/// What the Consul routes share: the per-service view of the state.
+/// What the Consul routes share: the per-service view of the state, and
+/// what this replica observed of each check (shared with the runner).
 #[derive(Debug, Clone)]
 pub(crate) struct Consul {
     view: Arc<ConsulView>,
+    observations: Arc<Observations>,
 }
 
 impl Consul {
@@ -48,7 +52,12 @@ impl Consul {
     /// when the registrar closes.
     pub(crate) fn start(registrar: &Arc<Registrar>) -> Self {
         let view = ConsulView::attach(registrar);
-        let runner = tokio::spawn(runner::run(Arc::clone(registrar), Arc::clone(&view)));
+        let observations = Arc::new(Observations::default());
+        let runner = tokio::spawn(runner::run(
+            Arc::clone(registrar),
+            Arc::clone(&view),
+            Arc::clone(&observations),
+        ));
         // It returns only when the registrar closes: a panic must not leave
         // a registrar that looks healthy with no checks running.
         let status = Arc::clone(registrar.status());
@@ -59,7 +68,7 @@ impl Consul {
                 }
             }
         });
-        Self { view }
+        Self { view, observations }
     }
 }
 

@@ -1,9 +1,12 @@
 //! The checks the registrar runs for the endpoints of its cluster: HTTP,
 //! TCP and gRPC checks on their interval (at most [`MAX_RUNNING`] at once,
-//! each first run spread over its interval), TTL checks whose stored
-//! deadline passed (any replica's report moves it, so any replica may
-//! find it passed), and `DeregisterCriticalServiceAfter`. A check's new
-//! state is written only when it changes.
+//! each first run spread over its interval), TTL checks whose stored state
+//! this replica has not seen change for a TTL of its own monotonic clock
+//! (a report recorded through any replica changes it for all of them), and
+//! `DeregisterCriticalServiceAfter`, timed from when this replica saw the
+//! check turn critical. Each tick observes every check of the cluster
+//! ([`Observations`]); a check's new state is written only when it
+//! changes.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasher;
@@ -15,6 +18,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::check::{self, Probe, Status};
+use super::observed::{Mark, Observations, Observed};
 use super::probe::Prober;
 use super::view::ConsulView;
 use crate::engine::registrar::Registrar;
@@ -30,8 +34,8 @@ enum Done {
     Ran(String),
     /// An endpoint was deregistered (`true`), or the write failed.
     Removed(EndpointKey, bool),
-    /// A TTL check's stored state was brought up to date (or that failed:
-    /// tried again at the next tick).
+    /// A TTL check found lapsed was written critical (or the write failed,
+    /// or its state changed meanwhile: judged again at the next tick).
     Expired(String),
 }
 
@@ -50,11 +54,16 @@ fn first_run(now: Instant, id: &str, every: Duration) -> Instant {
     now + Duration::from_millis(offset)
 }
 
-/// Run the checks of `registrar`'s cluster until it closes.
-pub(crate) async fn run(registrar: Arc<Registrar>, view: Arc<ConsulView>) {
+/// Run the checks of `registrar`'s cluster until it closes, observing
+/// them into `observations` (which the report routes share).
+pub(crate) async fn run(
+    registrar: Arc<Registrar>,
+    view: Arc<ConsulView>,
+    observations: Arc<Observations>,
+) {
     let closing = registrar.closing();
     tokio::pin!(closing);
-    let mut runner = Runner::new(registrar);
+    let mut runner = Runner::new(registrar, observations);
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -73,21 +82,24 @@ pub(crate) async fn run(registrar: Arc<Registrar>, view: Arc<ConsulView>) {
 /// The runner's state between ticks.
 struct Runner {
     registrar: Arc<Registrar>,
+    /// What this replica saw of each check, and when.
+    observations: Arc<Observations>,
     prober: Prober,
     /// The registrar's cluster: the one whose checks it runs.
     own: String,
     schedule: HashMap<String, Scheduled>,
     running: JoinSet<Done>,
     removing: HashSet<EndpointKey>,
-    /// TTL checks whose stored state is being written.
+    /// TTL checks being written critical.
     ttl_writing: HashSet<String>,
 }
 
 impl Runner {
-    fn new(registrar: Arc<Registrar>) -> Self {
+    fn new(registrar: Arc<Registrar>, observations: Arc<Observations>) -> Self {
         Self {
             own: registrar.config().cluster_name.clone(),
             registrar,
+            observations,
             prober: Prober::default(),
             schedule: HashMap::new(),
             running: JoinSet::new(),
@@ -115,14 +127,14 @@ impl Runner {
         }
     }
 
-    /// Start what is due among the checks of `view` that are stored on
-    /// endpoints of the registrar's cluster, and forget the checks gone.
+    /// Observe the checks of `view` that are stored on endpoints of the
+    /// registrar's cluster, start what is due among them, and forget the
+    /// checks gone.
     fn tick(&mut self, view: &ConsulView) {
         let Some(snap) = self.registrar.state().store().snapshot() else {
             return;
         };
         let now = Instant::now();
-        let now_ms = check::now_ms();
         let mut seen = HashSet::new();
         for (id, key) in view.all_checks() {
             let Some(e) = snap.get(&key).filter(|e| e.cluster == self.own) else {
@@ -132,29 +144,29 @@ impl Runner {
                 continue;
             };
             seen.insert(id.clone());
-            if !self.deregister_if_overdue(&id, &key, &c, now_ms) {
-                self.start_if_due(id, key, c, now, now_ms);
+            let observed = self.observations.observe(&key, &id, &c, now);
+            if !self.deregister_if_overdue(&id, &key, &c, &observed, now) {
+                self.start_if_due(id, key, c, &observed, now);
             }
         }
+        self.observations.forget_unseen(now);
         self.schedule.retain(|id, _| seen.contains(id));
         self.removing.retain(|k| snap.contains(k));
     }
 
-    /// Deregister endpoint `key` when its check `c` has been critical
-    /// longer than its `DeregisterCriticalServiceAfter`; whether it is
-    /// being deregistered by this call (then the check does not run).
+    /// Deregister endpoint `key` when this replica has seen its check `c`
+    /// critical for longer than its `DeregisterCriticalServiceAfter`;
+    /// whether it is being deregistered by this call (then the check does
+    /// not run).
     fn deregister_if_overdue(
         &mut self,
         id: &str,
         key: &EndpointKey,
         c: &check::Check,
-        now_ms: u64,
+        observed: &Observed,
+        now: Instant,
     ) -> bool {
-        let Some(after) = c.deregister_after_ms else {
-            return false;
-        };
-        let overdue = now_ms.saturating_sub(c.since_ms) >= after;
-        if c.status != Status::Critical || !overdue || !self.removing.insert(key.clone()) {
+        if !observed.deregister_due(c, now) || !self.removing.insert(key.clone()) {
             return false;
         }
         let (registrar, key, id) = (Arc::clone(&self.registrar), key.clone(), id.to_string());
@@ -165,26 +177,24 @@ impl Runner {
         true
     }
 
-    /// Bring a TTL check's stored state up to date, or run any other check
-    /// whose time has come (registered again with another definition, it
-    /// runs now), at most [`MAX_RUNNING`] at once.
+    /// Write critical a TTL check that lapsed, or run any other check whose
+    /// time has come (registered again with another definition, it runs
+    /// now), at most [`MAX_RUNNING`] at once.
     fn start_if_due(
         &mut self,
         id: String,
         key: EndpointKey,
         c: check::Check,
+        observed: &Observed,
         now: Instant,
-        now_ms: u64,
     ) {
         if let Probe::Ttl { ttl_ms } = c.probe {
-            if let Some(due) = ttl_due(&c, now_ms) {
-                if self.ttl_writing.insert(id.clone()) {
-                    let registrar = Arc::clone(&self.registrar);
-                    self.running.spawn(async move {
-                        expire(&registrar, &key, &id, due, ttl_ms).await;
-                        Done::Expired(id)
-                    });
-                }
+            if observed.ttl_lapsed(&c, now) && self.ttl_writing.insert(id.clone()) {
+                let (registrar, judged) = (Arc::clone(&self.registrar), Mark::of(&c));
+                self.running.spawn(async move {
+                    expire(&registrar, &key, &id, judged, ttl_ms).await;
+                    Done::Expired(id)
+                });
             }
             return;
         }
@@ -221,59 +231,22 @@ impl Runner {
     }
 }
 
-/// What a TTL check's stored state calls for at `now`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum TtlDue {
-    /// Its deadline passed: it turns critical.
-    Critical,
-    /// Stored without a deadline (by an earlier version): give it one.
-    Deadline,
-}
-
-fn ttl_due(c: &check::Check, now: u64) -> Option<TtlDue> {
-    match c.expires_ms {
-        None => Some(TtlDue::Deadline),
-        Some(at) if now >= at && c.status != Status::Critical => Some(TtlDue::Critical),
-        Some(_) => None,
-    }
-}
-
-/// Write what [`ttl_due`] found, from the state as it is now (a report may
-/// have moved the deadline meanwhile).
-async fn expire(registrar: &Arc<Registrar>, key: &EndpointKey, id: &str, due: TtlDue, ttl_ms: u64) {
-    let now = check::now_ms();
-    let Some(e) = registrar
-        .state()
-        .store()
-        .snapshot()
-        .and_then(|s| s.get(key).cloned())
-    else {
-        return;
-    };
-    let Some(c) = check::check(&e, id) else {
-        return;
-    };
-    if ttl_due(&c, now) != Some(due) {
-        return;
-    }
-    match due {
-        TtlDue::Critical => {
-            let output = format!(
-                "TTL expired: no report within {:?}",
-                Duration::from_millis(ttl_ms)
-            );
-            set_status(registrar, key, id, Status::Critical, &output).await;
-        }
-        TtlDue::Deadline => {
-            let mut c = c;
-            c.expires_ms = c.deadline_from(now);
-            let mut updated = e;
-            check::put(&mut updated, id, &c);
-            if let Err(err) = registrar.write(Op::Register(updated), None).await {
-                tracing::warn!(check = id, service = %key.service, id = %key.id, error = %err, "could not store a TTL check's deadline");
-            }
-        }
-    }
+/// Write TTL check `id` critical, on condition that its stored state is
+/// still the one judged lapsed (`judged`), as the state shows it now: a
+/// report recorded meanwhile keeps it as it is.
+async fn expire(
+    registrar: &Arc<Registrar>,
+    key: &EndpointKey,
+    id: &str,
+    judged: Mark,
+    ttl_ms: u64,
+) {
+    let output = format!(
+        "TTL expired: no report within {:?}",
+        Duration::from_millis(ttl_ms)
+    );
+    let still = |c: &check::Check| Mark::of(c) == judged;
+    set_status_if(registrar, key, id, Status::Critical, &output, still).await;
 }
 
 /// Write check `id` of endpoint `key` as `status` when that is a change;
@@ -285,13 +258,29 @@ pub(crate) async fn set_status(
     status: Status,
     output: &str,
 ) -> bool {
+    set_status_if(registrar, key, id, status, output, |_| true).await
+}
+
+/// [`set_status`], on condition that the check as the state holds it now
+/// satisfies `still` (nothing is written otherwise).
+async fn set_status_if(
+    registrar: &Arc<Registrar>,
+    key: &EndpointKey,
+    id: &str,
+    status: Status,
+    output: &str,
+    still: impl FnOnce(&check::Check) -> bool,
+) -> bool {
     let Some(snap) = registrar.state().store().snapshot() else {
         return false;
     };
-    let Some(updated) = snap
-        .get(key)
-        .and_then(|e| check::with_status(e, id, status, output))
-    else {
+    let Some(e) = snap.get(key) else {
+        return true;
+    };
+    if !check::check(e, id).is_some_and(|c| still(&c)) {
+        return true;
+    }
+    let Some(updated) = check::with_status(e, id, status, output) else {
         return true;
     };
     match registrar.write(Op::Register(updated), None).await {
@@ -306,7 +295,19 @@ pub(crate) async fn set_status(
     }
 }
 
+/// Deregister endpoint `key`, on condition that its check `check` is still
+/// critical as the state shows it now (a report may have come meanwhile);
+/// whether it was removed.
 async fn deregister(registrar: &Arc<Registrar>, key: &EndpointKey, check: &str) -> bool {
+    let still_critical = registrar
+        .state()
+        .store()
+        .snapshot()
+        .and_then(|s| s.get(key).and_then(|e| check::check(e, check)))
+        .is_some_and(|c| c.status == Status::Critical);
+    if !still_critical {
+        return false;
+    }
     match registrar.write(Op::Deregister(key.clone()), None).await {
         Ok(_) => {
             tracing::info!(check, service = %key.service, id = %key.id, "deregistered: its check stayed critical past DeregisterCriticalServiceAfter");

@@ -294,6 +294,7 @@ mod tests {
             output: "slow".into(),
             since_ms: 1,
             expires_ms: None,
+            reports: 0,
         };
         check::put(&mut e, "service:a", &warn);
         let v = serde_json::to_value(ServiceEntry::from_endpoint(&e)).expect("serializes");
