@@ -4,13 +4,13 @@
 //! leaves the registry before its servers stop.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use registry_api::announce::{announce, AnnounceConfig};
 use registry_api::channel::{balanced_channel, ChannelConfig};
-use registry_api::stack::{stack, Stack, StackConfig};
+use registry_any::OpenOptions;
+use registry_api::stack::Stack;
 use registry_api::{Endpoint, Protocol};
 use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -25,39 +25,12 @@ pub const HTTP_SERVICE: &str = "hello-http";
 /// How long a call to a peer may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Where the registry is.
-#[derive(Debug, Clone)]
-pub enum Backend {
-    /// A SQLite file: one machine, no server to run.
-    Sqlite(PathBuf),
-    /// An etcd cluster: its client URLs.
-    Etcd(Vec<String>),
-    /// A registrar: its URL and the cluster it serves.
-    Registrar { url: String, cluster: String },
-}
-
-impl Backend {
-    /// `sqlite:PATH`, `etcd:URL[,URL...]` or `registrar:URL`
-    /// (the cluster from `REGISTRAR_CLUSTER`, `default` when unset).
-    pub fn parse(s: &str) -> Result<Backend, BoxError> {
-        match s.split_once(':') {
-            Some(("sqlite", path)) => Ok(Backend::Sqlite(path.into())),
-            Some(("etcd", urls)) => Ok(Backend::Etcd(urls.split(',').map(String::from).collect())),
-            Some(("registrar", url)) => Ok(Backend::Registrar {
-                url: url.to_string(),
-                cluster: std::env::var("REGISTRAR_CLUSTER").unwrap_or_else(|_| "default".into()),
-            }),
-            _ => Err(
-                format!("REGISTRY={s:?}: expected sqlite:PATH, etcd:URL or registrar:URL").into(),
-            ),
-        }
-    }
-}
-
 /// What one instance needs to know.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    pub backend: Backend,
+    /// Where the registry is, as one URL: `sqlite:PATH`,
+    /// `etcd://HOST:PORT/PREFIX` or `registrar://HOST:PORT?cluster=…`.
+    pub registry: String,
     /// The unit of liveness: the machine or pod this instance runs on.
     pub node: String,
     /// This instance's id, unique within the service.
@@ -81,7 +54,7 @@ impl Settings {
         };
         let id = var("INSTANCE_ID", &format!("pid-{}", std::process::id()));
         Ok(Settings {
-            backend: Backend::parse(&var("REGISTRY", "sqlite:registry.db"))?,
+            registry: var("REGISTRY", "sqlite:registry.db"),
             node: var("NODE_NAME", &id),
             host: var("ADVERTISE_HOST", "127.0.0.1"),
             grpc_port: port("GRPC_PORT", "0")?,
@@ -91,24 +64,12 @@ impl Settings {
     }
 }
 
-/// Open the registry `backend` names, with the combinators it needs
-/// (a watch by polling, liveness) added by `stack`.
-pub async fn open(backend: &Backend, node: &str) -> Result<Arc<dyn Stack>, BoxError> {
-    let cfg = StackConfig::default();
-    Ok(match backend {
-        Backend::Sqlite(path) => stack(
-            registry_sqlite::SqliteRegistry::open_path(path).await?,
-            &cfg,
-        )?,
-        Backend::Etcd(urls) => {
-            let etcd = registry_etcd::EtcdConfig::new(urls.clone());
-            stack(registry_etcd::EtcdRegistry::connect(etcd).await?, &cfg)?
-        }
-        Backend::Registrar { url, cluster } => {
-            let client = registry_registrar::ClientConfig::new(url.clone(), cluster.clone(), node);
-            stack(registry_registrar::RegistrarClient::connect(client)?, &cfg)?
-        }
-    })
+/// Open the registry `url` names; `registry_any` adds what the backend
+/// lacks (a watch by polling, liveness). `node` is this instance's node,
+/// which a registrar's agent needs.
+pub async fn open(url: &str, node: &str) -> Result<Arc<dyn Stack>, BoxError> {
+    let options = OpenOptions::default().with_node(node);
+    Ok(registry_any::open_with(url, &options).await?)
 }
 
 /// A running instance.

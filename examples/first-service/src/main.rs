@@ -29,7 +29,7 @@ async fn shutdown_signal() {
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let settings = Settings::from_env()?;
-    let registry = open(&settings.backend, &settings.node).await?;
+    let registry = open(&settings.registry, &settings.node).await?;
     let service = start(registry, &settings).await?;
     println!(
         "{} serves gRPC on {} and HTTP on {}, announced on node {}",

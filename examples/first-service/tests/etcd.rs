@@ -3,13 +3,13 @@
 
 use std::time::{Duration, Instant};
 
-use first_service::{open, start, Backend, Settings, HTTP_SERVICE, SERVICE};
+use first_service::{open, start, Settings, HTTP_SERVICE, SERVICE};
 use registry_api::Registry;
 use registry_fixtures::EtcdServer;
 
 fn settings(etcd: &EtcdServer, id: &str) -> Settings {
     Settings {
-        backend: Backend::Etcd(vec![etcd.endpoint().to_string()]),
+        registry: format!("etcd://{}/hello", etcd.endpoint().trim_start_matches("http://")),
         node: format!("node-{id}"),
         id: id.to_string(),
         host: "127.0.0.1".to_string(),
@@ -30,13 +30,13 @@ async fn two_instances_find_each_other_and_leave_on_stop() {
         .await
         .expect("start etcd (apt-get install etcd-server)");
     let (sa, sb) = (settings(&etcd, "a"), settings(&etcd, "b"));
-    let registry = open(&sa.backend, &sa.node).await.expect("open etcd");
+    let registry = open(&sa.registry, &sa.node).await.expect("open etcd");
     let a = start(registry.clone(), &sa).await.expect("start a");
     assert_eq!(ids(&*registry, SERVICE).await, ["a"]);
     assert_eq!(ids(&*registry, HTTP_SERVICE).await, ["a"]);
     assert!(a.call_peer().await.is_err(), "a alone must find no peer");
 
-    let b = start(open(&sb.backend, &sb.node).await.expect("open etcd"), &sb)
+    let b = start(open(&sb.registry, &sb.node).await.expect("open etcd"), &sb)
         .await
         .expect("start b");
     let deadline = Instant::now() + Duration::from_secs(10);
