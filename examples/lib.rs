@@ -55,7 +55,7 @@ pub fn one_line<E: std::error::Error + ?Sized>(e: &E) -> String {
 mod tests {
     #[test]
     fn one_line_has_the_causes_without_repeats() {
-        let e = registry_api::Error::internal("cannot open the database").with_source(
+        let e = waypost::Error::internal("cannot open the database").with_source(
             std::io::Error::new(std::io::ErrorKind::PermissionDenied, "read-only\nfile"),
         );
         assert_eq!(

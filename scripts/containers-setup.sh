@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Make a Docker-compatible container engine answer on loopback, with local
-# etcd and moto images, so the registry-fixtures fixtures can use
+# etcd and moto images, so the waypost-fixtures fixtures can use
 # testcontainers (see tests/README.md). For Debian bookworm machines where
 # no image can be pulled and no Docker engine runs: podman + runc, images
 # built from Debian's own packages.

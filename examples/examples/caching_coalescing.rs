@@ -16,11 +16,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use registry_api::{
+use waypost::{
     cached::CachedRegistry, coalescing::Coalescing, Batch, Endpoint, EndpointKey, Op, Registry,
     Snapshot, Watch,
 };
-use registry_sqlite::{SqliteConfig, SqliteRegistry};
+use waypost_sqlite::{SqliteConfig, SqliteRegistry};
 
 /// Simulated network round trip added to every backend call.
 const RTT: Duration = Duration::from_millis(1);
@@ -75,43 +75,43 @@ impl<R: fmt::Debug> fmt::Debug for Counted<R> {
     }
 }
 
-registry_api::forward! {
+waypost::forward! {
     impl[R: Registry + fmt::Debug] Registry for Counted<R> {
         forward to inner: capabilities, probe;
-        async fn register(&self, endpoint: Endpoint) -> registry_api::Result<()> {
+        async fn register(&self, endpoint: Endpoint) -> waypost::Result<()> {
             self.call(1).await;
             self.inner.register(endpoint).await
         }
-        async fn deregister(&self, key: &EndpointKey) -> registry_api::Result<()> {
+        async fn deregister(&self, key: &EndpointKey) -> waypost::Result<()> {
             self.call(1).await;
             self.inner.deregister(key).await
         }
-        async fn list(&self, service: &str) -> registry_api::Result<Vec<Endpoint>> {
+        async fn list(&self, service: &str) -> waypost::Result<Vec<Endpoint>> {
             self.call(0).await;
             self.inner.list(service).await
         }
-        async fn list_shared(&self, service: &str) -> registry_api::Result<Arc<[Endpoint]>> {
+        async fn list_shared(&self, service: &str) -> waypost::Result<Arc<[Endpoint]>> {
             self.call(0).await;
             self.inner.list_shared(service).await
         }
-        async fn snapshot(&self) -> registry_api::Result<Snapshot> {
+        async fn snapshot(&self) -> waypost::Result<Snapshot> {
             self.call(0).await;
             self.inner.snapshot().await
         }
     }
 }
 
-registry_api::forward! {
+waypost::forward! {
     impl[R: Batch + fmt::Debug] Batch for Counted<R> {
         forward to inner: max_batch;
-        async fn apply(&self, ops: Vec<Op>) -> registry_api::Result<()> {
+        async fn apply(&self, ops: Vec<Op>) -> waypost::Result<()> {
             self.call(ops.len() as u64).await;
             self.inner.apply(ops).await
         }
     }
 }
 
-registry_api::forward! {
+waypost::forward! {
     impl[R: Watch] Watch for Counted<R> {
         // One long-lived stream; not counted as a call.
         forward to inner: watch;

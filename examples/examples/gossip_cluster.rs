@@ -14,8 +14,8 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use registry_api::{Endpoint, Registry};
-use registry_gossip::{GossipConfig, GossipRegistry, NameEvent};
+use waypost::{Endpoint, Registry};
+use waypost_gossip::{GossipConfig, GossipRegistry, NameEvent};
 
 /// Give up on a state that has not spread after this long.
 const PATIENCE: Duration = Duration::from_secs(10);

@@ -13,10 +13,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use examples::greeter::{self, GreeterClient, HelloRequest};
-use registry_api::announce::{announce, AnnounceConfig, Announcement};
-use registry_api::channel::{balanced_channel, ChannelConfig};
-use registry_api::{Endpoint, Protocol};
-use registry_sqlite::{SqliteConfig, SqliteRegistry};
+use waypost::announce::{announce, AnnounceConfig, Announcement};
+use waypost::channel::{balanced_channel, ChannelConfig};
+use waypost::{Endpoint, Protocol};
+use waypost_sqlite::{SqliteConfig, SqliteRegistry};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

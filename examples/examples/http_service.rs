@@ -8,9 +8,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use registry_api::announce::{announce, AnnounceConfig};
-use registry_api::{Endpoint, Protocol, Registry};
-use registry_sqlite::SqliteRegistry;
+use waypost::announce::{announce, AnnounceConfig};
+use waypost::{Endpoint, Protocol, Registry};
+use waypost_sqlite::SqliteRegistry;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

@@ -13,10 +13,10 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant, SystemTime};
 
 use futures::StreamExt;
-use registry_api::{
+use waypost::{
     Batch, Endpoint, EndpointKey, Event, Health, Heartbeat, Op, Protocol, Registry, Snapshot, Watch,
 };
-use registry_sqlite::{SqliteConfig, SqliteRegistry};
+use waypost_sqlite::{SqliteConfig, SqliteRegistry};
 
 const FILE: &str = "registry.db";
 /// The demo's liveness thresholds (the defaults are 30 s and 5 min).
@@ -115,7 +115,7 @@ fn ago(t: SystemTime) -> String {
     }
 }
 
-async fn print_nodes(reg: &SqliteRegistry) -> registry_api::Result<()> {
+async fn print_nodes(reg: &SqliteRegistry) -> waypost::Result<()> {
     let nodes = reg.nodes().await?;
     if nodes.is_empty() {
         println!("    (no nodes)");

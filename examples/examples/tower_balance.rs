@@ -2,7 +2,7 @@
 //!
 //! Run with `cargo run --example tower_balance`. Three tiny TCP echo
 //! services on 127.0.0.1 come and go; each registers itself in a registry,
-//! and a `tower::balance::p2c::Balance` is fed by `registry_api::discover::discover`
+//! and a `tower::balance::p2c::Balance` is fed by `waypost::discover::discover`
 //! (a registry watch as a `tower::discover::Discover`). The example prints
 //! every change the balancer is told about and, for each phase, which
 //! service answered each request: traffic moves to a new endpoint as soon
@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use futures::TryStreamExt;
-use registry_api::{discover::discover, memory::MemoryRegistry, Endpoint, Health, Registry};
+use waypost::{discover::discover, memory::MemoryRegistry, Endpoint, Health, Registry};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;

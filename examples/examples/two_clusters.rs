@@ -17,10 +17,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use registrar_server::{serve, Backend, Registrar, RegistrarConfig};
-use registry_api::{Endpoint, Event, Registry, Watch};
-use registry_registrar::{ClientConfig, RegistrarClient};
-use registry_sqlite::{SqliteConfig, SqliteRegistry};
+use waypost_registrar_server::{serve, Backend, Registrar, RegistrarConfig};
+use waypost::{Endpoint, Event, Registry, Watch};
+use waypost_registrar_client::{ClientConfig, RegistrarClient};
+use waypost_sqlite::{SqliteConfig, SqliteRegistry};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -34,7 +34,7 @@ struct Running {
     name: &'static str,
     addr: SocketAddr,
     stop: oneshot::Sender<()>,
-    task: JoinHandle<registry_api::Result<()>>,
+    task: JoinHandle<waypost::Result<()>>,
 }
 
 async fn start_registrar(

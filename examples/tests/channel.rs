@@ -1,4 +1,4 @@
-//! `registry_api::channel::balanced_channel` with real tonic greeter
+//! `waypost::channel::balanced_channel` with real tonic greeter
 //! servers on loopback: requests reach every healthy server, none reach one
 //! that was removed or marked unhealthy once the change is delivered, and a
 //! new one gets requests.
@@ -10,10 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use examples::greeter::{self, GreeterClient, HelloRequest};
-use registry_api::channel::{balanced_channel, ChannelConfig};
-use registry_api::memory::MemoryRegistry;
-use registry_api::testing::eventually;
-use registry_api::{Endpoint, Health, Protocol, Registry};
+use waypost::channel::{balanced_channel, ChannelConfig};
+use waypost::memory::MemoryRegistry;
+use waypost::testing::eventually;
+use waypost::{Endpoint, Health, Protocol, Registry};
 use tonic::transport::Channel;
 
 async fn server(id: &str) -> Endpoint {

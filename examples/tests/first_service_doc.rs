@@ -122,7 +122,7 @@ fn the_ci_job_installs_what_the_test_and_the_build_run() {
         BTreeSet::from(["etcd-server", "protobuf-compiler"])
     );
     // Where Debian's package database is at hand, those are the packages
-    // that own the programs (the fixture runs `etcd`; registry-etcd's build
+    // that own the programs (the fixture runs `etcd`; waypost-etcd's build
     // runs `protoc`).
     for (program, package) in [("etcd", "etcd-server"), ("protoc", "protobuf-compiler")] {
         let Ok(found) = std::process::Command::new("sh")

@@ -34,4 +34,4 @@ pub use crate::faces::xds::{
 pub use crate::metrics::{describe_metrics, install_prometheus_recorder};
 pub use crate::serve::health::health_router;
 pub use crate::serve::{serve, serve_with, Bound, OpenPolicy, Opening, Protocols, ServeOptions};
-pub use registry_registrar::TlsFiles;
+pub use waypost_registrar_client::TlsFiles;

@@ -2,7 +2,7 @@
 //! ([`describe_metrics`]) and present from the start ([`zero`]); `serve`
 //! calls both, so a library user of it exports what the binary does.
 //!
-//! The combinators of `registry-api` the registrar stacks record theirs
+//! The combinators of `waypost` the registrar stacks record theirs
 //! under [`names::PREFIX`] (`registrar_write_batch_size`, …): they are
 //! named here too, so that the whole list is in one place.
 

@@ -1,4 +1,4 @@
-//! Measurements, not checks (`cargo bench -p registrar --bench
+//! Measurements, not checks (`cargo bench -p waypost-registrar --bench
 //! xds`), quoted in BENCHMARKS.md: the time from a registration to its
 //! push reaching 100 state-of-the-world ADS clients subscribed to the
 //! service's load assignment, against the same change reaching 100
@@ -19,11 +19,11 @@ use common::xds::{endpoints, node, EDS};
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use hdrhistogram::Histogram;
-use registrar_server::{Backend, Opening, RegistrarConfig};
-use registry_api::{liveness::Liveness, memory::MemoryRegistry};
-use registry_registrar::endpoint_to_proto;
-use registry_registrar::proto::registrar::v1::registrar_client::RegistrarClient as Grpc;
-use registry_registrar::proto::registrar::v1::{RegisterEndpointRequest, WatchEndpointsRequest};
+use waypost_registrar_server::{Backend, Opening, RegistrarConfig};
+use waypost::{liveness::Liveness, memory::MemoryRegistry};
+use waypost_registrar_client::endpoint_to_proto;
+use waypost_registrar_client::proto::registrar::v1::registrar_client::RegistrarClient as Grpc;
+use waypost_registrar_client::proto::registrar::v1::{RegisterEndpointRequest, WatchEndpointsRequest};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -129,7 +129,7 @@ async fn serve(server: Opening) -> (String, Grpc<tonic::transport::Channel>) {
 /// The measured endpoint moved to `port`.
 fn register(port: u32) -> RegisterEndpointRequest {
     RegisterEndpointRequest {
-        endpoint: Some(endpoint_to_proto(&registry_api::Endpoint::new(
+        endpoint: Some(endpoint_to_proto(&waypost::Endpoint::new(
             "bench",
             "e1",
             "10.9.0.1",
@@ -400,7 +400,7 @@ async fn measure_change_visibility_per_protocol() {
     let started = Instant::now();
     let xds_l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let http_l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let dns_l = registrar_server::DnsListeners::bind("127.0.0.1:0".parse().unwrap())
+    let dns_l = waypost_registrar_server::DnsListeners::bind("127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
     let xds = xds_l.local_addr().unwrap().to_string();
@@ -409,7 +409,7 @@ async fn measure_change_visibility_per_protocol() {
     let mut server = Opening::new(RegistrarConfig::new("bench"));
     server.protocols.xds = Some(xds_l);
     server.protocols.http_api = Some(http_l);
-    let dns_cfg = registrar_server::DnsConfig::new("registry.", Duration::ZERO).unwrap();
+    let dns_cfg = waypost_registrar_server::DnsConfig::new("registry.", Duration::ZERO).unwrap();
     server.protocols.dns = Some((dns_l, dns_cfg));
     let (url, mut writer) = serve(server).await;
 

@@ -1,7 +1,7 @@
 //! `serve`'s backend: `--registry URL`, or the per-backend flags
 //! (`--registry-backend`, `--sqlite-path`, `--etcd-endpoints`, …), which
 //! are mapped to the same URL, so that the registrar opens its backend as
-//! every program using the toolkit does ([`registrar_server::open_backend`]).
+//! every program using the toolkit does ([`waypost_registrar_server::open_backend`]).
 
 use std::fmt::Write as _;
 

@@ -7,17 +7,17 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use registrar_server::{Ack, RegistrarConfig};
+use waypost_registrar_server::{Ack, RegistrarConfig};
 
 use crate::backend::{BackendKind, DynamoDbSync};
-use registry_api::liveness::LivenessConfig;
+use waypost::liveness::LivenessConfig;
 
 use crate::connect::{ClientArgs, EarlyClientArgs, ServerTlsArgs};
 use crate::values::{
     backend_kind, count_in, duration_in, dynamodb_sync, parse_ack, parse_label, parse_target,
     parse_token, show, DAYS_30, HOUR, MS, SECOND,
 };
-use registry_api::Protocol;
+use waypost::Protocol;
 
 #[derive(Parser)]
 #[command(
@@ -131,7 +131,7 @@ pub struct WatchArgs {
     /// `watch --json`): only the changes since, or a fresh snapshot when
     /// the registrar restarted or no longer has them.
     #[arg(long, value_parser = parse_token)]
-    pub from: Option<registry_registrar::Token>,
+    pub from: Option<waypost_registrar_client::Token>,
     /// Stop after this many events (the first snapshot is one); at least 1.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub count: Option<u64>,
@@ -313,11 +313,11 @@ pub struct ServeArgs {
     /// The domain the DNS responder answers for
     /// (`<service>.<domain>`, `<service>.<cluster>.<domain>`).
     #[cfg(feature = "dns")]
-    #[arg(long, default_value = registrar_server::DEFAULT_DNS_DOMAIN)]
+    #[arg(long, default_value = waypost_registrar_server::DEFAULT_DNS_DOMAIN)]
     pub dns_domain: String,
     /// The TTL of DNS records (0s to 5s, whole seconds).
     #[cfg(feature = "dns")]
-    #[arg(long, default_value = "5s", value_parser = duration_in(Duration::ZERO, registrar_server::MAX_DNS_TTL))]
+    #[arg(long, default_value = "5s", value_parser = duration_in(Duration::ZERO, waypost_registrar_server::MAX_DNS_TTL))]
     pub dns_ttl: Duration,
     /// Accepted and ignored: DNS is off unless --dns-addr is given.
     #[cfg(feature = "dns")]
@@ -384,7 +384,7 @@ pub struct ServeArgs {
     pub trust_domain: Option<String>,
     /// The SPIFFE ID of an agent; `{trust_domain}` and `{node}` are
     /// replaced.
-    #[arg(long, default_value = registrar_server::DEFAULT_ID_PATTERN)]
+    #[arg(long, default_value = waypost_registrar_server::DEFAULT_ID_PATTERN)]
     pub spiffe_id_pattern: String,
     /// A SPIFFE ID that may write endpoints of any node (an operator);
     /// repeat for more.

@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use registrar_server::TlsFiles;
+use waypost_registrar_server::TlsFiles;
 
 /// The registrar's address when none is given.
 pub const DEFAULT_ADDRESS: &str = "127.0.0.1:9443";

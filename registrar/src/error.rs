@@ -17,13 +17,13 @@ pub enum CliError {
         context: String,
         /// The registry's error.
         #[source]
-        source: registry_api::Error,
+        source: waypost::Error,
     },
 }
 
 impl CliError {
     /// `source` while doing `context`.
-    pub fn registry(context: impl Into<String>, source: registry_api::Error) -> Self {
+    pub fn registry(context: impl Into<String>, source: waypost::Error) -> Self {
         CliError::Registry {
             context: context.into(),
             source,
@@ -102,7 +102,7 @@ mod tests {
     fn one_line_by_default_and_the_chain_with_verbose() {
         let e = CliError::registry(
             "ls at http://127.0.0.1:1",
-            registry_api::Error::unavailable("registrar did not answer").with_source(Root),
+            waypost::Error::unavailable("registrar did not answer").with_source(Root),
         );
         let short = report(&e, false);
         assert_eq!(

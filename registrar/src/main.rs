@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use registrar_server::{
+use waypost_registrar_server::{
     backend_scheme, open_backend, stack_config, AuthzConfig, OpenPolicy, Opening, ServeOptions,
     Status,
 };
@@ -60,7 +60,7 @@ async fn received(signal: &mut Option<tokio::signal::unix::Signal>) {
 }
 
 fn install_metrics() -> Result<metrics_exporter_prometheus::PrometheusHandle, String> {
-    registrar_server::install_prometheus_recorder()
+    waypost_registrar_server::install_prometheus_recorder()
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))
 }
 
@@ -69,7 +69,7 @@ async fn run_serve(args: ServeArgs) -> Result<(), CliError> {
     let stack = stack_config(args.liveness()?, args.sync_interval);
     let kind = backend_scheme(&url).unwrap_or_else(|| "registry".into());
     // The URL as logs may show it: secrets replaced.
-    let shown = registry_api::backend::BackendUrl::parse(&url)
+    let shown = waypost::backend::BackendUrl::parse(&url)
         .map(|u| u.to_string())
         .unwrap_or_default();
     if kind == "memory" {
@@ -213,9 +213,9 @@ async fn bind_protocols(
     }
     #[cfg(feature = "dns")]
     if let Some(addr) = args.dns_addr {
-        let config = registrar_server::DnsConfig::new(&args.dns_domain, args.dns_ttl)
+        let config = waypost_registrar_server::DnsConfig::new(&args.dns_domain, args.dns_ttl)
             .map_err(|e| e.to_string())?;
-        let l = registrar_server::DnsListeners::bind(addr)
+        let l = waypost_registrar_server::DnsListeners::bind(addr)
             .await
             .map_err(|e| e.to_string())?;
         let bound = l.local_addr().map_err(|e| e.to_string())?;

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use registry_api::announce::{announce, AnnounceConfig, AnnounceStatus};
-use registry_api::{Endpoint, EndpointKey, Event, Health, Heartbeat, Registry, Version, Watch};
-use registry_registrar::{Ack, ClientConfig, RpcClient, Token};
+use waypost::announce::{announce, AnnounceConfig, AnnounceStatus};
+use waypost::{Endpoint, EndpointKey, Event, Health, Heartbeat, Registry, Version, Watch};
+use waypost_registrar_client::{Ack, ClientConfig, RpcClient, Token};
 
 use crate::cli::{Cli, DeregisterArgs, HeartbeatArgs, LsArgs, Output, RegisterArgs, WatchArgs};
 use crate::connect::ClientArgs;
@@ -205,7 +205,7 @@ pub async fn run_register(cli: &Cli, args: &RegisterArgs) -> Result<(), CliError
 
 /// `register --keep-alive`: registered, heartbeated every `every`,
 /// registered again when the registry forgot it, deregistered on Ctrl-C
-/// or SIGTERM (through [`registry_api::announce`]).
+/// or SIGTERM (through [`waypost::announce`]).
 async fn keep_alive(raw: RpcClient, ep: Endpoint, every: Duration) -> Result<(), CliError> {
     let line = endpoint_line(&ep);
     let key = ep.key();

@@ -2,7 +2,7 @@
 //! get`, JSON, and YAML (written here from the JSON value: block style,
 //! strings quoted as JSON strings, which YAML reads as-is).
 
-use registry_api::Endpoint;
+use waypost::Endpoint;
 use serde_json::Value;
 
 use crate::cli::Output;

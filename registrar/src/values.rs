@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
-use registrar_server::Ack;
+use waypost_registrar_server::Ack;
 
 use crate::backend::{BackendKind, DynamoDbSync};
 
@@ -37,7 +37,7 @@ pub(crate) fn duration_in(
     move |s: &str| {
         let d = humantime::parse_duration(s)
             .map_err(|e| format!("{e} (a duration such as 100ms, 5s or 1m)"))?;
-        registry_api::backend::check_duration("value", d, min, max).map_err(|_| {
+        waypost::backend::check_duration("value", d, min, max).map_err(|_| {
             format!(
                 "{s} is out of range: allowed {} to {}",
                 show(min),
@@ -77,7 +77,7 @@ pub(crate) fn parse_ack(s: &str) -> Result<Ack, String> {
     })
 }
 
-pub(crate) fn parse_token(s: &str) -> Result<registry_registrar::Token, String> {
+pub(crate) fn parse_token(s: &str) -> Result<waypost_registrar_client::Token, String> {
     s.parse().map_err(|_| {
         format!(
             "{:?} is not a resume token: <epoch>.<sequence>, as printed by watch --json",

@@ -2,10 +2,10 @@
 
 use std::sync::Arc;
 
-use registry_api::backend::BackendUrl;
-use registry_api::memory::MemoryRegistry;
-use registry_api::stack::{stack, Stack, StackConfig};
-use registry_api::{Error, Result};
+use waypost::backend::BackendUrl;
+use waypost::memory::MemoryRegistry;
+use waypost::stack::{stack, Stack, StackConfig};
+use waypost::{Error, Result};
 
 /// Every scheme [`open`] knows, with the feature that compiles it in.
 pub const SCHEMES: &[(&str, &str)] = &[
@@ -24,7 +24,7 @@ pub const SCHEMES: &[(&str, &str)] = &[
 #[non_exhaustive]
 #[derive(Debug, Clone, Default)]
 pub struct OpenOptions {
-    /// The combinators' settings ([`registry_api::stack::stack`]): how
+    /// The combinators' settings ([`waypost::stack::stack`]): how
     /// backends without a watch are polled, and liveness. Its liveness
     /// thresholds are also those of backends that keep liveness
     /// themselves (SQLite, DynamoDB, Cloud Map; etcd's lease TTL is
@@ -71,7 +71,7 @@ pub async fn open_with(url: &str, opts: &OpenOptions) -> Result<Arc<dyn Stack>> 
         }
         #[cfg(feature = "sqlite")]
         "sqlite" => {
-            let mut cfg: registry_sqlite::SqliteConfig = url.parse()?;
+            let mut cfg: waypost_sqlite::SqliteConfig = url.parse()?;
             let live = &opts.stack.liveness;
             if !parsed.has("suspect_after") {
                 cfg.suspect_after = live.suspect_after;
@@ -82,43 +82,43 @@ pub async fn open_with(url: &str, opts: &OpenOptions) -> Result<Arc<dyn Stack>> 
             if !parsed.has("sweep_interval") {
                 cfg.sweep_interval = Some(live.sweep_interval);
             }
-            stack(registry_sqlite::SqliteRegistry::open(cfg).await?, &opts.stack)
+            stack(waypost_sqlite::SqliteRegistry::open(cfg).await?, &opts.stack)
         }
         #[cfg(feature = "etcd")]
         "etcd" | "etcds" => {
-            let mut cfg: registry_etcd::EtcdConfig = url.parse()?;
+            let mut cfg: waypost_etcd::EtcdConfig = url.parse()?;
             if !parsed.has("lease_ttl") {
                 cfg = cfg.with_lease_ttl(opts.stack.liveness.suspect_after);
             }
-            stack(registry_etcd::EtcdRegistry::connect(cfg).await?, &opts.stack)
+            stack(waypost_etcd::EtcdRegistry::connect(cfg).await?, &opts.stack)
         }
         #[cfg(feature = "dynamodb")]
         "dynamodb" => {
-            let mut cfg: registry_dynamodb::DynamoDbConfig = url.parse()?;
+            let mut cfg: waypost_dynamodb::DynamoDbConfig = url.parse()?;
             cfg.liveness = with_liveness(&parsed, cfg.liveness, opts);
             if !parsed.has("poll_interval") {
                 cfg.poll_interval = opts.stack.polling.interval;
             }
-            stack(registry_dynamodb::DynamoDbRegistry::connect(cfg).await?, &opts.stack)
+            stack(waypost_dynamodb::DynamoDbRegistry::connect(cfg).await?, &opts.stack)
         }
         #[cfg(feature = "cloudmap")]
         "cloudmap" => {
-            let mut cfg: registry_cloudmap::CloudMapConfig = url.parse()?;
+            let mut cfg: waypost_cloudmap::CloudMapConfig = url.parse()?;
             cfg.liveness = with_liveness(&parsed, cfg.liveness, opts);
-            stack(registry_cloudmap::CloudMapRegistry::connect(cfg).await?, &opts.stack)
+            stack(waypost_cloudmap::CloudMapRegistry::connect(cfg).await?, &opts.stack)
         }
         #[cfg(feature = "registrar")]
         "registrar" | "registrars" => {
-            let cfg: registry_registrar::ClientConfig = match &opts.node {
+            let cfg: waypost_registrar_client::ClientConfig = match &opts.node {
                 Some(node) if !parsed.has("node") => with_param(url, "node", node).parse()?,
                 _ => url.parse()?,
             };
-            stack(registry_registrar::RegistrarClient::connect(cfg)?, &opts.stack)
+            stack(waypost_registrar_client::RegistrarClient::connect(cfg)?, &opts.stack)
         }
         #[cfg(feature = "gossip")]
         "gossip" => {
-            let cfg: registry_gossip::GossipConfig = url.parse()?;
-            stack(registry_gossip::GossipRegistry::start(cfg).await?, &opts.stack)
+            let cfg: waypost_gossip::GossipConfig = url.parse()?;
+            stack(waypost_gossip::GossipRegistry::start(cfg).await?, &opts.stack)
         }
         other => Err(not_compiled_in(other, &parsed)),
     }
@@ -128,9 +128,9 @@ pub async fn open_with(url: &str, opts: &OpenOptions) -> Result<Arc<dyn Stack>> 
 #[cfg(any(feature = "dynamodb", feature = "cloudmap"))]
 fn with_liveness(
     parsed: &BackendUrl,
-    from_url: registry_api::liveness::LivenessConfig,
+    from_url: waypost::liveness::LivenessConfig,
     opts: &OpenOptions,
-) -> registry_api::liveness::LivenessConfig {
+) -> waypost::liveness::LivenessConfig {
     let live = &opts.stack.liveness;
     let mut cfg = from_url;
     if !parsed.has("suspect_after") {
@@ -160,7 +160,7 @@ fn not_compiled_in(scheme: &str, url: &BackendUrl) -> Error {
             "registry URL",
             format!(
                 "{url}: the {scheme} backend is not compiled in: turn on the feature \
-                 `{feature}` of registry-any"
+                 `{feature}` of waypost-any"
             ),
         ),
         None => {
@@ -169,7 +169,7 @@ fn not_compiled_in(scheme: &str, url: &BackendUrl) -> Error {
                 "registry URL",
                 format!(
                     "scheme {} is not a registry backend: expected one of {}",
-                    registry_api::backend::quote(scheme),
+                    waypost::backend::quote(scheme),
                     known.join(", ")
                 ),
             )

@@ -1,5 +1,5 @@
 //! Benchmarks of the combinators. Run with
-//! `cargo bench -p registry-api --bench combinators`.
+//! `cargo bench -p waypost --bench combinators`.
 //!
 //! Each group measures against a baseline in the same run and prints the
 //! ratio: list at 1k vs 100k endpoints, list idle vs under 10k writes/s,
@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use registry_api::testing::Faulty;
-use registry_api::{
+use waypost::testing::Faulty;
+use waypost::{
     backend::diff,
     cached::CachedRegistry,
     coalescing::{Coalescing, CoalescingConfig},
@@ -50,7 +50,7 @@ async fn cached_with(total: usize) -> CachedRegistry<MemoryRegistry> {
     let mem = MemoryRegistry::new();
     let ops: Vec<Op> = endpoints(total).into_iter().map(Op::Register).collect();
     for chunk in ops.chunks(5_000) {
-        registry_api::Batch::apply(&mem, chunk.to_vec())
+        waypost::Batch::apply(&mem, chunk.to_vec())
             .await
             .unwrap();
     }

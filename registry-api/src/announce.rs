@@ -158,9 +158,9 @@ impl<R: Registry + ?Sized> Deregister for Arc<R> {
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 /// use std::sync::Arc;
-/// use registry_api::announce::{announce, AnnounceConfig};
-/// use registry_api::memory::MemoryRegistry;
-/// use registry_api::{Endpoint, Registry};
+/// use waypost::announce::{announce, AnnounceConfig};
+/// use waypost::memory::MemoryRegistry;
+/// use waypost::{Endpoint, Registry};
 /// let reg = Arc::new(MemoryRegistry::new());
 /// let me = Endpoint::new("api", "pod-1", "127.0.0.1", 8080).with_node("node-1");
 /// let announced = announce(Arc::clone(&reg), vec![me], AnnounceConfig::default())?;
@@ -168,7 +168,7 @@ impl<R: Registry + ?Sized> Deregister for Arc<R> {
 /// assert_eq!(reg.list("api").await?.len(), 1);
 /// announced.shutdown().await?;
 /// assert!(reg.list("api").await?.is_empty());
-/// # Ok::<(), registry_api::Error>(()) });
+/// # Ok::<(), waypost::Error>(()) });
 /// ```
 pub fn announce<R>(
     registry: Arc<R>,

@@ -4,7 +4,7 @@
 /// conformance suite decide from this, never from the backend's name.
 ///
 /// ```
-/// let caps = registry_api::Capabilities::default()
+/// let caps = waypost::Capabilities::default()
 ///     .with_native_watch(true)
 ///     .with_max_batch(128);
 /// assert!(caps.native_watch && !caps.atomic_writes);

@@ -77,8 +77,8 @@ impl ChannelConfig {
 /// An endpoint whose address cannot form a URI is left out and logged.
 ///
 /// ```no_run
-/// # async fn demo(reg: std::sync::Arc<registry_api::memory::MemoryRegistry>) -> registry_api::Result<()> {
-/// use registry_api::channel::{balanced_channel, ChannelConfig};
+/// # async fn demo(reg: std::sync::Arc<waypost::memory::MemoryRegistry>) -> waypost::Result<()> {
+/// use waypost::channel::{balanced_channel, ChannelConfig};
 /// let channel = balanced_channel(reg, "greeter", ChannelConfig::default())?;
 /// // let mut client = GreeterClient::new(channel);
 /// # Ok(()) }

@@ -34,7 +34,7 @@ type RebuildFn = Box<dyn Fn(&Endpoint, &Endpoint) -> bool + Send>;
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 /// use std::sync::Arc;
 /// use futures::TryStreamExt;
-/// use registry_api::{Endpoint, Registry, discover::discover, memory::MemoryRegistry};
+/// use waypost::{Endpoint, Registry, discover::discover, memory::MemoryRegistry};
 /// use tower::discover::Change;
 ///
 /// let reg = Arc::new(MemoryRegistry::new());
@@ -50,7 +50,7 @@ type RebuildFn = Box<dyn Fn(&Endpoint, &Endpoint) -> bool + Send>;
 /// reg.deregister(&key).await?;
 /// let Some(Change::Remove(gone)) = changes.try_next().await? else { panic!() };
 /// assert_eq!(gone, key);
-/// # Ok::<(), registry_api::Error>(()) });
+/// # Ok::<(), waypost::Error>(()) });
 /// ```
 ///
 /// Feeding a balancer (`tower` with the `balance` feature): each endpoint
@@ -59,7 +59,7 @@ type RebuildFn = Box<dyn Fn(&Endpoint, &Endpoint) -> bool + Send>;
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 /// use std::sync::Arc;
-/// use registry_api::{Endpoint, Registry, discover::discover, memory::MemoryRegistry};
+/// use waypost::{Endpoint, Registry, discover::discover, memory::MemoryRegistry};
 /// use tower::{balance::p2c::Balance, load::Constant, service_fn, Service, ServiceExt};
 ///
 /// let reg = Arc::new(MemoryRegistry::new());
@@ -76,7 +76,7 @@ type RebuildFn = Box<dyn Fn(&Endpoint, &Endpoint) -> bool + Send>;
 /// let mut balancer = Balance::new(discover(reg, client).service("api"));
 /// let answer = balancer.ready().await.unwrap().call("ping".to_string()).await.unwrap();
 /// assert_eq!(answer, "127.0.0.1:8080 answered ping");
-/// # Ok::<(), registry_api::Error>(()) });
+/// # Ok::<(), waypost::Error>(()) });
 /// ```
 pub fn discover<W, S>(watch: W, make: impl Fn(&Endpoint) -> S + Send + 'static) -> Discovery<S>
 where
@@ -116,7 +116,7 @@ where
 ///
 /// A key is never inserted twice without a `Remove` in between.
 ///
-/// The stream yields `Result<Change<EndpointKey, S>, registry_api::Error>`.
+/// The stream yields `Result<Change<EndpointKey, S>, waypost::Error>`.
 /// Made by [`discover`], it never yields an error (it watches again); made
 /// by [`from_stream`](Discovery::from_stream), it passes the stream's first
 /// error on and ends there, or when the stream ends.

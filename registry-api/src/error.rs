@@ -12,7 +12,7 @@ use std::sync::Arc;
 /// and handed to several waiters (for example every op of a failed batch).
 pub type Cause = Arc<dyn std::error::Error + Send + Sync + 'static>;
 
-/// Shorthand for `std::result::Result<T, registry_api::Error>`.
+/// Shorthand for `std::result::Result<T, waypost::Error>`.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// What went wrong, independent of the backend.
@@ -23,7 +23,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// ([`Error::invalid`], [`Error::not_found`], …).
 ///
 /// ```
-/// use registry_api::{Error, ErrorKind};
+/// use waypost::{Error, ErrorKind};
 /// let e = Error::unavailable("etcd at 127.0.0.1:2379 did not answer");
 /// assert_eq!(e.kind(), ErrorKind::Unavailable);
 /// assert!(e.is_retryable());
@@ -191,7 +191,7 @@ impl Error {
     /// fixes it.
     ///
     /// ```
-    /// use registry_api::Error;
+    /// use waypost::Error;
     /// assert!(Error::invalid("port", "0 is not a port").is_request_fault());
     /// assert!(!Error::internal("database disk image is malformed").is_request_fault());
     /// ```

@@ -17,7 +17,7 @@
 /// ```
 /// use std::fmt;
 /// use std::sync::atomic::{AtomicU64, Ordering};
-/// use registry_api::{forward, Capabilities, Endpoint, Registry, Result};
+/// use waypost::{forward, Capabilities, Endpoint, Registry, Result};
 ///
 /// /// Counts registrations, hands everything else on.
 /// #[derive(Debug)]
@@ -43,11 +43,11 @@
 /// }
 ///
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-/// let counting = Counting { inner: registry_api::memory::MemoryRegistry::new(), registered: AtomicU64::new(0) };
+/// let counting = Counting { inner: waypost::memory::MemoryRegistry::new(), registered: AtomicU64::new(0) };
 /// counting.register(Endpoint::new("api", "a", "10.0.0.1", 80)).await?;
 /// assert_eq!(counting.list("api").await?.len(), 1);
 /// assert_eq!(counting.registered.load(Ordering::Relaxed), 1);
-/// # Ok::<(), registry_api::Error>(())
+/// # Ok::<(), waypost::Error>(())
 /// # }).unwrap();
 /// ```
 #[macro_export]

@@ -28,11 +28,11 @@ pub const DEFAULT_HISTORY: usize = 4096;
 ///
 /// ```
 /// # tokio_test_block_on(async {
-/// use registry_api::{Endpoint, Registry, memory::MemoryRegistry};
+/// use waypost::{Endpoint, Registry, memory::MemoryRegistry};
 /// let reg = MemoryRegistry::new();
 /// reg.register(Endpoint::new("api", "a", "127.0.0.1", 8080)).await?;
 /// assert_eq!(reg.list("api").await?.len(), 1);
-/// # Ok::<(), registry_api::Error>(()) });
+/// # Ok::<(), waypost::Error>(()) });
 /// # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
 /// #     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
 /// # }

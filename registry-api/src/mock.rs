@@ -15,11 +15,11 @@
 //!
 //! ```
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-//! use registry_api::mock::MockRegistry;
-//! use registry_api::{Endpoint, Error, ErrorKind, Registry};
+//! use waypost::mock::MockRegistry;
+//! use waypost::{Endpoint, Error, ErrorKind, Registry};
 //!
 //! /// Code under test: takes any registry.
-//! async fn first_address(reg: &dyn Registry, service: &str) -> registry_api::Result<String> {
+//! async fn first_address(reg: &dyn Registry, service: &str) -> waypost::Result<String> {
 //!     let eps = reg.list(service).await?;
 //!     let ep = eps.first().ok_or_else(|| Error::unavailable(format!("no {service}")))?;
 //!     Ok(format!("{}:{}", ep.address, ep.port))
@@ -36,7 +36,7 @@
 //! assert_eq!(first_address(&reg, "payments").await?, "10.0.0.7:8080");
 //! let err = first_address(&reg, "payments").await.unwrap_err();
 //! assert_eq!(err.kind(), ErrorKind::Unavailable);
-//! # Ok::<(), registry_api::Error>(()) });
+//! # Ok::<(), waypost::Error>(()) });
 //! ```
 //!
 //! A watch hands out a stream; build one from a vector of events:
@@ -44,8 +44,8 @@
 //! ```
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 //! use futures::{stream, StreamExt};
-//! use registry_api::mock::MockWatch;
-//! use registry_api::{Endpoint, Event, Snapshot, Version, Watch};
+//! use waypost::mock::MockWatch;
+//! use waypost::{Endpoint, Event, Snapshot, Version, Watch};
 //!
 //! let mut watch = MockWatch::new();
 //! watch.expect_watch().returning(|_from| {

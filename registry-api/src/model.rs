@@ -136,7 +136,7 @@ impl FromStr for Health {
 /// One network endpoint of a service.
 ///
 /// ```
-/// use registry_api::{Endpoint, Health, Protocol};
+/// use waypost::{Endpoint, Health, Protocol};
 /// let ep = Endpoint::new("payments", "pod-a", "10.0.0.7", 8080)
 ///     .with_protocol(Protocol::Grpc)
 ///     .with_node("node-1")
@@ -302,7 +302,7 @@ impl Op {
     /// two registers the later one).
     ///
     /// ```
-    /// use registry_api::{Endpoint, Op};
+    /// use waypost::{Endpoint, Op};
     /// let a = Endpoint::new("s", "a", "h", 1);
     /// let net = Op::net(vec![Op::Register(a.clone()), Op::Deregister(a.key())]);
     /// assert_eq!(net, vec![Op::Deregister(a.key())]);

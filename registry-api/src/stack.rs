@@ -15,12 +15,12 @@
 //!
 //! ```
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-//! use registry_api::memory::MemoryRegistry;
-//! use registry_api::stack::{stack, StackConfig};
+//! use waypost::memory::MemoryRegistry;
+//! use waypost::stack::{stack, StackConfig};
 //! let reg = stack(MemoryRegistry::new(), &StackConfig::default())?;
 //! // Memory watches natively but has no liveness of its own.
 //! assert_eq!(reg.to_string(), "Liveness(Memory)");
-//! # Ok::<(), registry_api::Error>(()) });
+//! # Ok::<(), waypost::Error>(()) });
 //! ```
 
 use std::sync::Arc;

@@ -45,7 +45,7 @@ pub trait Registry: Display + Debug + Send + Sync + 'static {
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
     /// use std::sync::Arc;
-    /// use registry_api::{cached::CachedRegistry, memory::MemoryRegistry, Endpoint, Registry};
+    /// use waypost::{cached::CachedRegistry, memory::MemoryRegistry, Endpoint, Registry};
     /// let cached = CachedRegistry::new(MemoryRegistry::new());
     /// cached.register(Endpoint::new("api", "a", "10.0.0.1", 80)).await?;
     /// cached.wait_until_ready().await;
@@ -53,7 +53,7 @@ pub trait Registry: Display + Debug + Send + Sync + 'static {
     /// let two = cached.list_shared("api").await?;
     /// assert_eq!(one.len(), 1);
     /// assert!(Arc::ptr_eq(&one, &two));
-    /// # Ok::<(), registry_api::Error>(())
+    /// # Ok::<(), waypost::Error>(())
     /// # }).unwrap();
     /// ```
     async fn list_shared(&self, service: &str) -> Result<Arc<[Endpoint]>> {

@@ -1,7 +1,7 @@
 //! Benchmarks of the Cloud Map backend's polling against `moto_server` on
-//! loopback (started through `registry_fixtures::MotoServer::start()`,
+//! loopback (started through `waypost_fixtures::MotoServer::start()`,
 //! stopped at the end). Run with
-//! `cargo bench -p registry-cloudmap --bench cloudmap`.
+//! `cargo bench -p waypost-cloudmap --bench cloudmap`.
 //!
 //! Plain timing (no criterion): one namespace of 100 services × 10
 //! instances, then `snapshot()` cycles (what `Polling` runs every interval)
@@ -18,11 +18,11 @@
 use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
-use registry_api::testing::unique;
-use registry_api::{Batch, Endpoint, Op, Registry};
-use registry_cloudmap::aws_sdk_servicediscovery::config::{BehaviorVersion, Credentials, Region};
-use registry_cloudmap::{CloudMapConfig, CloudMapRegistry, CloudMapStats, ReadMode};
-use registry_fixtures::MotoServer;
+use waypost::testing::unique;
+use waypost::{Batch, Endpoint, Op, Registry};
+use waypost_cloudmap::aws_sdk_servicediscovery::config::{BehaviorVersion, Credentials, Region};
+use waypost_cloudmap::{CloudMapConfig, CloudMapRegistry, CloudMapStats, ReadMode};
+use waypost_fixtures::MotoServer;
 
 const SERVICES: usize = 100;
 const PER_SERVICE: usize = 10;
@@ -32,8 +32,8 @@ const CYCLES: usize = 10;
 /// Longest the whole run may take.
 const LIMIT: Duration = Duration::from_secs(600);
 
-fn sdk_config() -> registry_cloudmap::aws_sdk_servicediscovery::Config {
-    registry_cloudmap::aws_sdk_servicediscovery::Config::builder()
+fn sdk_config() -> waypost_cloudmap::aws_sdk_servicediscovery::Config {
+    waypost_cloudmap::aws_sdk_servicediscovery::Config::builder()
         .behavior_version(BehaviorVersion::latest())
         .region(Region::new("us-east-1"))
         .credentials_provider(Credentials::new("bench", "bench", None, None, "bench"))
@@ -196,7 +196,7 @@ async fn run(url: &str) {
 fn main() {
     let moto = MotoServer::start().expect("moto_server (pip install 'moto[server]')");
     println!(
-        "SETUP moto {:?} at {} (fixture registry_fixtures::MotoServer)",
+        "SETUP moto {:?} at {} (fixture waypost_fixtures::MotoServer)",
         moto.provision(),
         moto.url()
     );

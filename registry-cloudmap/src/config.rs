@@ -3,7 +3,7 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use registry_api::liveness::LivenessConfig;
+use waypost::liveness::LivenessConfig;
 
 /// How `list` (and each service of a `snapshot`) reads instances.
 #[non_exhaustive]
@@ -49,7 +49,7 @@ pub enum NamespaceKind {
 ///
 /// ```
 /// use std::time::Duration;
-/// use registry_cloudmap::{CloudMapConfig, ReadMode, WriteMode};
+/// use waypost_cloudmap::{CloudMapConfig, ReadMode, WriteMode};
 /// let cfg = CloudMapConfig::new("payments-prod")
 ///     .with_endpoint_url("http://127.0.0.1:5000")
 ///     .with_read_mode(ReadMode::List)
@@ -64,7 +64,7 @@ pub struct CloudMapConfig {
     /// The namespace that holds this registry (one namespace per registry).
     pub namespace: String,
     /// Create the namespace when it does not exist (default true). When
-    /// false, a missing namespace is [`registry_api::Error::NotFound`].
+    /// false, a missing namespace is [`waypost::Error::NotFound`].
     pub create_namespace: bool,
     /// The kind of namespace to create (default HTTP).
     pub namespace_kind: NamespaceKind,

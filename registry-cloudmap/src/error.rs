@@ -1,5 +1,5 @@
 //! The one place where Cloud Map and SDK errors become
-//! [`registry_api::Error`]s.
+//! [`waypost::Error`]s.
 //!
 //! | Cloud Map / SDK | kind |
 //! | --- | --- |
@@ -20,7 +20,7 @@
 
 use aws_sdk_servicediscovery::config::http::HttpResponse;
 use aws_sdk_servicediscovery::error::{ProvideErrorMetadata, SdkError};
-use registry_api::Error;
+use waypost::Error;
 
 /// What a failed call was about, for the message.
 #[derive(Debug, Clone, Copy)]
@@ -73,7 +73,7 @@ pub(crate) const QUOTE_MAX: usize = 160;
 
 /// `s` cut to at most [`QUOTE_MAX`] characters (`…` marks a cut).
 pub(crate) fn short(s: &str) -> String {
-    registry_api::backend::prefix(s, QUOTE_MAX).into_owned()
+    waypost::backend::prefix(s, QUOTE_MAX).into_owned()
 }
 
 fn http_status<E>(err: &SdkError<E, HttpResponse>) -> Option<u16> {
@@ -168,12 +168,12 @@ pub(crate) fn missing(op: &str, field: &str, target: &str) -> Error {
 
 /// The deepest cause of an AWS error on one line, or where to set
 /// credentials when one is missing.
-pub(crate) use registry_api::backend::aws_root_cause as root_cause;
+pub(crate) use waypost::backend::aws_root_cause as root_cause;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use registry_api::ErrorKind;
+    use waypost::ErrorKind;
 
     #[test]
     fn codes_map_to_kinds() {

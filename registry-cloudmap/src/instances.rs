@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use aws_sdk_servicediscovery::error::ProvideErrorMetadata;
 use aws_sdk_servicediscovery::operation::register_instance::RegisterInstanceError;
 use aws_sdk_servicediscovery::types::{CustomHealthStatus, HealthStatus, HealthStatusFilter};
-use registry_api::{Endpoint, EndpointKey, Error, ErrorKind, Health, Op, Result};
+use waypost::{Endpoint, EndpointKey, Error, ErrorKind, Health, Op, Result};
 
 use crate::config::{ReadMode, WriteMode};
 use crate::error;

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, CONTROLS};
-use registry_api::{Endpoint, Error, Health, Protocol, Result};
+use waypost::{Endpoint, Error, Health, Protocol, Result};
 use sha2::{Digest, Sha256};
 
 /// Custom attributes Cloud Map allows on one instance.
@@ -25,7 +25,7 @@ pub const MAX_ATTRIBUTE_VALUE_LEN: usize = 1024;
 /// attributes.
 pub const MAX_ATTRIBUTES_LEN: usize = 5000;
 /// Largest endpoint this backend stores, as measured by
-/// [`registry_api::limits::encoded_len`] (its `Capabilities::max_encoded_len`):
+/// [`waypost::limits::encoded_len`] (its `Capabilities::max_encoded_len`):
 /// Cloud Map's [`MAX_ATTRIBUTES_LEN`] less what the attribute names and the
 /// fixed fields add to an endpoint of printable ASCII (at most 277
 /// characters with [`MAX_LABELS`] labels), so that every such endpoint up
@@ -222,7 +222,7 @@ pub fn encode(ep: &Endpoint) -> Result<HashMap<String, String>> {
             ),
         ));
     }
-    let len = registry_api::limits::encoded_len(ep);
+    let len = waypost::limits::encoded_len(ep);
     if len > MAX_ENCODED_LEN {
         return Err(Error::invalid(
             "endpoint",

@@ -1,7 +1,7 @@
 //! [`NodeStore`]: liveness kept in the namespace, one record per node
 //! ([`crate::records`] says how it is written), so that every process
 //! using the namespace judges every node by the same record
-//! ([`registry_api::backend::SharedLiveness`] does the judging).
+//! ([`waypost::backend::SharedLiveness`] does the judging).
 //!
 //! Cloud Map has neither transactions nor conditional writes. What the
 //! [`NodeTable`] contract asks to be conditional ("only if the record still
@@ -33,8 +33,8 @@ use async_trait::async_trait;
 use aws_sdk_servicediscovery::operation::register_instance::RegisterInstanceError;
 use aws_sdk_servicediscovery::types::HealthStatusFilter;
 use futures::stream::{self, StreamExt, TryStreamExt};
-use registry_api::backend::{backoff, NodeRecord, NodeTable};
-use registry_api::{Endpoint, EndpointKey, Error, ErrorKind, Health, Result, Snapshot};
+use waypost::backend::{backoff, NodeRecord, NodeTable};
+use waypost::{Endpoint, EndpointKey, Error, ErrorKind, Health, Result, Snapshot};
 
 use crate::config::WriteMode;
 use crate::error;

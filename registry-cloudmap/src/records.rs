@@ -23,8 +23,8 @@
 use std::collections::HashMap;
 
 use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, CONTROLS};
-use registry_api::backend::NodeRecord;
-use registry_api::EndpointKey;
+use waypost::backend::NodeRecord;
+use waypost::EndpointKey;
 
 use crate::layout::{
     self, ATTR_BEAT, ATTR_BEATS, ATTR_MARKED, ATTR_NODE, MAX_ATTRIBUTES_LEN, MAX_ATTRIBUTE_VALUE_LEN,

@@ -8,11 +8,11 @@ use async_trait::async_trait;
 use aws_sdk_servicediscovery::config::{BehaviorVersion, Region};
 use aws_sdk_servicediscovery::Client;
 use futures::stream::{self, StreamExt};
-use registry_api::backend::{
+use waypost::backend::{
     check_batch, sweep_loop, validate_endpoint, NodeRecord, NodeTable, SharedLiveness,
 };
-use registry_api::liveness::SweepReport;
-use registry_api::{
+use waypost::liveness::SweepReport;
+use waypost::{
     Batch, Capabilities, Endpoint, EndpointKey, Heartbeat, Op, Registry, Result, Snapshot,
 };
 
@@ -29,9 +29,9 @@ use crate::watch::SnapshotCache;
 /// liveness sweeper). Liveness is kept in the namespace, one record per
 /// node shared by every process (see "Liveness" in the crate docs); the
 /// sweeper runs in the background until the last clone is dropped. Cloud
-/// Map has no change feed: [`registry_api::stack::stack`] wraps the
-/// registry in [`registry_api::polling::Polling`] for a
-/// [`registry_api::Watch`]. Its `snapshot()` skips services whose
+/// Map has no change feed: [`waypost::stack::stack`] wraps the
+/// registry in [`waypost::polling::Polling`] for a
+/// [`waypost::Watch`]. Its `snapshot()` skips services whose
 /// `DiscoverInstancesRevision` did not change, and reads everything every
 /// [`full_poll_every`](CloudMapConfig::full_poll_every)-th time. See the
 /// crate documentation for the mapping.
@@ -241,14 +241,14 @@ impl Heartbeat for CloudMapRegistry {
 }
 
 /// CloudMapRegistry keeps liveness in the namespace (native) but has no
-/// watch: [`registry_api::stack::stack`] wraps it in `Polling` only
+/// watch: [`waypost::stack::stack`] wraps it in `Polling` only
 /// (`StackConfig::liveness` is not used: set [`CloudMapConfig::liveness`]).
-impl registry_api::stack::IntoStack for CloudMapRegistry {
+impl waypost::stack::IntoStack for CloudMapRegistry {
     fn into_stack(
         self,
-        cfg: &registry_api::stack::StackConfig,
-    ) -> registry_api::Result<std::sync::Arc<dyn registry_api::stack::Stack>> {
-        let polled = registry_api::polling::Polling::with_config(self, cfg.polling.clone())?;
+        cfg: &waypost::stack::StackConfig,
+    ) -> waypost::Result<std::sync::Arc<dyn waypost::stack::Stack>> {
+        let polled = waypost::polling::Polling::with_config(self, cfg.polling.clone())?;
         Ok(Arc::new(polled))
     }
 }

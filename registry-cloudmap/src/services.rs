@@ -7,7 +7,7 @@ use aws_sdk_servicediscovery::types::{
     FilterCondition, HealthCheckCustomConfig, ServiceFilter, ServiceFilterName, ServiceTypeOption,
 };
 use futures::stream::{self, StreamExt, TryStreamExt};
-use registry_api::{Error, ErrorKind, Result};
+use waypost::{Error, ErrorKind, Result};
 
 use crate::error;
 use crate::layout;
@@ -188,7 +188,7 @@ impl Namespace {
         let id = self
             .create_service(
                 cm_name,
-                Some("node liveness records (registry-cloudmap)"),
+                Some("node liveness records (waypost-cloudmap)"),
                 false,
                 cm_name,
             )

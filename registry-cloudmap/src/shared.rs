@@ -17,8 +17,8 @@ use aws_sdk_servicediscovery::operation::create_http_namespace::CreateHttpNamesp
 use aws_sdk_servicediscovery::types::{NamespaceType, OperationStatus, OperationTargetType};
 use aws_sdk_servicediscovery::Client;
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
-use registry_api::backend::backoff;
-use registry_api::{Error, Result};
+use waypost::backend::backoff;
+use waypost::{Error, Result};
 
 use crate::config::{CloudMapConfig, NamespaceKind, WriteMode};
 use crate::error::{self, Call};
@@ -26,7 +26,7 @@ use crate::error::{self, Call};
 /// Most instances one `DiscoverInstances` call returns (and Cloud Map's
 /// quota of instances per service).
 pub(crate) const DISCOVER_MAX: i32 = 1000;
-/// Largest batch [`registry_api::Batch::apply`] takes.
+/// Largest batch [`waypost::Batch::apply`] takes.
 pub const MAX_BATCH: usize = 1000;
 
 /// Request counts of one registry, for tests and capacity planning.
@@ -272,7 +272,7 @@ impl Namespace {
             .create_http_namespace()
             .name(&self.cfg.namespace)
             .creator_request_id(request_id("ns"))
-            .description("service registry (registry-cloudmap)")
+            .description("service registry (waypost-cloudmap)")
             .send()
             .await;
         let op_id = match created {
@@ -382,7 +382,7 @@ impl Namespace {
         }
     }
 
-    /// [`registry_api::Registry::probe`]: one `GetNamespace` of the namespace this
+    /// [`waypost::Registry::probe`]: one `GetNamespace` of the namespace this
     /// registry resolved at connect. Cloud Map has no write that leaves
     /// nothing behind (every write is an operation with a history, and
     /// may create a service), so the probe only reads: it proves that Cloud

@@ -2,8 +2,8 @@
 
 use std::str::FromStr;
 
-use registry_api::backend::BackendUrl;
-use registry_api::{Error, Result};
+use waypost::backend::BackendUrl;
+use waypost::{Error, Result};
 
 use crate::config::CloudMapConfig;
 
@@ -21,7 +21,7 @@ impl FromStr for CloudMapConfig {
     /// (durations such as `10s`).
     ///
     /// ```
-    /// use registry_cloudmap::CloudMapConfig;
+    /// use waypost_cloudmap::CloudMapConfig;
     /// let cfg: CloudMapConfig = "cloudmap://registry?region=eu-west-1".parse().unwrap();
     /// assert_eq!(cfg.namespace, "registry");
     /// assert_eq!(cfg.region.as_deref(), Some("eu-west-1"));

@@ -1,6 +1,6 @@
 //! How this backend is watched. Cloud Map has no change feed: the registry
-//! reports `native_watch: false`, and [`registry_api::stack::stack`] wraps
-//! it in [`registry_api::polling::Polling`], which turns `snapshot()` into a
+//! reports `native_watch: false`, and [`waypost::stack::stack`] wraps
+//! it in [`waypost::polling::Polling`], which turns `snapshot()` into a
 //! watch. This module makes those snapshots cheap: a service whose
 //! `DiscoverInstancesRevision` did not change since the last snapshot is
 //! taken from it, and every [`full_poll_every`] snapshots read everything
@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt, TryStreamExt};
-use registry_api::backend::VersionClock;
-use registry_api::{Endpoint, Result, Snapshot, Version};
+use waypost::backend::VersionClock;
+use waypost::{Endpoint, Result, Snapshot, Version};
 
 use crate::services::ServiceRef;
 use crate::shared::{lock, Namespace};

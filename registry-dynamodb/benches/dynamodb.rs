@@ -1,6 +1,6 @@
 //! Benchmarks of the DynamoDB backend against `moto_server` on loopback
-//! (started through `registry_fixtures::MotoServer::start()`, stopped at the
-//! end). Run with `cargo bench -p registry-dynamodb --bench dynamodb`.
+//! (started through `waypost_fixtures::MotoServer::start()`, stopped at the
+//! end). Run with `cargo bench -p waypost-dynamodb --bench dynamodb`.
 //!
 //! Plain timing (no criterion): 10k registrations, one `register` call per
 //! op (the baseline: one `PutItem` each) vs `Coalescing` (one
@@ -20,10 +20,10 @@
 
 use std::time::{Duration, Instant};
 
-use registry_api::testing::{unique, Faulty};
-use registry_api::{coalescing::Coalescing, Endpoint, Op, Registry};
-use registry_dynamodb::{DynamoDbConfig, DynamoDbRegistry};
-use registry_fixtures::MotoServer;
+use waypost::testing::{unique, Faulty};
+use waypost::{coalescing::Coalescing, Endpoint, Op, Registry};
+use waypost_dynamodb::{DynamoDbConfig, DynamoDbRegistry};
+use waypost_fixtures::MotoServer;
 
 /// Registrations per run.
 const N: usize = 10_000;
@@ -152,7 +152,7 @@ async fn coalesced(url: &str) -> Coalesced {
 fn start_moto() -> MotoServer {
     let moto = MotoServer::start().expect("moto_server (pip install 'moto[server]')");
     println!(
-        "SETUP moto {:?} at {} (fixture registry_fixtures::MotoServer)",
+        "SETUP moto {:?} at {} (fixture waypost_fixtures::MotoServer)",
         moto.provision(),
         moto.url()
     );

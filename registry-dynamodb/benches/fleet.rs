@@ -1,7 +1,7 @@
 //! A counting simulation of many clusters syncing from one DynamoDB table:
 //! no server, no clock; a model of the table's items with
 //! their sizes, and of what each read costs as DynamoDB bills it.
-//! Run with `cargo bench -p registry-dynamodb --bench fleet`.
+//! Run with `cargo bench -p waypost-dynamodb --bench fleet`.
 //!
 //! The fleet: 50 clusters × 2 registrar replicas, 100,000 endpoints of
 //! about 300 bytes, 1% of them changing per minute (80% updates, 10%

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use registry_api::liveness::LivenessConfig;
+use waypost::liveness::LivenessConfig;
 
 /// Static credentials, for emulators and tests. Real deployments leave
 /// [`DynamoDbConfig::credentials`] empty and use the usual AWS chain
@@ -50,12 +50,12 @@ pub enum WatchMode {
     /// Follow the table's DynamoDB Stream when it has one that carries new
     /// images (`NEW_IMAGE` or `NEW_AND_OLD_IMAGES`); without one the
     /// registry does not watch (`native_watch: false`), and
-    /// [`registry_api::stack::stack`] polls it. The default.
+    /// [`waypost::stack::stack`] polls it. The default.
     #[default]
     Auto,
     /// Never follow the stream, even when the table has one: the registry
-    /// reports `native_watch: false`, and [`registry_api::stack::stack`]
-    /// polls it with [`registry_api::polling::Polling`].
+    /// reports `native_watch: false`, and [`waypost::stack::stack`]
+    /// polls it with [`waypost::polling::Polling`].
     Polling,
     /// Keep a change log in the table (see "Change log" in the crate docs):
     /// every write also appends its changes under the next version of a
@@ -74,7 +74,7 @@ pub enum WatchMode {
 ///
 /// ```
 /// use std::time::Duration;
-/// use registry_dynamodb::DynamoDbConfig;
+/// use waypost_dynamodb::DynamoDbConfig;
 /// let cfg = DynamoDbConfig::new("registry")
 ///     .with_region("eu-west-1")
 ///     .with_endpoint_url("http://127.0.0.1:8000")
@@ -107,7 +107,7 @@ pub struct DynamoDbConfig {
     /// still the ones it reads (clamped to 1 s to 60 s), and the interval
     /// of the scans it makes while the table it follows has lost its
     /// stream. (Polling a table that never had a stream is
-    /// [`registry_api::polling::PollingConfig::interval`]'s.) Default 5 s.
+    /// [`waypost::polling::PollingConfig::interval`]'s.) Default 5 s.
     pub poll_interval: Duration,
     /// Pause between two `GetRecords` rounds over the stream's shards when
     /// the last round found nothing. Default 250 ms (DynamoDB Streams allows

@@ -1,5 +1,5 @@
 //! The one place where AWS SDK errors (DynamoDB and DynamoDB Streams)
-//! become [`registry_api::Error`]s.
+//! become [`waypost::Error`]s.
 //!
 //! | SDK error | kind |
 //! | --- | --- |
@@ -21,7 +21,7 @@ use std::fmt::Debug;
 
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-use registry_api::{EndpointKey, Error};
+use waypost::{EndpointKey, Error};
 
 /// What was being done, for error messages.
 #[derive(Debug, Clone, Copy)]
@@ -41,7 +41,7 @@ pub(crate) const QUOTE_MAX: usize = 96;
 
 /// `s` cut to at most [`QUOTE_MAX`] characters (`…` marks a cut).
 pub(crate) fn short(s: &str) -> String {
-    registry_api::backend::prefix(s, QUOTE_MAX).into_owned()
+    waypost::backend::prefix(s, QUOTE_MAX).into_owned()
 }
 
 /// An endpoint key for a message: `service "s" id "i"`, each quoted short.
@@ -111,7 +111,7 @@ where
         SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) | SdkError::ResponseError(_) => {
             let detail = root_cause(&err);
             let what = match &err {
-                _ if detail == registry_api::backend::NO_AWS_CREDENTIALS => "was not called",
+                _ if detail == waypost::backend::NO_AWS_CREDENTIALS => "was not called",
                 SdkError::TimeoutError(_) => "timed out",
                 SdkError::ResponseError(_) => "sent a response that could not be read",
                 _ => "could not be reached",
@@ -284,7 +284,7 @@ pub(crate) fn is_position_lost<E: ProvideErrorMetadata>(err: &SdkError<E>) -> bo
 
 /// The deepest cause of an AWS error on one line, or where to set
 /// credentials when one is missing.
-pub(crate) use registry_api::backend::aws_root_cause as root_cause;
+pub(crate) use waypost::backend::aws_root_cause as root_cause;
 
 #[cfg(test)]
 mod tests {
@@ -295,7 +295,7 @@ mod tests {
         TransactionCanceledException,
     };
     use aws_sdk_dynamodb::types::CancellationReason;
-    use registry_api::ErrorKind;
+    use waypost::ErrorKind;
 
     const CTX: Ctx<'static> = Ctx {
         op: "Query",

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use aws_sdk_dynamodbstreams::types::AttributeValue as StreamValue;
-use registry_api::{Endpoint, EndpointKey, Error, Health, Protocol};
+use waypost::{Endpoint, EndpointKey, Error, Health, Protocol};
 
 /// Partition key: the service name.
 pub(crate) const SERVICE: &str = "service";
@@ -173,7 +173,7 @@ pub(crate) fn decode(item: &Item) -> Result<Endpoint, Error> {
             item,
             CLUSTER,
             &key,
-            Some(registry_api::Endpoint::DEFAULT_CLUSTER),
+            Some(waypost::Endpoint::DEFAULT_CLUSTER),
         )?,
         node: string(item, NODE, &key, Some(""))?,
         health,

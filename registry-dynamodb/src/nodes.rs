@@ -1,6 +1,6 @@
 //! Liveness kept in the table: one item per node, so that every process
 //! using the table judges every node by the same record
-//! ([`registry_api::backend::SharedLiveness`] does the judging).
+//! ([`waypost::backend::SharedLiveness`] does the judging).
 //!
 //! Layout (partition [`NODE_PARTITION`], which no endpoint can use; sort
 //! key the node's name):
@@ -32,8 +32,8 @@ use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
     AttributeValue, ConditionCheck, Delete, ReturnValue, TransactWriteItem, Update,
 };
-use registry_api::backend::{NodeRecord, NodeTable};
-use registry_api::{Endpoint, EndpointKey, Error, Op, Result, Snapshot};
+use waypost::backend::{NodeRecord, NodeTable};
+use waypost::{Endpoint, EndpointKey, Error, Op, Result, Snapshot};
 
 use crate::changelog::{Guard, CHANGELOG_MAX_BATCH};
 use crate::error::map_sdk;

@@ -5,11 +5,11 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use registry_api::backend::{
+use waypost::backend::{
     check_batch, sweep_loop, validate_endpoint, NodeRecord, NodeTable, SharedLiveness,
 };
-use registry_api::liveness::SweepReport;
-use registry_api::{
+use waypost::liveness::SweepReport;
+use waypost::{
     Batch, Capabilities, Endpoint, EndpointKey, Error, EventStream, Heartbeat, Op, Registry,
     Result, Snapshot, Version, Watch,
 };
@@ -28,8 +28,8 @@ use crate::watch::{self, StreamWatch};
 /// DynamoDB Stream with new images, `watch()` follows it (see "Watch" in
 /// the crate docs); otherwise the registry does not watch by itself: its
 /// capabilities say `native_watch: false`, its `watch()` reports an error,
-/// and [`registry_api::stack::stack`] wraps it in
-/// [`registry_api::polling::Polling`]. See the crate documentation for the
+/// and [`waypost::stack::stack`] wraps it in
+/// [`waypost::polling::Polling`]. See the crate documentation for the
 /// item layout and the meaning of versions.
 pub struct DynamoDbRegistry {
     table: Arc<Table>,
@@ -49,7 +49,7 @@ impl DynamoDbRegistry {
     /// is [`WatchMode::Auto`].
     pub async fn connect(cfg: DynamoDbConfig) -> Result<Self> {
         if !(1..=crate::CHANGELOG_MAX_HEADS).contains(&cfg.changelog_heads) {
-            return Err(registry_api::Error::invalid(
+            return Err(waypost::Error::invalid(
                 "changelog_heads",
                 format!(
                     "{} is not a number of change log heads: 1 to {}",
@@ -76,7 +76,7 @@ impl DynamoDbRegistry {
             }
             None if cfg.watch == WatchMode::ChangeLog => None,
             None => {
-                tracing::info!(table = %cfg.table, "not following a stream: native_watch is false (registry_api::stack::stack polls it)");
+                tracing::info!(table = %cfg.table, "not following a stream: native_watch is false (waypost::stack::stack polls it)");
                 None
             }
         };
@@ -129,7 +129,7 @@ impl DynamoDbRegistry {
     }
 
     /// Whether `watch()` follows the table's stream (`false`: it does not
-    /// watch; wrap the registry with [`registry_api::stack::stack`]).
+    /// watch; wrap the registry with [`waypost::stack::stack`]).
     pub fn watches_stream(&self) -> bool {
         self.stream.is_some()
     }
@@ -266,7 +266,7 @@ impl Drop for DynamoDbRegistry {
 impl Watch for DynamoDbRegistry {
     /// The table's stream, followed as the crate docs describe; without
     /// one, a stream with one `InvalidInput` error naming the table (wrap
-    /// the registry with [`registry_api::stack::stack`], which polls it).
+    /// the registry with [`waypost::stack::stack`], which polls it).
     fn watch(&self, from: Option<Version>) -> EventStream {
         match (&self.stream, &self.log) {
             (Some(stream), _) => stream.watch(from),
@@ -278,12 +278,12 @@ impl Watch for DynamoDbRegistry {
 
 /// DynamoDbRegistry keeps liveness in the table (native), and watches
 /// only when it follows the table's stream or change log:
-/// [`registry_api::stack::stack`] wraps it in `Polling` when it does not.
-impl registry_api::stack::IntoStack for DynamoDbRegistry {
+/// [`waypost::stack::stack`] wraps it in `Polling` when it does not.
+impl waypost::stack::IntoStack for DynamoDbRegistry {
     fn into_stack(
         self,
-        cfg: &registry_api::stack::StackConfig,
-    ) -> registry_api::Result<std::sync::Arc<dyn registry_api::stack::Stack>> {
-        registry_api::stack::by_capabilities(self, cfg)
+        cfg: &waypost::stack::StackConfig,
+    ) -> waypost::Result<std::sync::Arc<dyn waypost::stack::Stack>> {
+        waypost::stack::by_capabilities(self, cfg)
     }
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use aws_sdk_dynamodbstreams::error::SdkError;
 use aws_sdk_dynamodbstreams::types::{OperationType, Record, ShardIteratorType};
 use futures::future::join_all;
-use registry_api::{Endpoint, EndpointKey, Error};
+use waypost::{Endpoint, EndpointKey, Error};
 
 use crate::error::{is_position_lost, map_sdk};
 use crate::layout;

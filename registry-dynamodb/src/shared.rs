@@ -17,8 +17,8 @@ use aws_sdk_dynamodb::types::{
     StreamSpecification, StreamViewType, TableDescription, TableStatus, TimeToLiveSpecification,
 };
 use futures::future::try_join_all;
-use registry_api::backend::VersionClock;
-use registry_api::{Endpoint, EndpointKey, Error, Op, Result, Snapshot};
+use waypost::backend::VersionClock;
+use waypost::{Endpoint, EndpointKey, Error, Op, Result, Snapshot};
 
 use crate::changelog::{failed_within, Guard};
 use crate::config::DynamoDbConfig;
@@ -294,7 +294,7 @@ impl Table {
 }
 
 /// The id of the item [`Table::probe`] tries to write under
-/// [`registry_api::backend::PROBE_SERVICE`]; no item is ever created.
+/// [`waypost::backend::PROBE_SERVICE`]; no item is ever created.
 pub(crate) const PROBE_ID: &str = "write-check";
 
 /// The condition of the probe's write: never true, for any item or none.
@@ -372,7 +372,7 @@ impl Table {
         }
     }
 
-    /// [`registry_api::Registry::probe`]: the table is there and active, and writes to it
+    /// [`waypost::Registry::probe`]: the table is there and active, and writes to it
     /// are allowed. Changes nothing:
     ///
     /// 1. `DescribeTable`: missing, being deleted or archived gives
@@ -410,7 +410,7 @@ impl Table {
                 )))
             }
         }
-        let key = EndpointKey::new(registry_api::backend::PROBE_SERVICE, PROBE_ID);
+        let key = EndpointKey::new(waypost::backend::PROBE_SERVICE, PROBE_ID);
         let res = self
             .client
             .put_item()
@@ -575,7 +575,7 @@ async fn sdk_config(cfg: &DynamoDbConfig) -> (aws_config::SdkConfig, String) {
             c.secret_access_key.clone(),
             c.session_token.clone(),
             None,
-            "registry-dynamodb",
+            "waypost-dynamodb",
         ));
     }
     let sdk = loader.load().await;

@@ -2,8 +2,8 @@
 
 use std::str::FromStr;
 
-use registry_api::backend::{quote, BackendUrl};
-use registry_api::{Error, Result};
+use waypost::backend::{quote, BackendUrl};
+use waypost::{Error, Result};
 
 use crate::config::{DynamoDbConfig, WatchMode};
 
@@ -22,7 +22,7 @@ impl FromStr for DynamoDbConfig {
     /// `sweep_interval` (durations such as `10s`) and `consistent_reads`.
     ///
     /// ```
-    /// use registry_dynamodb::{DynamoDbConfig, WatchMode};
+    /// use waypost_dynamodb::{DynamoDbConfig, WatchMode};
     /// let cfg: DynamoDbConfig =
     ///     "dynamodb://registry?region=eu-west-1&watch=changelog&heads=8".parse().unwrap();
     /// assert_eq!(cfg.table, "registry");

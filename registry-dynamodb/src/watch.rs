@@ -45,7 +45,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use registry_api::{
+use waypost::{
     backend::{backoff, diff, Hub, VersionClock},
     Error, Event, EventStream, Snapshot, Version,
 };
@@ -120,8 +120,8 @@ pub(crate) fn unwatched(table: &Table) -> EventStream {
         format!(
             "DynamoDB table {} at {} is not watched by this registry (it had no stream with new \
              images when the registry connected, or WatchMode::Polling is set); wrap the \
-             registry with registry_api::stack::stack, which polls it \
-             (registry_api::polling::Polling), or enable a NEW_IMAGE or NEW_AND_OLD_IMAGES \
+             registry with waypost::stack::stack, which polls it \
+             (waypost::polling::Polling), or enable a NEW_IMAGE or NEW_AND_OLD_IMAGES \
              stream on the table and connect again",
             table.cfg.table, table.endpoint
         ),
@@ -428,8 +428,8 @@ pub(crate) fn publish_changes(hub: &Hub, clock: &VersionClock, changes: Vec<Chan
 #[cfg(test)]
 mod tests {
     use super::*;
-    use registry_api::testing::ep;
-    use registry_api::EndpointKey;
+    use waypost::testing::ep;
+    use waypost::EndpointKey;
 
     fn kinds(events: &[Event]) -> Vec<(&'static str, String)> {
         events

@@ -1,6 +1,6 @@
 //! Benchmarks of the etcd backend against a real etcd on loopback (started
-//! through `registry_fixtures::EtcdServer::start()`, stopped at the end). Run
-//! with `cargo bench -p registry-etcd --bench etcd`.
+//! through `waypost_fixtures::EtcdServer::start()`, stopped at the end). Run
+//! with `cargo bench -p waypost-etcd --bench etcd`.
 //!
 //! Plain timing (no criterion): each phase runs once on a prefix of its own
 //! and prints its figures; lines starting `RATIO` compare against the
@@ -19,11 +19,11 @@
 
 use std::time::{Duration, Instant};
 
-use registry_api::testing::{unique, Faulty};
-use registry_api::{cached::CachedRegistry, coalescing::Coalescing, Batch, Endpoint, Op, Registry};
-use registry_etcd::etcd_client::Client;
-use registry_etcd::{EtcdConfig, EtcdRegistry};
-use registry_fixtures::EtcdServer;
+use waypost::testing::{unique, Faulty};
+use waypost::{cached::CachedRegistry, coalescing::Coalescing, Batch, Endpoint, Op, Registry};
+use waypost_etcd::etcd_client::Client;
+use waypost_etcd::{EtcdConfig, EtcdRegistry};
+use waypost_fixtures::EtcdServer;
 
 /// Registrations per write phase.
 const N: usize = 10_000;
@@ -246,7 +246,7 @@ fn main() {
     // `cargo bench` passes `--bench`; nothing here takes arguments.
     let server = EtcdServer::start().expect("etcd (apt-get install etcd-server)");
     println!(
-        "SETUP etcd {:?} at {} (fixture registry_fixtures::EtcdServer)",
+        "SETUP etcd {:?} at {} (fixture waypost_fixtures::EtcdServer)",
         server.provision(),
         server.endpoint()
     );

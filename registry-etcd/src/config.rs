@@ -28,7 +28,7 @@ pub const DEFAULT_PAGE_SIZE: usize = 1000;
 ///
 /// ```
 /// use std::time::Duration;
-/// use registry_etcd::EtcdConfig;
+/// use waypost_etcd::EtcdConfig;
 /// let cfg = EtcdConfig::new(["http://127.0.0.1:2379"])
 ///     .with_prefix("/prod")
 ///     .with_lease_ttl(Duration::from_secs(10))

@@ -1,4 +1,4 @@
-//! The one place where etcd's errors become [`registry_api::Error`]s.
+//! The one place where etcd's errors become [`waypost::Error`]s.
 //!
 //! Every message names what was being done and on which key, endpoint or
 //! node (`what`), so that a log line alone says what failed; keys and
@@ -18,7 +18,7 @@
 use std::fmt::Display;
 
 use etcd_client::Error as EtcdError;
-use registry_api::Error;
+use waypost::Error;
 use tonic::Code;
 
 /// Map an etcd client error met while doing `what` to our error kinds.
@@ -111,7 +111,7 @@ pub(crate) const QUOTE_MAX: usize = 96;
 /// `s` cut to at most [`QUOTE_MAX`] characters (`…` marks a cut), so an
 /// error never carries a whole value.
 pub(crate) fn short(s: &str) -> String {
-    registry_api::backend::prefix(s, QUOTE_MAX).into_owned()
+    waypost::backend::prefix(s, QUOTE_MAX).into_owned()
 }
 
 /// Whether etcd's message is about authentication (a wrong password is
@@ -180,7 +180,7 @@ pub(crate) fn tls_file(field: &str, path: &std::path::Path, err: std::io::Error)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use registry_api::ErrorKind;
+    use waypost::ErrorKind;
 
     fn status(code: Code, msg: &str) -> EtcdError {
         EtcdError::GRpcStatus(tonic::Status::new(code, msg))
@@ -326,7 +326,7 @@ mod tests {
             "grant a lease for node n",
         );
         assert!(
-            matches!(&e, registry_api::Error::InvalidInput { field, .. } if field == "lease_ttl"),
+            matches!(&e, waypost::Error::InvalidInput { field, .. } if field == "lease_ttl"),
             "{e:?}"
         );
     }

@@ -8,7 +8,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, Error as EtcdError};
-use registry_api::{Endpoint, EndpointKey};
+use waypost::{Endpoint, EndpointKey};
 use tokio::sync::Mutex;
 
 use crate::config::EtcdConfig;

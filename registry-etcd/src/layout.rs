@@ -14,7 +14,7 @@
 
 use std::borrow::Cow;
 
-use registry_api::{Endpoint, EndpointKey, Error};
+use waypost::{Endpoint, EndpointKey, Error};
 use serde::{Deserialize, Serialize};
 
 use crate::error;
@@ -169,7 +169,7 @@ pub(crate) fn decode(layout: &Layout, key: &[u8], value: &[u8]) -> Result<Endpoi
 #[cfg(test)]
 mod tests {
     use super::*;
-    use registry_api::{Health, Protocol};
+    use waypost::{Health, Protocol};
 
     #[test]
     fn escaping_round_trips_and_isolates_services() {

@@ -7,7 +7,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use etcd_client::{PutOptions, Txn, TxnOp};
-use registry_api::{Endpoint, Error, Result};
+use waypost::{Endpoint, Error, Result};
 use tokio::sync::MutexGuard;
 use tracing::{debug, info, warn};
 
@@ -91,7 +91,7 @@ impl Keyspace {
     /// One keep-alive for `node`'s lease, granting a new lease when it is
     /// gone while the node was alive.
     ///
-    /// `NotFound` (the rule of `registry_api::Heartbeat`: the node should
+    /// `NotFound` (the rule of `waypost::Heartbeat`: the node should
     /// register again) for a node that owns no endpoint through this
     /// registry, and for one whose lease expired because it was silent for
     /// longer than the TTL: etcd removed its endpoints, as liveness does.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use etcd_client::Client;
-use registry_api::{
+use waypost::{
     backend::{check_batch, check_name},
     Batch, Capabilities, Endpoint, EndpointKey, EventStream, Heartbeat, Op, Registry, Result,
     Snapshot, Version, Watch,
@@ -24,7 +24,7 @@ use crate::keyspace::Keyspace;
 ///   [`EtcdConfig::page_size`] keys.
 /// - `watch()` is etcd's watch from the revision after `from`; when etcd
 ///   has compacted that revision, or cancels the watch, the stream sends a
-///   fresh [`registry_api::Event::Snapshot`] and goes on. When the
+///   fresh [`waypost::Event::Snapshot`] and goes on. When the
 ///   connection drops it reports each failed attempt as an `Err` item and
 ///   reconnects by itself with exponential backoff; the first session after
 ///   that starts with a fresh `Snapshot` read at one revision (so the
@@ -175,12 +175,12 @@ impl Heartbeat for EtcdRegistry {
 }
 
 /// EtcdRegistry implements all four traits, with etcd's watch and leases:
-/// [`registry_api::stack::stack`] wraps it as its capabilities call for.
-impl registry_api::stack::IntoStack for EtcdRegistry {
+/// [`waypost::stack::stack`] wraps it as its capabilities call for.
+impl waypost::stack::IntoStack for EtcdRegistry {
     fn into_stack(
         self,
-        cfg: &registry_api::stack::StackConfig,
-    ) -> registry_api::Result<std::sync::Arc<dyn registry_api::stack::Stack>> {
-        registry_api::stack::by_capabilities(self, cfg)
+        cfg: &waypost::stack::StackConfig,
+    ) -> waypost::Result<std::sync::Arc<dyn waypost::stack::Stack>> {
+        waypost::stack::by_capabilities(self, cfg)
     }
 }

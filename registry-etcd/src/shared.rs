@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp};
-use registry_api::{Endpoint, Error, Op, Result, Snapshot, Version};
+use waypost::{Endpoint, Error, Op, Result, Snapshot, Version};
 use tokio::sync::Mutex;
 use tracing::{debug, info, warn};
 
@@ -339,6 +339,6 @@ fn tls_options(opts: ConnectOptions, tls: &crate::config::TlsConfig) -> Result<C
 fn tls_options(_opts: ConnectOptions, _tls: &crate::config::TlsConfig) -> Result<ConnectOptions> {
     Err(Error::invalid(
         "tls",
-        "this build of registry-etcd has no TLS support (enable the crate feature `tls`)",
+        "this build of waypost-etcd has no TLS support (enable the crate feature `tls`)",
     ))
 }

@@ -2,8 +2,8 @@
 
 use std::str::FromStr;
 
-use registry_api::backend::BackendUrl;
-use registry_api::{Error, Result};
+use waypost::backend::BackendUrl;
+use waypost::{Error, Result};
 
 use crate::config::{EtcdConfig, TlsConfig, DEFAULT_PREFIX};
 
@@ -21,7 +21,7 @@ impl FromStr for EtcdConfig {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use registry_etcd::EtcdConfig;
+    /// use waypost_etcd::EtcdConfig;
     /// let cfg: EtcdConfig = "etcd://10.0.0.1:2379,10.0.0.2:2379/registry?lease_ttl=10s"
     ///     .parse()
     ///     .unwrap();

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use etcd_client::{EventType, KeyValue, WatchOptions, WatchResponse, WatchStream};
 use futures::{stream, StreamExt};
-use registry_api::{Error, Event, EventStream, Result, Version};
+use waypost::{Error, Event, EventStream, Result, Version};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
@@ -67,7 +67,7 @@ const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(5);
 
 fn backoff() -> impl Iterator<Item = Duration> {
-    registry_api::backend::backoff(RETRY_MIN, RETRY_MAX)
+    waypost::backend::backoff(RETRY_MIN, RETRY_MAX)
 }
 
 async fn run(keyspace: Arc<Keyspace>, from: Option<Version>, tx: mpsc::Sender<Result<Event>>) {

@@ -48,7 +48,7 @@ mod sim;
 
 use std::time::Duration;
 
-use registry_gossip::GossipConfig;
+use waypost_gossip::GossipConfig;
 
 /// Whether the simulated nodes share a key (`GOSSIP_BENCH_KEYED=1`).
 fn keyed() -> bool {
@@ -123,7 +123,7 @@ fn simulate(n: usize, runs: usize, wall_limit: Duration) {
         pair(form_b, 0),
         pair(idle, 0),
         pair(key, 1),
-        registry_gossip::dissemination_count(n),
+        waypost_gossip::dissemination_count(n),
         pair(key_b, 0),
         format!("{:.1}s", wall.1),
     );

@@ -77,7 +77,7 @@ pub struct GossipConfig {
     pub watch_buffer: usize,
     /// Changes kept for resuming watches (default 4096).
     pub watch_history: usize,
-    /// Largest batch [`registry_api::Batch::apply`] takes (default 1000).
+    /// Largest batch [`waypost::Batch::apply`] takes (default 1000).
     pub max_batch: usize,
 }
 
@@ -98,7 +98,7 @@ impl Default for GossipConfig {
             auth_key: None,
             max_clock_skew: Duration::from_secs(60),
             rng_seed: None,
-            watch_buffer: registry_api::backend::Hub::DEFAULT_BUFFER,
+            watch_buffer: waypost::backend::Hub::DEFAULT_BUFFER,
             watch_history: 4096,
             max_batch: 1000,
         }
@@ -134,7 +134,7 @@ impl GossipConfig {
     ///
     /// [`GossipRegistry::start`]: crate::GossipRegistry::start
     /// [`Machine::new`]: crate::Machine::new
-    pub fn validate(&self) -> registry_api::Result<()> {
+    pub fn validate(&self) -> waypost::Result<()> {
         if self.probe_rtt.is_zero() || self.probe_rtt >= self.probe_period {
             return Err(error::config(
                 "probe_rtt",

@@ -34,7 +34,7 @@ use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::fmt;
 
-use registry_api::{Endpoint, EndpointKey};
+use waypost::{Endpoint, EndpointKey};
 
 /// The name of a gossip node: the writer of entries and the unit of
 /// liveness. Compared as a string for the LWW tie-break.

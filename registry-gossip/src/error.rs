@@ -1,8 +1,8 @@
-//! The one place where this crate's failures become [`registry_api::Error`].
+//! The one place where this crate's failures become [`waypost::Error`].
 
 use std::net::SocketAddr;
 
-use registry_api::Error;
+use waypost::Error;
 
 /// A configuration value that cannot work.
 pub(crate) fn config(field: &str, reason: impl Into<String>) -> Error {
@@ -36,7 +36,7 @@ pub(crate) fn batch_too_large(len: usize, max: usize) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use registry_api::ErrorKind;
+    use waypost::ErrorKind;
 
     #[test]
     fn socket_errors_map_to_precise_kinds() {

@@ -10,11 +10,11 @@
 //! `key: str16, value: str16` pairs). Integers are big-endian; `str8` and
 //! `str16` are UTF-8 behind a one- or two-byte length.
 //!
-//! A decoded endpoint must pass [`registry_api::backend::validate_endpoint`], labels
+//! A decoded endpoint must pass [`waypost::backend::validate_endpoint`], labels
 //! must be distinct, and a live entry cannot be marked dead; anything else
 //! is a [`DecodeError`].
 
-use registry_api::{Endpoint, EndpointKey, Health};
+use waypost::{Endpoint, EndpointKey, Health};
 
 use crate::crdt::{Entry, NodeId, Stamp};
 use crate::wire::buf::{DecodeError, EncodeError, Reader, Writer};
@@ -60,7 +60,7 @@ pub fn put_entry(w: &mut Writer, e: &Entry) -> Result<(), EncodeError> {
     Ok(())
 }
 
-/// Read one entry; the endpoint must pass [`registry_api::backend::validate_endpoint`].
+/// Read one entry; the endpoint must pass [`waypost::backend::validate_endpoint`].
 pub fn get_entry(r: &mut Reader<'_>) -> Result<Entry, DecodeError> {
     let flags = r.u8()?;
     if flags & !(FLAG_TOMBSTONE | FLAG_DIED) != 0 {

@@ -8,7 +8,7 @@
 //! death of the owner, anti-entropy) is the generic machinery.
 
 use futures::stream::{self, BoxStream, StreamExt};
-use registry_api::{Endpoint, EndpointKey, Event, Registry, Result, Snapshot, Version, Watch};
+use waypost::{Endpoint, EndpointKey, Event, Registry, Result, Snapshot, Version, Watch};
 
 use crate::registry::GossipRegistry;
 
@@ -128,7 +128,7 @@ impl GossipRegistry {
         .boxed()
     }
 
-    fn watch_factory(&self) -> impl Fn(Version) -> registry_api::EventStream + Send + 'static {
+    fn watch_factory(&self) -> impl Fn(Version) -> waypost::EventStream + Send + 'static {
         let hub = self.hub();
         move |from| hub.subscribe(Some(from))
     }

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use registry_api::{
+use waypost::{
     backend::{validate_ops, Hub},
     Batch, Capabilities, Endpoint, EndpointKey, EventStream, Heartbeat, Op, Registry, Result,
     Snapshot, Version, Watch,
@@ -180,7 +180,7 @@ impl Heartbeat for GossipRegistry {
     /// every live member, and for a node that owns an endpoint here (the
     /// `node` of an endpoint; its endpoints live as long as the member that
     /// wrote them). Any other node is `NotFound` (the rule of
-    /// `registry_api::Heartbeat`): it should register again.
+    /// `waypost::Heartbeat`): it should register again.
     async fn heartbeat(&self, node: &str) -> Result<()> {
         let member = self
             .driver
@@ -196,13 +196,13 @@ impl Heartbeat for GossipRegistry {
     }
 }
 
-/// GossipRegistry implements all four traits: [`registry_api::stack::stack`]
+/// GossipRegistry implements all four traits: [`waypost::stack::stack`]
 /// wraps it as its capabilities call for.
-impl registry_api::stack::IntoStack for GossipRegistry {
+impl waypost::stack::IntoStack for GossipRegistry {
     fn into_stack(
         self,
-        cfg: &registry_api::stack::StackConfig,
-    ) -> registry_api::Result<std::sync::Arc<dyn registry_api::stack::Stack>> {
-        registry_api::stack::by_capabilities(self, cfg)
+        cfg: &waypost::stack::StackConfig,
+    ) -> waypost::Result<std::sync::Arc<dyn waypost::stack::Stack>> {
+        waypost::stack::by_capabilities(self, cfg)
     }
 }

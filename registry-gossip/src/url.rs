@@ -3,8 +3,8 @@
 use std::net::SocketAddr;
 use std::str::FromStr;
 
-use registry_api::backend::{quote, BackendUrl};
-use registry_api::{Error, Result};
+use waypost::backend::{quote, BackendUrl};
+use waypost::{Error, Result};
 
 use crate::config::GossipConfig;
 
@@ -30,7 +30,7 @@ impl FromStr for GossipConfig {
     /// `probe_period` (durations such as `1s`).
     ///
     /// ```
-    /// use registry_gossip::GossipConfig;
+    /// use waypost_gossip::GossipConfig;
     /// let cfg: GossipConfig = "gossip://127.0.0.1:7946?seeds=127.0.0.1:7947&node=a".parse().unwrap();
     /// assert_eq!(cfg.bind.port(), 7946);
     /// assert_eq!(cfg.seeds.len(), 1);

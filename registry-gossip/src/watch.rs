@@ -7,7 +7,7 @@
 //! fans the events out to subscribers and resumes them from a version
 //! still in its history.
 
-use registry_api::{backend::Hub, Event, Version};
+use waypost::{backend::Hub, Event, Version};
 
 use crate::crdt::Change;
 
@@ -52,7 +52,7 @@ fn to_events(version: &mut Version, changes: Vec<Change>) -> Vec<Event> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use registry_api::{Endpoint, EndpointKey};
+    use waypost::{Endpoint, EndpointKey};
 
     #[test]
     fn changes_become_numbered_events() {

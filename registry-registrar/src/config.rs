@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use registry_api::{
+use waypost::{
     backend::{check_count, check_duration},
     Error, Heartbeat, Registry, Result,
 };

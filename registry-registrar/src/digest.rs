@@ -21,7 +21,7 @@ use std::cmp::Ordering;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
-use registry_api::{Endpoint, Event, Snapshot, Version};
+use waypost::{Endpoint, Event, Snapshot, Version};
 use sha2::{Digest as _, Sha256};
 
 use crate::layout::{health_to_proto, protocol_to_proto};
@@ -35,8 +35,8 @@ pub const MAX_SUMMARY_BYTES: usize = 1024 * 1024;
 /// defines it; `endpoints` in id order (as a [`Snapshot`] lists them).
 ///
 /// ```
-/// use registry_api::{Endpoint, Snapshot, Version};
-/// use registry_registrar::service_digest;
+/// use waypost::{Endpoint, Snapshot, Version};
+/// use waypost_registrar_client::service_digest;
 /// let a = Snapshot::from_endpoints(Version(1), [Endpoint::new("api", "a", "10.0.0.1", 80)]);
 /// let b = Snapshot::from_endpoints(Version(9), [Endpoint::new("api", "a", "10.0.0.1", 80)]);
 /// let c = Snapshot::from_endpoints(Version(1), [Endpoint::new("api", "a", "10.0.0.2", 80)]);
@@ -77,7 +77,7 @@ pub fn service_digest<'a>(endpoints: impl IntoIterator<Item = &'a Endpoint>) -> 
 /// `services` (name, digest) in name order, each name once.
 ///
 /// ```
-/// use registry_registrar::total_digest;
+/// use waypost_registrar_client::total_digest;
 /// let one = total_digest([("api", 1), ("db", 2)]);
 /// assert_eq!(one.services, 2);
 /// assert_ne!(one, total_digest([("api", 1), ("db", 3)]));
@@ -301,8 +301,8 @@ impl Digests {
 /// `removed` services dropped, the rest kept.
 ///
 /// ```
-/// use registry_api::{Endpoint, Snapshot, Version};
-/// use registry_registrar::merge_partial;
+/// use waypost::{Endpoint, Snapshot, Version};
+/// use waypost_registrar_client::merge_partial;
 /// let base = Snapshot::from_endpoints(
 ///     Version(3),
 ///     [Endpoint::new("api", "a", "10.0.0.1", 80), Endpoint::new("db", "d", "10.0.0.4", 5432),
@@ -344,7 +344,7 @@ pub fn merge_partial(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use registry_api::testing::ep;
+    use waypost::testing::ep;
 
     fn snap(eps: Vec<Endpoint>) -> Snapshot {
         Snapshot::from_endpoints(Version(1), eps)

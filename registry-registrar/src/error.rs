@@ -1,8 +1,8 @@
-//! The one mapping between `registry_api::Error` and gRPC statuses, both
+//! The one mapping between `waypost::Error` and gRPC statuses, both
 //! directions: the registrar answers with [`status_from_error`], clients
 //! read its answers with [`error_from_status`].
 
-use registry_api::{Error, ErrorKind};
+use waypost::{Error, ErrorKind};
 use tonic::{Code, Status};
 
 /// Our error as a gRPC status (server side).

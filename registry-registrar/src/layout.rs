@@ -1,11 +1,11 @@
 //! How an endpoint travels on the registrar's wire: the protobuf
 //! messages of `aether.registry.v1` and `aether.registrar.v1` as
-//! `registry_api`'s model, and the resume token `<epoch>.<sequence>`.
+//! `waypost`'s model, and the resume token `<epoch>.<sequence>`.
 
 use std::fmt;
 use std::str::FromStr;
 
-use registry_api::{Endpoint, EndpointKey, Error, Health, Protocol, Version};
+use waypost::{Endpoint, EndpointKey, Error, Health, Protocol, Version};
 
 use crate::proto::registry::v1::{service, service_endpoint, ServiceEndpoint};
 
@@ -16,7 +16,7 @@ use crate::proto::registry::v1::{service, service_endpoint, ServiceEndpoint};
 /// a silent mix of two histories.
 ///
 /// ```
-/// use registry_registrar::Token;
+/// use waypost_registrar_client::Token;
 /// let t: Token = "17.42".parse().unwrap();
 /// assert_eq!((t.epoch, t.version.0), (17, 42));
 /// assert_eq!(t.to_string(), "17.42");
@@ -147,8 +147,8 @@ pub fn endpoint_from_proto(p: ServiceEndpoint, prefix: &str) -> Result<Endpoint,
 
 /// The key named by an unregister request, checked.
 pub fn key_from_parts(service_name: String, id: String) -> Result<EndpointKey, Error> {
-    registry_api::backend::check_name("service_name", &service_name, true)?;
-    registry_api::backend::check_name("id", &id, true)?;
+    waypost::backend::check_name("service_name", &service_name, true)?;
+    waypost::backend::check_name("id", &id, true)?;
     Ok(EndpointKey::new(service_name, id))
 }
 

@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use registry_api::cached::{CachedConfig, CachedRegistry, LocalWrites, UpstreamFilter};
-use registry_api::{Endpoint, EndpointKey, Event, Op, Registry, Result, Watch};
+use waypost::cached::{CachedConfig, CachedRegistry, LocalWrites, UpstreamFilter};
+use waypost::{Endpoint, EndpointKey, Event, Op, Registry, Result, Watch};
 use tokio::time::Instant;
 
 /// How long a local write wins over older news of its key unless the
@@ -90,16 +90,16 @@ impl UpstreamFilter for Holds {
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-/// use registry_api::cached::CachedConfig;
-/// use registry_api::memory::MemoryRegistry;
-/// use registry_api::{Endpoint, Op};
-/// use registry_registrar::Overlay;
+/// use waypost::cached::CachedConfig;
+/// use waypost::memory::MemoryRegistry;
+/// use waypost::{Endpoint, Op};
+/// use waypost_registrar_client::Overlay;
 /// let (cache, overlay) = Overlay::cache(MemoryRegistry::new(), CachedConfig::default())?;
 /// cache.wait_until_ready().await;
 /// // Shown at once, although the memory registry does not have it.
 /// overlay.apply(&[Op::Register(Endpoint::new("api", "a", "127.0.0.1", 80))]);
 /// assert_eq!(cache.store().list("api").map(|l| l.len()), Some(1));
-/// # Ok::<(), registry_api::Error>(()) });
+/// # Ok::<(), waypost::Error>(()) });
 /// ```
 #[derive(Clone)]
 pub struct Overlay {
@@ -206,11 +206,11 @@ fn desired(op: &Op) -> Option<Endpoint> {
 fn event(op: &Op) -> Event {
     match op {
         Op::Register(endpoint) => Event::Added {
-            version: registry_api::Version::ZERO,
+            version: waypost::Version::ZERO,
             endpoint: endpoint.clone(),
         },
         Op::Deregister(key) => Event::Removed {
-            version: registry_api::Version::ZERO,
+            version: waypost::Version::ZERO,
             key: key.clone(),
         },
     }
@@ -220,8 +220,8 @@ fn event(op: &Op) -> Event {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use registry_api::memory::MemoryRegistry;
-    use registry_api::testing::{ep, eventually};
+    use waypost::memory::MemoryRegistry;
+    use waypost::testing::{ep, eventually};
 
     use super::*;
 

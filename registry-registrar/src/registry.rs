@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use registry_api::{
+use waypost::{
     backend::check_batch,
     cached::{CachedConfig, CachedRegistry},
     Batch, Capabilities, Endpoint, EndpointKey, ErrorKind, EventStream, Heartbeat, Op, Registry,
@@ -30,7 +30,7 @@ const MAX_BATCH: usize = 1000;
 /// - Writes are validated, applied to the local cache at once, then sent.
 ///   In optimistic mode ([`Ack::Optimistic`], the default) a write the
 ///   registrar cannot be reached for is kept (bounded by `max_pending`,
-///   then [`registry_api::Error::Overloaded`]) and re-sent when it is back; other errors
+///   then [`waypost::Error::Overloaded`]) and re-sent when it is back; other errors
 ///   undo the local change and are returned. In durable mode
 ///   ([`Ack::Durable`]) a write returns once the backend committed it, and
 ///   any error (unreachable included) undoes it and is returned. A durable
@@ -55,9 +55,9 @@ const MAX_BATCH: usize = 1000;
 ///   when one answers again.
 ///
 /// ```no_run
-/// # async fn demo() -> registry_api::Result<()> {
-/// use registry_api::{Endpoint, Registry};
-/// use registry_registrar::{ClientConfig, RegistrarClient};
+/// # async fn demo() -> waypost::Result<()> {
+/// use waypost::{Endpoint, Registry};
+/// use waypost_registrar_client::{ClientConfig, RegistrarClient};
 /// let cfg = ClientConfig::new("http://127.0.0.1:9443", "cluster-a", "node-1");
 /// let reg = RegistrarClient::connect(cfg)?;
 /// reg.register(Endpoint::new("api", "pod-1", "10.0.0.5", 8080).with_node("node-1")).await?;
@@ -262,13 +262,13 @@ impl Heartbeat for RegistrarClient {
 }
 
 /// RegistrarClient implements all four traits, with the registrar's
-/// watch and liveness: [`registry_api::stack::stack`] wraps it as its
+/// watch and liveness: [`waypost::stack::stack`] wraps it as its
 /// capabilities call for.
-impl registry_api::stack::IntoStack for RegistrarClient {
+impl waypost::stack::IntoStack for RegistrarClient {
     fn into_stack(
         self,
-        cfg: &registry_api::stack::StackConfig,
-    ) -> registry_api::Result<std::sync::Arc<dyn registry_api::stack::Stack>> {
-        registry_api::stack::by_capabilities(self, cfg)
+        cfg: &waypost::stack::StackConfig,
+    ) -> waypost::Result<std::sync::Arc<dyn waypost::stack::Stack>> {
+        waypost::stack::by_capabilities(self, cfg)
     }
 }

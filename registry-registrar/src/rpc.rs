@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use registry_api::{
+use waypost::{
     Capabilities, Endpoint, EndpointKey, Error, Heartbeat, Op, Registry, Result, Snapshot,
 };
 use tokio::sync::{broadcast, watch};
@@ -138,9 +138,9 @@ impl RpcClient {
     /// The watch resumed after `token` (as printed by `registrar watch
     /// --json`): the changes since, or a fresh snapshot when the registrar
     /// restarted (another epoch) or no longer has them.
-    pub fn watch_from(&self, token: Token) -> registry_api::EventStream {
+    pub fn watch_from(&self, token: Token) -> waypost::EventStream {
         self.epoch.send_replace(Some(token.epoch));
-        registry_api::Watch::watch(self, Some(token.version))
+        waypost::Watch::watch(self, Some(token.version))
     }
 
     /// The registrar's address.
@@ -308,7 +308,7 @@ impl RpcClient {
 #[async_trait]
 impl Heartbeat for RpcClient {
     async fn heartbeat(&self, node: &str) -> Result<()> {
-        registry_api::backend::check_name("node", node, true)?;
+        waypost::backend::check_name("node", node, true)?;
         let mut grpc = self.grpc.clone();
         let req = HeartbeatRequest {
             node_name: node.to_string(),

@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use registry_api::cached::CachedRegistry;
-use registry_api::{Endpoint, EndpointKey, Error, ErrorKind, Op, Registry, Result};
+use waypost::cached::CachedRegistry;
+use waypost::{Endpoint, EndpointKey, Error, ErrorKind, Op, Registry, Result};
 use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 

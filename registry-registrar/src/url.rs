@@ -2,8 +2,8 @@
 
 use std::str::FromStr;
 
-use registry_api::backend::BackendUrl;
-use registry_api::{Error, Result};
+use waypost::backend::BackendUrl;
+use waypost::{Error, Result};
 
 use crate::config::ClientConfig;
 use crate::tls::TlsFiles;
@@ -21,7 +21,7 @@ impl FromStr for ClientConfig {
     /// for mTLS, `cert` and `key` (PEM files).
     ///
     /// ```
-    /// use registry_registrar::ClientConfig;
+    /// use waypost_registrar_client::ClientConfig;
     /// let cfg: ClientConfig = "registrar://10.0.0.5:9443?cluster=eu&node=worker-1".parse().unwrap();
     /// assert_eq!(cfg.address, "http://10.0.0.5:9443");
     /// assert_eq!((cfg.cluster_name.as_str(), cfg.node_name.as_str()), ("eu", "worker-1"));

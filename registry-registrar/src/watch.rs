@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 
 use futures::stream::{self, StreamExt};
-use registry_api::{Endpoint, Error, Event, EventStream, Op, Result, Snapshot, Version, Watch};
+use waypost::{Endpoint, Error, Event, EventStream, Op, Result, Snapshot, Version, Watch};
 use tokio::sync::{broadcast, watch};
 
 use crate::digest::merge_partial;

@@ -1,5 +1,5 @@
 //! Benchmarks of the SQLite backend. Run with
-//! `cargo bench -p registry-sqlite --bench sqlite`.
+//! `cargo bench -p waypost-sqlite --bench sqlite`.
 //!
 //! - single `register` calls vs the same registrations in one `apply`
 //!   (prints the ratio of wall time, lines starting `RATIO`);
@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use registry_api::{Batch, Endpoint, Op, Registry};
-use registry_sqlite::{SqliteConfig, SqliteRegistry};
+use waypost::{Batch, Endpoint, Op, Registry};
+use waypost_sqlite::{SqliteConfig, SqliteRegistry};
 
 /// Registrations per measured iteration in the single-vs-batched group.
 const WRITES: usize = 500;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use registry_api::{Error, Result};
+use waypost::{Error, Result};
 
 /// The file opened when no path is given.
 pub const DEFAULT_PATH: &str = "registry.db";
@@ -45,7 +45,7 @@ impl Clock for SystemClock {
 ///
 /// ```
 /// use std::time::{Duration, SystemTime};
-/// use registry_sqlite::{Clock, ManualClock};
+/// use waypost_sqlite::{Clock, ManualClock};
 /// let clock = ManualClock::new(SystemTime::UNIX_EPOCH + Duration::from_secs(1_000));
 /// let start = clock.instant();
 /// clock.advance(Duration::from_secs(30));
@@ -102,7 +102,7 @@ impl Clock for ManualClock {
 ///
 /// ```
 /// use std::time::Duration;
-/// use registry_sqlite::SqliteConfig;
+/// use waypost_sqlite::SqliteConfig;
 /// let cfg = SqliteConfig::new("/var/lib/registry/registry.db")
 ///     .with_suspect_after(Duration::from_secs(10))
 ///     .with_remove_after(Duration::from_secs(60))
@@ -142,7 +142,7 @@ pub struct SqliteConfig {
     /// serialized and use one more connection of their own. At least 1.
     /// Default: 4.
     pub max_connections: u32,
-    /// Most ops one [`registry_api::Batch::apply`] takes; a larger batch is
+    /// Most ops one [`waypost::Batch::apply`] takes; a larger batch is
     /// refused with `InvalidInput` naming `ops` (the batch rule). Every
     /// batch is one transaction. Default: 100 000.
     pub max_batch: usize,

@@ -1,5 +1,5 @@
 //! The one place where SQLite, sqlx and file-system errors become
-//! [`registry_api::Error`]s, and so the one place where transient and
+//! [`waypost::Error`]s, and so the one place where transient and
 //! permanent are decided. Every message names the database file and what
 //! was being done (usually with the key or node involved).
 //!
@@ -39,7 +39,7 @@
 
 use std::path::{Path, PathBuf};
 
-use registry_api::Error;
+use waypost::Error;
 
 /// SQLite primary result codes we tell apart (the low byte of an extended
 /// code).
@@ -190,7 +190,7 @@ pub(crate) fn not_a_database(err: Error, path: &Path) -> Error {
 fn sqlx_source(err: &Error) -> Option<&sqlx::Error> {
     let src = std::error::Error::source(err)?;
     src.downcast_ref::<sqlx::Error>().or_else(|| {
-        src.downcast_ref::<registry_api::error::Cause>()
+        src.downcast_ref::<waypost::error::Cause>()
             .and_then(|shared| shared.downcast_ref::<sqlx::Error>())
     })
 }
@@ -292,7 +292,7 @@ pub(crate) fn io(path: &Path, what: &str, err: std::io::Error) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use registry_api::ErrorKind;
+    use waypost::ErrorKind;
 
     #[test]
     fn pool_errors_are_retryable_and_name_the_path() {

@@ -10,19 +10,19 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use registry_api::{Endpoint, EndpointKey, Error, Event, Result, Version};
+use waypost::{Endpoint, EndpointKey, Error, Event, Result, Version};
 use sqlx::sqlite::SqliteConnection;
 use sqlx::AssertSqlSafe;
 
 use crate::error::{corrupt, map_sqlx};
 
-/// `PRAGMA application_id` of every registry-sqlite file: `0x72677374`,
+/// `PRAGMA application_id` of every waypost-sqlite file: `0x72677374`,
 /// "rgst" in ASCII. Set on open in a file that has none (a new file, or
 /// one written by a release from before it was set); a file with another
 /// id is another application's and is refused.
 pub(crate) const APPLICATION_ID: i32 = 0x7267_7374;
 
-/// Tables every registry-sqlite file has had since the first release: a
+/// Tables every waypost-sqlite file has had since the first release: a
 /// file with these and `application_id` 0 is ours, written by a release
 /// that did not set the id.
 pub(crate) const OUR_TABLES: &[&str] = &["meta", "schema_version"];
@@ -152,7 +152,7 @@ impl Found {
                     "path",
                     format!(
                         "{p} is another application's SQLite database (its tables: {}; no \
-                         registry-sqlite schema); the file was left untouched",
+                         waypost-sqlite schema); the file was left untouched",
                         shown.join(", ")
                     ),
                 ))
@@ -161,7 +161,7 @@ impl Found {
                 "path",
                 format!(
                     "{p} belongs to another application (its application_id is {other:#010x}, \
-                     registry-sqlite files have {APPLICATION_ID:#010x}); the file was left \
+                     waypost-sqlite files have {APPLICATION_ID:#010x}); the file was left \
                      untouched"
                 ),
             )),
@@ -205,7 +205,7 @@ pub(crate) async fn prepare(conn: &mut SqliteConnection, path: &Path, what: &str
         .execute(&mut *conn)
         .await
         .map_err(|e| map_sqlx(e, path, what))?;
-        tracing::info!(path = %path.display(), application_id = APPLICATION_ID, "marked the file as a registry-sqlite database");
+        tracing::info!(path = %path.display(), application_id = APPLICATION_ID, "marked the file as a waypost-sqlite database");
     }
     Ok(())
 }
@@ -225,7 +225,7 @@ async fn migrate(conn: &mut SqliteConnection, path: &Path) -> Result<()> {
     let known = MIGRATIONS.len() as i64;
     if have > known {
         return Err(Error::internal(format!(
-            "{}: schema version {have} was written by a newer registry-sqlite (this one knows \
+            "{}: schema version {have} was written by a newer waypost-sqlite (this one knows \
              up to {known})",
             path.display()
         )));

@@ -1,6 +1,6 @@
 //! Liveness kept in the file: the `nodes` table, heartbeats and sweeps.
 //!
-//! This is not `registry_api::liveness::Liveness` (which keeps nodes in
+//! This is not `waypost::liveness::Liveness` (which keeps nodes in
 //! memory and is what `stack()` adds to backends without liveness): here
 //! nodes, their `last_seen` and the endpoints liveness marked unhealthy
 //! are rows of the file, so they survive restarts (status is recomputed on
@@ -22,9 +22,9 @@ use std::collections::BTreeSet;
 use std::sync::{MutexGuard, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
-use registry_api::backend::Silence;
-use registry_api::liveness::SweepReport;
-use registry_api::{Endpoint, EndpointKey, Error, Health, Result};
+use waypost::backend::Silence;
+use waypost::liveness::SweepReport;
+use waypost::{Endpoint, EndpointKey, Error, Health, Result};
 use sqlx::sqlite::SqliteConnection;
 
 use crate::error::corrupt;
@@ -266,7 +266,7 @@ impl Database {
         // A heartbeat admits no unknown node (one that owns no endpoint
         // and has no node row: never registered, or removed by liveness):
         // `NotFound` tells its client to register again (the rule of
-        // `registry_api::Heartbeat`, checked by the conformance suite).
+        // `waypost::Heartbeat`, checked by the conformance suite).
         let Some((known, revived, rev)) = tx.end(res, &what).await? else {
             return Err(Error::not_found(format!(
                 "node {node:?}: no endpoint of this node is registered \

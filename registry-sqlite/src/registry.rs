@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use async_trait::async_trait;
-use registry_api::{
+use waypost::{
     backend::{check_batch, check_name, validate_endpoint},
     Batch, Capabilities, Endpoint, EndpointKey, EventStream, Heartbeat, Op, Registry, Result,
     Snapshot, Version, Watch,
@@ -256,12 +256,12 @@ impl Watch for SqliteRegistry {
 }
 
 /// SqliteRegistry implements all four traits, with a native watch and
-/// liveness: [`registry_api::stack::stack`] adds nothing around it.
-impl registry_api::stack::IntoStack for SqliteRegistry {
+/// liveness: [`waypost::stack::stack`] adds nothing around it.
+impl waypost::stack::IntoStack for SqliteRegistry {
     fn into_stack(
         self,
-        cfg: &registry_api::stack::StackConfig,
-    ) -> registry_api::Result<std::sync::Arc<dyn registry_api::stack::Stack>> {
-        registry_api::stack::by_capabilities(self, cfg)
+        cfg: &waypost::stack::StackConfig,
+    ) -> waypost::Result<std::sync::Arc<dyn waypost::stack::Stack>> {
+        waypost::stack::by_capabilities(self, cfg)
     }
 }

@@ -23,8 +23,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use registry_api::backend::Silence;
-use registry_api::{Endpoint, EndpointKey, Error, Op, Result, Snapshot, Version};
+use waypost::backend::Silence;
+use waypost::{Endpoint, EndpointKey, Error, Op, Result, Snapshot, Version};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteSynchronous,
@@ -500,7 +500,7 @@ async fn inspect(path: &Path, busy_timeout: Duration) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use registry_api::ErrorKind;
+    use waypost::ErrorKind;
 
     /// The disk-full path where no tmpfs can be mounted: the writer's
     /// connections cap the file with `max_page_count`, which SQLite

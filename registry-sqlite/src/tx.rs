@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use registry_api::{Error, ErrorKind, Result};
+use waypost::{Error, ErrorKind, Result};
 use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{SqliteConnection, SqlitePool};
 use sqlx::Sqlite;

@@ -2,8 +2,8 @@
 
 use std::str::FromStr;
 
-use registry_api::backend::BackendUrl;
-use registry_api::{Error, Result};
+use waypost::backend::BackendUrl;
+use waypost::{Error, Result};
 
 use crate::config::SqliteConfig;
 
@@ -21,7 +21,7 @@ impl FromStr for SqliteConfig {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use registry_sqlite::SqliteConfig;
+    /// use waypost_sqlite::SqliteConfig;
     /// let cfg: SqliteConfig = "sqlite:/var/lib/registry.db?suspect_after=10s&remove_after=1m"
     ///     .parse()
     ///     .unwrap();
@@ -56,7 +56,7 @@ impl FromStr for SqliteConfig {
                         format!(
                             "parameter sweep_interval: {} is not a duration such as 10s, \
                              or off ({e})",
-                            registry_api::backend::quote(v)
+                            waypost::backend::quote(v)
                         ),
                     )
                 })?;

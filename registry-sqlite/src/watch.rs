@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use backon::ExponentialBackoff;
 use futures::stream::{self, StreamExt};
-use registry_api::backend::backoff;
-use registry_api::{Event, EventStream, Result, Snapshot, Version};
+use waypost::backend::backoff;
+use waypost::{Event, EventStream, Result, Snapshot, Version};
 use tokio::sync::watch;
 
 use crate::layout::{decode_change, to_i64, ChangeRow};
@@ -185,7 +185,7 @@ impl WatchState {
     }
 }
 
-/// A native watch of `db`'s change log; see [`registry_api::Watch`] on
+/// A native watch of `db`'s change log; see [`waypost::Watch`] on
 /// [`crate::SqliteRegistry`].
 pub(crate) fn watch(db: &Arc<Database>, from: Option<Version>) -> EventStream {
     let state = WatchState {

@@ -1,17 +1,17 @@
 //! A user's first agent, built outside the workspace as a user would build
 //! it (`scripts/front-door` writes its Cargo.toml with path dependencies on
-//! `registry-api` and `registry-registrar` only): it registers one endpoint
+//! `waypost` and `waypost-registrar-client` only): it registers one endpoint
 //! through the registrar at the address given as its first argument,
 //! durably (the registrar answers once the backend committed it), and
 //! reads it back from its local cache.
 
 use std::time::Duration;
 
-use registry_api::prelude::*;
-use registry_registrar::{Ack, ClientConfig, RegistrarClient};
+use waypost::prelude::*;
+use waypost_registrar_client::{Ack, ClientConfig, RegistrarClient};
 
 #[tokio::main]
-async fn main() -> registry_api::Result<()> {
+async fn main() -> waypost::Result<()> {
     let address = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "http://127.0.0.1:9443".to_string());

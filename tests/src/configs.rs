@@ -6,20 +6,20 @@
 //!
 //! ```no_run
 //! # #[cfg(feature = "etcd")] {
-//! let cfg = registry_fixtures::configs::etcd("http://127.0.0.1:2379")
+//! let cfg = waypost_fixtures::configs::etcd("http://127.0.0.1:2379")
 //!     .with_request_timeout(std::time::Duration::from_secs(1));
 //! # }
 //! ```
 
 use std::time::Duration;
 
-use registry_api::testing::unique;
+use waypost::testing::unique;
 
 /// An etcd config for `endpoint` (`http://ip:port`) under a prefix of its
 /// own, with a 5 s request and a 2 s connect timeout.
 #[cfg(feature = "etcd")]
-pub fn etcd(endpoint: &str) -> registry_etcd::EtcdConfig {
-    registry_etcd::EtcdConfig::new([endpoint.to_string()])
+pub fn etcd(endpoint: &str) -> waypost_etcd::EtcdConfig {
+    waypost_etcd::EtcdConfig::new([endpoint.to_string()])
         .with_prefix(format!("/{}", unique("test")))
         .with_request_timeout(Duration::from_secs(5))
         .with_connect_timeout(Duration::from_secs(2))
@@ -29,8 +29,8 @@ pub fn etcd(endpoint: &str) -> registry_etcd::EtcdConfig {
 /// created), polled and stream-polled every 50 ms, keeping 64 changes of
 /// watch history.
 #[cfg(feature = "dynamodb")]
-pub fn dynamodb(url: &str) -> registry_dynamodb::DynamoDbConfig {
-    registry_dynamodb::DynamoDbConfig::new(unique("tbl"))
+pub fn dynamodb(url: &str) -> waypost_dynamodb::DynamoDbConfig {
+    waypost_dynamodb::DynamoDbConfig::new(unique("tbl"))
         .with_region("us-east-1")
         .with_endpoint_url(url)
         .with_static_credentials("test", "test")
@@ -42,11 +42,11 @@ pub fn dynamodb(url: &str) -> registry_dynamodb::DynamoDbConfig {
 /// The AWS SDK settings for the Cloud Map emulator: fixed credentials,
 /// `us-east-1`.
 #[cfg(feature = "cloudmap")]
-pub fn cloudmap_sdk() -> registry_cloudmap::aws_sdk_servicediscovery::Config {
-    use registry_cloudmap::aws_sdk_servicediscovery::config::{
+pub fn cloudmap_sdk() -> waypost_cloudmap::aws_sdk_servicediscovery::Config {
+    use waypost_cloudmap::aws_sdk_servicediscovery::config::{
         BehaviorVersion, Credentials, Region,
     };
-    registry_cloudmap::aws_sdk_servicediscovery::Config::builder()
+    waypost_cloudmap::aws_sdk_servicediscovery::Config::builder()
         .behavior_version(BehaviorVersion::latest())
         .region(Region::new("us-east-1"))
         .credentials_provider(Credentials::new("test", "test", None, None, "fixture"))
@@ -57,9 +57,9 @@ pub fn cloudmap_sdk() -> registry_cloudmap::aws_sdk_servicediscovery::Config {
 /// (created on connect), with a rate limit that does not slow tests down
 /// and operations polled every 5 to 100 ms.
 #[cfg(feature = "cloudmap")]
-pub fn cloudmap(url: &str) -> registry_cloudmap::CloudMapConfig {
+pub fn cloudmap(url: &str) -> waypost_cloudmap::CloudMapConfig {
     let rate = std::num::NonZeroU32::new(2000).unwrap_or(std::num::NonZeroU32::MIN);
-    registry_cloudmap::CloudMapConfig::new(unique("ns"))
+    waypost_cloudmap::CloudMapConfig::new(unique("ns"))
         .with_endpoint_url(url)
         .with_rate_limit(rate, rate)
         .with_operation_poll(Duration::from_millis(5), Duration::from_millis(100))

@@ -58,7 +58,7 @@ pub enum FixtureError {
         /// What was being set up.
         what: String,
         /// The registry's error.
-        source: registry_api::Error,
+        source: waypost::Error,
     },
     /// Any other I/O failure (ports, temp dirs, spawning).
     #[error("{what}: {source}")]
@@ -352,7 +352,7 @@ fn container_fallback(kind: &str, err: &FixtureError) {
         kind,
         "fixture container failed, using a local process: {err}"
     );
-    eprintln!("registry-fixtures: {kind} container failed, using a local process: {err}");
+    eprintln!("waypost-fixtures: {kind} container failed, using a local process: {err}");
 }
 
 #[cfg(test)]

@@ -5,8 +5,8 @@
 //! load balancer does when the server behind it changes.
 //!
 //! ```no_run
-//! # async fn demo(server: std::net::SocketAddr) -> Result<(), registry_fixtures::FixtureError> {
-//! let proxy = registry_fixtures::proxy::CutProxy::start(server).await?;
+//! # async fn demo(server: std::net::SocketAddr) -> Result<(), waypost_fixtures::FixtureError> {
+//! let proxy = waypost_fixtures::proxy::CutProxy::start(server).await?;
 //! let url = proxy.url(); // give this to the client instead of the server's
 //! proxy.refuse();        // every connection closed, new ones dropped
 //! proxy.heal();          // forward again

@@ -2,12 +2,12 @@
 //! health ports of its own, stopped gracefully, waited for, or crashed.
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), registry_fixtures::FixtureError> {
+//! # async fn demo() -> Result<(), waypost_fixtures::FixtureError> {
 //! use std::sync::Arc;
-//! use registrar_server::{Backend, RegistrarConfig};
-//! use registry_api::liveness::Liveness;
-//! use registry_api::memory::MemoryRegistry;
-//! use registry_fixtures::registrar::TestRegistrar;
+//! use waypost_registrar_server::{Backend, RegistrarConfig};
+//! use waypost::liveness::Liveness;
+//! use waypost::memory::MemoryRegistry;
+//! use waypost_fixtures::registrar::TestRegistrar;
 //!
 //! let backend: Arc<dyn Backend> = Arc::new(Liveness::new(MemoryRegistry::new()));
 //! let server = TestRegistrar::new(backend, RegistrarConfig::new("cluster-a"))
@@ -22,7 +22,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use registrar_server::{serve_with, Backend, Registrar, RegistrarConfig, ServeOptions};
+use waypost_registrar_server::{serve_with, Backend, Registrar, RegistrarConfig, ServeOptions};
 use tokio::net::TcpListener;
 
 use crate::FixtureError;
@@ -148,7 +148,7 @@ pub struct Running {
     /// The registrar being served.
     pub registrar: Arc<Registrar>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<registry_api::Result<()>>,
+    task: tokio::task::JoinHandle<waypost::Result<()>>,
 }
 
 impl Running {
@@ -169,7 +169,7 @@ impl Running {
 
     /// Graceful, returning what serving returned (a panic of the serving
     /// task is an `Internal` error).
-    pub async fn stop_result(mut self) -> registry_api::Result<()> {
+    pub async fn stop_result(mut self) -> waypost::Result<()> {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
         }
@@ -177,10 +177,10 @@ impl Running {
     }
 
     /// Wait until serving ends by itself (a background task died).
-    pub async fn wait(mut self) -> registry_api::Result<()> {
+    pub async fn wait(mut self) -> waypost::Result<()> {
         match (&mut self.task).await {
             Ok(result) => result,
-            Err(e) => Err(registry_api::Error::internal(format!(
+            Err(e) => Err(waypost::Error::internal(format!(
                 "the serving task ended abnormally: {e}"
             ))),
         }

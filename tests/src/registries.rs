@@ -4,18 +4,18 @@
 //! namespace). The server lives as long as the returned registry.
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), registry_fixtures::FixtureError> {
-//! use registry_api::Registry;
-//! let reg = registry_fixtures::registries::etcd().await?;   // feature `etcd`
-//! reg.register(registry_api::Endpoint::new("api", "a", "127.0.0.1", 80)).await.unwrap();
+//! # async fn demo() -> Result<(), waypost_fixtures::FixtureError> {
+//! use waypost::Registry;
+//! let reg = waypost_fixtures::registries::etcd().await?;   // feature `etcd`
+//! reg.register(waypost::Endpoint::new("api", "a", "127.0.0.1", 80)).await.unwrap();
 //! # Ok(()) }
 //! ```
 
-use registry_api::testing::Guarded;
+use waypost::testing::Guarded;
 
 use crate::FixtureError;
 
-fn setup(what: &str) -> impl FnOnce(registry_api::Error) -> FixtureError + '_ {
+fn setup(what: &str) -> impl FnOnce(waypost::Error) -> FixtureError + '_ {
     move |source| FixtureError::Registry {
         what: what.to_string(),
         source,
@@ -24,9 +24,9 @@ fn setup(what: &str) -> impl FnOnce(registry_api::Error) -> FixtureError + '_ {
 
 /// An `EtcdRegistry` under a unique prefix on a fixture etcd.
 #[cfg(feature = "etcd")]
-pub async fn etcd() -> Result<Guarded<registry_etcd::EtcdRegistry>, FixtureError> {
+pub async fn etcd() -> Result<Guarded<waypost_etcd::EtcdRegistry>, FixtureError> {
     let server = crate::EtcdServer::start_async().await?;
-    let reg = registry_etcd::EtcdRegistry::connect(crate::configs::etcd(server.endpoint()))
+    let reg = waypost_etcd::EtcdRegistry::connect(crate::configs::etcd(server.endpoint()))
         .await
         .map_err(setup("connecting to the fixture etcd"))?;
     Ok(Guarded::new(reg, server))
@@ -38,11 +38,11 @@ pub async fn etcd() -> Result<Guarded<registry_etcd::EtcdRegistry>, FixtureError
 /// "lose history" of etcd's tests.
 #[cfg(feature = "etcd")]
 pub async fn compact_etcd(endpoint: &str) -> Result<(), FixtureError> {
-    use registry_etcd::etcd_client::{Client, CompactionOptions};
+    use waypost_etcd::etcd_client::{Client, CompactionOptions};
     let failed = |what: &'static str| {
-        move |e: registry_etcd::etcd_client::Error| FixtureError::Registry {
+        move |e: waypost_etcd::etcd_client::Error| FixtureError::Registry {
             what: format!("{what} on the fixture etcd"),
-            source: registry_api::Error::unavailable(e.to_string()),
+            source: waypost::Error::unavailable(e.to_string()),
         }
     };
     let mut c = Client::connect([endpoint], None)
@@ -64,13 +64,13 @@ pub async fn compact_etcd(endpoint: &str) -> Result<(), FixtureError> {
 #[cfg(feature = "dynamodb")]
 pub async fn dynamodb(
     with_stream: bool,
-) -> Result<Guarded<registry_dynamodb::DynamoDbRegistry>, FixtureError> {
+) -> Result<Guarded<waypost_dynamodb::DynamoDbRegistry>, FixtureError> {
     let moto = crate::MotoServer::start_async().await?;
     let cfg = crate::configs::dynamodb(moto.url());
-    registry_dynamodb::DynamoDbRegistry::create_table_if_missing(&cfg, with_stream)
+    waypost_dynamodb::DynamoDbRegistry::create_table_if_missing(&cfg, with_stream)
         .await
         .map_err(setup("creating the fixture table"))?;
-    let reg = registry_dynamodb::DynamoDbRegistry::connect(cfg)
+    let reg = waypost_dynamodb::DynamoDbRegistry::connect(cfg)
         .await
         .map_err(setup("connecting to the fixture moto"))?;
     Ok(Guarded::new(reg, moto))
@@ -80,19 +80,19 @@ pub async fn dynamodb(
 /// every 50 ms for its watch.
 #[cfg(feature = "cloudmap")]
 pub async fn cloudmap() -> Result<
-    Guarded<registry_api::polling::Polling<registry_cloudmap::CloudMapRegistry>>,
+    Guarded<waypost::polling::Polling<waypost_cloudmap::CloudMapRegistry>>,
     FixtureError,
 > {
     let moto = crate::MotoServer::start_async().await?;
-    let raw = registry_cloudmap::CloudMapRegistry::with_sdk_config(
+    let raw = waypost_cloudmap::CloudMapRegistry::with_sdk_config(
         crate::configs::cloudmap_sdk(),
         crate::configs::cloudmap(moto.url()),
     )
     .await
     .map_err(setup("creating the fixture namespace"))?;
-    let polling = registry_api::polling::Polling::with_config(
+    let polling = waypost::polling::Polling::with_config(
         raw,
-        registry_api::polling::PollingConfig::default()
+        waypost::polling::PollingConfig::default()
             .with_interval(std::time::Duration::from_millis(50)),
     )
     .map_err(setup("polling the fixture namespace"))?;

@@ -7,11 +7,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use registry_api::announce::{announce, AnnounceConfig};
-use registry_api::channel::{balanced_channel, ChannelConfig};
-use registry_any::OpenOptions;
-use registry_api::stack::Stack;
-use registry_api::{Endpoint, Protocol};
+use waypost::announce::{announce, AnnounceConfig};
+use waypost::channel::{balanced_channel, ChannelConfig};
+use waypost_any::OpenOptions;
+use waypost::stack::Stack;
+use waypost::{Endpoint, Protocol};
 use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
@@ -64,12 +64,12 @@ impl Settings {
     }
 }
 
-/// Open the registry `url` names; `registry_any` adds what the backend
+/// Open the registry `url` names; `waypost_any` adds what the backend
 /// lacks (a watch by polling, liveness). `node` is this instance's node,
 /// which a registrar's agent needs.
 pub async fn open(url: &str, node: &str) -> Result<Arc<dyn Stack>, BoxError> {
     let options = OpenOptions::default().with_node(node);
-    Ok(registry_any::open_with(url, &options).await?)
+    Ok(waypost_any::open_with(url, &options).await?)
 }
 
 /// A running instance.

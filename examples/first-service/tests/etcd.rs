@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use first_service::{open, start, Settings, HTTP_SERVICE, SERVICE};
-use registry_api::Registry;
-use registry_fixtures::EtcdServer;
+use waypost::Registry;
+use waypost_fixtures::EtcdServer;
 
 fn settings(etcd: &EtcdServer, id: &str) -> Settings {
     Settings {

@@ -8,9 +8,9 @@ use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use registry_api::{Endpoint, EndpointKey, Error};
-use registry_registrar::status_from_error;
-use registry_registrar::tls::spiffe_id;
+use waypost::{Endpoint, EndpointKey, Error};
+use waypost_registrar_client::status_from_error;
+use waypost_registrar_client::tls::spiffe_id;
 use rustls::pki_types::CertificateDer;
 use tonic::{Request, Status};
 
@@ -85,7 +85,7 @@ pub(crate) struct Authz {
 impl Authz {
     /// Check `cfg` for a registrar of cluster `cluster` (what `{cluster}`
     /// stands for); reads the policy file.
-    pub(crate) fn new(cfg: &AuthzConfig, cluster: &str) -> registry_api::Result<Self> {
+    pub(crate) fn new(cfg: &AuthzConfig, cluster: &str) -> waypost::Result<Self> {
         let td = trust_domain_name(&cfg.trust_domain)?;
         let policy = match &cfg.policy_file {
             Some(path) => {
@@ -304,7 +304,7 @@ impl tonic::service::Interceptor for Authenticate {
 pub(crate) fn write_span(
     op: &'static str,
     node: &str,
-    key: &registry_api::EndpointKey,
+    key: &waypost::EndpointKey,
     caller: &Caller,
 ) -> tracing::Span {
     tracing::info_span!(
@@ -321,7 +321,7 @@ pub(crate) fn write_span(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use registry_api::testing::ep;
+    use waypost::testing::ep;
 
     fn builtin() -> Authz {
         Authz::new(

@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-use registry_api::{
+use waypost::{
     backend::{check_count, check_duration},
     Error, Result,
 };
-pub use registry_registrar::Ack;
+pub use waypost_registrar_client::Ack;
 
 /// Settings of the registrar. By default writes are flushed to the backend
 /// every 100 ms or as soon as 50 are queued. (How often a backend without
@@ -184,7 +184,7 @@ impl RegistrarConfig {
     pub fn validate(&self) -> Result<()> {
         let ms = Duration::from_millis;
         let hour = Duration::from_secs(3600);
-        registry_api::backend::check_name("cluster_name", &self.cluster_name, false)?;
+        waypost::backend::check_name("cluster_name", &self.cluster_name, false)?;
         check_duration(
             "write_batch_interval",
             self.write_batch_interval,
@@ -237,6 +237,6 @@ pub(crate) fn parse_ack(field: &str, text: &str) -> Result<Ack, Error> {
 
 /// The largest request message the registrar decodes by default: 64 KiB,
 /// four times the largest valid endpoint
-/// ([`registry_api::limits::MAX_ENCODED_LEN`]). Larger requests are
+/// ([`waypost::limits::MAX_ENCODED_LEN`]). Larger requests are
 /// refused (`OUT_OF_RANGE`) before they are read whole.
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 64 * 1024;

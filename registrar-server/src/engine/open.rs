@@ -1,5 +1,5 @@
 //! Opening the backend the registrar runs on: one URL, as every program
-//! using the toolkit opens its backend ([`registry_any::open_with`]: each
+//! using the toolkit opens its backend ([`waypost_any::open_with`]: each
 //! backend crate parses its own URL, and the backend is wrapped in what its
 //! capabilities call for). Which backends a build can open is chosen with
 //! the cargo features `sqlite`, `etcd`, `dynamodb` and `cloudmap`.
@@ -8,16 +8,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::metrics::names;
-use registry_api::backend::BackendUrl;
-use registry_api::liveness::LivenessConfig;
-use registry_api::polling::PollingConfig;
-use registry_api::stack::StackConfig;
-use registry_api::{Error, ErrorKind, Result};
+use waypost::backend::BackendUrl;
+use waypost::liveness::LivenessConfig;
+use waypost::polling::PollingConfig;
+use waypost::stack::StackConfig;
+use waypost::{Error, ErrorKind, Result};
 
 /// What the registrar needs of a backend: batches, a watch and heartbeats
-/// ([`registry_api::stack::Stack`]). [`open_backend`] wraps each backend
-/// as its capabilities call for ([`registry_api::stack::stack`]).
-pub use registry_api::stack::Stack as Backend;
+/// ([`waypost::stack::Stack`]). [`open_backend`] wraps each backend
+/// as its capabilities call for ([`waypost::stack::stack`]).
+pub use waypost::stack::Stack as Backend;
 
 /// The combinators' settings for the registrar's backend: polled every
 /// `sync_interval` when it has no watch of its own (with the registrar's
@@ -41,8 +41,8 @@ pub fn stack_config(liveness: LivenessConfig, sync_interval: Duration) -> StackC
 /// not; a URL that does not parse, or names a backend this build does not
 /// include, is `InvalidInput` naming what is wrong.
 pub async fn open_backend(url: &str, stack: &StackConfig) -> Result<Arc<dyn Backend>> {
-    let opts = registry_any::OpenOptions::default().with_stack(stack.clone());
-    registry_any::open_with(url, &opts)
+    let opts = waypost_any::OpenOptions::default().with_stack(stack.clone());
+    waypost_any::open_with(url, &opts)
         .await
         .map_err(|e| hint(url, e))
 }

@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{RwLock, RwLockWriteGuard};
 
-use registry_api::{Error, Op, Version};
+use waypost::{Error, Op, Version};
 
 /// How many refusals are kept (older ones are only in the log).
 const KEEP: usize = 4096;

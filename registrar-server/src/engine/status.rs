@@ -20,7 +20,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use crate::metrics::names;
-use registry_api::Error;
+use waypost::Error;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -81,7 +81,7 @@ const MAX_CAUSE: usize = 512;
 
 fn cause(e: &dyn std::fmt::Display) -> String {
     let s = e.to_string();
-    match registry_api::backend::prefix(&s, MAX_CAUSE) {
+    match waypost::backend::prefix(&s, MAX_CAUSE) {
         std::borrow::Cow::Borrowed(_) => s,
         cut => format!("{cut} ({} bytes)", s.len()),
     }

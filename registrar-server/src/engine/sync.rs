@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use registry_api::{Event, EventStream, Registry, Result, Version, Watch};
+use waypost::{Event, EventStream, Registry, Result, Version, Watch};
 
 use crate::engine::open::Backend;
 use crate::engine::status::Status;
@@ -18,7 +18,7 @@ use crate::metrics::names;
 ///   refusal of the backend as such: re-read and not ready until done), and
 ///   every `Ok` item tells it the backend answers;
 /// - for backends with a native watch it records the sync metrics the way
-///   [`registry_api::polling::Polling`] does for polled ones:
+///   [`waypost::polling::Polling`] does for polled ones:
 ///   `registrar_sync_duration_seconds` (each (re)subscription, from
 ///   subscribing to the first event) and `registrar_sync_errors_total`
 ///   (each error of the watch).
@@ -50,19 +50,19 @@ impl fmt::Debug for SyncMetered {
     }
 }
 
-registry_api::forward! {
+waypost::forward! {
     impl[] Registry for SyncMetered {
         forward to inner: register, deregister, list, list_shared, snapshot, capabilities, probe;
     }
 }
 
-registry_api::forward! {
+waypost::forward! {
     impl[] Batch for SyncMetered {
         forward to inner: apply, max_batch;
     }
 }
 
-registry_api::forward! {
+waypost::forward! {
     impl[] Heartbeat for SyncMetered {
         forward to inner: heartbeat;
     }

@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 
 use backon::BackoffBuilder;
 use futures::StreamExt;
-use registry_api::{Error, Result};
+use waypost::{Error, Result};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::service::interceptor::InterceptedService;
@@ -286,7 +286,7 @@ async fn wait_for_tls(
                 .tls
                 .as_ref()
                 .map_or(Ok(()), |f| {
-                    registry_registrar::tls::server_config(f).map(drop)
+                    waypost_registrar_client::tls::server_config(f).map(drop)
                 })
                 .and_then(|()| security(options, cluster));
             match loaded {
@@ -493,7 +493,7 @@ async fn mirror_readiness(
     registrar: Arc<Registrar>,
     reporter: tonic_health::server::HealthReporter,
 ) {
-    type Svc = registry_registrar::proto::registrar::v1::registrar_server::RegistrarServer<
+    type Svc = waypost_registrar_client::proto::registrar::v1::registrar_server::RegistrarServer<
         RegistrarService,
     >;
     let mut tick = tokio::time::interval(Duration::from_millis(500));

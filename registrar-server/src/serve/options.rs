@@ -4,12 +4,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use registry_api::{backend::check_duration, Error, Result};
+use waypost::{backend::check_duration, Error, Result};
 use tokio::net::TcpListener;
 
 use crate::auth;
 use crate::auth::AuthzConfig;
-use registry_registrar::TlsFiles;
+use waypost_registrar_client::TlsFiles;
 
 /// How [`serve_with`](super::serve_with) secures the gRPC port.
 #[non_exhaustive]
@@ -139,7 +139,7 @@ impl ServeOptions {
     /// the files after the registrar starts; [`serve_with`](super::serve_with)
     /// fails at once. Files that exist must load.
     pub fn check(&self) -> Result<()> {
-        let cluster = registry_api::Endpoint::DEFAULT_CLUSTER;
+        let cluster = waypost::Endpoint::DEFAULT_CLUSTER;
         if self.missing_tls_files().is_empty() {
             security(self, cluster).map(drop)
         } else {
@@ -250,7 +250,7 @@ pub(super) fn security(options: &ServeOptions, cluster: &str) -> Result<Secured>
     let authz = settings(options, cluster)?;
     let (tls, http_tls) = match &options.tls {
         Some(files) => {
-            let cfg = registry_registrar::tls::server_config(files)?;
+            let cfg = waypost_registrar_client::tls::server_config(files)?;
             let mut http = cfg.clone();
             http.alpn_protocols = vec![b"http/1.1".to_vec()];
             (

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use registry_api::Result;
+use waypost::Result;
 
 use super::options::Secured;
 use super::ServeOptions;

@@ -5,19 +5,19 @@
 
 use crate::common;
 
-use registry_api::testing::{ep, eventually, unique};
-use registry_api::Registry;
+use waypost::testing::{ep, eventually, unique};
+use waypost::Registry;
 
 /// The registrar binary on `backend`, with the AWS emulator's address and
 /// test credentials in its environment.
 /// A `DynamoDbRegistry` of its own on `table` at moto, to look behind the
 /// registrar.
 async fn direct_dynamodb(
-    moto: &registry_fixtures::MotoServer,
+    moto: &waypost_fixtures::MotoServer,
     table: impl Into<String>,
-) -> registry_dynamodb::DynamoDbRegistry {
-    registry_dynamodb::DynamoDbRegistry::connect(
-        registry_dynamodb::DynamoDbConfig::new(table)
+) -> waypost_dynamodb::DynamoDbRegistry {
+    waypost_dynamodb::DynamoDbRegistry::connect(
+        waypost_dynamodb::DynamoDbConfig::new(table)
             .with_region("us-east-1")
             .with_endpoint_url(moto.url())
             .with_static_credentials("test", "test"),
@@ -26,7 +26,7 @@ async fn direct_dynamodb(
     .unwrap()
 }
 
-async fn serve_on(moto: &registry_fixtures::MotoServer, backend_args: &[&str]) -> common::Served {
+async fn serve_on(moto: &waypost_fixtures::MotoServer, backend_args: &[&str]) -> common::Served {
     let mut args = vec![
         "--aws-region",
         "us-east-1",
@@ -46,7 +46,7 @@ async fn serve_on(moto: &registry_fixtures::MotoServer, backend_args: &[&str]) -
 #[cfg(feature = "dynamodb")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registrar_on_dynamodb() {
-    let moto = registry_fixtures::MotoServer::start_async().await.unwrap();
+    let moto = waypost_fixtures::MotoServer::start_async().await.unwrap();
     let table = unique("registrar");
     let server = serve_on(
         &moto,
@@ -77,7 +77,7 @@ async fn registrar_on_dynamodb() {
 #[cfg(feature = "dynamodb")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registrars_on_dynamodb_share_changes_through_the_change_log() {
-    let moto = registry_fixtures::MotoServer::start_async().await.unwrap();
+    let moto = waypost_fixtures::MotoServer::start_async().await.unwrap();
     let table = unique("registrar-log");
     let args = [
         "--registry-backend",
@@ -103,13 +103,13 @@ async fn registrars_on_dynamodb_share_changes_through_the_change_log() {
             .table_name(direct.table())
             .key(
                 "service",
-                registry_dynamodb::aws_sdk_dynamodb::types::AttributeValue::S(
+                waypost_dynamodb::aws_sdk_dynamodb::types::AttributeValue::S(
                     "~registry changelog".into(),
                 ),
             )
             .key(
                 "id",
-                registry_dynamodb::aws_sdk_dynamodb::types::AttributeValue::S("~head".into()),
+                waypost_dynamodb::aws_sdk_dynamodb::types::AttributeValue::S("~head".into()),
             )
             .consistent_read(true)
             .send()
@@ -136,7 +136,7 @@ async fn a_deleted_dynamodb_table_stops_acknowledging_then_heals() {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Arc;
 
-    let moto = registry_fixtures::MotoServer::start_async().await.unwrap();
+    let moto = waypost_fixtures::MotoServer::start_async().await.unwrap();
     let table = unique("healing");
     let creds = [
         ("AWS_ACCESS_KEY_ID", "test"),
@@ -159,7 +159,7 @@ async fn a_deleted_dynamodb_table_stops_acknowledging_then_heals() {
         &creds,
     )
     .await;
-    let cfg = registry_dynamodb::DynamoDbConfig::new(table.clone())
+    let cfg = waypost_dynamodb::DynamoDbConfig::new(table.clone())
         .with_region("us-east-1")
         .with_endpoint_url(moto.url())
         .with_static_credentials("test", "test");
@@ -167,10 +167,10 @@ async fn a_deleted_dynamodb_table_stops_acknowledging_then_heals() {
         (server.readyz().await.0 == 200).then_some(())
     })
     .await;
-    let direct = registry_dynamodb::DynamoDbRegistry::connect(cfg.clone())
+    let direct = waypost_dynamodb::DynamoDbRegistry::connect(cfg.clone())
         .await
         .unwrap();
-    let raw = registry_registrar::RpcClient::connect(registry_registrar::ClientConfig::new(
+    let raw = waypost_registrar_client::RpcClient::connect(waypost_registrar_client::ClientConfig::new(
         server.url(),
         "c",
         "loader",
@@ -195,15 +195,15 @@ async fn a_deleted_dynamodb_table_stops_acknowledging_then_heals() {
     let loader =
         {
             let (stop, refused) = (Arc::clone(&stop), Arc::clone(&refused));
-            let raw = registry_registrar::RpcClient::connect(
-                registry_registrar::ClientConfig::new(server.url(), "c", "loader"),
+            let raw = waypost_registrar_client::RpcClient::connect(
+                waypost_registrar_client::ClientConfig::new(server.url(), "c", "loader"),
             )
             .unwrap();
             tokio::spawn(async move {
                 let mut i = 0;
                 while !stop.load(Ordering::Relaxed) {
                     if let Err(e) = raw.register(ep("load", &format!("k{i}"), 80)).await {
-                        assert_eq!(e.kind(), registry_api::ErrorKind::Unavailable, "{e}");
+                        assert_eq!(e.kind(), waypost::ErrorKind::Unavailable, "{e}");
                         refused.fetch_add(1, Ordering::Relaxed);
                     }
                     i += 1;
@@ -231,10 +231,10 @@ async fn a_deleted_dynamodb_table_stops_acknowledging_then_heals() {
     loader.await.unwrap();
 
     // The table comes back, and another program writes to it directly.
-    registry_dynamodb::DynamoDbRegistry::create_table_if_missing(&cfg, true)
+    waypost_dynamodb::DynamoDbRegistry::create_table_if_missing(&cfg, true)
         .await
         .unwrap();
-    let direct = registry_dynamodb::DynamoDbRegistry::connect(cfg.clone())
+    let direct = waypost_dynamodb::DynamoDbRegistry::connect(cfg.clone())
         .await
         .unwrap();
     let fresh = ep("api", "fresh", 80);
@@ -243,7 +243,7 @@ async fn a_deleted_dynamodb_table_stops_acknowledging_then_heals() {
         (server.readyz().await.0 == 200).then_some(())
     })
     .await;
-    let keys = |eps: Vec<registry_api::Endpoint>| -> BTreeSet<registry_api::EndpointKey> {
+    let keys = |eps: Vec<waypost::Endpoint>| -> BTreeSet<waypost::EndpointKey> {
         eps.into_iter().map(|e| e.key()).collect()
     };
     eventually("the registrar's view to equal the table", || async {
@@ -267,7 +267,7 @@ async fn a_deleted_dynamodb_table_stops_acknowledging_then_heals() {
 #[cfg(feature = "cloudmap")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registrar_on_cloudmap() {
-    let moto = registry_fixtures::MotoServer::start_async().await.unwrap();
+    let moto = waypost_fixtures::MotoServer::start_async().await.unwrap();
     let ns = unique("ns");
     let server = serve_on(
         &moto,

@@ -9,9 +9,9 @@ use std::process::Stdio;
 use common::cli::{cli, next_line, BIN, LIMIT};
 use common::pki::{write_bundle, Ca};
 use common::{http_get, parse, serve_binary, serve_binary_in, Scrape, Served};
-use registry_api::testing::{ep, eventually};
-use registry_api::Registry;
-use registry_registrar::{ClientConfig, RegistrarClient};
+use waypost::testing::{ep, eventually};
+use waypost::Registry;
+use waypost_registrar_client::{ClientConfig, RegistrarClient};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
@@ -154,7 +154,7 @@ async fn bad_flags_exit_2_and_failures_name_the_address() {
     let out = cli(&["register", "svc"]).await;
     assert_eq!(out.code, 2, "{}", out.stderr);
 
-    let port = registry_fixtures::free_port().unwrap();
+    let port = waypost_fixtures::free_port().unwrap();
     let addr = format!("http://127.0.0.1:{port}");
     for args in [
         vec!["--address", addr.as_str(), "ls"],
@@ -354,7 +354,7 @@ async fn metrics_have_the_nine_names_types_and_plausible_values() {
     a2.register(ep("api", "3", 80).with_node("n2").with_cluster("cluster-b"))
         .await
         .unwrap();
-    a2.deregister(&registry_api::EndpointKey::new("api", "2"))
+    a2.deregister(&waypost::EndpointKey::new("api", "2"))
         .await
         .unwrap();
     eventually("the writes at the other agent", || async {
@@ -700,15 +700,15 @@ async fn an_endpoint_without_a_cluster_is_the_registrars_under_the_default_polic
     let out = cli(&[&node1[..], &register].concat()).await;
     assert_eq!(out.code, 0, "{}", out.stderr);
 
-    let files = registry_registrar::TlsFiles::new(&bundle, &ncert, &nkey);
+    let files = waypost_registrar_client::TlsFiles::new(&bundle, &ncert, &nkey);
     let cfg = ClientConfig::new(&url, "east", "n1").with_tls(files);
-    let rpc = registry_registrar::RpcClient::connect(cfg).unwrap();
-    let plain = registry_api::Endpoint::new("api", "by-grpc", "10.0.0.3", 80)
+    let rpc = waypost_registrar_client::RpcClient::connect(cfg).unwrap();
+    let plain = waypost::Endpoint::new("api", "by-grpc", "10.0.0.3", 80)
         .with_cluster("")
         .with_node("n1");
     rpc.send(
-        &registry_api::Op::Register(plain),
-        registry_registrar::Ack::Durable,
+        &waypost::Op::Register(plain),
+        waypost_registrar_client::Ack::Durable,
     )
     .await
     .unwrap();

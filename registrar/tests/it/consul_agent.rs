@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use common::http::{get, put, send, Answer, LIMIT};
 use common::protocols::{start, Stack};
-use registry_api::testing::eventually;
+use waypost::testing::eventually;
 use serde_json::{json, Value};
 
 async fn register(stack: &Stack, body: Value) -> Answer {

@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use registry_api::testing::{ep, eventually};
-use registry_api::Registry;
+use waypost::testing::{ep, eventually};
+use waypost::Registry;
 
 /// The registrar as a child process, killed on drop.
 struct Proc(Child);
@@ -57,8 +57,8 @@ async fn wait_listening(port: u16) {
 async fn registrar_killed_mid_burst_loses_nothing_agents_hold() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("registry.db");
-    let grpc = registry_fixtures::free_port().unwrap();
-    let health = registry_fixtures::free_port().unwrap();
+    let grpc = waypost_fixtures::free_port().unwrap();
+    let health = waypost_fixtures::free_port().unwrap();
     let mut proc = spawn_registrar(&db, grpc, health);
     wait_listening(grpc).await;
 
@@ -115,7 +115,7 @@ async fn registrar_killed_mid_burst_loses_nothing_agents_hold() {
     // Every endpoint the agents hold ends up in the backend.
     let held: usize = agents.iter().map(|a| a.owned().len()).sum();
     assert_eq!(held, 3 * per_agent as usize);
-    let backend = registry_sqlite::SqliteRegistry::open_path(&db)
+    let backend = waypost_sqlite::SqliteRegistry::open_path(&db)
         .await
         .unwrap();
     eventually("every agent endpoint in the backend", || async {

@@ -13,8 +13,8 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use registry_api::testing::{eventually, unique};
-use registry_fixtures::MotoServer;
+use waypost::testing::{eventually, unique};
+use waypost_fixtures::MotoServer;
 use serde_json::Value;
 
 use super::deploy::repo;

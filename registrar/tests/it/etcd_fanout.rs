@@ -10,7 +10,7 @@
 //! Bounded: every phase has a deadline; everything on loopback.
 //!
 //! ```sh
-//! cargo test --release -p registrar --features etcd --test it etcd_fanout:: -- --ignored --nocapture
+//! cargo test --release -p waypost-registrar --features etcd --test it etcd_fanout:: -- --ignored --nocapture
 //! ```
 //!
 //! `FANOUT_WATCHERS`, `FANOUT_CHANGES` and `FANOUT_RATE` (changes/s)
@@ -21,14 +21,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use registrar_server::{Backend, Opening, RegistrarConfig};
-use registry_api::stack::{stack, StackConfig};
-use registry_api::{Endpoint, Event, Registry, Watch};
-use registry_etcd::{EtcdConfig, EtcdRegistry};
-use registry_fixtures::EtcdServer;
-use registry_registrar::proto::registrar::v1::endpoint_event::EventType;
-use registry_registrar::proto::registrar::v1::registrar_client::RegistrarClient as Grpc;
-use registry_registrar::proto::registrar::v1::WatchEndpointsRequest;
+use waypost_registrar_server::{Backend, Opening, RegistrarConfig};
+use waypost::stack::{stack, StackConfig};
+use waypost::{Endpoint, Event, Registry, Watch};
+use waypost_etcd::{EtcdConfig, EtcdRegistry};
+use waypost_fixtures::EtcdServer;
+use waypost_registrar_client::proto::registrar::v1::endpoint_event::EventType;
+use waypost_registrar_client::proto::registrar::v1::registrar_client::RegistrarClient as Grpc;
+use waypost_registrar_client::proto::registrar::v1::WatchEndpointsRequest;
 
 /// Every phase ends by this deadline, finished or not.
 const PHASE_LIMIT: Duration = Duration::from_secs(180);
@@ -377,7 +377,7 @@ async fn watchers_on_etcd_directly_vs_on_the_registrar() {
     // so that the watchers' burst of connections meets a serving registrar.
     let deadline = Instant::now() + PHASE_LIMIT;
     loop {
-        use registry_registrar::proto::registrar::v1::ListAllEndpointsRequest;
+        use waypost_registrar_client::proto::registrar::v1::ListAllEndpointsRequest;
         let listed = async {
             Grpc::connect(url.clone())
                 .await

@@ -12,11 +12,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{parse, spawn_serve, Spawned};
-use registry_api::testing::{ep, eventually, unique};
-use registry_api::{EndpointKey, Registry};
-use registry_fixtures::fs::{immutable_blocks_open_writers, with_suffix, Immutable, ReadOnlyFile};
-use registry_fixtures::EtcdServer;
-use registry_registrar::{Ack, ClientConfig, RpcClient};
+use waypost::testing::{ep, eventually, unique};
+use waypost::{EndpointKey, Registry};
+use waypost_fixtures::fs::{immutable_blocks_open_writers, with_suffix, Immutable, ReadOnlyFile};
+use waypost_fixtures::EtcdServer;
+use waypost_registrar_client::{Ack, ClientConfig, RpcClient};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -46,7 +46,7 @@ fn skip(why: &str) {
 
 async fn sqlite_file(dir: &Path) -> std::path::PathBuf {
     let db = dir.join("registry.db");
-    let reg = registry_sqlite::SqliteRegistry::open_path(&db)
+    let reg = waypost_sqlite::SqliteRegistry::open_path(&db)
         .await
         .unwrap();
     reg.close().await;
@@ -125,7 +125,7 @@ async fn sqlite_made_read_only_while_running_refuses_writes_until_writable() {
     })
     .await;
     let err = client.register(ep("svc", "later", 1)).await.unwrap_err();
-    assert_eq!(err.kind(), registry_api::ErrorKind::Unavailable, "{err}");
+    assert_eq!(err.kind(), waypost::ErrorKind::Unavailable, "{err}");
     assert!(err.to_string().contains("refuse"), "{err}");
     guard.clear();
     ready(&s).await;
@@ -147,7 +147,7 @@ async fn sqlite_made_read_only_while_running_refuses_writes_until_writable() {
 /// degraded, and every one lands once there is room, without a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_disk_full_then_restored_loses_no_acknowledged_write() {
-    let fs = match registry_fixtures::fs::Tmpfs::mount("2m") {
+    let fs = match waypost_fixtures::fs::Tmpfs::mount("2m") {
         Ok(fs) => fs,
         Err(why) => return skip(&why),
     };
@@ -161,7 +161,7 @@ async fn sqlite_disk_full_then_restored_loses_no_acknowledged_write() {
     .await;
     ready(&s).await;
     let ballast = fs.path().join("ballast");
-    registry_fixtures::fs::fill(&ballast);
+    waypost_fixtures::fs::fill(&ballast);
     let client = raw(&s, Ack::Optimistic);
     let eps: Vec<_> = (0..50)
         .map(|i| ep("svc", &format!("e{i}"), 1).with_label("pad", "x".repeat(512)))
@@ -175,7 +175,7 @@ async fn sqlite_disk_full_then_restored_loses_no_acknowledged_write() {
     })
     .await;
     std::fs::remove_file(&ballast).unwrap();
-    let direct = registry_sqlite::SqliteRegistry::open_path(&db)
+    let direct = waypost_sqlite::SqliteRegistry::open_path(&db)
         .await
         .unwrap();
     eventually("every acknowledged write to land", || async {
@@ -225,7 +225,7 @@ async fn sigkill_during_durable_writes_loses_no_acknowledged_write() {
         tokio::time::timeout(LIMIT, w).await.unwrap().unwrap();
     }
     let acked = acked.lock().unwrap().clone();
-    let reg = registry_sqlite::SqliteRegistry::open_path(&db)
+    let reg = waypost_sqlite::SqliteRegistry::open_path(&db)
         .await
         .unwrap();
     let stored: BTreeSet<EndpointKey> = reg
@@ -275,7 +275,7 @@ async fn a_backend_down_at_start_is_waited_for() {
 /// `--fail-fast` keeps the old behaviour: exit at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fail_fast_exits_when_the_backend_is_down_at_start() {
-    let port = registry_fixtures::free_port().unwrap();
+    let port = waypost_fixtures::free_port().unwrap();
     let mut s = spawn_serve(&[
         "--registry-backend=etcd",
         &format!("--etcd-endpoints=http://127.0.0.1:{port}"),
@@ -376,8 +376,8 @@ async fn etcd_down_for_10s_degrades_visibly_and_loses_nothing() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     writer.await.unwrap();
     let acked = acked.lock().unwrap().clone();
-    let direct = registry_etcd::EtcdRegistry::connect(
-        registry_etcd::EtcdConfig::new(vec![etcd.endpoint().to_string()]).with_prefix(prefix),
+    let direct = waypost_etcd::EtcdRegistry::connect(
+        waypost_etcd::EtcdConfig::new(vec![etcd.endpoint().to_string()]).with_prefix(prefix),
     )
     .await
     .unwrap();
@@ -448,7 +448,7 @@ async fn measure_the_optimistic_loss_window() {
             tokio::time::timeout(LIMIT, w).await.unwrap().unwrap();
         }
         let acked = acked.lock().unwrap().clone();
-        let reg = registry_sqlite::SqliteRegistry::open_path(&db)
+        let reg = waypost_sqlite::SqliteRegistry::open_path(&db)
             .await
             .unwrap();
         let stored: BTreeSet<EndpointKey> = reg

@@ -9,14 +9,14 @@ use std::sync::Arc;
 
 use common::pki::Pki;
 use common::{start_with, Server, TestRegistrar};
-use registrar_server::{AuthzConfig, Backend, RegistrarConfig, ServeOptions, TlsFiles};
-use registry_api::testing::ep;
-use registry_api::{liveness::Liveness, memory::MemoryRegistry, Endpoint, ErrorKind};
-use registry_fixtures::registrar::Running;
-use registry_registrar::proto::registrar::v1::{
+use waypost_registrar_server::{AuthzConfig, Backend, RegistrarConfig, ServeOptions, TlsFiles};
+use waypost::testing::ep;
+use waypost::{liveness::Liveness, memory::MemoryRegistry, Endpoint, ErrorKind};
+use waypost_fixtures::registrar::Running;
+use waypost_registrar_client::proto::registrar::v1::{
     ListAllEndpointsRequest, RegisterEndpointRequest, WatchEndpointsRequest,
 };
-use registry_registrar::{endpoint_to_proto, ClientConfig, RpcClient};
+use waypost_registrar_client::{endpoint_to_proto, ClientConfig, RpcClient};
 use tonic::{Code, Status};
 
 const TD: &str = "example.org";
@@ -216,7 +216,7 @@ async fn spawn_serve(grpc: tokio::net::TcpListener, options: ServeOptions) -> Ru
 }
 
 /// What a server refusing its options returned (it must return by itself).
-async fn refused(grpc: tokio::net::TcpListener, options: ServeOptions) -> registry_api::Error {
+async fn refused(grpc: tokio::net::TcpListener, options: ServeOptions) -> waypost::Error {
     let running = spawn_serve(grpc, options).await;
     tokio::time::timeout(std::time::Duration::from_secs(10), running.wait())
         .await

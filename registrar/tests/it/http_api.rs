@@ -12,8 +12,8 @@ use common::protocols::start;
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use registry_api::testing::eventually;
-use registry_api::{Endpoint, EndpointKey, Health, Registry};
+use waypost::testing::eventually;
+use waypost::{Endpoint, EndpointKey, Health, Registry};
 use serde_json::Value;
 
 fn ids(body: &Value) -> BTreeSet<String> {
@@ -279,7 +279,7 @@ async fn curl_sees_the_index_header_and_the_json() {
 /// field.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_non_loopback_http_api_is_refused_without_insecure() {
-    let mut server = registrar_server::Opening::new(registrar_server::RegistrarConfig::new("t"));
+    let mut server = waypost_registrar_server::Opening::new(waypost_registrar_server::RegistrarConfig::new("t"));
     server.protocols.http_api = Some(tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap());
     let err = common::protocols::refusal(server).await;
     assert!(err.to_string().contains("http_api_addr"), "{err}");
@@ -414,8 +414,8 @@ async fn get_index(http: &str, path: &str) -> u64 {
 /// health, `?passing` exactly the healthy ones).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_http_api_agrees_with_list_all_endpoints() {
-    use registry_registrar::proto::registrar::v1::registrar_client::RegistrarClient as Grpc;
-    use registry_registrar::proto::registrar::v1::ListAllEndpointsRequest;
+    use waypost_registrar_client::proto::registrar::v1::registrar_client::RegistrarClient as Grpc;
+    use waypost_registrar_client::proto::registrar::v1::ListAllEndpointsRequest;
     type Row = (String, String, String, u64, bool);
 
     let stack = start().await;

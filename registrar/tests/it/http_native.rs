@@ -13,8 +13,8 @@ use common::protocols::start;
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use registry_api::testing::eventually;
-use registry_api::{Endpoint, EndpointKey, Health};
+use waypost::testing::eventually;
+use waypost::{Endpoint, EndpointKey, Health};
 use serde_json::{json, Value};
 
 fn ids(body: &Value) -> BTreeSet<String> {
@@ -31,8 +31,8 @@ fn set(items: &[&str]) -> BTreeSet<String> {
 
 /// Every endpoint `ListAllEndpoints` returns over gRPC.
 async fn listed(url: &str) -> BTreeMap<EndpointKey, Endpoint> {
-    use registry_registrar::proto::registrar::v1::registrar_client::RegistrarClient as Grpc;
-    use registry_registrar::proto::registrar::v1::ListAllEndpointsRequest;
+    use waypost_registrar_client::proto::registrar::v1::registrar_client::RegistrarClient as Grpc;
+    use waypost_registrar_client::proto::registrar::v1::ListAllEndpointsRequest;
     let mut grpc = Grpc::connect(url.to_string()).await.unwrap();
     grpc.list_all_endpoints(ListAllEndpointsRequest {})
         .await
@@ -40,7 +40,7 @@ async fn listed(url: &str) -> BTreeMap<EndpointKey, Endpoint> {
         .into_inner()
         .endpoints
         .into_iter()
-        .map(|p| registry_registrar::endpoint_from_proto(p, "").unwrap())
+        .map(|p| waypost_registrar_client::endpoint_from_proto(p, "").unwrap())
         .map(|e| (e.key(), e))
         .collect()
 }
@@ -307,7 +307,7 @@ async fn a_heartbeat_of_an_unknown_node_is_404_until_it_registers() {
 async fn the_sse_watch_sends_a_snapshot_then_changes_and_resumes() {
     // One endpoint per snapshot chunk: chunks but the last have empty ids.
     let stack = common::protocols::start_with(
-        registrar_server::RegistrarConfig::new("test").with_snapshot_chunk(1),
+        waypost_registrar_server::RegistrarConfig::new("test").with_snapshot_chunk(1),
     )
     .await;
     for id in ["a", "b"] {
@@ -402,7 +402,7 @@ async fn the_sse_watch_sends_a_snapshot_then_changes_and_resumes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mtls_on_the_http_port_is_authorized_as_the_grpc_api() {
     use common::pki::Pki;
-    use registrar_server::{AuthzConfig, Opening, RegistrarConfig, ServeOptions};
+    use waypost_registrar_server::{AuthzConfig, Opening, RegistrarConfig, ServeOptions};
 
     if std::process::Command::new("curl")
         .arg("--version")
@@ -422,7 +422,7 @@ async fn mtls_on_the_http_port_is_authorized_as_the_grpc_api() {
     server.protocols.http_api = Some(listener);
     let (_, running) = common::protocols::serve(server).await;
 
-    let curl = |files: Option<registrar_server::TlsFiles>,
+    let curl = |files: Option<waypost_registrar_server::TlsFiles>,
                 method: &str,
                 path: &str,
                 body: Option<Value>| {

@@ -11,10 +11,10 @@ use std::process::Stdio;
 use common::cli::{cli, cli_env, next_line, BIN, LIMIT};
 use common::{serve_binary, spawn_serve_env};
 use futures::StreamExt;
-use registry_api::testing::eventually;
-use registry_registrar::proto::registrar::v1::endpoint_event::EventType;
-use registry_registrar::proto::registrar::v1::WatchEndpointsRequest;
-use registry_registrar::{ClientConfig, RpcClient};
+use waypost::testing::eventually;
+use waypost_registrar_client::proto::registrar::v1::endpoint_event::EventType;
+use waypost_registrar_client::proto::registrar::v1::WatchEndpointsRequest;
+use waypost_registrar_client::{ClientConfig, RpcClient};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
@@ -31,7 +31,7 @@ async fn addresses_without_a_scheme_are_taken_as_http() {
     assert!(out.stdout.starts_with("SERVICE"), "{}", out.stdout);
     // Unreachable, without a scheme: the message names the address as
     // used, not "invalid URI".
-    let port = registry_fixtures::free_port().unwrap();
+    let port = waypost_fixtures::free_port().unwrap();
     let addr = format!("127.0.0.1:{port}");
     let out = cli(&["--address", &addr, "ls"]).await;
     assert_eq!(out.code, 1, "{}", out.stderr);
@@ -127,7 +127,7 @@ async fn backend_errors_are_one_line_with_the_product_name() {
 #[cfg(feature = "dynamodb")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_aws_credentials_are_one_line() {
-    let port = registry_fixtures::free_port().unwrap();
+    let port = waypost_fixtures::free_port().unwrap();
     let endpoint = format!("http://127.0.0.1:{port}");
     let run = |verbose: bool| {
         let mut cmd = Command::new(BIN);
@@ -205,7 +205,7 @@ async fn watch_json_prints_a_token_that_resumes() {
     assert_eq!(out.code, 0, "{}", out.stderr);
     let snap: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
     let token = snap["version"].as_str().unwrap().to_string();
-    let parsed: registry_registrar::Token = token.parse().unwrap();
+    let parsed: waypost_registrar_client::Token = token.parse().unwrap();
     assert_ne!(parsed.epoch, 0, "{token}");
 
     let out = cli(&["--address", &url, "register", "api", "a", "10.0.0.1:80"]).await;
@@ -225,7 +225,7 @@ async fn watch_json_prints_a_token_that_resumes() {
     let ev: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
     assert_eq!(ev["type"], "added", "{ev}");
     assert_eq!(ev["endpoint"]["id"], "a");
-    let next: registry_registrar::Token = ev["version"].as_str().unwrap().parse().unwrap();
+    let next: waypost_registrar_client::Token = ev["version"].as_str().unwrap().parse().unwrap();
     assert_eq!(next.epoch, parsed.epoch);
     assert!(next.version > parsed.version);
     // A token of another run (epoch): a fresh snapshot instead.
@@ -432,7 +432,7 @@ async fn ls_output_formats() {
 async fn json_logs_carry_the_write_fields() {
     let server = spawn_serve_env(
         &["--log-format", "json"],
-        &[("RUST_LOG", "info,registrar_server=debug")],
+        &[("RUST_LOG", "info,waypost_registrar_server=debug")],
     )
     .await;
     let out = cli(&[

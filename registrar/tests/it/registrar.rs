@@ -9,26 +9,26 @@ use std::time::Duration;
 
 use common::{fast_client, start, start_on};
 use futures::StreamExt;
-use registrar_server::{Backend, RegistrarConfig};
-use registry_api::testing::{ep, eventually, next_event, next_item, Faulty};
-use registry_api::{liveness::Liveness, memory::MemoryRegistry, Event, Registry, Watch};
-use registry_registrar::proto::registrar::v1::registrar_client::RegistrarClient as Grpc;
-use registry_registrar::proto::registrar::v1::{
+use waypost_registrar_server::{Backend, RegistrarConfig};
+use waypost::testing::{ep, eventually, next_event, next_item, Faulty};
+use waypost::{liveness::Liveness, memory::MemoryRegistry, Event, Registry, Watch};
+use waypost_registrar_client::proto::registrar::v1::registrar_client::RegistrarClient as Grpc;
+use waypost_registrar_client::proto::registrar::v1::{
     RegisterEndpointRequest, UnregisterEndpointRequest,
 };
-use registry_registrar::{endpoint_to_proto, ClientConfig, RegistrarClient};
+use waypost_registrar_client::{endpoint_to_proto, ClientConfig, RegistrarClient};
 
 fn memory() -> Arc<dyn Backend> {
     Arc::new(Liveness::new(MemoryRegistry::new()))
 }
 
-/// The registry-api conformance suite on the registrar client, against a
+/// The waypost conformance suite on the registrar client, against a
 /// registrar over loopback gRPC (a `Liveness` over a `MemoryRegistry`
 /// behind it), each check with a registrar of its own; the only place it
 /// runs for this client.
 mod conformance_through_the_client {
     use super::*;
-    use registry_api::testing::{overflow_history, Guarded};
+    use waypost::testing::{overflow_history, Guarded};
 
     async fn make() -> Guarded<RegistrarClient> {
         let server = start(memory(), RegistrarConfig::new("test").with_history(64)).await;
@@ -49,7 +49,7 @@ mod conformance_through_the_client {
         overflow_history(reg, 80).await;
     }
 
-    registry_api::conformance_tests!(make, lose_history);
+    waypost::conformance_tests!(make, lose_history);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -58,8 +58,8 @@ async fn two_clusters_share_one_sqlite_file() {
     let path = dir.path().join("shared.db");
     let open = || async {
         let cfg =
-            registry_sqlite::SqliteConfig::new(&path).with_poll_interval(Duration::from_millis(50));
-        Arc::new(registry_sqlite::SqliteRegistry::open(cfg).await.unwrap()) as Arc<dyn Backend>
+            waypost_sqlite::SqliteConfig::new(&path).with_poll_interval(Duration::from_millis(50));
+        Arc::new(waypost_sqlite::SqliteRegistry::open(cfg).await.unwrap()) as Arc<dyn Backend>
     };
     let a = start(open().await, RegistrarConfig::new("cluster-a")).await;
     let b = start(open().await, RegistrarConfig::new("cluster-b")).await;
@@ -106,7 +106,7 @@ async fn resume_gets_only_what_was_missed_and_a_new_epoch_gets_a_snapshot() {
     writer.register(ep("s", "a", 1)).await.unwrap();
 
     let raw =
-        registry_registrar::RpcClient::connect(ClientConfig::new(server.url(), "c", "watcher"))
+        waypost_registrar_client::RpcClient::connect(ClientConfig::new(server.url(), "c", "watcher"))
             .unwrap();
     // An acknowledged write reaches the registrar's view with its batch:
     // watch until the first snapshot holds it.
@@ -201,12 +201,12 @@ async fn a_durable_write_reported_failed_does_not_stay_in_the_registry() {
     let faulty = Arc::new(Faulty::new(Liveness::new(MemoryRegistry::new())));
     let server = start(
         Arc::clone(&faulty) as Arc<dyn Backend>,
-        RegistrarConfig::new("c").with_ack(registrar_server::Ack::Durable),
+        RegistrarConfig::new("c").with_ack(waypost_registrar_server::Ack::Durable),
     )
     .await;
     let agent = RegistrarClient::connect(
         ClientConfig::new(server.url(), "c", "n1")
-            .with_ack(registry_registrar::Ack::Durable)
+            .with_ack(waypost_registrar_client::Ack::Durable)
             .with_timeouts(Duration::from_secs(5), Duration::from_millis(300))
             .with_retry_interval(Duration::from_millis(50)),
     )
@@ -215,7 +215,7 @@ async fn a_durable_write_reported_failed_does_not_stay_in_the_registry() {
     // The backend now takes longer than the agent waits for an answer.
     faulty.set_latency(Duration::from_millis(1500));
     let err = agent.register(ep("s", "lost", 2)).await.unwrap_err();
-    assert_eq!(err.kind(), registry_api::ErrorKind::Unavailable, "{err}");
+    assert_eq!(err.kind(), waypost::ErrorKind::Unavailable, "{err}");
     assert!(agent.owned().iter().all(|e| e.id != "lost"));
     // The registrar goes on and commits it after the agent gave up: a
     // write queued behind it (another agent's) reaches the backend after it.
@@ -342,7 +342,7 @@ async fn bad_requests_are_invalid_argument_naming_the_field() {
 async fn a_slow_agent_is_cut_off_and_resumes() {
     let server = start(memory(), RegistrarConfig::new("c").with_agent_buffer(8)).await;
     let writer = fast_client(&server.url(), "c", "w");
-    let raw = registry_registrar::RpcClient::connect(ClientConfig::new(server.url(), "c", "slow"))
+    let raw = waypost_registrar_client::RpcClient::connect(ClientConfig::new(server.url(), "c", "slow"))
         .unwrap();
     let mut w = raw.watch(None);
     let Event::Snapshot(_) = next_event(&mut w, "snapshot").await else {
@@ -361,7 +361,7 @@ async fn a_slow_agent_is_cut_off_and_resumes() {
     let mut saw_error = false;
     while let Ok(Some(item)) = tokio::time::timeout(Duration::from_secs(10), w.next()).await {
         if let Err(e) = item {
-            assert_eq!(e.kind(), registry_api::ErrorKind::Overloaded, "{e}");
+            assert_eq!(e.kind(), waypost::ErrorKind::Overloaded, "{e}");
             saw_error = true;
             break;
         }
@@ -424,7 +424,7 @@ async fn connections_made_while_the_backend_opens_are_held_then_served() {
     let (open, opened) = tokio::sync::watch::channel(false);
     let backend = memory();
     let server = tokio::spawn(
-        registrar_server::Opening::new(RegistrarConfig::new("c")).serve(
+        waypost_registrar_server::Opening::new(RegistrarConfig::new("c")).serve(
             move || {
                 let (backend, mut opened) = (Arc::clone(&backend), opened.clone());
                 async move {

@@ -9,16 +9,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{fast_client, start, start_on};
-use registrar_server::{Backend, RegistrarConfig};
-use registry_api::testing::{ep, eventually};
-use registry_api::{
+use waypost_registrar_server::{Backend, RegistrarConfig};
+use waypost::testing::{ep, eventually};
+use waypost::{
     liveness::Liveness, memory::MemoryRegistry, Endpoint, Registry, Snapshot, Version,
 };
-use registry_fixtures::proxy::CutProxy;
-use registry_registrar::proto::registrar::v1::endpoint_event::EventType;
-use registry_registrar::proto::registrar::v1::registrar_client::RegistrarClient as Grpc;
-use registry_registrar::proto::registrar::v1::WatchEndpointsRequest;
-use registry_registrar::{Digests, RegistrarClient};
+use waypost_fixtures::proxy::CutProxy;
+use waypost_registrar_client::proto::registrar::v1::endpoint_event::EventType;
+use waypost_registrar_client::proto::registrar::v1::registrar_client::RegistrarClient as Grpc;
+use waypost_registrar_client::proto::registrar::v1::WatchEndpointsRequest;
+use waypost_registrar_client::{Digests, RegistrarClient};
 
 const SERVICES: usize = 40;
 

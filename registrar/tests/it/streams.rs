@@ -18,15 +18,15 @@ use std::time::Duration;
 
 use common::{start, Server, TestRegistrar};
 use prost::Message;
-use registrar_server::{Backend, Registrar, RegistrarConfig, ServeOptions, StreamEncoding};
-use registry_api::testing::{ep, eventually};
-use registry_api::{memory::MemoryRegistry, Batch, EndpointKey, Op};
-use registry_registrar::proto::registrar::v1::endpoint_event::EventType;
-use registry_registrar::proto::registrar::v1::registrar_client::RegistrarClient as Grpc;
-use registry_registrar::proto::registrar::v1::{
+use waypost_registrar_server::{Backend, Registrar, RegistrarConfig, ServeOptions, StreamEncoding};
+use waypost::testing::{ep, eventually};
+use waypost::{memory::MemoryRegistry, Batch, EndpointKey, Op};
+use waypost_registrar_client::proto::registrar::v1::endpoint_event::EventType;
+use waypost_registrar_client::proto::registrar::v1::registrar_client::RegistrarClient as Grpc;
+use waypost_registrar_client::proto::registrar::v1::{
     EndpointEvent, RegisterEndpointRequest, UnregisterEndpointRequest, WatchEndpointsRequest,
 };
-use registry_registrar::{endpoint_to_proto, Token};
+use waypost_registrar_client::{endpoint_to_proto, Token};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tonic::transport::{Channel, Endpoint};
 use tonic::Streaming;

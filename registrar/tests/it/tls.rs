@@ -10,13 +10,13 @@ use std::sync::Arc;
 
 use common::pki::{write_bundle, Ca, Pki};
 use common::{start_with, Server};
-use registrar_server::{AuthzConfig, Backend, RegistrarConfig, ServeOptions, TlsFiles};
-use registry_api::testing::{ep, eventually};
-use registry_api::{liveness::Liveness, memory::MemoryRegistry, Registry};
-use registry_registrar::proto::registrar::v1::{
+use waypost_registrar_server::{AuthzConfig, Backend, RegistrarConfig, ServeOptions, TlsFiles};
+use waypost::testing::{ep, eventually};
+use waypost::{liveness::Liveness, memory::MemoryRegistry, Registry};
+use waypost_registrar_client::proto::registrar::v1::{
     HeartbeatRequest, ListAllEndpointsRequest, RegisterEndpointRequest, UnregisterEndpointRequest,
 };
-use registry_registrar::{endpoint_to_proto, ClientConfig, RegistrarClient, RpcClient};
+use waypost_registrar_client::{endpoint_to_proto, ClientConfig, RegistrarClient, RpcClient};
 use tonic::Code;
 
 const TD: &str = "example.org";
@@ -32,7 +32,7 @@ async fn start_secure(pki: &Pki, authz: Option<AuthzConfig>) -> Server {
     }
     // The cluster of the test endpoints (`ep`): agents write endpoints of
     // their own node in the registrar's own cluster.
-    let cfg = RegistrarConfig::new(registry_api::Endpoint::DEFAULT_CLUSTER);
+    let cfg = RegistrarConfig::new(waypost::Endpoint::DEFAULT_CLUSTER);
     start_with(memory(), cfg, opts).await
 }
 
@@ -233,7 +233,7 @@ async fn missing_or_untrusted_certificates_are_refused() {
         .unwrap_err();
     assert!(refused(status.code()), "{status:?}");
     let err = rogue.snapshot().await.unwrap_err();
-    assert_eq!(err.kind(), registry_api::ErrorKind::Unavailable, "{err}");
+    assert_eq!(err.kind(), waypost::ErrorKind::Unavailable, "{err}");
     assert!(err.to_string().contains(&server.addr.to_string()), "{err}");
 
     // A plaintext client gets nowhere either.
@@ -256,7 +256,7 @@ async fn missing_or_untrusted_certificates_are_refused() {
 
 /// The certificate the server presents to a new connection.
 async fn presented_cert(server: &Server, ca: &Path) -> Vec<u8> {
-    let cfg = registry_registrar::tls::client_config(&TlsFiles::ca_only(ca)).unwrap();
+    let cfg = waypost_registrar_client::tls::client_config(&TlsFiles::ca_only(ca)).unwrap();
     let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
     let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
     let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
@@ -312,7 +312,7 @@ fn an_agents_certificate_is_re_read_and_a_half_written_rotation_is_skipped() {
     let ca = Ca::new("test CA");
     let old = ca.client(Some("spiffe://example.org/node/n1"));
     let (cert, key) = old.write(dir.path(), "agent");
-    let reloader = registry_registrar::tls::CertReloader::new(&cert, &key).unwrap();
+    let reloader = waypost_registrar_client::tls::CertReloader::new(&cert, &key).unwrap();
     assert_eq!(reloader.current().cert[0].to_vec(), der_of(&old.cert));
 
     // The new certificate is written, its key not yet: keep the old pair.
@@ -322,7 +322,7 @@ fn an_agents_certificate_is_re_read_and_a_half_written_rotation_is_skipped() {
     // Then the key: the new pair is used.
     std::fs::write(&key, &new.key).unwrap();
     assert_eq!(reloader.current().cert[0].to_vec(), der_of(&new.cert));
-    let id = registry_registrar::tls::spiffe_id(&reloader.current().cert[0]).unwrap();
+    let id = waypost_registrar_client::tls::spiffe_id(&reloader.current().cert[0]).unwrap();
     assert_eq!(id.as_deref(), Some("spiffe://example.org/node/n1"));
 }
 

@@ -7,12 +7,12 @@ use crate::common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use registrar_server::{Ack, Backend, Readiness, RegistrarConfig};
-use registry_api::testing::{ep, eventually, wait_limit, Faulty};
-use registry_api::{
+use waypost_registrar_server::{Ack, Backend, Readiness, RegistrarConfig};
+use waypost::testing::{ep, eventually, wait_limit, Faulty};
+use waypost::{
     liveness::Liveness, memory::MemoryRegistry, EndpointKey, Error, ErrorKind, Heartbeat, Registry,
 };
-use registry_registrar::{ClientConfig, RegistrarClient, RpcClient};
+use waypost_registrar_client::{ClientConfig, RegistrarClient, RpcClient};
 
 type Backing = Faulty<Liveness<MemoryRegistry>>;
 
@@ -116,8 +116,8 @@ async fn a_backend_refusing_writes_makes_it_unready_until_it_accepts_them() {
     let status = raw
         .grpc()
         .register_endpoint(
-            registry_registrar::proto::registrar::v1::RegisterEndpointRequest {
-                endpoint: Some(registry_registrar::endpoint_to_proto(&ep("svc", "b", 1))),
+            waypost_registrar_client::proto::registrar::v1::RegisterEndpointRequest {
+                endpoint: Some(waypost_registrar_client::endpoint_to_proto(&ep("svc", "b", 1))),
                 ..Default::default()
             },
         )
@@ -168,8 +168,8 @@ async fn durable_writes_return_once_committed_or_with_the_refusal() {
 
     // The metadata key asks for it too.
     let mut req = tonic::Request::new(
-        registry_registrar::proto::registrar::v1::RegisterEndpointRequest {
-            endpoint: Some(registry_registrar::endpoint_to_proto(&ep("svc", "meta", 1))),
+        waypost_registrar_client::proto::registrar::v1::RegisterEndpointRequest {
+            endpoint: Some(waypost_registrar_client::endpoint_to_proto(&ep("svc", "meta", 1))),
             ..Default::default()
         },
     );
@@ -178,8 +178,8 @@ async fn durable_writes_return_once_committed_or_with_the_refusal() {
     raw.grpc().register_endpoint(req).await.unwrap();
     assert_eq!(backend.get_ref().list("svc").await.unwrap().len(), 1);
     let mut req = tonic::Request::new(
-        registry_registrar::proto::registrar::v1::RegisterEndpointRequest {
-            endpoint: Some(registry_registrar::endpoint_to_proto(&ep("svc", "x", 1))),
+        waypost_registrar_client::proto::registrar::v1::RegisterEndpointRequest {
+            endpoint: Some(waypost_registrar_client::endpoint_to_proto(&ep("svc", "x", 1))),
             ..Default::default()
         },
     );
@@ -295,7 +295,7 @@ async fn with_every_registrar_gone_the_agent_writes_to_the_backend() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("registry.db");
     let open = || async {
-        let sqlite = registry_sqlite::SqliteRegistry::open_path(&path)
+        let sqlite = waypost_sqlite::SqliteRegistry::open_path(&path)
             .await
             .unwrap();
         Arc::new(sqlite)

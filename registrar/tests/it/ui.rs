@@ -9,8 +9,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use common::dashboard::{endpoint, start, LIMIT};
-use registrar_server::{Opening, RegistrarConfig, ServeOptions};
-use registry_api::Health;
+use waypost_registrar_server::{Opening, RegistrarConfig, ServeOptions};
+use waypost::Health;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 /// GET `path` over HTTP/1.1: status, headers (lowercase names) and body.
@@ -158,9 +158,9 @@ impl Sse {
 /// the last one marked; the changes follow it.
 #[tokio::test]
 async fn the_first_snapshot_comes_in_pages() {
-    let backend = registry_api::memory::MemoryRegistry::new();
+    let backend = waypost::memory::MemoryRegistry::new();
     for i in 0..5 {
-        registry_api::Registry::register(
+        waypost::Registry::register(
             &backend,
             endpoint(
                 "payments",
@@ -278,7 +278,7 @@ async fn before_the_backend_opens_the_status_says_so() {
     // `Opening::serve` is not `Send`: run it beside the checks.
     let serving = server.serve(
         || async {
-            Err::<Arc<dyn registrar_server::Backend>, _>(registry_api::Error::unavailable(
+            Err::<Arc<dyn waypost_registrar_server::Backend>, _>(waypost::Error::unavailable(
                 "connection refused (test)",
             ))
         },

@@ -18,8 +18,8 @@ use std::process::Stdio;
 
 use common::dashboard::{endpoint, start, Server, LIMIT};
 use fantoccini::{Client, ClientBuilder, Locator};
-use registry_api::testing::eventually;
-use registry_api::Health;
+use waypost::testing::eventually;
+use waypost::Health;
 
 /// chromedriver on a free loopback port, killed (with the browsers it
 /// started, its process group) when dropped.
@@ -319,8 +319,8 @@ const LARGE: usize = 100_000;
 const SMALL: usize = 1_000;
 
 /// A registry of `n` endpoints over 500 services (at most) and 200 nodes.
-async fn registry_of(n: usize) -> registry_api::memory::MemoryRegistry {
-    let backend = registry_api::memory::MemoryRegistry::new();
+async fn registry_of(n: usize) -> waypost::memory::MemoryRegistry {
+    let backend = waypost::memory::MemoryRegistry::new();
     for i in 0..n {
         let ep = endpoint(
             &format!("svc-{:03}", i % 500),
@@ -329,7 +329,7 @@ async fn registry_of(n: usize) -> registry_api::memory::MemoryRegistry {
             &format!("node-{:03}", i % 200),
             Health::Healthy,
         );
-        registry_api::Registry::register(&backend, ep)
+        waypost::Registry::register(&backend, ep)
             .await
             .unwrap();
     }
@@ -379,7 +379,7 @@ const FIRST_ROW_IS: &str =
 /// without a reload, and a filter to one service's 200 (`n / 500`) rows,
 /// in milliseconds.
 async fn measure(browser: &Client, n: usize) -> Times {
-    let config = registrar_server::RegistrarConfig::new("cluster-a");
+    let config = waypost_registrar_server::RegistrarConfig::new("cluster-a");
     let server = common::dashboard::start_with(true, config, registry_of(n).await).await;
     let opened = unix_ms();
     browser.goto(&server.url("/ui")).await.unwrap();

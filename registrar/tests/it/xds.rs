@@ -16,9 +16,9 @@ use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 use prost::Message;
-use registry_api::testing::{eventually, wait_limit};
-use registry_api::{Endpoint, EndpointKey, Health, Registry};
-use registry_registrar::RegistrarClient;
+use waypost::testing::{eventually, wait_limit};
+use waypost::{Endpoint, EndpointKey, Health, Registry};
+use waypost_registrar_client::RegistrarClient;
 
 /// The service the greeters are registered under.
 const SERVICE: &str = "greeter";
@@ -130,8 +130,8 @@ async fn proxyless_grpc_follows_the_registry() {
 /// `(service, address, port)` of the healthy endpoints `ListAllEndpoints`
 /// returns.
 async fn healthy_listed(url: &str) -> BTreeSet<(String, String, u32)> {
-    use registry_registrar::proto::registrar::v1::registrar_client::RegistrarClient as Grpc;
-    use registry_registrar::proto::registrar::v1::ListAllEndpointsRequest;
+    use waypost_registrar_client::proto::registrar::v1::registrar_client::RegistrarClient as Grpc;
+    use waypost_registrar_client::proto::registrar::v1::ListAllEndpointsRequest;
     let mut grpc = Grpc::connect(url.to_string()).await.unwrap();
     grpc.list_all_endpoints(ListAllEndpointsRequest {})
         .await
@@ -364,7 +364,7 @@ async fn sotw_listener_goes_with_its_service() {
 /// Without TLS, a non-loopback xDS address is refused unless insecure.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_non_loopback_xds_listener_is_refused_without_insecure() {
-    let mut server = registrar_server::Opening::new(registrar_server::RegistrarConfig::new("t"));
+    let mut server = waypost_registrar_server::Opening::new(waypost_registrar_server::RegistrarConfig::new("t"));
     server.protocols.xds = Some(tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap());
     let err = common::protocols::refusal(server).await;
     assert!(err.to_string().contains("xds_addr"), "{err}");
@@ -379,7 +379,7 @@ async fn a_non_loopback_xds_listener_is_refused_without_insecure() {
 async fn xds_over_mtls_is_authorized_as_the_grpc_api() {
     use common::pki::Pki;
     use common::xds::{first_cds, tls_channel};
-    use registrar_server::{AuthzConfig, Opening, RegistrarConfig, ServeOptions, TlsFiles};
+    use waypost_registrar_server::{AuthzConfig, Opening, RegistrarConfig, ServeOptions, TlsFiles};
 
     let pki = Pki::new();
     let mut server = Opening::new(RegistrarConfig::new("default"));

@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 use common::xds::{endpoints, node, Delta, EDS, LIMIT};
 use common::{fast_client, serve_binary};
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
-use registry_api::testing::eventually;
-use registry_api::{Endpoint, Registry};
+use waypost::testing::eventually;
+use waypost::{Endpoint, Registry};
 
 /// Resource names with the versions a proxy holds.
 type Versions = BTreeMap<String, String>;

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use common::fast_client;
 use common::xds::serve_with_xds;
-use registry_api::testing::wait_limit;
-use registry_api::{Endpoint, EndpointKey, Health, Registry};
+use waypost::testing::wait_limit;
+use waypost::{Endpoint, EndpointKey, Health, Registry};
 use tonic::codegen::http;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;

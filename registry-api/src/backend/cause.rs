@@ -9,9 +9,9 @@ pub const ROOT_CAUSE_CHARS: usize = 200;
 /// stays reachable through the error's `source()`.
 ///
 /// ```
-/// use registry_api::backend::root_cause;
+/// use waypost::backend::root_cause;
 /// let io = std::io::Error::other("connection\n  refused");
-/// let err = registry_api::Error::unavailable("dial").with_source(io);
+/// let err = waypost::Error::unavailable("dial").with_source(io);
 /// assert_eq!(root_cause(&err), "connection refused");
 /// ```
 pub fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
@@ -34,8 +34,8 @@ pub fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
 /// name well, such as a missing credential several layers up.
 ///
 /// ```
-/// use registry_api::backend::root_cause_or_hint;
-/// let err = registry_api::Error::unauthorized("no Credentials provider")
+/// use waypost::backend::root_cause_or_hint;
+/// let err = waypost::Error::unauthorized("no Credentials provider")
 ///     .with_source(std::io::Error::other("timed out"));
 /// assert_eq!(root_cause_or_hint(&err, "credential", "set AWS_PROFILE"), "set AWS_PROFILE");
 /// assert_eq!(root_cause_or_hint(&err, "password", "set a password"), "timed out");
@@ -65,7 +65,7 @@ pub const NO_AWS_CREDENTIALS: &str = "no usable AWS credentials (set AWS_PROFILE
 /// credential is missing: the one message of the AWS backends for it.
 ///
 /// ```
-/// use registry_api::backend::{aws_root_cause, NO_AWS_CREDENTIALS};
+/// use waypost::backend::{aws_root_cause, NO_AWS_CREDENTIALS};
 /// let err = std::io::Error::other("no Credentials provider found");
 /// assert_eq!(aws_root_cause(&err), NO_AWS_CREDENTIALS);
 /// ```

@@ -12,7 +12,7 @@ use crate::model::Version;
 /// is older than anything it holds and gets a fresh snapshot.
 ///
 /// ```
-/// use registry_api::backend::VersionClock;
+/// use waypost::backend::VersionClock;
 /// let clock = VersionClock::new();
 /// let a = clock.next();
 /// assert!(clock.next() > a);

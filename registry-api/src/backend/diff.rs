@@ -18,8 +18,8 @@ use crate::snapshot::{Event, Snapshot};
 /// 128-bit hash collision, about 2^-128 per compared service.
 ///
 /// ```
-/// use registry_api::backend::diff;
-/// use registry_api::{Endpoint, Snapshot, Version};
+/// use waypost::backend::diff;
+/// use waypost::{Endpoint, Snapshot, Version};
 /// let a = Snapshot::from_endpoints(Version(1), [Endpoint::new("s", "a", "h", 1)]);
 /// let b = Snapshot::from_endpoints(Version(2), [Endpoint::new("s", "b", "h", 1)]);
 /// let events = diff(&a, &b);

@@ -50,8 +50,8 @@ pub trait Observer: Send + Sync {
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 /// use std::sync::Arc;
 /// use futures::StreamExt;
-/// use registry_api::backend::Hub;
-/// use registry_api::{Endpoint, Event, Version};
+/// use waypost::backend::Hub;
+/// use waypost::{Endpoint, Event, Version};
 /// let hub = Arc::new(Hub::new(16, 128));
 /// let mut sub = hub.subscribe(None);
 /// hub.publish([Event::Added { version: Version(1), endpoint: Endpoint::new("s", "a", "h", 1) }]);
@@ -176,8 +176,8 @@ impl Hub {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use registry_api::backend::Hub;
-    /// use registry_api::{Endpoint, Event, Version};
+    /// use waypost::backend::Hub;
+    /// use waypost::{Endpoint, Event, Version};
     /// let hub = Hub::new(16, 16);
     /// let ep = |s: &str, id: &str| Endpoint::new(s, id, "10.0.0.1", 80);
     /// hub.publish([Event::Added { version: Version(1), endpoint: ep("api", "a") }]);
@@ -238,8 +238,8 @@ impl Hub {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use registry_api::backend::Hub;
-    /// use registry_api::Version;
+    /// use waypost::backend::Hub;
+    /// use waypost::Version;
     /// let hub = Hub::new(16, 16);
     /// assert_eq!(hub.with_current(|s| s.map(|s| s.version())), Some(Version::ZERO));
     /// assert!(Hub::pending(16, 16).with_current(|s| s.is_none()));

@@ -43,7 +43,7 @@ pub const PROBE_SERVICE: &str = "registry-probe";
 ///
 /// ```
 /// use std::time::Duration;
-/// let d = registry_api::backend::full_jitter(Duration::from_millis(50));
+/// let d = waypost::backend::full_jitter(Duration::from_millis(50));
 /// assert!(d <= Duration::from_millis(50));
 /// ```
 pub fn full_jitter(ceiling: Duration) -> Duration {
@@ -55,7 +55,7 @@ pub fn full_jitter(ceiling: Duration) -> Duration {
 ///
 /// ```
 /// use std::time::Duration;
-/// let d = registry_api::backend::spread(Duration::from_secs(10), 0.2);
+/// let d = waypost::backend::spread(Duration::from_secs(10), 0.2);
 /// assert!(d >= Duration::from_secs(8) && d <= Duration::from_secs(12));
 /// ```
 pub fn spread(every: Duration, share: f64) -> Duration {
@@ -68,7 +68,7 @@ pub fn spread(every: Duration, share: f64) -> Duration {
 ///
 /// ```
 /// use std::time::Duration;
-/// let mut delays = registry_api::backend::backoff(Duration::from_millis(100), Duration::from_secs(5));
+/// let mut delays = waypost::backend::backoff(Duration::from_millis(100), Duration::from_secs(5));
 /// let first = delays.next().unwrap();
 /// assert!(first >= Duration::from_millis(100) && first <= Duration::from_millis(200));
 /// ```

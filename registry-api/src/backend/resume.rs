@@ -34,7 +34,7 @@ struct State<W: ?Sized> {
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 /// use std::{sync::Arc, time::Duration};
 /// use futures::StreamExt;
-/// use registry_api::{backend::resume_with_backoff, Event, memory::MemoryRegistry};
+/// use waypost::{backend::resume_with_backoff, Event, memory::MemoryRegistry};
 /// let reg = Arc::new(MemoryRegistry::new());
 /// let mut events = resume_with_backoff(reg, None, Duration::from_millis(10), Duration::from_secs(1));
 /// assert!(matches!(events.next().await, Some(Ok(Event::Snapshot(_)))));

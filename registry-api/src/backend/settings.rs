@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 ///
 /// ```
 /// use std::time::Duration;
-/// use registry_api::backend::check_duration;
+/// use waypost::backend::check_duration;
 /// let err = check_duration("flush_interval", Duration::ZERO, Duration::from_millis(1), Duration::from_secs(60))
 ///     .unwrap_err();
 /// assert!(err.to_string().contains("flush_interval"));

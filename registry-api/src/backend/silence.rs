@@ -16,7 +16,7 @@
 //!
 //! ```
 //! use std::time::{Duration, Instant};
-//! use registry_api::backend::Silence;
+//! use waypost::backend::Silence;
 //!
 //! let start = Instant::now();
 //! let mut judge = Silence::new();

@@ -16,7 +16,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use registry_api::backend::BackendUrl;
+//! use waypost::backend::BackendUrl;
 //!
 //! let mut url = BackendUrl::parse("etcd://a:2379,b:2379/registry?lease_ttl=10s").unwrap();
 //! assert_eq!(url.scheme(), "etcd");

@@ -15,7 +15,7 @@ pub const QUOTE_BYTES: usize = 64;
 /// value stays small.
 ///
 /// ```
-/// use registry_api::backend::quote;
+/// use waypost::backend::quote;
 /// assert_eq!(quote("zone"), "\"zone\"");
 /// let q = quote(&"x".repeat(1_000_000));
 /// assert!(q.len() < 100 && q.ends_with("(1000000 bytes)"), "{q}");
@@ -35,7 +35,7 @@ pub fn quote(value: &str) -> String {
 /// the bounded prefix an error message quotes of a value it names.
 ///
 /// ```
-/// use registry_api::backend::prefix;
+/// use waypost::backend::prefix;
 /// assert_eq!(prefix("zone", 10), "zone");
 /// assert_eq!(prefix("abcdef", 3), "abc…");
 /// ```
@@ -84,8 +84,8 @@ fn describe(c: char) -> String {
 /// ([`quote`]).
 ///
 /// ```
-/// use registry_api::backend::validate_endpoint;
-/// use registry_api::{Endpoint, ErrorKind};
+/// use waypost::backend::validate_endpoint;
+/// use waypost::{Endpoint, ErrorKind};
 /// let bad = Endpoint::new("payments", "", "10.0.0.1", 80);
 /// let err = validate_endpoint(&bad).unwrap_err();
 /// assert_eq!(err.kind(), ErrorKind::InvalidInput);
@@ -170,8 +170,8 @@ pub fn validate_ops(ops: &[Op]) -> Result<()> {
 /// naming the op or `ops`, and nothing is written.
 ///
 /// ```
-/// use registry_api::backend::check_batch;
-/// use registry_api::{Endpoint, Op};
+/// use waypost::backend::check_batch;
+/// use waypost::{Endpoint, Op};
 /// let ops = vec![Op::Register(Endpoint::new("s", "a", "h", 1)); 3];
 /// assert!(check_batch(&ops, 3).is_ok());
 /// assert!(check_batch(&ops, 2).unwrap_err().to_string().contains("at most 2"));

@@ -196,13 +196,13 @@ impl LocalWrites {
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-/// use registry_api::{Endpoint, Registry, cached::CachedRegistry, memory::MemoryRegistry};
+/// use waypost::{Endpoint, Registry, cached::CachedRegistry, memory::MemoryRegistry};
 /// let cached = CachedRegistry::new(MemoryRegistry::new());
 /// cached.register(Endpoint::new("api", "a", "127.0.0.1", 80)).await?;
 /// cached.wait_until_ready().await;
 /// assert_eq!(cached.store().list("api").map(|l| l.len()), Some(1));
 /// assert_eq!(cached.to_string(), "Cached(Memory)");
-/// # Ok::<(), registry_api::Error>(()) });
+/// # Ok::<(), waypost::Error>(()) });
 /// ```
 pub struct CachedRegistry<R> {
     inner: Arc<R>,

@@ -110,9 +110,9 @@ impl Store {
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
     /// use futures::StreamExt;
-    /// use registry_api::cached::CachedRegistry;
-    /// use registry_api::memory::MemoryRegistry;
-    /// use registry_api::{Endpoint, Registry};
+    /// use waypost::cached::CachedRegistry;
+    /// use waypost::memory::MemoryRegistry;
+    /// use waypost::{Endpoint, Registry};
     ///
     /// let cache = CachedRegistry::new(MemoryRegistry::new());
     /// cache.wait_until_ready().await;
@@ -120,7 +120,7 @@ impl Store {
     /// cache.register(Endpoint::new("api", "a", "10.0.0.1", 80)).await?;
     /// changes.next().await;
     /// assert_eq!(cache.store().snapshot().map(|s| s.len()), Some(1));
-    /// # Ok::<(), registry_api::Error>(())
+    /// # Ok::<(), waypost::Error>(())
     /// # }).unwrap();
     /// ```
     pub fn changes(&self) -> tokio_stream::wrappers::WatchStream<()> {

@@ -98,7 +98,7 @@ impl CoalescingConfig {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use registry_api::coalescing::CoalescingConfig;
+    /// use waypost::coalescing::CoalescingConfig;
     /// let bad = CoalescingConfig::default().with_flush_interval(Duration::ZERO);
     /// assert!(bad.validate().unwrap_err().to_string().contains("flush_interval"));
     /// ```

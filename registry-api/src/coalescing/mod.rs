@@ -59,13 +59,13 @@ use crate::traits::{Batch, Heartbeat, Registry, Watch};
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-/// use registry_api::{Endpoint, Registry, coalescing::Coalescing, memory::MemoryRegistry};
+/// use waypost::{Endpoint, Registry, coalescing::Coalescing, memory::MemoryRegistry};
 /// let reg = Coalescing::new(MemoryRegistry::new());
 /// reg.register(Endpoint::new("api", "a", "127.0.0.1", 80)).await?; // queued
 /// reg.flush().await;                                                 // applied
 /// assert_eq!(reg.get_ref().list("api").await?.len(), 1);
 /// assert_eq!(reg.to_string(), "Coalescing(Memory)");
-/// # Ok::<(), registry_api::Error>(()) });
+/// # Ok::<(), waypost::Error>(()) });
 /// ```
 pub struct Coalescing<B> {
     inner: Arc<B>,

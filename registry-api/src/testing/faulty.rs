@@ -15,10 +15,10 @@ use crate::traits::{Batch, EventStream, Registry, Watch};
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-/// use registry_api::{ErrorKind, Registry, testing::Faulty, memory::MemoryRegistry};
+/// use waypost::{ErrorKind, Registry, testing::Faulty, memory::MemoryRegistry};
 /// let reg = Faulty::new(MemoryRegistry::new());
 /// reg.fail_writes(1);
-/// let ep = registry_api::testing::ep("s", "a", 1);
+/// let ep = waypost::testing::ep("s", "a", 1);
 /// assert_eq!(reg.register(ep.clone()).await.unwrap_err().kind(), ErrorKind::Unavailable);
 /// reg.register(ep).await.unwrap();
 /// # });

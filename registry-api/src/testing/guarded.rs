@@ -11,7 +11,7 @@ use crate::traits::{Batch, Heartbeat, Registry, Watch};
 /// through [`Guarded::guard`] / [`Guarded::guard_mut`].
 ///
 /// ```
-/// use registry_api::{testing::Guarded, memory::MemoryRegistry};
+/// use waypost::{testing::Guarded, memory::MemoryRegistry};
 /// let dir = std::env::temp_dir(); // stands for a tempfile::TempDir
 /// let reg = Guarded::new(MemoryRegistry::new(), dir);
 /// assert_eq!(reg.to_string(), "Memory");

@@ -18,7 +18,7 @@
 //! ```ignore
 //! async fn make() -> MyRegistry { MyRegistry::open_for_test().await }
 //! async fn lose_history(reg: &MyRegistry) { reg.compact().await }
-//! registry_api::conformance_tests!(make, lose_history);
+//! waypost::conformance_tests!(make, lose_history);
 //! ```
 //!
 //! The parts: [`support`] (names, endpoints, bounded waits, watch helpers

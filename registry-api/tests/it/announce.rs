@@ -5,11 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use registry_api::announce::{announce, AnnounceConfig, AnnounceStatus};
-use registry_api::liveness::{Liveness, LivenessConfig};
-use registry_api::memory::MemoryRegistry;
-use registry_api::testing::{ep, eventually, wait_limit};
-use registry_api::{Endpoint, ErrorKind, Heartbeat, Registry};
+use waypost::announce::{announce, AnnounceConfig, AnnounceStatus};
+use waypost::liveness::{Liveness, LivenessConfig};
+use waypost::memory::MemoryRegistry;
+use waypost::testing::{ep, eventually, wait_limit};
+use waypost::{Endpoint, ErrorKind, Heartbeat, Registry};
 
 fn fast() -> AnnounceConfig {
     AnnounceConfig::default()
@@ -100,7 +100,7 @@ async fn liveness_removal_is_healed() {
 /// While the registry fails, the status says so; it recovers by itself.
 #[tokio::test]
 async fn a_failing_registry_shows_in_the_status_and_is_retried() {
-    let faulty = Arc::new(registry_api::testing::Faulty::new(MemoryRegistry::new()));
+    let faulty = Arc::new(waypost::testing::Faulty::new(MemoryRegistry::new()));
     faulty.set_down(true);
     let a = announce(Arc::clone(&faulty), mine(), fast()).unwrap();
     let mut status = a.status();

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use rand::RngExt;
-use registry_api::testing::{ep, eventually, next_event, Faulty};
-use registry_api::{
+use waypost::testing::{ep, eventually, next_event, Faulty};
+use waypost::{
     cached::{CachedConfig, CachedRegistry},
     coalescing::Coalescing,
     memory::MemoryRegistry,
@@ -239,9 +239,9 @@ mod cached_memory {
         c
     }
     async fn lose_history(reg: &Reg) {
-        registry_api::testing::overflow_history(reg, 70).await;
+        waypost::testing::overflow_history(reg, 70).await;
     }
-    registry_api::conformance_tests!(make, lose_history);
+    waypost::conformance_tests!(make, lose_history);
 }
 
 mod cached_coalescing_memory {
@@ -257,9 +257,9 @@ mod cached_coalescing_memory {
         c
     }
     async fn lose_history(reg: &Reg) {
-        registry_api::testing::overflow_history(reg, 70).await;
+        waypost::testing::overflow_history(reg, 70).await;
     }
-    registry_api::conformance_tests!(make, lose_history);
+    waypost::conformance_tests!(make, lose_history);
 }
 
 mod polling_memory {
@@ -275,9 +275,9 @@ mod polling_memory {
         .unwrap()
     }
     async fn lose_history(reg: &Reg) {
-        registry_api::testing::overflow_history(reg, 70).await;
+        waypost::testing::overflow_history(reg, 70).await;
     }
-    registry_api::conformance_tests!(make, lose_history);
+    waypost::conformance_tests!(make, lose_history);
 }
 
 /// A failed poll is reported on the stream (not hidden), the stream goes
@@ -300,7 +300,7 @@ async fn polling_reports_failed_polls_then_sends_a_fresh_snapshot() {
         "versions start at the clock"
     );
     poll.get_ref().set_down(true);
-    let reported = tokio::time::timeout(registry_api::testing::wait_limit(), w.next())
+    let reported = tokio::time::timeout(waypost::testing::wait_limit(), w.next())
         .await
         .expect("a failed poll was not reported");
     match reported {
@@ -314,7 +314,7 @@ async fn polling_reports_failed_polls_then_sends_a_fresh_snapshot() {
         .unwrap();
     poll.get_ref().set_down(false);
     loop {
-        match tokio::time::timeout(registry_api::testing::wait_limit(), w.next()).await {
+        match tokio::time::timeout(waypost::testing::wait_limit(), w.next()).await {
             Ok(Some(Err(_))) => continue, // more failed polls before the recovery
             Ok(Some(Ok(Event::Snapshot(s)))) => {
                 assert!(s.version() > first);
@@ -328,7 +328,7 @@ async fn polling_reports_failed_polls_then_sends_a_fresh_snapshot() {
 
 #[tokio::test]
 async fn hub_cuts_off_a_stalled_subscriber_and_serves_the_rest() {
-    let hub = Arc::new(registry_api::backend::Hub::new(64, 1024));
+    let hub = Arc::new(waypost::backend::Hub::new(64, 1024));
     let total = 1000u64;
     let stalled = hub.subscribe(None);
     let mut active = Vec::new();
@@ -445,7 +445,7 @@ async fn resync_replaces_what_the_cache_believed() {
     let Event::Snapshot(_) = next_event(&mut w, "snapshot").await else {
         panic!()
     };
-    tokio::time::timeout(registry_api::testing::wait_limit(), cached.resync())
+    tokio::time::timeout(waypost::testing::wait_limit(), cached.resync())
         .await
         .expect("the resync did not finish");
     assert_eq!(cached.list("s").await.unwrap(), vec![real]);
@@ -468,7 +468,7 @@ mod cached_memory_local_versions {
         c
     }
     async fn lose_history(reg: &Reg) {
-        registry_api::testing::overflow_history(reg, 70).await;
+        waypost::testing::overflow_history(reg, 70).await;
     }
-    registry_api::conformance_tests!(make, lose_history);
+    waypost::conformance_tests!(make, lose_history);
 }

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use registry_api::testing::{ep, next_event, Faulty};
-use registry_api::{
+use waypost::testing::{ep, next_event, Faulty};
+use waypost::{
     coalescing::{Coalescing, CoalescingConfig},
     memory::MemoryRegistry,
     Batch, EndpointKey, Error, ErrorKind, Event, Op, Registry, Watch,
@@ -77,7 +77,7 @@ async fn flushes_by_itself_at_the_op_threshold_and_on_the_interval() {
     for i in 0..5 {
         reg.register(ep("s", &format!("e{i}"), 1)).await.unwrap();
     }
-    registry_api::testing::eventually("the threshold flush", || async {
+    waypost::testing::eventually("the threshold flush", || async {
         (reg.get_ref().get_ref().list("s").await.unwrap().len() == 5).then_some(())
     })
     .await;
@@ -85,7 +85,7 @@ async fn flushes_by_itself_at_the_op_threshold_and_on_the_interval() {
     let cfg = CoalescingConfig::default().with_flush_interval(Duration::from_millis(20));
     let reg = Coalescing::with_config(faulty_memory(1000), cfg).unwrap();
     reg.register(ep("t", "one", 1)).await.unwrap();
-    registry_api::testing::eventually("the interval flush", || async {
+    waypost::testing::eventually("the interval flush", || async {
         (reg.get_ref().get_ref().list("t").await.unwrap().len() == 1).then_some(())
     })
     .await;
@@ -145,7 +145,7 @@ async fn full_queue_is_overloaded_and_loses_nothing() {
         let reg = Arc::clone(&reg);
         async move { reg.flush().await }
     });
-    registry_api::testing::eventually("the flusher to retry", || async {
+    waypost::testing::eventually("the flusher to retry", || async {
         (reg.get_ref().write_calls() >= 2).then_some(())
     })
     .await;
@@ -201,7 +201,7 @@ async fn ticket_resolves_when_durable_and_invalid_ops_are_refused_up_front() {
 async fn display_shows_the_chain() {
     let reg = Coalescing::new(MemoryRegistry::new());
     assert_eq!(reg.to_string(), "Coalescing(Memory)");
-    let cached = registry_api::cached::CachedRegistry::new(reg);
+    let cached = waypost::cached::CachedRegistry::new(reg);
     assert_eq!(cached.to_string(), "Cached(Coalescing(Memory))");
     assert!(!cached.capabilities().isolated_reads);
 }

@@ -6,13 +6,13 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use registry_api::{discover::discover, memory::MemoryRegistry, Endpoint, Health, Registry};
+use waypost::{discover::discover, memory::MemoryRegistry, Endpoint, Health, Registry};
 use tower::balance::p2c::Balance;
 use tower::load::Constant;
 use tower::{service_fn, Service, ServiceExt};
 
 fn ep(id: &str, port: u16) -> Endpoint {
-    registry_api::testing::ep("echo", id, port)
+    waypost::testing::ep("echo", id, port)
 }
 
 /// Send `n` requests through the balancer; count which endpoint answered.

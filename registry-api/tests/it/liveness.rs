@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use registry_api::testing::ep;
-use registry_api::{
+use waypost::testing::ep;
+use waypost::{
     liveness::{Liveness, LivenessConfig},
     memory::MemoryRegistry,
     Endpoint, Health, Heartbeat, Registry,
@@ -75,7 +75,7 @@ async fn unhealthy_at_30s_removed_at_5min_readmitted_by_heartbeat() {
     // After pruning the node is unknown: a heartbeat is NotFound, and its
     // agent registers again, which re-admits it.
     let err = reg.heartbeat("node-b").await.unwrap_err();
-    assert_eq!(err.kind(), registry_api::ErrorKind::NotFound, "{err}");
+    assert_eq!(err.kind(), waypost::ErrorKind::NotFound, "{err}");
     assert!(err.to_string().contains("node-b"), "{err}");
     assert!(!reg.nodes().contains_key("node-b"));
     reg.register(owned("b1", "node-b")).await.unwrap();

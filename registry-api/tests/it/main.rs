@@ -1,4 +1,4 @@
-//! The integration tests of `registry-api`, one module per area, in one
+//! The integration tests of `waypost`, one module per area, in one
 //! binary.
 
 #![allow(clippy::unwrap_used)]

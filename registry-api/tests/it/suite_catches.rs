@@ -6,9 +6,9 @@ use std::panic::AssertUnwindSafe;
 
 use async_trait::async_trait;
 use futures::FutureExt;
-use registry_api::memory::MemoryRegistry;
-use registry_api::testing;
-use registry_api::{
+use waypost::memory::MemoryRegistry;
+use waypost::testing;
+use waypost::{
     Batch, Capabilities, Endpoint, EndpointKey, EventStream, Heartbeat, Op, Registry, Result,
     Snapshot, Version, Watch,
 };
@@ -48,9 +48,9 @@ impl std::fmt::Display for Broken {
 impl Registry for Broken {
     async fn register(&self, endpoint: Endpoint) -> Result<()> {
         if self.flaw == Flaw::SizeLimitOffByOne
-            && registry_api::limits::encoded_len(&endpoint) >= self.capabilities().max_encoded_len
+            && waypost::limits::encoded_len(&endpoint) >= self.capabilities().max_encoded_len
         {
-            return Err(registry_api::Error::invalid("endpoint", "too large"));
+            return Err(waypost::Error::invalid("endpoint", "too large"));
         }
         self.inner.register(endpoint).await
     }

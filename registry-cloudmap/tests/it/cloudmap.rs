@@ -8,12 +8,12 @@ use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
 use common::{config, connect, harness, quiet_config, raw, start_moto};
-use registry_api::testing::{ep, eventually, unique};
-use registry_api::{Batch, Endpoint, Error, ErrorKind, Op, Registry};
-use registry_cloudmap::aws_sdk_servicediscovery::types::CustomHealthStatus;
-use registry_cloudmap::aws_sdk_servicediscovery::types::HealthStatusFilter;
-use registry_cloudmap::{layout, ReadMode, WriteMode};
-use registry_fixtures::MotoServer;
+use waypost::testing::{ep, eventually, unique};
+use waypost::{Batch, Endpoint, Error, ErrorKind, Op, Registry};
+use waypost_cloudmap::aws_sdk_servicediscovery::types::CustomHealthStatus;
+use waypost_cloudmap::aws_sdk_servicediscovery::types::HealthStatusFilter;
+use waypost_cloudmap::{layout, ReadMode, WriteMode};
+use waypost_fixtures::MotoServer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_discover_instances_sees_standard_attributes() {
@@ -158,7 +158,7 @@ async fn missing_namespace_is_not_found_when_creation_is_off() {
     let moto = start_moto();
     let cfg = config(&moto).with_create_namespace(false);
     let ns = cfg.namespace.clone();
-    let err = registry_cloudmap::CloudMapRegistry::with_sdk_config(common::sdk_config(), cfg)
+    let err = waypost_cloudmap::CloudMapRegistry::with_sdk_config(common::sdk_config(), cfg)
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
@@ -183,7 +183,7 @@ async fn snapshots_skip_unchanged_services_but_read_all_every_kth() {
         reg.register(ep(&a, "1", 1)).await.unwrap();
         reg.register(ep(&b, "1", 1)).await.unwrap();
 
-        let reads = |r: &registry_cloudmap::CloudMapRegistry| r.stats().instance_reads;
+        let reads = |r: &waypost_cloudmap::CloudMapRegistry| r.stats().instance_reads;
         let before = reads(&reg);
         let s0 = reg.snapshot().await.unwrap(); // cycle 0: full
         assert_eq!(
@@ -273,7 +273,7 @@ async fn health_change_without_revision_bump_is_seen_on_the_full_cycle() {
         before,
         "the health change moved the revision"
     );
-    let unhealthy = a.clone().with_health(registry_api::Health::Unhealthy);
+    let unhealthy = a.clone().with_health(waypost::Health::Unhealthy);
     for cycle in 1..k {
         let s = reg.snapshot().await.unwrap();
         assert_eq!(
@@ -414,7 +414,7 @@ async fn custom_health_hides_unhealthy_endpoints_from_healthy_discovery() {
     let reg = connect(config(&moto).with_custom_health(true)).await;
     let svc = unique("custom-health");
     let up = ep(&svc, "up", 1);
-    let down = ep(&svc, "down", 2).with_health(registry_api::Health::Unhealthy);
+    let down = ep(&svc, "down", 2).with_health(waypost::Health::Unhealthy);
     reg.register(up.clone()).await.unwrap();
     reg.register(down.clone()).await.unwrap();
     let discover = |filter: HealthStatusFilter| {
@@ -506,7 +506,7 @@ async fn probe_reads_the_namespace_and_reports_it_missing() {
     reg.probe().await.unwrap();
     assert_eq!(reg.stats().requests, before + 1, "one request per probe");
     // Through Polling, as servers use it.
-    let polled = registry_api::polling::Polling::new(reg.clone());
+    let polled = waypost::polling::Polling::new(reg.clone());
     polled.probe().await.unwrap();
     assert!(reg.snapshot().await.unwrap().is_empty(), "the probe wrote");
 
@@ -545,13 +545,13 @@ fn attributes_len(e: &Endpoint) -> usize {
 /// with empty values) still fits.
 #[test]
 fn the_size_limit_fits_cloud_maps_attributes() {
-    use registry_api::limits::{encoded_len, MAX_LABEL_VALUE_LEN, MAX_NAME_LEN};
+    use waypost::limits::{encoded_len, MAX_LABEL_VALUE_LEN, MAX_NAME_LEN};
     // Every optional attribute present: a host name, a hashed id, a node,
     // the longest protocol and health names, a five-digit port.
     let mut e = Endpoint::new("s", "i".repeat(MAX_NAME_LEN), "host.example", 65535)
         .with_node("n")
-        .with_protocol(registry_api::Protocol::Grpc)
-        .with_health(registry_api::Health::Unhealthy);
+        .with_protocol(waypost::Protocol::Grpc)
+        .with_health(waypost::Health::Unhealthy);
     // Labels with empty values (stored as `%`), then values that fill the
     // rest up to exactly the size limit.
     for i in 0..layout::MAX_LABELS {
@@ -580,7 +580,7 @@ fn the_size_limit_fits_cloud_maps_attributes() {
 /// 5,000 is stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn escaped_attributes_past_5000_characters_are_refused() {
-    use registry_api::limits::encoded_len;
+    use waypost::limits::encoded_len;
     const LABEL_PREFIX: usize = "label.".len();
     let h = harness().await;
     let svc = unique("escaped");
@@ -608,6 +608,6 @@ async fn escaped_attributes_past_5000_characters_are_refused() {
     let mut over = full.clone();
     over.labels.get_mut("zz").unwrap().push(' ');
     assert!(encoded_len(&over) < layout::MAX_ENCODED_LEN);
-    registry_api::testing::expect_invalid(h.register(over).await, "endpoint", "5,003 characters");
+    waypost::testing::expect_invalid(h.register(over).await, "endpoint", "5,003 characters");
     assert_eq!(h.list(&svc).await.unwrap(), vec![full]);
 }

@@ -1,4 +1,4 @@
-//! The registry-api conformance suite against Cloud Map on `moto`, through
+//! The waypost conformance suite against Cloud Map on `moto`, through
 //! `Polling` (50 ms), each check with an emulator and a namespace of its
 //! own; the only place it runs for this backend. It runs unmodified: Cloud
 //! Map's smaller limits (24 labels, 4,700 bytes) are in its capabilities,
@@ -7,7 +7,7 @@
 use crate::common;
 
 use common::{harness, Harness, HISTORY};
-use registry_api::testing::overflow_history;
+use waypost::testing::overflow_history;
 
 async fn make() -> Harness {
     harness().await
@@ -19,4 +19,4 @@ async fn lose_history(h: &Harness) {
     overflow_history(h, HISTORY + 2).await;
 }
 
-registry_api::conformance_tests!(make, lose_history);
+waypost::conformance_tests!(make, lose_history);

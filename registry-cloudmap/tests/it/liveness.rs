@@ -12,12 +12,12 @@ use std::time::Duration;
 
 use common::{config, connect, start_moto};
 use futures::future::join_all;
-use registry_api::liveness::LivenessConfig;
-use registry_api::stack::{stack, StackConfig};
-use registry_api::testing::{ep, eventually, unique};
-use registry_api::{Batch, Endpoint, Health, Heartbeat, Op, Registry};
-use registry_cloudmap::{layout, CloudMapConfig, CloudMapRegistry};
-use registry_fixtures::MotoServer;
+use waypost::liveness::LivenessConfig;
+use waypost::stack::{stack, StackConfig};
+use waypost::testing::{ep, eventually, unique};
+use waypost::{Batch, Endpoint, Health, Heartbeat, Op, Registry};
+use waypost_cloudmap::{layout, CloudMapConfig, CloudMapRegistry};
+use waypost_fixtures::MotoServer;
 use tokio::time::Instant;
 
 const SUSPECT: Duration = Duration::from_secs(3);
@@ -246,7 +246,7 @@ async fn records_are_written_by_registrations_not_by_unknown_heartbeats() {
     let moto = start_moto();
     let [one, _two] = pair(&moto, LivenessConfig::default()).await;
     let err = one.heartbeat("node-ghost").await.unwrap_err();
-    assert_eq!(err.kind(), registry_api::ErrorKind::NotFound, "{err}");
+    assert_eq!(err.kind(), waypost::ErrorKind::NotFound, "{err}");
     assert!(err.to_string().contains("node-ghost"), "{err}");
     assert!(one.node_records().await.unwrap().is_empty());
     let svc = unique("rec");

@@ -1,4 +1,4 @@
-//! The integration tests of `registry-cloudmap`, one module per area, in one
+//! The integration tests of `waypost-cloudmap`, one module per area, in one
 //! binary.
 
 #![allow(clippy::unwrap_used)]

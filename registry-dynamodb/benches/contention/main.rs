@@ -1,7 +1,7 @@
 //! The change log's head under contention: 3, 10 and 50 writers (each a
 //! registry of its own, as clusters sharing one table are), each
 //! committing a batch every 100 ms. Run with
-//! `cargo bench -p registry-dynamodb --bench contention` (with `-- model`,
+//! `cargo bench -p waypost-dynamodb --bench contention` (with `-- model`,
 //! the counting model alone: a few seconds).
 //!
 //! Two measurements, each against one writer alone in the same run:
@@ -36,8 +36,8 @@ mod rng;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use registry_api::{Batch, Endpoint, ErrorKind, Op};
-use registry_dynamodb::{DynamoDbRegistry, WatchMode};
+use waypost::{Batch, Endpoint, ErrorKind, Op};
+use waypost_dynamodb::{DynamoDbRegistry, WatchMode};
 
 /// The batch interval.
 const INTERVAL: Duration = Duration::from_millis(100);
@@ -117,7 +117,7 @@ fn model_runs() {
     println!(
         "model: one way 1 ms, a cancellation or a read answered in 1 ms, the retry policy of the crate \
          (at most {} transactions a batch)",
-        registry_dynamodb::CHANGELOG_ATTEMPTS
+        waypost_dynamodb::CHANGELOG_ATTEMPTS
     );
     for (heads, hold) in HEADS
         .iter()
@@ -140,7 +140,7 @@ fn model_runs() {
 /// `writers` registries on a fresh table of `moto` (through a serial
 /// proxy), each committing two endpoints every [`INTERVAL`] for `run`.
 async fn moto_row(
-    moto: &registry_fixtures::MotoServer,
+    moto: &waypost_fixtures::MotoServer,
     writers: usize,
     heads: u32,
     run: Duration,
@@ -229,7 +229,7 @@ async fn moto_row(
 }
 
 async fn moto_runs() {
-    let moto = registry_fixtures::MotoServer::start_async().await.unwrap();
+    let moto = waypost_fixtures::MotoServer::start_async().await.unwrap();
     let run = Duration::from_secs(10);
     for heads in [1, 32] {
         let what = &format!("moto, serial, {heads} head(s)");

@@ -29,9 +29,9 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::Duration;
 
-use registry_api::coalescing::CoalescingConfig;
-use registry_api::EndpointKey;
-use registry_dynamodb::{changelog_head_of, changelog_retry_ceiling, CHANGELOG_ATTEMPTS};
+use waypost::coalescing::CoalescingConfig;
+use waypost::EndpointKey;
+use waypost_dynamodb::{changelog_head_of, changelog_retry_ceiling, CHANGELOG_ATTEMPTS};
 
 use crate::rng::Rng;
 

@@ -3,7 +3,7 @@
 //! head's entries are read back.
 
 use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, TransactWriteItem, Update};
-use registry_api::{EndpointKey, Error, Op, Result};
+use waypost::{EndpointKey, Error, Op, Result};
 
 use crate::error::map_sdk;
 use crate::layout::{self, Item, LOG_PARTITION};
@@ -39,8 +39,8 @@ pub(crate) fn log_partition(head: u32) -> String {
 /// history is in one head's order.
 ///
 /// ```
-/// use registry_api::EndpointKey;
-/// use registry_dynamodb::changelog_head_of;
+/// use waypost::EndpointKey;
+/// use waypost_dynamodb::changelog_head_of;
 /// let key = EndpointKey::new("api", "a");
 /// assert_eq!(changelog_head_of(&key, 1), 0);
 /// assert_eq!(changelog_head_of(&key, 8), changelog_head_of(&key, 8));

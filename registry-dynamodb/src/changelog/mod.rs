@@ -46,7 +46,7 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::TransactWriteItem;
-use registry_api::{EndpointKey, Error, Op, Result};
+use waypost::{EndpointKey, Error, Op, Result};
 
 pub use items::changelog_head_of;
 use items::{entry_id, log_partition, pack, Part, HEAD_ID};
@@ -68,7 +68,7 @@ pub const CHANGELOG_MAX_HEADS: u32 = 64;
 /// falls from [`CHANGELOG_MAX_BATCH`] with one head to 32 with 32 or more.
 ///
 /// ```
-/// use registry_dynamodb::{changelog_max_batch, CHANGELOG_MAX_BATCH};
+/// use waypost_dynamodb::{changelog_max_batch, CHANGELOG_MAX_BATCH};
 /// assert_eq!(changelog_max_batch(1), CHANGELOG_MAX_BATCH);
 /// assert_eq!(changelog_max_batch(16), 64);
 /// assert_eq!(changelog_max_batch(64), 32);
@@ -105,12 +105,12 @@ const RETRY_CAP: Duration = Duration::from_millis(250);
 /// The ceiling of the pause before the `attempt`-th retry (1-based) of a
 /// change log batch that lost the race for the head, when the lost
 /// transaction took `round_trip`; the pause is drawn from zero to it
-/// ([`registry_api::backend::full_jitter`]). Public for models of
+/// ([`waypost::backend::full_jitter`]). Public for models of
 /// contention, such as the crate's `contention` bench.
 ///
 /// ```
 /// use std::time::Duration;
-/// use registry_dynamodb::changelog_retry_ceiling;
+/// use waypost_dynamodb::changelog_retry_ceiling;
 /// let ms = Duration::from_millis;
 /// assert_eq!(changelog_retry_ceiling(1, ms(10)), ms(10));
 /// assert_eq!(changelog_retry_ceiling(2, ms(10)), ms(20));
@@ -126,7 +126,7 @@ pub fn changelog_retry_ceiling(attempt: u32, round_trip: Duration) -> Duration {
 
 /// The pause before the `attempt`-th retry after a lost race.
 fn race_pause(attempt: u32, round_trip: Duration) -> Duration {
-    registry_api::backend::full_jitter(changelog_retry_ceiling(attempt, round_trip))
+    waypost::backend::full_jitter(changelog_retry_ceiling(attempt, round_trip))
 }
 
 /// Whether a cancelled transaction lost the race for the head (the head's

@@ -20,7 +20,7 @@
 //!   it over the scan (which makes each key's state the one at its head
 //!   read last, without moving any endpoint back in its history), and goes
 //!   on from there. The first
-//!   state is sent as [`registry_api::Event::Snapshot`], later ones as the difference.
+//!   state is sent as [`waypost::Event::Snapshot`], later ones as the difference.
 //! - **Checks**: every `changelog_check_interval` (±20 %) the reader
 //!   resyncs anyway, so that what bypasses the log (another tool's
 //!   writes, endpoints expired by `item_ttl`) reaches its watchers as the
@@ -34,8 +34,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use registry_api::backend::{backoff, Hub};
-use registry_api::{Error, EventStream, Version};
+use waypost::backend::{backoff, Hub};
+use waypost::{Error, EventStream, Version};
 
 use crate::changelog::Entry;
 use crate::shards::Change;
@@ -172,7 +172,7 @@ async fn run(table: Arc<Table>, hub: Weak<Hub>) {
         .cfg
         .changelog_check_interval
         .max(Duration::from_secs(1));
-    let next = || Instant::now() + registry_api::backend::spread(every, 0.2);
+    let next = || Instant::now() + waypost::backend::spread(every, 0.2);
     let mut check_at = next();
     let mut delays = backoff(Duration::from_millis(100), Duration::from_secs(10));
     loop {
@@ -332,7 +332,7 @@ async fn resync(table: &Table, hub: &Weak<Hub>, r: &mut Reader) -> Result<(), Er
 #[cfg(test)]
 mod tests {
     use super::*;
-    use registry_api::testing::ep;
+    use waypost::testing::ep;
 
     fn entry(version: u64, last: u64, id: &str) -> Entry {
         Entry {

@@ -9,11 +9,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use common::{config, shared_moto, RecordingProxy};
-use registry_api::testing::{eventually, first_snapshot, unique, wait_limit};
-use registry_api::{Batch, Endpoint, EndpointKey, Event, EventStream, Op, Registry, Watch};
-use registry_dynamodb::aws_sdk_dynamodb::types::AttributeValue;
-use registry_dynamodb::{DynamoDbConfig, DynamoDbRegistry, WatchMode};
-use registry_fixtures::MotoServer;
+use waypost::testing::{eventually, first_snapshot, unique, wait_limit};
+use waypost::{Batch, Endpoint, EndpointKey, Event, EventStream, Op, Registry, Watch};
+use waypost_dynamodb::aws_sdk_dynamodb::types::AttributeValue;
+use waypost_dynamodb::{DynamoDbConfig, DynamoDbRegistry, WatchMode};
+use waypost_fixtures::MotoServer;
 
 /// The partition of the log and the sort key of its head, as the crate
 /// docs give them.
@@ -93,7 +93,7 @@ async fn delete_entry(reg: &DynamoDbRegistry, version: u64) {
         .table_name(reg.table())
         .key("service", AttributeValue::S(LOG.into()))
         .key("id", AttributeValue::S(format!("v{version:020}")))
-        .return_values(registry_dynamodb::aws_sdk_dynamodb::types::ReturnValue::AllOld)
+        .return_values(waypost_dynamodb::aws_sdk_dynamodb::types::ReturnValue::AllOld)
         .send()
         .await
         .unwrap();
@@ -445,7 +445,7 @@ async fn an_item_removed_behind_the_logs_back_leaves_every_reader() {
         .table_name(writer.table())
         .key("service", AttributeValue::S(svc.clone()))
         .key("id", AttributeValue::S("gone".into()))
-        .return_values(registry_dynamodb::aws_sdk_dynamodb::types::ReturnValue::AllOld)
+        .return_values(waypost_dynamodb::aws_sdk_dynamodb::types::ReturnValue::AllOld)
         .send()
         .await
         .unwrap();
@@ -550,7 +550,7 @@ async fn four_heads_every_reader_sees_each_keys_history_in_order() {
             }
             for (key, port) in changed {
                 assert_eq!(
-                    registry_dynamodb::changelog_head_of(&key, heads),
+                    waypost_dynamodb::changelog_head_of(&key, heads),
                     h,
                     "{key} on head {h}"
                 );
@@ -576,7 +576,7 @@ async fn four_heads_every_reader_sees_each_keys_history_in_order() {
     let other = changelog_registry(&cfg.clone().with_changelog_heads(1)).await;
     let shared = (0..6)
         .map(|k| EndpointKey::new(&svc, format!("shared-{k}")))
-        .find(|k| registry_dynamodb::changelog_head_of(k, heads) == 0)
+        .find(|k| waypost_dynamodb::changelog_head_of(k, heads) == 0)
         .unwrap_or_else(|| EndpointKey::new(&svc, "shared-0"));
     let err = other
         .register(Endpoint::new(&svc, &shared.id, "10.9.9.9", 9))

@@ -1,6 +1,6 @@
-//! The registry-api conformance suite against moto, the only place it runs
+//! The waypost conformance suite against moto, the only place it runs
 //! for this backend: once on tables with a stream (native watch) and once
-//! on tables without (`Polling` every 50 ms, as `registry_api::stack::stack`
+//! on tables without (`Polling` every 50 ms, as `waypost::stack::stack`
 //! wraps such a registry), and once in change log mode
 //! (`WatchMode::ChangeLog`), with one head and with eight: the ways this
 //! backend is watched. Each check
@@ -9,10 +9,10 @@
 use crate::common;
 
 use common::Harness;
-use registry_api::polling::Polling;
-use registry_api::testing::{overflow_history, Guarded};
-use registry_api::{Registry, Watch};
-use registry_dynamodb::DynamoDbRegistry;
+use waypost::polling::Polling;
+use waypost::testing::{overflow_history, Guarded};
+use waypost::{Registry, Watch};
+use waypost_dynamodb::DynamoDbRegistry;
 
 /// More changes than the watch history (64) holds, seen by a watch.
 async fn lose_history<R: Registry + Watch>(reg: &R) {
@@ -24,7 +24,7 @@ mod with_stream {
     async fn make() -> Guarded<DynamoDbRegistry> {
         Harness::new(true).await.guarded()
     }
-    registry_api::conformance_tests!(make, super::lose_history);
+    waypost::conformance_tests!(make, super::lose_history);
 }
 
 mod polling {
@@ -32,7 +32,7 @@ mod polling {
     async fn make() -> Guarded<Polling<DynamoDbRegistry>> {
         Harness::new(false).await.polled()
     }
-    registry_api::conformance_tests!(make, super::lose_history);
+    waypost::conformance_tests!(make, super::lose_history);
 }
 
 mod changelog {
@@ -42,19 +42,19 @@ mod changelog {
         assert!(h.reg.uses_changelog());
         h.guarded()
     }
-    registry_api::conformance_tests!(make, super::lose_history);
+    waypost::conformance_tests!(make, super::lose_history);
 }
 
 mod changelog_heads {
     use super::*;
     async fn make() -> Guarded<DynamoDbRegistry> {
         let h = Harness::with_config(false, |c| {
-            c.with_watch(registry_dynamodb::WatchMode::ChangeLog)
+            c.with_watch(waypost_dynamodb::WatchMode::ChangeLog)
                 .with_changelog_heads(8)
         })
         .await;
         assert!(h.reg.uses_changelog());
         h.guarded()
     }
-    registry_api::conformance_tests!(make, super::lose_history);
+    waypost::conformance_tests!(make, super::lose_history);
 }

@@ -8,18 +8,18 @@ use std::time::Duration;
 
 use common::{config, Harness, RecordingProxy, TRANSACT_TARGET};
 use futures::StreamExt;
-use registry_api::polling::{Polling, PollingConfig};
-use registry_api::testing::{
+use waypost::polling::{Polling, PollingConfig};
+use waypost::testing::{
     assert_kind, ep, eventually, follow_until, next_event, unique, wait_limit,
 };
-use registry_api::{
+use waypost::{
     cached::{CachedConfig, CachedRegistry},
     coalescing::{Coalescing, CoalescingConfig},
     Batch, Endpoint, EndpointKey, ErrorKind, Event, EventStream, Op, Registry, Watch,
 };
-use registry_dynamodb::aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
-use registry_dynamodb::{DynamoDbConfig, DynamoDbRegistry};
-use registry_fixtures::MotoServer;
+use waypost_dynamodb::aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
+use waypost_dynamodb::{DynamoDbConfig, DynamoDbRegistry};
+use waypost_fixtures::MotoServer;
 
 /// The batch rule: 101 ops are refused before anything is sent; 100 ops
 /// are one transaction, with a token of its own.
@@ -40,7 +40,7 @@ async fn batch_over_100_ops_is_refused_and_100_are_one_transaction() {
     let register =
         |eps: &[Endpoint]| -> Vec<Op> { eps.iter().cloned().map(Op::Register).collect() };
     let err = reg.apply(register(&eps[..101])).await.unwrap_err();
-    registry_api::testing::expect_invalid::<()>(Err(err), "ops", "101 ops");
+    waypost::testing::expect_invalid::<()>(Err(err), "ops", "101 ops");
     assert_eq!(proxy.count(TRANSACT_TARGET), 0, "a refused batch was sent");
     assert!(reg.list(&svc).await.unwrap().is_empty());
     let err = reg
@@ -212,7 +212,7 @@ async fn a_dead_server_is_unavailable_naming_the_endpoint() {
 
     moto.kill();
     let url = moto.url().to_string();
-    let check = |res: registry_api::Result<()>, what: &str| {
+    let check = |res: waypost::Result<()>, what: &str| {
         let err = assert_kind(res, ErrorKind::Unavailable);
         assert!(err.is_retryable());
         assert!(err.to_string().contains(&url), "{what}: {err}");
@@ -239,7 +239,7 @@ async fn a_dead_server_is_unavailable_naming_the_endpoint() {
 
 /// The next item of `w` within [`wait_limit`]: an event or a reported
 /// failure. Panics on timeout or on the end of the stream.
-async fn next_item(w: &mut EventStream, what: &str) -> registry_api::Result<Event> {
+async fn next_item(w: &mut EventStream, what: &str) -> waypost::Result<Event> {
     match tokio::time::timeout(wait_limit(), w.next()).await {
         Ok(Some(item)) => item,
         Ok(None) => panic!("watch ended while waiting for {what}"),
@@ -407,7 +407,7 @@ async fn a_polled_table_reports_failed_polls() {
     );
     assert!(err.to_string().contains(&h.cfg.table), "{err}");
     assert!(
-        err.to_string().contains("registry_api::stack::stack"),
+        err.to_string().contains("waypost::stack::stack"),
         "{err}"
     );
     assert!(own.next().await.is_none(), "the refusal ends the stream");
@@ -702,8 +702,8 @@ const SCAN: &str = "DynamoDB_20120810.Scan";
 /// Read `w` until `service` holds `want`; every event must be a delta (no
 /// snapshot) and name a key at most once.
 async fn deltas_until(
-    w: &mut registry_api::EventStream,
-    state: &mut registry_api::Snapshot,
+    w: &mut waypost::EventStream,
+    state: &mut waypost::Snapshot,
     svc: &str,
     want: &[Endpoint],
 ) {

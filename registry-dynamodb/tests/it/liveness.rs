@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::Harness;
-use registry_api::liveness::LivenessConfig;
-use registry_api::stack::{stack, StackConfig};
-use registry_api::testing::{ep, eventually, unique};
-use registry_api::{Endpoint, Health, Heartbeat, Registry};
-use registry_dynamodb::{DynamoDbConfig, DynamoDbRegistry, WatchMode};
+use waypost::liveness::LivenessConfig;
+use waypost::stack::{stack, StackConfig};
+use waypost::testing::{ep, eventually, unique};
+use waypost::{Endpoint, Health, Heartbeat, Registry};
+use waypost_dynamodb::{DynamoDbConfig, DynamoDbRegistry, WatchMode};
 
 const SUSPECT: Duration = Duration::from_millis(3000);
 const REMOVE: Duration = Duration::from_millis(7000);

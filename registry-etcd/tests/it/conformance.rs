@@ -1,14 +1,14 @@
-//! The registry-api conformance suite against a real etcd (the
-//! `registry_fixtures` fixture), the only place it runs for this backend:
+//! The waypost conformance suite against a real etcd (the
+//! `waypost_fixtures` fixture), the only place it runs for this backend:
 //! each check gets an etcd of its own, because `lose_history` compacts the
 //! whole server.
 
-use registry_api::testing::Guarded;
-use registry_etcd::EtcdRegistry;
-use registry_fixtures::EtcdServer;
+use waypost::testing::Guarded;
+use waypost_etcd::EtcdRegistry;
+use waypost_fixtures::EtcdServer;
 
 async fn make() -> Guarded<EtcdRegistry> {
-    registry_fixtures::registries::etcd()
+    waypost_fixtures::registries::etcd()
         .await
         .expect("a registry on a fixture etcd (apt-get install etcd-server)")
 }
@@ -16,9 +16,9 @@ async fn make() -> Guarded<EtcdRegistry> {
 /// Compact etcd past every change made so far.
 async fn lose_history(reg: &Guarded<EtcdRegistry>) {
     let etcd = reg.guard::<EtcdServer>().expect("the etcd fixture");
-    registry_fixtures::registries::compact_etcd(etcd.endpoint())
+    waypost_fixtures::registries::compact_etcd(etcd.endpoint())
         .await
         .expect("compact");
 }
 
-registry_api::conformance_tests!(make, lose_history);
+waypost::conformance_tests!(make, lose_history);

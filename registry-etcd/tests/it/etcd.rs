@@ -1,4 +1,4 @@
-//! etcd-specific behaviour against a real etcd (the `registry_fixtures`
+//! etcd-specific behaviour against a real etcd (the `waypost_fixtures`
 //! fixture): key layout, the batch rule, leases, compaction and restarts during a watch.
 
 use crate::common;
@@ -6,13 +6,13 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use common::{addr, client, compact, config, restart, start_etcd, CutProxy};
-use registry_api::testing::{
+use waypost::testing::{
     ep, eventually, expect_invalid, follow_until, next_event, next_for, next_for_with, next_item,
     service_state, unique, wait_limit, OnErr,
 };
-use registry_api::{Batch, EndpointKey, ErrorKind, Event, Heartbeat, Op, Registry, Watch};
-use registry_etcd::etcd_client::{GetOptions, PutOptions};
-use registry_etcd::{EtcdConfig, EtcdRegistry};
+use waypost::{Batch, EndpointKey, ErrorKind, Event, Heartbeat, Op, Registry, Watch};
+use waypost_etcd::etcd_client::{GetOptions, PutOptions};
+use waypost_etcd::{EtcdConfig, EtcdRegistry};
 
 async fn connect(cfg: EtcdConfig) -> EtcdRegistry {
     EtcdRegistry::connect(cfg).await.expect("connect")
@@ -368,7 +368,7 @@ async fn probe_writes_nothing_and_reports_an_outage() {
         .get("/", Some(GetOptions::new().with_prefix().with_count_only()))
         .await
         .expect("count");
-    let rev = |r: &registry_etcd::etcd_client::GetResponse| r.header().map(|h| h.revision());
+    let rev = |r: &waypost_etcd::etcd_client::GetResponse| r.header().map(|h| h.revision());
     assert_eq!(rev(&after), rev(&before), "the probe made a revision");
     assert_eq!(after.count(), before.count(), "the probe created a key");
     let under = raw
@@ -392,7 +392,7 @@ async fn probe_writes_nothing_and_reports_an_outage() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probe_of_a_read_only_user_is_unauthorized() {
-    use registry_etcd::etcd_client::{Permission, PermissionType};
+    use waypost_etcd::etcd_client::{Permission, PermissionType};
     let etcd = start_etcd().await;
     let cfg = config(etcd.endpoint());
     let prefix = cfg.prefix.clone();

@@ -1,4 +1,4 @@
-//! The integration tests of `registry-etcd`, one module per area, in one
+//! The integration tests of `waypost-etcd`, one module per area, in one
 //! binary.
 
 mod common;

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use registry_api::{Endpoint, EndpointKey, Registry};
-use registry_gossip::{GossipConfig, GossipRegistry};
+use waypost::{Endpoint, EndpointKey, Registry};
+use waypost_gossip::{GossipConfig, GossipRegistry};
 
 /// Bytes handed to the socket by chitchat, counted through its transport.
 struct Counting {
@@ -73,7 +73,7 @@ pub struct Run {
     pub idle_per_node_s: f64,
 }
 
-/// registry-gossip's tokio driver, default timings, on 127.0.0.1; every
+/// waypost-gossip's tokio driver, default timings, on 127.0.0.1; every
 /// node joins through the first.
 pub async fn gossip_udp(n: usize) -> Run {
     let started = Instant::now();
@@ -258,7 +258,7 @@ pub fn compare(sizes: &[usize], runs: usize) {
             ours.push(rt.block_on(gossip_udp(n)));
             theirs.push(rt.block_on(chitchat_udp(n)));
         }
-        for (name, r) in [("registry-gossip", &ours), ("chitchat", &theirs)] {
+        for (name, r) in [("waypost-gossip", &ours), ("chitchat", &theirs)] {
             let f = med_worst(r, |x| x.formed.as_secs_f64());
             let c = med_worst(r, |x| x.converge.as_secs_f64() * 1e3);
             let b = med_worst(r, |x| x.bytes_per_node);

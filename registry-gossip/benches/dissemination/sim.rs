@@ -1,4 +1,4 @@
-//! The simulated measurement: N `Machine`s in `registry_gossip::sim`
+//! The simulated measurement: N `Machine`s in `waypost_gossip::sim`
 //! with its defaults (a lossless network with 1–5 ms of delay, simulated
 //! time in 5 ms steps, timers fired earliest deadline first, so a step
 //! costs what happens in it, not a scan of every node).
@@ -6,9 +6,9 @@
 use std::time::{Duration, Instant};
 
 use rand::RngExt;
-use registry_api::{Endpoint, EndpointKey};
-use registry_gossip::sim::{Sim, SimConfig};
-use registry_gossip::GossipConfig;
+use waypost::{Endpoint, EndpointKey};
+use waypost_gossip::sim::{Sim, SimConfig};
+use waypost_gossip::GossipConfig;
 
 pub struct Row {
     /// From the start until every node lists every other, or `None` when
@@ -125,7 +125,7 @@ pub fn measure(
         sim.step();
     }
     let late_join = sim.members_complete().then(|| sim.now() - t1);
-    let sum = |f: fn(&registry_gossip::Stats) -> u64| -> u64 {
+    let sum = |f: fn(&waypost_gossip::Stats) -> u64| -> u64 {
         sim.alive().map(|(_, m)| f(&m.stats())).sum()
     };
     let sums = Sums {

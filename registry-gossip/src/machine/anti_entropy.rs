@@ -19,7 +19,7 @@ use std::net::SocketAddr;
 
 use rand::rngs::SmallRng;
 use rand::RngExt;
-use registry_api::EndpointKey;
+use waypost::EndpointKey;
 
 use super::stats::Stats;
 use super::store::Store;

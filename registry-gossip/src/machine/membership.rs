@@ -15,7 +15,7 @@ use bytes::Bytes;
 use foca::{AccumulatingRuntime, BroadcastHandler, Foca, Invalidates, OwnedNotification, Timer};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
-use registry_api::EndpointKey;
+use waypost::EndpointKey;
 
 use super::store::StoreHandle;
 use crate::config::GossipConfig;

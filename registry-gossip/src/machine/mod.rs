@@ -39,7 +39,7 @@ use std::time::Duration;
 
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
-use registry_api::{Endpoint, EndpointKey, Op};
+use waypost::{Endpoint, EndpointKey, Op};
 
 use self::anti_entropy::AntiEntropy;
 use self::membership::{Membership, Notice};
@@ -123,7 +123,7 @@ impl Machine {
         node: NodeId,
         seed: u64,
         now: Duration,
-    ) -> registry_api::Result<Self> {
+    ) -> waypost::Result<Self> {
         let settings = Settings::new(config, &node)?;
         let settings_fast = settings.member_sync_fast;
         let identity = GossipId {
@@ -221,7 +221,7 @@ impl Machine {
     }
 
     /// Register (upsert) `endpoint` as owned by this node.
-    pub fn register(&mut self, endpoint: Endpoint, now: Duration) -> registry_api::Result<()> {
+    pub fn register(&mut self, endpoint: Endpoint, now: Duration) -> waypost::Result<()> {
         endpoint.validate()?;
         self.set_now(now);
         self.write(Op::Register(endpoint));
@@ -239,8 +239,8 @@ impl Machine {
 
     /// Apply `ops` in order, all locally at once (the cluster sees them as
     /// separate writes).
-    pub fn apply(&mut self, ops: Vec<Op>, now: Duration) -> registry_api::Result<()> {
-        registry_api::backend::validate_ops(&ops)?;
+    pub fn apply(&mut self, ops: Vec<Op>, now: Duration) -> waypost::Result<()> {
+        waypost::backend::validate_ops(&ops)?;
         self.set_now(now);
         for op in ops {
             self.write(op);

@@ -11,7 +11,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use registry_api::{Endpoint, EndpointKey, Op};
+use waypost::{Endpoint, EndpointKey, Op};
 
 use super::stats::Stats;
 use super::store::Store;
@@ -154,7 +154,7 @@ mod tests {
 
     use std::time::Duration;
 
-    use registry_api::{Endpoint, EndpointKey, Op};
+    use waypost::{Endpoint, EndpointKey, Op};
 
     use super::{Ownership, Store};
     use crate::crdt::{micros, Entry, NodeId, Stamp};

@@ -44,9 +44,9 @@ pub(super) struct Settings {
 impl Settings {
     /// Check `config` ([`GossipConfig::validate`]) for a node named `node`.
     /// Fails with `InvalidInput` when the configuration cannot work.
-    pub(super) fn new(config: &GossipConfig, node: &NodeId) -> registry_api::Result<Self> {
+    pub(super) fn new(config: &GossipConfig, node: &NodeId) -> waypost::Result<Self> {
         config.validate()?;
-        registry_api::backend::check_name("node_name", node.as_str(), true)?;
+        waypost::backend::check_name("node_name", node.as_str(), true)?;
         if node.as_str().len() > usize::from(u8::MAX) {
             return Err(error::config(
                 "node_name",

@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use registry_api::EndpointKey;
+use waypost::EndpointKey;
 
 use super::stats;
 use crate::crdt::{micros, Change, Entry, Replica};

@@ -13,8 +13,8 @@ use crate::crdt::NodeId;
 ///
 /// ```
 /// use std::time::Duration;
-/// use registry_gossip::sim::{Network, Sim, SimConfig};
-/// use registry_gossip::GossipConfig;
+/// use waypost_gossip::sim::{Network, Sim, SimConfig};
+/// use waypost_gossip::GossipConfig;
 ///
 /// let lossy = Network::default()
 ///     .with_loss(0.2)
@@ -24,7 +24,7 @@ use crate::crdt::NodeId;
 /// let a = sim.add(None);
 /// sim.add(Some(a));
 /// assert!(sim.run_until(Duration::from_secs(30), Sim::members_complete));
-/// # Ok::<(), registry_api::Error>(())
+/// # Ok::<(), waypost::Error>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct SimConfig {

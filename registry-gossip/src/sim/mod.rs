@@ -16,9 +16,9 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use registry_api::{Endpoint, EndpointKey};
-//! use registry_gossip::sim::{Sim, SimConfig};
-//! use registry_gossip::GossipConfig;
+//! use waypost::{Endpoint, EndpointKey};
+//! use waypost_gossip::sim::{Sim, SimConfig};
+//! use waypost_gossip::GossipConfig;
 //!
 //! let mut sim = Sim::new(SimConfig::new(GossipConfig::new()).with_seed(1))?;
 //! sim.boot(8, Duration::from_millis(200));
@@ -28,7 +28,7 @@
 //! assert!(sim.run_until(Duration::from_secs(10), |s| s
 //!     .alive()
 //!     .all(|(_, m)| m.endpoint(&key).is_some())));
-//! # Ok::<(), registry_api::Error>(())
+//! # Ok::<(), waypost::Error>(())
 //! ```
 
 mod config;
@@ -40,7 +40,7 @@ use std::time::Duration;
 
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
-use registry_api::{Endpoint, EndpointKey};
+use waypost::{Endpoint, EndpointKey};
 
 pub use self::config::{
     default_identity, ClockSkew, Delivery, Identity, Network, NodeStart, SimConfig, TickOrder,
@@ -114,7 +114,7 @@ impl Sim {
     /// An empty simulation. Fails with `InvalidInput` when the gossip
     /// configuration cannot work, the step is zero or the network's
     /// probabilities or delays make no sense.
-    pub fn new(config: SimConfig) -> registry_api::Result<Sim> {
+    pub fn new(config: SimConfig) -> waypost::Result<Sim> {
         config.gossip.validate()?;
         if config.step.is_zero() {
             return Err(error::config("step", "must be above zero"));
@@ -278,7 +278,7 @@ impl Sim {
     }
 
     /// Register `endpoint` on node `i` ([`Machine::register`]).
-    pub fn register(&mut self, i: usize, endpoint: Endpoint) -> registry_api::Result<()> {
+    pub fn register(&mut self, i: usize, endpoint: Endpoint) -> waypost::Result<()> {
         self.with_node(i, |m, now| m.register(endpoint, now))
     }
 

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use registry_api::testing::{overflow_history, Guarded};
-use registry_gossip::{GossipConfig, GossipRegistry};
+use waypost::testing::{overflow_history, Guarded};
+use waypost_gossip::{GossipConfig, GossipRegistry};
 
 const HISTORY: usize = 64;
 
@@ -28,7 +28,7 @@ async fn make() -> Pair {
     let peer = GossipRegistry::start(config().with_seeds([node.local_addr()]))
         .await
         .unwrap();
-    registry_api::testing::eventually("the pair to join", || async {
+    waypost::testing::eventually("the pair to join", || async {
         (node.members().len() == 1 && peer.members().len() == 1).then_some(())
     })
     .await;
@@ -40,4 +40,4 @@ async fn lose_history(reg: &Pair) {
     overflow_history(reg, HISTORY + 1).await;
 }
 
-registry_api::conformance_tests!(make, lose_history);
+waypost::conformance_tests!(make, lose_history);

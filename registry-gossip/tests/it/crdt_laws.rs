@@ -5,9 +5,9 @@
 use std::time::Duration;
 
 use proptest::prelude::*;
-use registry_api::{Endpoint, EndpointKey, Health};
-use registry_gossip::wire::{self, Kind};
-use registry_gossip::{Entry, GossipConfig, Machine, NodeId, Replica, Stamp};
+use waypost::{Endpoint, EndpointKey, Health};
+use waypost_gossip::wire::{self, Kind};
+use waypost_gossip::{Entry, GossipConfig, Machine, NodeId, Replica, Stamp};
 
 fn entry() -> impl Strategy<Value = Entry> {
     (
@@ -185,7 +185,7 @@ fn a_tag_from_another_key_fails() {
 
 #[test]
 fn dissemination_is_twice_log2_plus_one() {
-    use registry_gossip::dissemination_count as d;
+    use waypost_gossip::dissemination_count as d;
     assert_eq!(
         (d(1), d(2), d(3), d(4), d(5), d(8), d(9), d(1024)),
         (1, 3, 5, 5, 7, 7, 9, 21)

@@ -6,8 +6,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use registry_gossip::sim::{Identity, Network, NodeStart, Sim, SimConfig, TickOrder};
-use registry_gossip::{GossipConfig, NodeId};
+use waypost_gossip::sim::{Identity, Network, NodeStart, Sim, SimConfig, TickOrder};
+use waypost_gossip::{GossipConfig, NodeId};
 
 const STEP: Duration = Duration::from_millis(5);
 

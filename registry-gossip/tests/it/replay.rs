@@ -6,10 +6,10 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use registry_api::{Endpoint, EndpointKey, ErrorKind};
-use registry_gossip::sim::{micros, Delivery, Identity, NodeStart, Sim, SimConfig, TickOrder};
-use registry_gossip::wire::{self, AeMessage, FrameHeader, FrameKey, Kind};
-use registry_gossip::{Entry, GossipConfig, Machine, NodeId, Stamp};
+use waypost::{Endpoint, EndpointKey, ErrorKind};
+use waypost_gossip::sim::{micros, Delivery, Identity, NodeStart, Sim, SimConfig, TickOrder};
+use waypost_gossip::wire::{self, AeMessage, FrameHeader, FrameKey, Kind};
+use waypost_gossip::{Entry, GossipConfig, Machine, NodeId, Stamp};
 
 const KEY: &[u8] = b"replay-test-key";
 /// Simulated wall clock: a real UNIX time, so counters and timestamps have

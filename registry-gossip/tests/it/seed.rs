@@ -6,9 +6,9 @@
 //! the survivors; a name can be re-registered after an unregister, on
 //! another node or the same one; and five nodes converge on the same names.
 
-use registry_api::testing::eventually;
-use registry_api::EndpointKey;
-use registry_gossip::{GossipConfig, GossipRegistry, NodeId, NAME_SERVICE};
+use waypost::testing::eventually;
+use waypost::EndpointKey;
+use waypost_gossip::{GossipConfig, GossipRegistry, NodeId, NAME_SERVICE};
 
 async fn cluster(n: usize) -> Vec<GossipRegistry> {
     let first = GossipRegistry::start(GossipConfig::fast().with_node_name("node-0"))

@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use rand::RngExt;
-use registry_api::{Endpoint, EndpointKey};
-use registry_gossip::sim::{Identity, Network, NodeStart, Sim, SimConfig, TickOrder};
-use registry_gossip::{GossipConfig, NodeId};
+use waypost::{Endpoint, EndpointKey};
+use waypost_gossip::sim::{Identity, Network, NodeStart, Sim, SimConfig, TickOrder};
+use waypost_gossip::{GossipConfig, NodeId};
 
 /// 20% loss, 10% duplicates, 0–40 ms of delay (so reordering).
 fn lossy() -> Network {
@@ -193,7 +193,7 @@ fn killed_node_entries_are_tombstoned_everywhere() {
     let mut sim = cluster(3, 8, lossy(), gossip_config());
     assert!(sim
         .alive()
-        .all(|(_, m)| m.dissemination_target() == registry_gossip::dissemination_count(8)));
+        .all(|(_, m)| m.dissemination_target() == waypost_gossip::dissemination_count(8)));
     let victim = 5;
     let mine = [ep("k", "a", 1, victim), ep("k", "b", 2, victim)];
     for e in &mine {

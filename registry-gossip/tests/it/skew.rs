@@ -13,9 +13,9 @@
 
 use std::time::Duration;
 
-use registry_api::{Endpoint, EndpointKey};
-use registry_gossip::sim::{micros, ClockSkew, Identity, NodeStart, Sim, SimConfig};
-use registry_gossip::{Entry, GossipConfig, NodeId, NAME_PORT, NAME_SERVICE};
+use waypost::{Endpoint, EndpointKey};
+use waypost_gossip::sim::{micros, ClockSkew, Identity, NodeStart, Sim, SimConfig};
+use waypost_gossip::{Entry, GossipConfig, NodeId, NAME_PORT, NAME_SERVICE};
 
 /// Simulated wall clock: a real UNIX time, so that a clock behind it does
 /// not reach zero and timestamps have their real size.

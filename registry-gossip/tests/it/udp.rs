@@ -3,9 +3,9 @@
 //! traits (watch of remote writes, heartbeat, name events) behave.
 
 use futures::StreamExt;
-use registry_api::testing::{ep, eventually, next_event};
-use registry_api::{ErrorKind, Event, Heartbeat, Registry, Watch};
-use registry_gossip::{GossipConfig, GossipRegistry, NameEvent};
+use waypost::testing::{ep, eventually, next_event};
+use waypost::{ErrorKind, Event, Heartbeat, Registry, Watch};
+use waypost_gossip::{GossipConfig, GossipRegistry, NameEvent};
 
 async fn start(name: &str, seeds: &[&GossipRegistry]) -> GossipRegistry {
     let cfg = GossipConfig::fast()
@@ -150,7 +150,7 @@ async fn remote_writes_show_up_in_watch_and_name_events() {
         other => panic!("expected Added, got {other:?}"),
     }
     b.register_name("printer", "actor-p").await.unwrap();
-    let ev = tokio::time::timeout(registry_api::testing::wait_limit(), names.next())
+    let ev = tokio::time::timeout(waypost::testing::wait_limit(), names.next())
         .await
         .unwrap()
         .unwrap();
@@ -163,7 +163,7 @@ async fn remote_writes_show_up_in_watch_and_name_events() {
         }
     );
     b.unregister_name("printer").await.unwrap();
-    let ev = tokio::time::timeout(registry_api::testing::wait_limit(), names.next())
+    let ev = tokio::time::timeout(waypost::testing::wait_limit(), names.next())
         .await
         .unwrap()
         .unwrap();
@@ -188,7 +188,7 @@ async fn heartbeat_is_swim_membership() {
     let err = a.heartbeat("nobody").await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound);
     // A node that owns an endpoint here is known too (the rule of
-    // `registry_api::Heartbeat`), though it is not a member.
+    // `waypost::Heartbeat`), though it is not a member.
     a.register(ep("svc", "owned", 1).with_node("owner"))
         .await
         .unwrap();
@@ -221,7 +221,7 @@ async fn entries_too_big_for_a_datagram_travel_by_anti_entropy() {
     for i in 0..12 {
         big = big.with_label(format!("k{i}"), "v".repeat(1000));
     }
-    assert!(registry_api::limits::encoded_len(&big) > 10_000);
+    assert!(waypost::limits::encoded_len(&big) > 10_000);
     a.register(big.clone()).await.unwrap();
     eventually("b to receive the 12 KB endpoint", || async {
         (b.list("big").await.ok()? == vec![big.clone()]).then_some(())

@@ -3,11 +3,11 @@
 use std::path::Path;
 use std::time::Duration;
 
-use registry_api::testing::{ep, eventually, next_event};
-use registry_api::{
+use waypost::testing::{ep, eventually, next_event};
+use waypost::{
     Batch, Endpoint, ErrorKind, Event, Health, Heartbeat, Op, Registry, Snapshot, Version, Watch,
 };
-use registry_sqlite::{SqliteConfig, SqliteRegistry};
+use waypost_sqlite::{SqliteConfig, SqliteRegistry};
 
 fn cfg(path: &Path) -> SqliteConfig {
     SqliteConfig::new(path).with_sweep_interval(None)

@@ -1,8 +1,8 @@
-//! The conformance suite of `registry-api` on SQLite, the only place it
+//! The conformance suite of `waypost` on SQLite, the only place it
 //! runs for this backend: each check on a fresh temporary database file.
 
-use registry_api::testing::Guarded;
-use registry_sqlite::{SqliteConfig, SqliteRegistry};
+use waypost::testing::Guarded;
+use waypost_sqlite::{SqliteConfig, SqliteRegistry};
 
 /// A registry on a new file in its own temporary directory, which is
 /// removed when the registry is dropped.
@@ -22,16 +22,16 @@ async fn lose_history(reg: &TempRegistry) {
     reg.get_ref().compact(0).await.expect("compact");
 }
 
-registry_api::conformance_tests!(make, lose_history);
+waypost::conformance_tests!(make, lose_history);
 
 /// What the suite relies on: the capabilities SQLite claims, and a file
 /// that stays sound under the suite's writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_and_integrity() {
-    use registry_api::Registry;
+    use waypost::Registry;
     let reg = make().await;
-    registry_api::testing::batch_applies_in_order(&reg).await;
-    registry_api::testing::concurrent_writers_lose_nothing(&reg).await;
+    waypost::testing::batch_applies_in_order(&reg).await;
+    waypost::testing::concurrent_writers_lose_nothing(&reg).await;
     assert_eq!(
         reg.get_ref().integrity_check().await.expect("integrity"),
         vec!["ok"]

@@ -9,12 +9,12 @@ use std::path::Path;
 use std::time::Duration;
 
 use futures::StreamExt;
-use registry_api::testing::{ep, eventually, next_event, wait_limit};
-use registry_api::{
+use waypost::testing::{ep, eventually, next_event, wait_limit};
+use waypost::{
     coalescing::{Coalescing, CoalescingConfig},
     Batch, Endpoint, EndpointKey, ErrorKind, Event, Heartbeat, Op, Registry, Watch,
 };
-use registry_sqlite::SqliteRegistry;
+use waypost_sqlite::SqliteRegistry;
 
 use support::{
     cfg, fill, immutable_blocks_open_writers, raw_exec, raw_query, root_page, sha256, swap_page,
@@ -30,7 +30,7 @@ fn padded(i: usize) -> Endpoint {
     e
 }
 
-fn names_path(err: &registry_api::Error, path: &Path) {
+fn names_path(err: &waypost::Error, path: &Path) {
     assert!(
         err.to_string().contains(&path.display().to_string()),
         "the error does not name {}: {err}",
@@ -321,9 +321,9 @@ async fn a_store_made_read_only_while_open_refuses_writes_for_good_and_loses_not
 
 /// The next item of a watch within the wait limit (`None`: it ended).
 async fn next_item(
-    w: &mut registry_api::EventStream,
+    w: &mut waypost::EventStream,
     what: &str,
-) -> Option<registry_api::Result<Event>> {
+) -> Option<waypost::Result<Event>> {
     tokio::time::timeout(wait_limit(), w.next())
         .await
         .unwrap_or_else(|_| panic!("timed out waiting for {what}"))

@@ -5,9 +5,9 @@
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use registry_api::testing::{ep, eventually, next_event};
-use registry_api::{Endpoint, ErrorKind, Event, Health, Heartbeat, Registry, Watch};
-use registry_sqlite::{Clock, ManualClock, SqliteConfig, SqliteRegistry};
+use waypost::testing::{ep, eventually, next_event};
+use waypost::{Endpoint, ErrorKind, Event, Health, Heartbeat, Registry, Watch};
+use waypost_sqlite::{Clock, ManualClock, SqliteConfig, SqliteRegistry};
 
 fn cfg(path: &Path) -> SqliteConfig {
     SqliteConfig::new(path).with_sweep_interval(None)

@@ -1,4 +1,4 @@
-//! The integration tests of `registry-sqlite`, one module per area, in one
+//! The integration tests of `waypost-sqlite`, one module per area, in one
 //! binary.
 
 mod support;

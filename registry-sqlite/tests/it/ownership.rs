@@ -8,16 +8,16 @@ use crate::support;
 
 use std::path::Path;
 
-use registry_api::testing::ep;
-use registry_api::{ErrorKind, Registry};
-use registry_sqlite::SqliteRegistry;
+use waypost::testing::ep;
+use waypost::{ErrorKind, Registry};
+use waypost_sqlite::SqliteRegistry;
 
 use support::{cfg, header_of, names_in, raw_exec, root_page, sha256, swap_page};
 
-/// `PRAGMA application_id` of registry-sqlite files ("rgst").
+/// `PRAGMA application_id` of waypost-sqlite files ("rgst").
 const APPLICATION_ID: i32 = 0x7267_7374;
 
-async fn refused(path: &Path) -> registry_api::Error {
+async fn refused(path: &Path) -> waypost::Error {
     let err = SqliteRegistry::open(cfg(path))
         .await
         .expect_err("the file must be refused");

@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use registry_api::testing::{ep, eventually, next_event, wait_limit};
-use registry_api::{Batch, Event, Op, Registry, Version, Watch};
-use registry_sqlite::{SqliteConfig, SqliteRegistry};
+use waypost::testing::{ep, eventually, next_event, wait_limit};
+use waypost::{Batch, Event, Op, Registry, Version, Watch};
+use waypost_sqlite::{SqliteConfig, SqliteRegistry};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 

@@ -11,9 +11,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use registry_api::announce::{announce, AnnounceConfig};
-use registry_api::stack::Stack;
-use registry_api::Endpoint;
+use waypost::announce::{announce, AnnounceConfig};
+use waypost::stack::Stack;
+use waypost::Endpoint;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -23,16 +23,16 @@ async fn main() -> Result<(), BoxError> {
     let (registry, id, node): (Arc<dyn Stack>, &str, &str) =
         match args.as_slice() {
             [kind, path, id, node] if kind == "sqlite" => (
-                Arc::new(registry_sqlite::SqliteRegistry::open_path(path).await?),
+                Arc::new(waypost_sqlite::SqliteRegistry::open_path(path).await?),
                 id,
                 node,
             ),
             [kind, endpoint, prefix, id, node] if kind == "etcd" => {
-                let cfg = registry_etcd::EtcdConfig::new(vec![endpoint.clone()])
+                let cfg = waypost_etcd::EtcdConfig::new(vec![endpoint.clone()])
                     .with_prefix(prefix.clone())
                     .with_lease_ttl(Duration::from_secs(2));
                 (
-                    Arc::new(registry_etcd::EtcdRegistry::connect(cfg).await?),
+                    Arc::new(waypost_etcd::EtcdRegistry::connect(cfg).await?),
                     id,
                     node,
                 )

@@ -1,4 +1,4 @@
-//! `registry_api::announce` on real backends: SQLite (a file), etcd (a
+//! `waypost::announce` on real backends: SQLite (a file), etcd (a
 //! fixture server) and gossip (two nodes on loopback UDP). Registered
 //! within one interval; back after the registry forgets it; gone when it
 //! shuts down; and a killed service process's endpoint expires through the
@@ -7,9 +7,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use registry_api::announce::{announce, AnnounceConfig, Announcement};
-use registry_api::testing::{eventually, unique, wait_limit};
-use registry_api::{Endpoint, Health, Heartbeat, Registry};
+use waypost::announce::{announce, AnnounceConfig, Announcement};
+use waypost::testing::{eventually, unique, wait_limit};
+use waypost::{Endpoint, Health, Heartbeat, Registry};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 const EVERY: Duration = Duration::from_millis(100);
@@ -41,8 +41,8 @@ async fn present<R: Registry + ?Sized>(reg: &R, e: &Endpoint) -> bool {
 async fn on_sqlite_pruned_then_back_then_gone() {
     let dir = tempfile::tempdir().unwrap();
     let reg = Arc::new(
-        registry_sqlite::SqliteRegistry::open(
-            registry_sqlite::SqliteConfig::new(dir.path().join("r.db")).with_sweep_interval(None),
+        waypost_sqlite::SqliteRegistry::open(
+            waypost_sqlite::SqliteConfig::new(dir.path().join("r.db")).with_sweep_interval(None),
         )
         .await
         .unwrap(),
@@ -68,8 +68,8 @@ async fn on_sqlite_pruned_then_back_then_gone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_etcd_lease_revoked_then_back_then_gone() {
-    let reg = Arc::new(registry_fixtures::registries::etcd().await.unwrap());
-    let server = reg.guard::<registry_fixtures::EtcdServer>().unwrap();
+    let reg = Arc::new(waypost_fixtures::registries::etcd().await.unwrap());
+    let server = reg.guard::<waypost_fixtures::EtcdServer>().unwrap();
     let e = me("etcd");
     let a = announce(Arc::clone(&reg), vec![e.clone()], cfg()).unwrap();
     registered_within_bound(&a).await;
@@ -97,7 +97,7 @@ async fn on_etcd_lease_revoked_then_back_then_gone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_gossip_removed_elsewhere_then_back_then_gone() {
-    use registry_gossip::{GossipConfig, GossipRegistry};
+    use waypost_gossip::{GossipConfig, GossipRegistry};
     let cfg_g = || {
         GossipConfig::fast().with_swim_timings(
             Duration::from_millis(200),
@@ -177,8 +177,8 @@ impl Service {
 async fn a_killed_service_turns_unhealthy_then_goes_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("r.db");
-    let reg = registry_sqlite::SqliteRegistry::open(
-        registry_sqlite::SqliteConfig::new(&path).with_sweep_interval(None),
+    let reg = waypost_sqlite::SqliteRegistry::open(
+        waypost_sqlite::SqliteConfig::new(&path).with_sweep_interval(None),
     )
     .await
     .unwrap();
@@ -206,10 +206,10 @@ async fn a_killed_service_turns_unhealthy_then_goes_on_sqlite() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_service_goes_with_its_lease_on_etcd() {
-    let server = registry_fixtures::EtcdServer::start_async().await.unwrap();
+    let server = waypost_fixtures::EtcdServer::start_async().await.unwrap();
     let prefix = format!("/{}", unique("killed"));
-    let reg = registry_etcd::EtcdRegistry::connect(
-        registry_etcd::EtcdConfig::new(vec![server.endpoint().to_string()]).with_prefix(&prefix),
+    let reg = waypost_etcd::EtcdRegistry::connect(
+        waypost_etcd::EtcdConfig::new(vec![server.endpoint().to_string()]).with_prefix(&prefix),
     )
     .await
     .unwrap();

@@ -9,16 +9,16 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use registry_api::{Endpoint, Registry};
-use registry_fixtures::containers::{engine_probe, EngineAddr};
-use registry_fixtures::{EtcdServer, MotoServer, Provision};
+use waypost::{Endpoint, Registry};
+use waypost_fixtures::containers::{engine_probe, EngineAddr};
+use waypost_fixtures::{EtcdServer, MotoServer, Provision};
 
 /// The engine to use, or `None` (after saying so) when the test should be
 /// skipped: no engine answers, or `REGISTRY_TEST_CONTAINERS` leaves `kind`
 /// out (as `scripts/containers-setup.sh` does when it has no moto image).
 fn engine(test: &str, kind: &str) -> Option<EngineAddr> {
     let required = std::env::var_os("REGISTRY_TEST_REQUIRE_CONTAINERS").is_some_and(|v| v == "1");
-    if !registry_fixtures::containers::containers_allowed(kind) {
+    if !waypost_fixtures::containers::containers_allowed(kind) {
         eprintln!("{test}: skipped: REGISTRY_TEST_CONTAINERS leaves out {kind}");
         return None;
     }
@@ -67,8 +67,8 @@ async fn etcd_in_a_container_serves_a_registry_and_is_removed_on_drop() {
     let id = etcd.container().unwrap().id().to_string();
     assert!(listed(&engine, &id), "{id} not listed while running");
 
-    let cfg = registry_etcd::EtcdConfig::new([etcd.endpoint()]).with_prefix(unique("/ct"));
-    let reg = registry_etcd::EtcdRegistry::connect(cfg).await.unwrap();
+    let cfg = waypost_etcd::EtcdConfig::new([etcd.endpoint()]).with_prefix(unique("/ct"));
+    let reg = waypost_etcd::EtcdRegistry::connect(cfg).await.unwrap();
     reg.register(Endpoint::new("svc", "a", "127.0.0.1", 8080))
         .await
         .unwrap();
@@ -98,9 +98,9 @@ fn etcd_container_survives_kill_and_restart_on_the_same_port() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let prefix = unique("/ct-restart");
     let put = |rt: &tokio::runtime::Runtime, id: &str| {
-        let cfg = registry_etcd::EtcdConfig::new([url.as_str()]).with_prefix(prefix.clone());
+        let cfg = waypost_etcd::EtcdConfig::new([url.as_str()]).with_prefix(prefix.clone());
         rt.block_on(async {
-            let reg = registry_etcd::EtcdRegistry::connect(cfg).await.unwrap();
+            let reg = waypost_etcd::EtcdRegistry::connect(cfg).await.unwrap();
             if !id.is_empty() {
                 reg.register(Endpoint::new("svc", id, "127.0.0.1", 9000))
                     .await
@@ -152,15 +152,15 @@ async fn moto_in_a_container_serves_dynamodb_and_is_removed_on_drop() {
     let id = moto.container().unwrap().id().to_string();
     assert!(listed(&engine, &id), "{id} not listed while running");
 
-    let cfg = registry_dynamodb::DynamoDbConfig::new(unique("tbl"))
+    let cfg = waypost_dynamodb::DynamoDbConfig::new(unique("tbl"))
         .with_region("us-east-1")
         .with_endpoint_url(moto.url())
         .with_static_credentials("test", "test");
-    let created = registry_dynamodb::DynamoDbRegistry::create_table_if_missing(&cfg, false)
+    let created = waypost_dynamodb::DynamoDbRegistry::create_table_if_missing(&cfg, false)
         .await
         .unwrap();
     assert!(created);
-    let reg = registry_dynamodb::DynamoDbRegistry::connect(cfg)
+    let reg = waypost_dynamodb::DynamoDbRegistry::connect(cfg)
         .await
         .unwrap();
     reg.register(Endpoint::new("svc", "a", "127.0.0.1", 8080))

@@ -7,7 +7,7 @@
 //! - a watch dropped 100 times at random points, on every backend with a
 //!   resumable watch: no change missed, none delivered twice.
 //!
-//! (The registrar killed mid-burst is `registrar-server`'s `tests/crash.rs`.)
+//! (The registrar killed mid-burst is `waypost-registrar-server`'s `tests/crash.rs`.)
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use rand::{RngExt, SeedableRng};
-use registry_api::testing::{ep, eventually, unique, Faulty};
-use registry_api::{
+use waypost::testing::{ep, eventually, unique, Faulty};
+use waypost::{
     cached::{CachedConfig, CachedRegistry},
     coalescing::{Coalescing, CoalescingConfig},
     Endpoint, Event, Registry, Snapshot, Watch,
@@ -25,12 +25,12 @@ use registry_api::{
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_killed_during_a_10k_churn_loses_nothing() {
-    let mut etcd = registry_fixtures::EtcdServer::start().unwrap();
-    let cfg = registry_etcd::EtcdConfig::new([etcd.endpoint().to_string()])
+    let mut etcd = waypost_fixtures::EtcdServer::start().unwrap();
+    let cfg = waypost_etcd::EtcdConfig::new([etcd.endpoint().to_string()])
         .with_prefix(format!("/{}", unique("churn")))
         .with_request_timeout(Duration::from_secs(2))
         .with_connect_timeout(Duration::from_secs(1));
-    let backend = registry_etcd::EtcdRegistry::connect(cfg.clone())
+    let backend = waypost_etcd::EtcdRegistry::connect(cfg.clone())
         .await
         .unwrap();
     let writer = Coalescing::with_config(
@@ -89,7 +89,7 @@ async fn etcd_killed_during_a_10k_churn_loses_nothing() {
         match res {
             Ok(()) => acked += 1,
             Err(e) => {
-                assert_eq!(e.kind(), registry_api::ErrorKind::Overloaded, "{e}");
+                assert_eq!(e.kind(), waypost::ErrorKind::Overloaded, "{e}");
                 refused += 1;
             }
         }
@@ -105,7 +105,7 @@ async fn etcd_killed_during_a_10k_churn_loses_nothing() {
     }
     cached.get_ref().flush().await;
     let want: Vec<Endpoint> = model.values().flatten().cloned().collect();
-    let direct = registry_etcd::EtcdRegistry::connect(cfg).await.unwrap();
+    let direct = waypost_etcd::EtcdRegistry::connect(cfg).await.unwrap();
     let in_etcd = direct.list(svc).await.unwrap();
     assert_eq!(
         in_etcd.len(),
@@ -266,27 +266,27 @@ async fn hundred_drops<R: Registry + Watch>(backend: R) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_drops_memory() {
-    hundred_drops(registry_api::memory::MemoryRegistry::with_history(1 << 16)).await;
+    hundred_drops(waypost::memory::MemoryRegistry::with_history(1 << 16)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_drops_sqlite() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = registry_sqlite::SqliteConfig::new(dir.path().join("drops.db")).with_log_len(1 << 16);
-    hundred_drops(registry_sqlite::SqliteRegistry::open(cfg).await.unwrap()).await;
+    let cfg = waypost_sqlite::SqliteConfig::new(dir.path().join("drops.db")).with_log_len(1 << 16);
+    hundred_drops(waypost_sqlite::SqliteRegistry::open(cfg).await.unwrap()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_drops_etcd() {
-    let etcd = registry_fixtures::EtcdServer::start().unwrap();
-    let cfg = registry_etcd::EtcdConfig::new([etcd.endpoint().to_string()])
+    let etcd = waypost_fixtures::EtcdServer::start().unwrap();
+    let cfg = waypost_etcd::EtcdConfig::new([etcd.endpoint().to_string()])
         .with_prefix(format!("/{}", unique("drops")));
-    hundred_drops(registry_etcd::EtcdRegistry::connect(cfg).await.unwrap()).await;
+    hundred_drops(waypost_etcd::EtcdRegistry::connect(cfg).await.unwrap()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_drops_gossip() {
-    use registry_gossip::{GossipConfig, GossipRegistry};
+    use waypost_gossip::{GossipConfig, GossipRegistry};
     let node = GossipRegistry::start(GossipConfig::fast().with_watch_history(1 << 16))
         .await
         .unwrap();
@@ -295,12 +295,12 @@ async fn hundred_drops_gossip() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_drops_registrar_stream() {
-    use registrar_server::{serve, Registrar, RegistrarConfig};
+    use waypost_registrar_server::{serve, Registrar, RegistrarConfig};
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", grpc.local_addr().unwrap());
-    let backend = Arc::new(registry_api::liveness::Liveness::new(
-        registry_api::memory::MemoryRegistry::new(),
+    let backend = Arc::new(waypost::liveness::Liveness::new(
+        waypost::memory::MemoryRegistry::new(),
     ));
     let registrar =
         Registrar::new(backend, RegistrarConfig::new("drops").with_history(1 << 16)).unwrap();
@@ -311,7 +311,7 @@ async fn hundred_drops_registrar_stream() {
         None,
         futures::future::pending(),
     ));
-    let raw = registry_registrar::RpcClient::connect(registry_registrar::ClientConfig::new(
+    let raw = waypost_registrar_client::RpcClient::connect(waypost_registrar_client::ClientConfig::new(
         url, "drops", "n",
     ))
     .unwrap();

@@ -8,7 +8,7 @@ fn addr_of(url: &str) -> String {
 
 #[test]
 fn etcd_starts_restarts_and_stops() {
-    let mut etcd = registry_fixtures::EtcdServer::start().unwrap();
+    let mut etcd = waypost_fixtures::EtcdServer::start().unwrap();
     let addr = addr_of(etcd.endpoint());
     assert!(TcpStream::connect(&addr).is_ok());
     etcd.kill();
@@ -27,7 +27,7 @@ fn etcd_starts_restarts_and_stops() {
 
 #[test]
 fn moto_starts_and_stops() {
-    let moto = registry_fixtures::MotoServer::start().unwrap();
+    let moto = waypost_fixtures::MotoServer::start().unwrap();
     let addr = addr_of(moto.url());
     assert!(TcpStream::connect(&addr).is_ok());
     drop(moto);
@@ -39,7 +39,7 @@ fn moto_starts_and_stops() {
 
 #[test]
 fn a_missing_program_is_named() {
-    let err = registry_fixtures::ServerProcess::spawn(
+    let err = waypost_fixtures::ServerProcess::spawn(
         "no-such-server-binary",
         "install it",
         |_| vec![],

@@ -1,4 +1,4 @@
-//! The integration tests of `registry-fixtures`, one module per area, in one
+//! The integration tests of `waypost-fixtures`, one module per area, in one
 //! binary.
 
 #![allow(clippy::unwrap_used)]

@@ -1,16 +1,16 @@
-//! One URL opens any backend: `registry_any::open` against each backend's
+//! One URL opens any backend: `waypost_any::open` against each backend's
 //! real server (SQLite on a temporary file, etcd and moto from the
 //! fixtures, a registrar and gossip nodes on loopback). Each registry takes
 //! a registration and lists it back.
 
 use std::sync::Arc;
 
-use registry_api::memory::MemoryRegistry;
-use registry_api::stack::Stack;
-use registry_api::testing::{eventually, unique};
-use registry_api::{Endpoint, Registry};
-use registry_fixtures::registrar::TestRegistrar;
-use registry_fixtures::{EtcdServer, MotoServer};
+use waypost::memory::MemoryRegistry;
+use waypost::stack::Stack;
+use waypost::testing::{eventually, unique};
+use waypost::{Endpoint, Registry};
+use waypost_fixtures::registrar::TestRegistrar;
+use waypost_fixtures::{EtcdServer, MotoServer};
 
 /// Register one endpoint through `reg` and see it listed.
 async fn round_trip(reg: Arc<dyn Stack>, what: &str) {
@@ -33,8 +33,8 @@ async fn round_trip(reg: Arc<dyn Stack>, what: &str) {
 async fn sqlite_and_memory() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite:{}?suspect_after=10s", dir.path().join("r.db").display());
-    round_trip(registry_any::open(&url).await.unwrap(), "sqlite").await;
-    round_trip(registry_any::open("memory:").await.unwrap(), "memory").await;
+    round_trip(waypost_any::open(&url).await.unwrap(), "sqlite").await;
+    round_trip(waypost_any::open("memory:").await.unwrap(), "memory").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -42,7 +42,7 @@ async fn etcd() {
     let server = EtcdServer::start_async().await.unwrap();
     let host = server.endpoint().trim_start_matches("http://");
     let url = format!("etcd://{host}/{}?request_timeout=5s", unique("open"));
-    round_trip(registry_any::open(&url).await.unwrap(), "etcd").await;
+    round_trip(waypost_any::open(&url).await.unwrap(), "etcd").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -54,7 +54,7 @@ async fn dynamodb_creating_its_table() {
         unique("tbl"),
         moto.url()
     );
-    round_trip(registry_any::open(&url).await.unwrap(), "dynamodb").await;
+    round_trip(waypost_any::open(&url).await.unwrap(), "dynamodb").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -65,17 +65,17 @@ async fn cloudmap() {
         unique("ns"),
         moto.url()
     );
-    round_trip(registry_any::open(&url).await.unwrap(), "cloudmap").await;
+    round_trip(waypost_any::open(&url).await.unwrap(), "cloudmap").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registrar_as_an_agent() {
-    let backend = registry_api::stack::stack(MemoryRegistry::new(), &Default::default()).unwrap();
-    let cfg = registrar_server::RegistrarConfig::new("default");
+    let backend = waypost::stack::stack(MemoryRegistry::new(), &Default::default()).unwrap();
+    let cfg = waypost_registrar_server::RegistrarConfig::new("default");
     let running = TestRegistrar::new(backend, cfg).start().await.unwrap();
     let url = format!("registrar://{}?cluster=default", running.addr);
-    let opts = registry_any::OpenOptions::default().with_node("node-a");
-    let reg = registry_any::open_with(&url, &opts).await.unwrap();
+    let opts = waypost_any::OpenOptions::default().with_node("node-a");
+    let reg = waypost_any::open_with(&url, &opts).await.unwrap();
     round_trip(reg, "registrar").await;
     running.stop().await;
 }
@@ -83,5 +83,5 @@ async fn registrar_as_an_agent() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gossip_on_loopback() {
     let url = "gossip://127.0.0.1:0?node=first&max_clock_skew=30s";
-    round_trip(registry_any::open(url).await.unwrap(), "gossip").await;
+    round_trip(waypost_any::open(url).await.unwrap(), "gossip").await;
 }

@@ -16,9 +16,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use registrar_server::{RegistrarConfig, StreamEncoding};
-use registry_api::{memory::MemoryRegistry, Endpoint, Event, Registry, Watch};
-use registry_registrar::{ClientConfig, RegistrarClient, RpcClient};
+use waypost_registrar_server::{RegistrarConfig, StreamEncoding};
+use waypost::{memory::MemoryRegistry, Endpoint, Event, Registry, Watch};
+use waypost_registrar_client::{ClientConfig, RegistrarClient, RpcClient};
 use tokio::io::AsyncBufReadExt;
 
 use crate::floor::Floor;
@@ -308,7 +308,7 @@ enum Agent {
     /// client kept for as long as its watch).
     Client {
         _client: Box<RpcClient>,
-        watch: registry_api::EventStream,
+        watch: waypost::EventStream,
     },
     /// `--light-agents`: a bare HTTP/2 reader (`light.rs`).
     Light(Box<LightAgent>),

@@ -21,8 +21,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use registry_registrar::proto::registrar::v1::{endpoint_event::EventType, EndpointEvent};
-use registry_registrar::proto::registry::v1::ServiceEndpoint;
+use waypost_registrar_client::proto::registrar::v1::{endpoint_event::EventType, EndpointEvent};
+use waypost_registrar_client::proto::registry::v1::ServiceEndpoint;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::broadcast;

@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use prost::Message;
-use registry_registrar::proto::registrar::v1::{
+use waypost_registrar_client::proto::registrar::v1::{
     endpoint_event::EventType, EndpointEvent, HeldServices, HeldTotal, WatchEndpointsRequest,
 };
 use tokio::net::TcpStream;

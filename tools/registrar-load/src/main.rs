@@ -58,14 +58,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::Parser;
 use futures::StreamExt;
-use registrar_server::{Backend, RegistrarConfig};
-use registry_api::{
+use waypost_registrar_server::{Backend, RegistrarConfig};
+use waypost::{
     memory::MemoryRegistry,
     polling::{Polling, PollingConfig},
     Batch, Capabilities, Endpoint, EventStream, Op, Registry, Result, Snapshot, Watch,
 };
-use registry_fixtures::registrar::TestRegistrar;
-use registry_registrar::{ClientConfig, RegistrarClient, RpcClient};
+use waypost_fixtures::registrar::TestRegistrar;
+use waypost_registrar_client::{ClientConfig, RegistrarClient, RpcClient};
 
 #[derive(Parser, Debug)]
 #[command(about = "Bounded load test of one registrar on loopback")]
@@ -175,7 +175,7 @@ fn rss_bytes() -> u64 {
 }
 
 /// A registrar served in process on loopback.
-type Server = registry_fixtures::registrar::Running;
+type Server = waypost_fixtures::registrar::Running;
 
 async fn start(backend: Arc<dyn Backend>, cfg: RegistrarConfig) -> std::io::Result<Server> {
     TestRegistrar::new(backend, cfg)
@@ -223,7 +223,7 @@ impl fmt::Display for Counting {
     }
 }
 
-registry_api::forward! {
+waypost::forward! {
     impl[] Registry for Counting {
         forward to inner: register, deregister, list, list_shared, probe;
         async fn snapshot(&self) -> Result<Snapshot> {
@@ -238,13 +238,13 @@ registry_api::forward! {
     }
 }
 
-registry_api::forward! {
+waypost::forward! {
     impl[] Batch for Counting {
         forward to inner: apply, max_batch;
     }
 }
 
-registry_api::forward! {
+waypost::forward! {
     impl[] Heartbeat for Counting {
         forward to inner: heartbeat;
     }

@@ -26,12 +26,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use registrar_server::{Backend, RegistrarConfig};
-use registry_api::{backend::backoff, memory::MemoryRegistry, Endpoint, Registry};
-use registry_api::{Snapshot, Version};
-use registry_fixtures::proxy::CutProxy;
-use registry_registrar::{endpoint_from_proto, Digests};
-use registry_registrar::{ClientConfig, RegistrarClient, RpcClient};
+use waypost_registrar_server::{Backend, RegistrarConfig};
+use waypost::{backend::backoff, memory::MemoryRegistry, Endpoint, Registry};
+use waypost::{Snapshot, Version};
+use waypost_fixtures::proxy::CutProxy;
+use waypost_registrar_client::{endpoint_from_proto, Digests};
+use waypost_registrar_client::{ClientConfig, RegistrarClient, RpcClient};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdout, Command};
 
@@ -113,14 +113,14 @@ fn service(i: usize, services: usize) -> String {
 async fn registry(endpoints: usize) -> Res<(Arc<MemoryRegistry>, usize)> {
     let memory = Arc::new(MemoryRegistry::new());
     let services = endpoints.div_ceil(PER_SERVICE).max(1);
-    let ops: Vec<registry_api::Op> = (0..endpoints)
+    let ops: Vec<waypost::Op> = (0..endpoints)
         .map(|i| {
             let e = Endpoint::new(service(i, services), format!("ep-{i}"), "10.1.0.1", 8080);
-            registry_api::Op::Register(e.with_node(format!("node-{}", i % 100)))
+            waypost::Op::Register(e.with_node(format!("node-{}", i % 100)))
         })
         .collect();
     for batch in ops.chunks(1000) {
-        registry_api::Batch::apply(memory.as_ref(), batch.to_vec()).await?;
+        waypost::Batch::apply(memory.as_ref(), batch.to_vec()).await?;
     }
     Ok((memory, services))
 }

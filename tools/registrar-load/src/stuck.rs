@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use registrar_server::RegistrarConfig;
-use registry_api::{memory::MemoryRegistry, Batch, Endpoint, Event, Op, Watch};
-use registry_registrar::{ClientConfig, RpcClient};
+use waypost_registrar_server::RegistrarConfig;
+use waypost::{memory::MemoryRegistry, Batch, Endpoint, Event, Op, Watch};
+use waypost_registrar_client::{ClientConfig, RpcClient};
 
 use crate::{endpoints, rss_bytes, start, Args};
 
@@ -19,8 +19,8 @@ pub(crate) async fn client(
     url: &str,
     n: usize,
 ) -> std::result::Result<(), Box<dyn std::error::Error>> {
-    use registry_registrar::proto::registrar::v1::registrar_client::RegistrarClient as Grpc;
-    use registry_registrar::proto::registrar::v1::WatchEndpointsRequest;
+    use waypost_registrar_client::proto::registrar::v1::registrar_client::RegistrarClient as Grpc;
+    use waypost_registrar_client::proto::registrar::v1::WatchEndpointsRequest;
     use tokio::io::AsyncBufReadExt;
     let mut held = Vec::with_capacity(n);
     for i in 0..n {

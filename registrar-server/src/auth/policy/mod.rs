@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use globset::{Glob, GlobBuilder, GlobMatcher};
 use ipnet::IpNet;
-use registry_api::backend::quote;
-use registry_api::{Endpoint, Error, Result};
+use waypost::backend::quote;
+use waypost::{Endpoint, Error, Result};
 use serde::Deserialize;
 use tonic::Status;
 
@@ -58,7 +58,7 @@ use tonic::Status;
 /// Every refusal is `PERMISSION_DENIED` naming the rule and what it allows.
 ///
 /// ```
-/// use registrar_server::Policy;
+/// use waypost_registrar_server::Policy;
 /// let text = r#"
 /// [[rule]]
 /// name = "ops"
@@ -69,7 +69,7 @@ use tonic::Status;
 /// assert_eq!(policy.rule_names().collect::<Vec<_>>(), ["ops"]);
 /// let bad = Policy::parse("[[rule]]\nname = \"x\"\nids = [\"spiffe://evil.org/x\"]\n", "example.org", "a");
 /// assert!(bad.unwrap_err().to_string().contains("not of the trust domain"));
-/// # Ok::<(), registry_api::Error>(())
+/// # Ok::<(), waypost::Error>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct Policy {

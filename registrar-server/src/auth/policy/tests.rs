@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used)]
 
-use registry_api::testing::ep;
-use registry_api::Endpoint;
+use waypost::testing::ep;
+use waypost::Endpoint;
 
 use super::*;
 
@@ -138,7 +138,7 @@ fn bad_policies_are_refused_naming_the_rule() {
     ];
     for (text, want) in cases {
         let e = Policy::parse(text, "example.org", "east").unwrap_err();
-        assert_eq!(e.kind(), registry_api::ErrorKind::InvalidInput);
+        assert_eq!(e.kind(), waypost::ErrorKind::InvalidInput);
         let msg = e.to_string();
         assert!(msg.contains(want), "{text:?}: {msg}");
         if text.contains("name = \"a\"") && !want.starts_with("unknown") {

@@ -4,12 +4,12 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use registry_api::{
+use waypost::{
     cached::{CachedConfig, CachedRegistry},
     coalescing::{Coalescing, CoalescingConfig},
     Endpoint, EndpointKey, Op, Registry, Result, Version,
 };
-use registry_registrar::{Overlay, Token};
+use waypost_registrar_client::{Overlay, Token};
 
 mod monitor;
 
@@ -82,7 +82,7 @@ impl Registrar {
     /// The backend is wrapped in [`SyncMetered`], which reports the watch's
     /// failures to `status` and records `registrar_sync_duration_seconds`
     /// and `registrar_sync_errors_total` for native watches
-    /// ([`registry_api::polling::Polling`] records them for the others).
+    /// ([`waypost::polling::Polling`] records them for the others).
     pub fn with_status(
         backend: Arc<dyn Backend>,
         cfg: RegistrarConfig,
@@ -378,7 +378,7 @@ impl Registrar {
     /// the backend nor the state knows an endpoint of the node: the agent
     /// should register again.
     pub async fn heartbeat(&self, node: &str) -> Result<()> {
-        registry_api::backend::check_name("node_name", node, true)?;
+        waypost::backend::check_name("node_name", node, true)?;
         let result = self.heartbeat_backend(node).await;
         if result.is_ok() {
             self.heard_from(node);
@@ -405,7 +405,7 @@ impl Registrar {
             // The node's registrations may still be on their way to the
             // backend (acknowledged, queued): its endpoints are in the
             // state, and the write will count as its sign of life.
-            Err(e) if e.kind() == registry_api::ErrorKind::NotFound => {
+            Err(e) if e.kind() == waypost::ErrorKind::NotFound => {
                 let pending = self
                     .state
                     .store()

@@ -3,12 +3,12 @@
 //! - The write queue's status: calls failing with a transient error mark
 //!   the backend unreachable; a refusal of the backend as such (read-only,
 //!   corrupt, missing table) makes the registrar refuse writes.
-//! - A probe of the backend every `probe_interval` ([`registry_api::Registry::probe`]):
+//! - A probe of the backend every `probe_interval` ([`waypost::Registry::probe`]):
 //!   the same classification; it also notices an outage while nothing is
 //!   written.
 //! - While writes are refused, or after a refused write whose key could
 //!   not be re-read, it heals: probe, then re-read the backend's whole
-//!   state ([`registry_api::cached::CachedRegistry::resync`]); only then is the
+//!   state ([`waypost::cached::CachedRegistry::resync`]); only then is the
 //!   registrar ready again.
 //! - The background tasks: a write queue or a state task that ended makes
 //!   the registrar fail (not ready, then exit non-zero).
@@ -16,7 +16,7 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use registry_api::{Error, Registry};
+use waypost::{Error, Registry};
 
 use super::Registrar;
 
@@ -107,7 +107,7 @@ fn needs_healing(reg: &Registrar) -> bool {
     reg.status.is_refusing() || reg.status.is_resyncing()
 }
 
-async fn probe_once(reg: &Registrar) -> registry_api::Result<()> {
+async fn probe_once(reg: &Registrar) -> waypost::Result<()> {
     match tokio::time::timeout(reg.cfg.probe_timeout, reg.backend.probe()).await {
         Ok(r) => r,
         Err(_) => Err(Error::unavailable(format!(

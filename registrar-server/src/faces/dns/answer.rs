@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use hickory_proto::op::{Edns, Message, MessageType, Metadata, OpCode, ResponseCode};
 use hickory_proto::rr::rdata::{A, AAAA, SOA, SRV};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
-use registry_api::{Endpoint, Health, Snapshot};
+use waypost::{Endpoint, Health, Snapshot};
 
 /// The largest UDP answer offered to EDNS clients.
 const EDNS_PAYLOAD: u16 = 1232;

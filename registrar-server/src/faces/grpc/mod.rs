@@ -4,16 +4,16 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use futures::{Stream, StreamExt};
-use registry_api::{Error, Op, Watch};
-use registry_registrar::proto::registrar::v1::registrar_server::{
+use waypost::{Error, Op, Watch};
+use waypost_registrar_client::proto::registrar::v1::registrar_server::{
     Registrar as GrpcRegistrar, RegistrarServer,
 };
-use registry_registrar::proto::registrar::v1::{
+use waypost_registrar_client::proto::registrar::v1::{
     AckMode, EndpointEvent, HeartbeatRequest, HeartbeatResponse, ListAllEndpointsRequest,
     ListAllEndpointsResponse, RegisterEndpointRequest, RegisterEndpointResponse,
     UnregisterEndpointRequest, UnregisterEndpointResponse, WatchEndpointsRequest,
 };
-use registry_registrar::{
+use waypost_registrar_client::{
     endpoint_from_proto, endpoint_to_proto, key_from_parts, status_from_error, Token,
     MAX_SUMMARY_BYTES,
 };
@@ -262,7 +262,7 @@ impl GrpcRegistrar for RegistrarService {
                 self.registrar.token(),
             ),
             None => {
-                let snap = registry_api::Registry::snapshot(self.registrar.backend().as_ref())
+                let snap = waypost::Registry::snapshot(self.registrar.backend().as_ref())
                     .await
                     .map_err(status)?;
                 let eps = snap.iter().map(endpoint_to_proto).collect();
@@ -270,7 +270,7 @@ impl GrpcRegistrar for RegistrarService {
                     eps,
                     Token {
                         epoch: self.registrar.epoch(),
-                        version: registry_api::Version::ZERO,
+                        version: waypost::Version::ZERO,
                     },
                 )
             }

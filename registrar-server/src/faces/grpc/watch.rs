@@ -7,7 +7,7 @@
 use std::convert::Infallible;
 use std::task::{Context, Poll};
 
-use registry_registrar::proto::registrar::v1::registrar_server::RegistrarServer;
+use waypost_registrar_client::proto::registrar::v1::registrar_server::RegistrarServer;
 use tonic::codegen::{http, Body, BoxFuture, Service, StdError};
 use tonic::server::{Grpc, NamedService, ServerStreamingService};
 use tonic::{Request, Response, Status};

@@ -3,7 +3,7 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use registry_api::{Error, ErrorKind};
+use waypost::{Error, ErrorKind};
 use serde::Serialize;
 
 /// Why a request of the HTTP API failed; rendered as

@@ -1,7 +1,7 @@
 //! The node registry's `Service` document (`GET /services`), built from
 //! endpoints. Consul's documents are in `consul::shapes`.
 
-use registry_api::{Endpoint, Health};
+use waypost::{Endpoint, Health};
 use serde::Serialize;
 
 /// The node registry's `Service` (`GET /services`), with the endpoint's

@@ -13,7 +13,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Extension, Router};
-use registry_api::Snapshot;
+use waypost::Snapshot;
 use serde::Serialize;
 
 use crate::auth::{Caller, Security};

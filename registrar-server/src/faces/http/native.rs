@@ -1,13 +1,13 @@
 //! The registry's own read routes: `GET /v1/services` and
 //! `GET /v1/services/<service>`, endpoints in the registry's JSON shape
-//! (the fields of [`registry_api::Endpoint`]).
+//! (the fields of [`waypost::Endpoint`]).
 
 use std::sync::Arc;
 
 use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use registry_api::{Endpoint, Health};
+use waypost::{Endpoint, Health};
 use serde::Serialize;
 
 use super::query::Query;
@@ -82,7 +82,7 @@ pub(super) async fn service(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use registry_api::testing::ep;
+    use waypost::testing::ep;
 
     #[test]
     fn counts_group_by_service() {

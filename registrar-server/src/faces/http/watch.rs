@@ -26,8 +26,8 @@ use axum::extract::{RawQuery, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures::{Stream, StreamExt};
-use registry_api::{Endpoint, EndpointKey, Event, EventStream, Snapshot, Version, Watch};
-use registry_registrar::Token;
+use waypost::{Endpoint, EndpointKey, Event, EventStream, Snapshot, Version, Watch};
+use waypost_registrar_client::Token;
 use serde::Serialize;
 
 use super::ApiError;

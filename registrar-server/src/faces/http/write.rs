@@ -12,8 +12,8 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::Extension;
-use registry_api::{Endpoint, EndpointKey, Error, Health, Op, Protocol};
-use registry_registrar::Token;
+use waypost::{Endpoint, EndpointKey, Error, Health, Op, Protocol};
+use waypost_registrar_client::Token;
 use serde::{Deserialize, Serialize};
 use tracing::Instrument;
 

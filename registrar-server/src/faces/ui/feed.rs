@@ -16,7 +16,7 @@
 //! - `problem`: the subscription failed (`{message}`); a fresh snapshot
 //!   follows once it is renewed.
 //!
-//! Endpoints are [`registry_api::Endpoint`]s in their serde form.
+//! Endpoints are [`waypost::Endpoint`]s in their serde form.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -24,8 +24,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::response::sse::Event as SseEvent;
 use futures::StreamExt;
-use registry_api::{Endpoint, Event, Version};
-use registry_registrar::Token;
+use waypost::{Endpoint, Event, Version};
+use waypost_registrar_client::Token;
 use serde::Serialize;
 use tokio::sync::{mpsc, watch};
 

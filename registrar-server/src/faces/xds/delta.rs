@@ -21,7 +21,7 @@ use std::sync::Arc;
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse,
 };
-use registry_api::Snapshot;
+use waypost::Snapshot;
 
 use super::frame::Frame;
 use super::resources::{self, Kind};
@@ -188,8 +188,8 @@ impl Variant for Delta {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use registry_api::testing::ep;
-    use registry_api::Version;
+    use waypost::testing::ep;
+    use waypost::Version;
 
     fn stream() -> Delta {
         Delta::new("test".into(), Arc::default())

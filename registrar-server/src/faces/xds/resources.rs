@@ -28,7 +28,7 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
 use envoy_types::pb::google::protobuf::{Any, UInt32Value};
 use envoy_types::util::pack_any;
 use prost::Message;
-use registry_api::{Endpoint, Health, Snapshot};
+use waypost::{Endpoint, Health, Snapshot};
 
 /// The label giving an endpoint's load-balancing weight.
 pub const WEIGHT_LABEL: &str = "weight";
@@ -399,8 +399,8 @@ fn load_assignment<'a>(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use registry_api::testing::ep;
-    use registry_api::Version;
+    use waypost::testing::ep;
+    use waypost::Version;
 
     fn snap() -> Snapshot {
         Snapshot::from_endpoints(

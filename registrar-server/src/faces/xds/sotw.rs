@@ -16,7 +16,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
-use registry_api::Snapshot;
+use waypost::Snapshot;
 
 use super::frame::Frame;
 use super::resources::{Built, Kind};
@@ -144,8 +144,8 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use envoy_types::pb::google::rpc::Status as RpcStatus;
-    use registry_api::testing::ep;
-    use registry_api::Version;
+    use waypost::testing::ep;
+    use waypost::Version;
 
     fn stream() -> Sotw {
         Sotw::new("test".into(), Arc::default())

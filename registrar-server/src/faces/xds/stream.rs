@@ -17,8 +17,8 @@ use std::task::{Context, Poll};
 
 use envoy_types::pb::envoy::config::core::v3::Node;
 use futures::Stream;
-use registry_api::cached::Store;
-use registry_api::{Snapshot, Version};
+use waypost::cached::Store;
+use waypost::{Snapshot, Version};
 use tokio_stream::wrappers::WatchStream;
 use tonic::{Status, Streaming};
 

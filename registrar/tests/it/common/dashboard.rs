@@ -5,9 +5,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use registrar_server::{Backend, Registrar, RegistrarConfig, ServeOptions};
-use registry_api::{liveness::Liveness, memory::MemoryRegistry, Endpoint, Health, Op};
-use registry_fixtures::registrar::{Running, TestRegistrar};
+use waypost_registrar_server::{Backend, Registrar, RegistrarConfig, ServeOptions};
+use waypost::{liveness::Liveness, memory::MemoryRegistry, Endpoint, Health, Op};
+use waypost_fixtures::registrar::{Running, TestRegistrar};
 
 pub const LIMIT: Duration = Duration::from_secs(30);
 
@@ -48,7 +48,7 @@ impl Server {
     }
 
     pub async fn deregister(&self, service: &str, id: &str) {
-        let key = registry_api::EndpointKey::new(service, id);
+        let key = waypost::EndpointKey::new(service, id);
         self.registrar
             .write(Op::Deregister(key), None)
             .await

@@ -7,7 +7,7 @@ use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair, KeyUsagePurpose, SanType,
 };
-use registrar_server::TlsFiles;
+use waypost_registrar_server::TlsFiles;
 
 pub struct Ca {
     issuer: CertifiedIssuer<'static, KeyPair>,

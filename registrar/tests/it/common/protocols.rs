@@ -5,8 +5,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use registrar_server::{Backend, Opening, RegistrarConfig};
-use registry_api::{liveness::Liveness, memory::MemoryRegistry};
+use waypost_registrar_server::{Backend, Opening, RegistrarConfig};
+use waypost::{liveness::Liveness, memory::MemoryRegistry};
 
 pub struct Stack {
     pub grpc: SocketAddr,
@@ -34,11 +34,11 @@ pub async fn start_with(cfg: RegistrarConfig) -> Stack {
     };
     #[cfg(feature = "dns")]
     let dns = {
-        let l = registrar_server::DnsListeners::bind("127.0.0.1:0".parse().unwrap())
+        let l = waypost_registrar_server::DnsListeners::bind("127.0.0.1:0".parse().unwrap())
             .await
             .unwrap();
         let addr = l.local_addr().unwrap();
-        let cfg = registrar_server::DnsConfig::new("registry.", Duration::ZERO).unwrap();
+        let cfg = waypost_registrar_server::DnsConfig::new("registry.", Duration::ZERO).unwrap();
         server.protocols.dns = Some((l, cfg));
         addr
     };
@@ -56,12 +56,12 @@ pub async fn start_with(cfg: RegistrarConfig) -> Stack {
 /// A server [`serve`] started.
 pub struct Running {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<registry_api::Result<()>>,
+    task: tokio::task::JoinHandle<waypost::Result<()>>,
 }
 
 impl Running {
     /// Graceful stop; what `serve` returned.
-    pub async fn stop(mut self) -> registry_api::Result<()> {
+    pub async fn stop(mut self) -> waypost::Result<()> {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
         }
@@ -102,14 +102,14 @@ impl Stack {
     }
 
     /// Graceful stop; what `serve` returned.
-    pub async fn stop(self) -> registry_api::Result<()> {
+    pub async fn stop(self) -> waypost::Result<()> {
         self.running.stop().await
     }
 }
 
 /// Serve `opening` over a memory backend on loopback gRPC and health
 /// ports, expecting it to refuse to start: its error.
-pub async fn refusal(opening: Opening) -> registry_api::Error {
+pub async fn refusal(opening: Opening) -> waypost::Error {
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let backend =

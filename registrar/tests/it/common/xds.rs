@@ -120,9 +120,9 @@ impl Sotw {
 
 /// A channel to `addr` over mTLS with `files` (the registrar's CA, a
 /// client certificate), as the agents' own client makes it.
-pub fn tls_channel(addr: &str, files: &registrar_server::TlsFiles) -> tonic::transport::Channel {
+pub fn tls_channel(addr: &str, files: &waypost_registrar_server::TlsFiles) -> tonic::transport::Channel {
     let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(
-        registry_registrar::tls::client_config(files).unwrap(),
+        waypost_registrar_client::tls::client_config(files).unwrap(),
     ));
     let addr = addr.to_string();
     let svc = tower::service_fn(move |_: tonic::codegen::http::Uri| {

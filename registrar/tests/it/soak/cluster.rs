@@ -7,19 +7,19 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use registry_api::{Registry, Snapshot};
+use waypost::{Registry, Snapshot};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-use registry_fixtures::proxy::CutProxy;
+use waypost_fixtures::proxy::CutProxy;
 
 /// The backend under the replicas.
 pub enum Backend {
     Sqlite(PathBuf),
     #[cfg(feature = "etcd")]
-    Etcd(registry_fixtures::EtcdServer),
+    Etcd(waypost_fixtures::EtcdServer),
     #[cfg(feature = "dynamodb")]
-    DynamoDb(registry_fixtures::MotoServer, String),
+    DynamoDb(waypost_fixtures::MotoServer, String),
 }
 
 impl Backend {
@@ -109,13 +109,13 @@ impl Backend {
     async fn read(&self) -> Option<Snapshot> {
         let reader: Arc<dyn Registry> = match self {
             Backend::Sqlite(path) => Arc::new(
-                registry_sqlite::SqliteRegistry::open_path(path)
+                waypost_sqlite::SqliteRegistry::open_path(path)
                     .await
                     .ok()?,
             ),
             #[cfg(feature = "etcd")]
             Backend::Etcd(etcd) => Arc::new(
-                registry_etcd::EtcdRegistry::connect(registry_etcd::EtcdConfig::new(vec![etcd
+                waypost_etcd::EtcdRegistry::connect(waypost_etcd::EtcdConfig::new(vec![etcd
                     .endpoint()
                     .to_string()]))
                 .await
@@ -123,8 +123,8 @@ impl Backend {
             ),
             #[cfg(feature = "dynamodb")]
             Backend::DynamoDb(moto, table) => Arc::new(
-                registry_dynamodb::DynamoDbRegistry::connect(
-                    registry_dynamodb::DynamoDbConfig::new(table.clone())
+                waypost_dynamodb::DynamoDbRegistry::connect(
+                    waypost_dynamodb::DynamoDbConfig::new(table.clone())
                         .with_region("us-east-1")
                         .with_endpoint_url(moto.url())
                         .with_static_credentials("test", "test"),

@@ -13,8 +13,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use registry_api::{Endpoint, EndpointKey, Heartbeat, Op, Registry};
-use registry_registrar::{Ack, ClientConfig, RegistrarClient, RpcClient};
+use waypost::{Endpoint, EndpointKey, Heartbeat, Op, Registry};
+use waypost_registrar_client::{Ack, ClientConfig, RegistrarClient, RpcClient};
 use tokio::sync::watch;
 
 /// Keys each writer owns.

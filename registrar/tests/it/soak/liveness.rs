@@ -7,9 +7,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use registry_api::testing::{eventually, unique};
-use registry_api::{Endpoint, Health, Heartbeat, Registry};
-use registry_registrar::{Ack, ClientConfig, RpcClient};
+use waypost::testing::{eventually, unique};
+use waypost::{Endpoint, Health, Heartbeat, Registry};
+use waypost_registrar_client::{Ack, ClientConfig, RpcClient};
 
 use super::cluster::{Backend, Replica};
 use super::watchers::Beats;
@@ -152,14 +152,14 @@ async fn replicas_agree_on_liveness_on_sqlite() {
 #[cfg(feature = "etcd")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_agree_on_liveness_on_etcd() {
-    let etcd = registry_fixtures::EtcdServer::start_process().unwrap();
+    let etcd = waypost_fixtures::EtcdServer::start_process().unwrap();
     replicas_agree(Backend::Etcd(etcd)).await;
 }
 
 #[cfg(feature = "dynamodb")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_agree_on_liveness_on_dynamodb() {
-    let moto = registry_fixtures::MotoServer::start_process().unwrap();
+    let moto = waypost_fixtures::MotoServer::start_process().unwrap();
     replicas_agree(Backend::DynamoDb(moto, unique("agree"))).await;
 }
 
@@ -256,6 +256,6 @@ async fn ttl_reports_to_either_replica_count_on_sqlite() {
 #[cfg(feature = "dynamodb")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ttl_reports_to_either_replica_count_on_dynamodb() {
-    let moto = registry_fixtures::MotoServer::start_process().unwrap();
+    let moto = waypost_fixtures::MotoServer::start_process().unwrap();
     ttl_reports_to_alternating_replicas(Backend::DynamoDb(moto, unique("ttl"))).await;
 }

@@ -15,9 +15,9 @@
 //!
 //! ```sh
 //! # short, as CI runs it (about a minute per backend, fixed seeds)
-//! cargo test -p registrar --all-features --test it soak:: -- --nocapture
+//! cargo test -p waypost-registrar --all-features --test it soak:: -- --nocapture
 //! # long: 10 minutes per backend, a seed of your choice
-//! SOAK_SECONDS=600 SOAK_SEED=42 cargo test -p registrar --all-features \
+//! SOAK_SECONDS=600 SOAK_SEED=42 cargo test -p waypost-registrar --all-features \
 //!     --test it soak:: -- --ignored --nocapture
 //! ```
 
@@ -33,8 +33,8 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use registry_api::{Endpoint, Registry, Snapshot};
-use registry_registrar::{Ack, ClientConfig, RegistrarClient, RpcClient};
+use waypost::{Endpoint, Registry, Snapshot};
+use waypost_registrar_client::{Ack, ClientConfig, RegistrarClient, RpcClient};
 use tokio::sync::{watch, Mutex};
 
 use cluster::{Backend, Replica};
@@ -205,7 +205,7 @@ fn describe(e: Option<&Endpoint>) -> String {
 async fn check(
     backend: &Snapshot,
     views: &[(String, Snapshot)],
-    ledger: &BTreeMap<registry_api::EndpointKey, fleet::KeyLog>,
+    ledger: &BTreeMap<waypost::EndpointKey, fleet::KeyLog>,
     writers: &[Writer],
 ) -> Findings {
     let mut f = Findings::default();
@@ -365,7 +365,7 @@ async fn soak(backend: Backend, seconds: u64, seed: u64) {
     // lives re-asserts its endpoints, which counts as a sign of life, so
     // the silent node at the end is one that no live agent owns).
     let beating = agents.iter().map(|(n, a)| {
-        let a: Arc<dyn registry_api::Heartbeat> = a.clone();
+        let a: Arc<dyn waypost::Heartbeat> = a.clone();
         (n.clone(), a)
     });
     let _beats = watchers::Beats::start(beating.collect(), Duration::from_secs(1));
@@ -523,13 +523,13 @@ async fn on_sqlite(seconds: u64, seed: u64) {
 
 #[cfg(feature = "etcd")]
 async fn on_etcd(seconds: u64, seed: u64) {
-    let etcd = registry_fixtures::EtcdServer::start_process().unwrap();
+    let etcd = waypost_fixtures::EtcdServer::start_process().unwrap();
     soak(Backend::Etcd(etcd), seconds, seed).await;
 }
 
 #[cfg(feature = "dynamodb")]
 async fn on_dynamodb(seconds: u64, seed: u64) {
-    let moto = registry_fixtures::MotoServer::start_process().unwrap();
+    let moto = waypost_fixtures::MotoServer::start_process().unwrap();
     soak(Backend::DynamoDb(moto, "soak".into()), seconds, seed).await;
 }
 

@@ -9,8 +9,8 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use registry_api::{Endpoint, Health, Heartbeat, Registry};
-use registry_registrar::{ClientConfig, RegistrarClient};
+use waypost::{Endpoint, Health, Heartbeat, Registry};
+use waypost_registrar_client::{ClientConfig, RegistrarClient};
 use tokio::sync::watch;
 
 use super::cluster::Replica;

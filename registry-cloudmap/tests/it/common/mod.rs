@@ -1,13 +1,13 @@
-//! Test fixtures: a `moto_server` per test (via `registry-fixtures`), a
+//! Test fixtures: a `moto_server` per test (via `waypost-fixtures`), a
 //! registry on a namespace of its own, and that registry behind `Polling`.
 #![allow(dead_code)]
 
 use std::time::Duration;
 
-use registry_api::polling::{Polling, PollingConfig};
-use registry_api::testing::Guarded;
-use registry_cloudmap::{CloudMapConfig, CloudMapRegistry};
-use registry_fixtures::MotoServer;
+use waypost::polling::{Polling, PollingConfig};
+use waypost::testing::Guarded;
+use waypost_cloudmap::{CloudMapConfig, CloudMapRegistry};
+use waypost_fixtures::MotoServer;
 
 /// Deltas the polling hub keeps; `lose_history` writes more than this.
 pub const HISTORY: usize = 8;
@@ -15,19 +15,19 @@ pub const HISTORY: usize = 8;
 pub const INTERVAL: Duration = Duration::from_millis(50);
 
 /// The SDK configuration for the emulator: fixed credentials, `us-east-1`.
-pub use registry_fixtures::configs::cloudmap_sdk as sdk_config;
+pub use waypost_fixtures::configs::cloudmap_sdk as sdk_config;
 
 /// A config for `moto` on a fresh namespace, with a rate limit that does
 /// not slow the tests down.
 pub fn config(moto: &MotoServer) -> CloudMapConfig {
-    registry_fixtures::configs::cloudmap(moto.url())
+    waypost_fixtures::configs::cloudmap(moto.url())
 }
 
 /// [`config`] without a background liveness sweep within a test (one an
 /// hour; a sweep reads the namespace too), for tests that count requests.
 pub fn quiet_config(moto: &MotoServer) -> CloudMapConfig {
     config(moto).with_liveness(
-        registry_api::liveness::LivenessConfig::default()
+        waypost::liveness::LivenessConfig::default()
             .with_sweep_interval(Duration::from_secs(3600)),
     )
 }

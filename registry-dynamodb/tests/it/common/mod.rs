@@ -6,10 +6,10 @@
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, Weak};
 
-use registry_api::polling::{Polling, PollingConfig};
-use registry_api::testing::Guarded;
-use registry_dynamodb::{DynamoDbConfig, DynamoDbRegistry};
-use registry_fixtures::MotoServer;
+use waypost::polling::{Polling, PollingConfig};
+use waypost::testing::Guarded;
+use waypost_dynamodb::{DynamoDbConfig, DynamoDbRegistry};
+use waypost_fixtures::MotoServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The `X-Amz-Target` of `TransactWriteItems`.
@@ -30,7 +30,7 @@ pub fn shared_moto() -> Arc<MotoServer> {
 }
 
 /// Settings for a fresh table on `url`, fast enough for tests.
-pub use registry_fixtures::configs::dynamodb as config;
+pub use waypost_fixtures::configs::dynamodb as config;
 
 /// A registry on a table of its own, with its settings and the server it
 /// uses. Not a registry itself: tests call `h.reg`, and [`Harness::guarded`]
@@ -70,7 +70,7 @@ impl Harness {
     /// (`WatchMode::ChangeLog`), on the shared server.
     pub async fn changelog() -> Harness {
         Self::with_config(false, |c| {
-            c.with_watch(registry_dynamodb::WatchMode::ChangeLog)
+            c.with_watch(waypost_dynamodb::WatchMode::ChangeLog)
         })
         .await
     }
@@ -80,7 +80,7 @@ impl Harness {
         Guarded::new(self.reg, self.moto)
     }
 
-    /// The registry of a table without a stream as `registry_api::stack`
+    /// The registry of a table without a stream as `waypost::stack`
     /// wraps it: polled (every `poll_interval`), keeping the server alive.
     pub fn polled(self) -> Guarded<Polling<DynamoDbRegistry>> {
         let polling = PollingConfig::default()

@@ -1,4 +1,4 @@
-//! Test helpers over the shared fixture (`registry_fixtures::EtcdServer`, a
+//! Test helpers over the shared fixture (`waypost_fixtures::EtcdServer`, a
 //! real etcd on loopback): starting, restarting and reaching it, a config
 //! under a prefix of its own (the fixtures' `configs::etcd`), and the
 //! fixtures' proxy that cuts connections.
@@ -6,8 +6,8 @@
 
 use std::net::SocketAddr;
 
-use registry_etcd::etcd_client::Client;
-pub use registry_fixtures::EtcdServer;
+use waypost_etcd::etcd_client::Client;
+pub use waypost_fixtures::EtcdServer;
 
 /// A fresh etcd of this test's own.
 pub async fn start_etcd() -> EtcdServer {
@@ -39,10 +39,10 @@ pub async fn client(etcd: &EtcdServer) -> Client {
 
 /// Compact `etcd`'s history past every change made so far.
 pub async fn compact(etcd: &EtcdServer) {
-    registry_fixtures::registries::compact_etcd(etcd.endpoint())
+    waypost_fixtures::registries::compact_etcd(etcd.endpoint())
         .await
         .expect("compact etcd");
 }
 
-pub use registry_fixtures::configs::etcd as config;
-pub use registry_fixtures::proxy::CutProxy;
+pub use waypost_fixtures::configs::etcd as config;
+pub use waypost_fixtures::proxy::CutProxy;

@@ -10,11 +10,11 @@ use std::path::Path;
 use std::time::Duration;
 
 #[allow(unused_imports)]
-pub use registry_fixtures::fs::{
+pub use waypost_fixtures::fs::{
     fill, immutable_blocks_open_writers, run, with_suffix, Immutable, ReadOnlyFile, Tmpfs,
 };
 
-use registry_sqlite::SqliteConfig;
+use waypost_sqlite::SqliteConfig;
 use sha2::{Digest, Sha256};
 
 /// Settings for fault tests: no background sweep, short busy timeout,

@@ -6,7 +6,7 @@
 
 use bytes::Bytes;
 use prost::Message;
-use registry_registrar::proto::registrar::v1::EndpointEvent;
+use waypost_registrar_client::proto::registrar::v1::EndpointEvent;
 use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::Status;
 

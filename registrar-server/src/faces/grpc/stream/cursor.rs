@@ -5,11 +5,11 @@
 //! encoded bytes, in key order after the last endpoint sent.
 
 use prost::Message;
-use registry_api::{EndpointKey, Snapshot};
-use registry_registrar::endpoint_to_proto;
-use registry_registrar::proto::registrar::v1::endpoint_event::EventType;
-use registry_registrar::proto::registrar::v1::EndpointEvent;
-use registry_registrar::proto::registry::v1::ServiceEndpoint;
+use waypost::{EndpointKey, Snapshot};
+use waypost_registrar_client::endpoint_to_proto;
+use waypost_registrar_client::proto::registrar::v1::endpoint_event::EventType;
+use waypost_registrar_client::proto::registrar::v1::EndpointEvent;
+use waypost_registrar_client::proto::registry::v1::ServiceEndpoint;
 
 use super::codec::{self, Frame};
 use super::shared::{Chunk, MemoUse};
@@ -144,7 +144,7 @@ impl Cursor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use registry_api::{Endpoint, Version};
+    use waypost::{Endpoint, Version};
 
     fn endpoints(n: usize) -> Vec<Endpoint> {
         (0..n)

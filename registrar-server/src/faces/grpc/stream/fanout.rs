@@ -19,9 +19,9 @@
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
-use registry_api::backend::Observer;
-use registry_api::cached::Store;
-use registry_api::{Endpoint, Error, Event, Snapshot, Version};
+use waypost::backend::Observer;
+use waypost::cached::Store;
+use waypost::{Endpoint, Error, Event, Snapshot, Version};
 use tokio::sync::broadcast;
 use tokio_stream::wrappers::BroadcastStream;
 
@@ -148,9 +148,9 @@ impl Observer for Fanout {
 
 #[cfg(test)]
 mod tests {
-    use registry_api::cached::CachedRegistry;
-    use registry_api::memory::MemoryRegistry;
-    use registry_api::Version;
+    use waypost::cached::CachedRegistry;
+    use waypost::memory::MemoryRegistry;
+    use waypost::Version;
 
     use super::{Fanout, FEED_MAX};
 

@@ -53,7 +53,7 @@
 //! one) with `snapshot_last` set.
 //! For an agent that could not be resumed by version and said what it
 //! holds (`held`), the first snapshot holds only the services whose
-//! digest differs ([`registry_registrar::Digests`]), each chunk flagged
+//! digest differs ([`waypost_registrar_client::Digests`]), each chunk flagged
 //! `snapshot_partial`. When the agent's total (`held_total`) is the
 //! registrar's own for that snapshot, the answer is the empty partial
 //! snapshot and the summary is not read; agents holding the same as one
@@ -66,11 +66,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures::{Stream, StreamExt};
-use registry_api::{Endpoint, Error, Event, EventStream, Op, Snapshot, Version};
-use registry_registrar::proto::registrar::v1::endpoint_event::EventType;
-use registry_registrar::proto::registrar::v1::{EndpointEvent, WriteRefusal};
-use registry_registrar::proto::registry::v1::ServiceEndpoint;
-use registry_registrar::{endpoint_to_proto, status_from_error, Digests, Token};
+use waypost::{Endpoint, Error, Event, EventStream, Op, Snapshot, Version};
+use waypost_registrar_client::proto::registrar::v1::endpoint_event::EventType;
+use waypost_registrar_client::proto::registrar::v1::{EndpointEvent, WriteRefusal};
+use waypost_registrar_client::proto::registry::v1::ServiceEndpoint;
+use waypost_registrar_client::{endpoint_to_proto, status_from_error, Digests, Token};
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use tonic::Status;
 

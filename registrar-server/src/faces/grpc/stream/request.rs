@@ -13,9 +13,9 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use prost::Message;
-use registry_api::{Snapshot, Version};
-use registry_registrar::proto::registrar::v1::{HeldServices, HeldTotal, WatchEndpointsRequest};
-use registry_registrar::{total_digest, Digests};
+use waypost::{Snapshot, Version};
+use waypost_registrar_client::proto::registrar::v1::{HeldServices, HeldTotal, WatchEndpointsRequest};
+use waypost_registrar_client::{total_digest, Digests};
 
 use super::shared::{MemoUse, SnapshotMemo};
 
@@ -237,7 +237,7 @@ impl Held {
 mod tests {
     use super::super::shared::Chunk;
     use super::*;
-    use registry_api::testing::ep;
+    use waypost::testing::ep;
 
     fn state() -> Snapshot {
         Snapshot::from_endpoints(

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use bytes::Bytes;
-use registry_api::{EndpointKey, Event, Snapshot, Version};
+use waypost::{EndpointKey, Event, Snapshot, Version};
 
 /// Events whose encodings are kept for streams that send them later.
 pub(crate) const DELTA_WINDOW: usize = 4096;

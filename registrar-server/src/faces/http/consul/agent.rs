@@ -12,8 +12,8 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::Extension;
-use registry_api::backend::quote;
-use registry_api::{Endpoint, EndpointKey, Error, Op, Snapshot};
+use waypost::backend::quote;
+use waypost::{Endpoint, EndpointKey, Error, Op, Snapshot};
 
 use super::body::{self, Registration};
 use super::check::{self, Probe, Status};
@@ -126,7 +126,7 @@ fn endpoint(
         }
         check::put(&mut e, &id, &c);
     }
-    registry_api::backend::validate_endpoint(&e).map_err(consul_field)?;
+    waypost::backend::validate_endpoint(&e).map_err(consul_field)?;
     Ok(e)
 }
 

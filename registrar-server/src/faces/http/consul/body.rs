@@ -13,8 +13,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use registry_api::backend::quote;
-use registry_api::Error;
+use waypost::backend::quote;
+use waypost::Error;
 use serde_json::{Map, Value};
 
 use super::check::{Check, Probe, Status};

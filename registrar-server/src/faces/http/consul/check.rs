@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use registry_api::{Endpoint, Health};
+use waypost::{Endpoint, Health};
 use serde::{Deserialize, Serialize};
 
 /// The prefix of a check's label key; the rest is its `CheckID`.
@@ -223,7 +223,7 @@ pub(crate) fn with_status(
         return None;
     }
     c.status = status;
-    c.output = registry_api::backend::prefix(output, MAX_OUTPUT_CHARS).into_owned();
+    c.output = waypost::backend::prefix(output, MAX_OUTPUT_CHARS).into_owned();
     c.since_ms = now_ms();
     let mut updated = e.clone();
     put(&mut updated, id, &c);
@@ -249,7 +249,7 @@ pub(crate) fn with_report(
     };
     if c.status != status {
         c.status = status;
-        c.output = registry_api::backend::prefix(output, MAX_OUTPUT_CHARS).into_owned();
+        c.output = waypost::backend::prefix(output, MAX_OUTPUT_CHARS).into_owned();
         c.since_ms = now_ms;
     }
     c.reports = c.reports.wrapping_add(1);

@@ -12,7 +12,7 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use axum::routing::{get, put};
 use axum::{Extension, Router};
-use registry_api::Snapshot;
+use waypost::Snapshot;
 
 use super::query::Query;
 use super::{json_response, read_blocking, read_state, ApiError};
@@ -107,7 +107,7 @@ fn selected<'a>(
     snap: &'a Snapshot,
     name: &'a str,
     q: &'a Query,
-) -> impl Iterator<Item = &'a registry_api::Endpoint> + 'a {
+) -> impl Iterator<Item = &'a waypost::Endpoint> + 'a {
     snap.service(name)
         .filter(|e| q.dc.as_ref().is_none_or(|dc| &e.cluster == dc))
         .filter(|e| q.tag.as_ref().is_none_or(|t| shapes::tags(e).contains(t)))

@@ -13,7 +13,7 @@ use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::Duration;
 
-use registry_api::{EndpointKey, Op};
+use waypost::{EndpointKey, Op};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use registry_api::{Endpoint, Health};
+use waypost::{Endpoint, Health};
 use serde::Serialize;
 
 use super::check::{self, Check, Status};

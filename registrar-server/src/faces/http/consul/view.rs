@@ -6,8 +6,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use registry_api::backend::Observer;
-use registry_api::{Endpoint, EndpointKey, Event, Snapshot};
+use waypost::backend::Observer;
+use waypost::{Endpoint, EndpointKey, Event, Snapshot};
 
 use super::check;
 use crate::engine::registrar::Registrar;
@@ -105,7 +105,7 @@ impl ConsulView {
         store.with_state(|snap| {
             if let Some(s) = snap {
                 view.lock()
-                    .reset(&Snapshot::empty(registry_api::Version::ZERO), s);
+                    .reset(&Snapshot::empty(waypost::Version::ZERO), s);
             }
         });
         view
@@ -173,10 +173,10 @@ impl Observer for ConsulView {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use registry_api::Version;
+    use waypost::Version;
 
     fn ep(service: &str, id: &str) -> Endpoint {
-        registry_api::testing::ep(service, id, 80)
+        waypost::testing::ep(service, id, 80)
     }
 
     fn apply(view: &ConsulView, state: &mut Snapshot, ev: Event) {

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use registry_api::{Endpoint, EndpointKey};
+use waypost::{Endpoint, EndpointKey};
 use tokio::time::Instant;
 
 use super::check::{self, Check, Probe, Status};
