@@ -26,6 +26,7 @@ mod http_api;
 mod http_native;
 mod operators;
 mod registrar;
+mod registry_url;
 mod resume;
 #[cfg(all(feature = "sqlite", feature = "http-api"))]
 mod soak;

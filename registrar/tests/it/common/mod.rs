@@ -101,7 +101,7 @@ pub fn serve_args<'a>(args: &[&'a str]) -> Vec<&'a str> {
 pub fn memory_unless_chosen(args: &[&str]) -> Option<&'static str> {
     let chooses = |a: &&str| {
         [
-            "--registry-backend",
+            "--registry",
             "--sqlite-path",
             "--etcd-",
             "--dynamodb-",
