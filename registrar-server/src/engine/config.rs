@@ -68,8 +68,8 @@ pub struct RegistrarConfig {
     pub stream_encoding: StreamEncoding,
 }
 
-/// How the messages of agent streams (`WatchEndpoints`) are encoded (issue
-/// 21). The messages on the wire are the same either way.
+/// How the messages of agent streams (`WatchEndpoints`) are encoded. The
+/// messages on the wire are the same either way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum StreamEncoding {
