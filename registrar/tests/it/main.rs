@@ -1,4 +1,4 @@
-//! The integration tests of `registrar-server`, one module per area, in
+//! The integration tests of `waypost-registrar-server`, one module per area, in
 //! one binary (each test binary links the whole server).
 
 #![allow(clippy::unwrap_used)]

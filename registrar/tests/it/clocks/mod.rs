@@ -19,7 +19,7 @@
 //! message; views are read every [`SAMPLE_EVERY`] throughout.
 //!
 //! ```sh
-//! cargo test -p registrar --all-features --test it clocks -- --nocapture
+//! cargo test -p waypost-registrar --all-features --test it clocks -- --nocapture
 //! ```
 
 #[cfg(feature = "sqlite")]
@@ -34,9 +34,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use registry_api::announce::{announce, AnnounceConfig, Announcement};
-use registry_api::{Endpoint, Health, Registry};
-use registry_registrar::{Ack, ClientConfig, RpcClient};
+use waypost::announce::{announce, AnnounceConfig, Announcement};
+use waypost::{Endpoint, Health, Registry};
+use waypost_registrar_client::{Ack, ClientConfig, RpcClient};
 use tokio::time::Instant;
 
 use crate::common::{self, Spawned};

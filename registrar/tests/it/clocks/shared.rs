@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use registry_api::testing::unique;
+use waypost::testing::unique;
 use tokio::time::Instant;
 
 use super::{
@@ -32,7 +32,7 @@ const REMOVE_AFTER: Duration = Duration::from_secs(300);
 /// How far into the silent nodes' silence B's clock is stepped.
 const STEP_INTO_SILENCE: Duration = Duration::from_secs(2);
 /// Every Cloud Map poll reads the services whose revision moved, and
-/// every 10th reads them all (registry-cloudmap's `full_poll_every`); on
+/// every 10th reads them all (waypost-cloudmap's `full_poll_every`); on
 /// moto a revision can move before the instances it counts show, so only
 /// the full poll bounds when a change reaches a view.
 const CLOUDMAP_FULL_POLL_EVERY: u32 = 10;
@@ -150,7 +150,7 @@ async fn case(url: String, kind: Kind, clock: BClock) -> Result<(), String> {
     live.extend(live_b);
     agents.extend(agents_b);
     let missing = |view: Option<Vec<_>>| -> Vec<String> {
-        let view: Vec<registry_api::Endpoint> = view.unwrap_or_default();
+        let view: Vec<waypost::Endpoint> = view.unwrap_or_default();
         live.iter()
             .filter(|e| !view.iter().any(|x| x.id == e.id))
             .map(|e| e.id.clone())
@@ -248,7 +248,7 @@ fn panic_text(e: tokio::task::JoinError) -> String {
 /// Run the four cases of `kind` at once on one moto; report every case.
 async fn all_cases(kind: Kind) {
     let _one = ONE_AT_A_TIME.lock().await;
-    let moto = registry_fixtures::MotoServer::start_async().await.unwrap();
+    let moto = waypost_fixtures::MotoServer::start_async().await.unwrap();
     let started = Instant::now();
     let tasks: Vec<_> = BClock::ALL
         .iter()

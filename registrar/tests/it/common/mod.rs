@@ -17,11 +17,11 @@ pub mod protocols;
 #[cfg(feature = "xds")]
 pub mod xds;
 
-use registrar_server::{Backend, RegistrarConfig, ServeOptions};
-use registry_registrar::{ClientConfig, RegistrarClient};
+use waypost_registrar_server::{Backend, RegistrarConfig, ServeOptions};
+use waypost_registrar_client::{ClientConfig, RegistrarClient};
 
 /// A registrar served in process on loopback (the fixtures' builder).
-pub use registry_fixtures::registrar::{Running as Server, TestRegistrar};
+pub use waypost_fixtures::registrar::{Running as Server, TestRegistrar};
 
 pub async fn start(backend: Arc<dyn Backend>, cfg: RegistrarConfig) -> Server {
     TestRegistrar::new(backend, cfg)
