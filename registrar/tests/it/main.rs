@@ -8,6 +8,8 @@ mod common;
 mod backends;
 mod cli;
 #[cfg(feature = "http-api")]
+mod clocks;
+#[cfg(feature = "http-api")]
 mod consul_agent;
 mod crash;
 mod deploy;

@@ -124,8 +124,13 @@ pub struct SseEvent {
 
 impl Sse {
     pub async fn open(stack: &Stack, last_event_id: Option<&str>) -> Sse {
+        Sse::open_at(stack.http, last_event_id).await
+    }
+
+    /// [`Sse::open`] on the HTTP API at `http`.
+    pub async fn open_at(http: std::net::SocketAddr, last_event_id: Option<&str>) -> Sse {
         let client = Client::builder(TokioExecutor::new()).build_http::<String>();
-        let mut req = hyper::Request::get(format!("http://{}/v1/watch", stack.http));
+        let mut req = hyper::Request::get(format!("http://{http}/v1/watch"));
         if let Some(id) = last_event_id {
             req = req.header("Last-Event-ID", id);
         }

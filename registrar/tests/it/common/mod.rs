@@ -8,6 +8,7 @@ use std::time::Duration;
 
 pub mod cli;
 pub mod dashboard;
+pub mod faketime;
 #[cfg(feature = "http-api")]
 pub mod http;
 pub mod pki;
@@ -307,6 +308,8 @@ pub struct Spawned {
     pub child: Child,
     pub grpc: String,
     pub health: String,
+    /// The `registrar listening …` line.
+    pub line: String,
     stderr: std::path::PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -354,6 +357,7 @@ pub async fn spawn_serve_env(extra: &[&str], env: &[(&str, &str)]) -> Spawned {
     Spawned {
         grpc: field("grpc="),
         health: field("health="),
+        line,
         child,
         stderr,
         _dir: dir,
@@ -363,6 +367,11 @@ pub async fn spawn_serve_env(extra: &[&str], env: &[(&str, &str)]) -> Spawned {
 impl Spawned {
     pub fn url(&self) -> String {
         format!("http://{}", self.grpc)
+    }
+
+    /// The value of `name` (`http-api=`, `xds=`, …) in its address line.
+    pub fn field(&self, name: &str) -> String {
+        line_field(&self.line, name)
     }
 
     /// What the child wrote to stderr so far.
