@@ -15,7 +15,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use futures::TryStreamExt;
-use waypost::{discover::discover, memory::MemoryRegistry, Endpoint, Health, Registry};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
@@ -23,6 +22,7 @@ use tower::balance::p2c::Balance;
 use tower::discover::Change;
 use tower::load::{CompleteOnResponse, PendingRequests};
 use tower::{service_fn, Service, ServiceExt};
+use waypost::{discover::discover, memory::MemoryRegistry, Endpoint, Health, Registry};
 
 /// Any error, from the registry, a socket or the balancer.
 type BoxError = Box<dyn Error + Send + Sync>;

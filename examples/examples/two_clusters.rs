@@ -17,12 +17,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use waypost_registrar_server::{serve, Backend, Registrar, RegistrarConfig};
-use waypost::{Endpoint, Event, Registry, Watch};
-use waypost_registrar_client::{ClientConfig, RegistrarClient};
-use waypost_sqlite::{SqliteConfig, SqliteRegistry};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use waypost::{Endpoint, Event, Registry, Watch};
+use waypost_registrar_client::{ClientConfig, RegistrarClient};
+use waypost_registrar_server::{serve, Backend, Registrar, RegistrarConfig};
+use waypost_sqlite::{SqliteConfig, SqliteRegistry};
 
 /// Give up on a change that has not crossed over after this long.
 const PATIENCE: Duration = Duration::from_secs(10);

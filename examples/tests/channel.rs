@@ -10,11 +10,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use examples::greeter::{self, GreeterClient, HelloRequest};
+use tonic::transport::Channel;
 use waypost::channel::{balanced_channel, ChannelConfig};
 use waypost::memory::MemoryRegistry;
 use waypost::testing::eventually;
 use waypost::{Endpoint, Health, Protocol, Registry};
-use tonic::transport::Channel;
 
 async fn server(id: &str) -> Endpoint {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -19,13 +19,15 @@ use common::xds::{endpoints, node, EDS};
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use hdrhistogram::Histogram;
-use waypost_registrar_server::{Backend, Opening, RegistrarConfig};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 use waypost::{liveness::Liveness, memory::MemoryRegistry};
 use waypost_registrar_client::endpoint_to_proto;
 use waypost_registrar_client::proto::registrar::v1::registrar_client::RegistrarClient as Grpc;
-use waypost_registrar_client::proto::registrar::v1::{RegisterEndpointRequest, WatchEndpointsRequest};
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
+use waypost_registrar_client::proto::registrar::v1::{
+    RegisterEndpointRequest, WatchEndpointsRequest,
+};
+use waypost_registrar_server::{Backend, Opening, RegistrarConfig};
 
 const CLIENTS: usize = 100;
 const CHANGES: u32 = 1_000;

@@ -7,7 +7,11 @@ use std::fmt::Write as _;
 
 use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS, NON_ALPHANUMERIC};
 
-use crate::cli::ServeArgs;
+use std::path::PathBuf;
+
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+
+use crate::values::count_in;
 
 /// The backends `--registry-backend` names in this build.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -128,6 +132,81 @@ impl std::str::FromStr for DynamoDbSync {
     }
 }
 
+/// `serve`'s flags that name the backend: `--registry URL`, or the
+/// per-backend flags.
+#[derive(clap::Args, Clone, Debug)]
+pub struct BackendArgs {
+    /// The backend holding the registry, as one URL: `sqlite:PATH`,
+    /// `etcd://HOST:PORT[,HOST:PORT]/PREFIX`, `dynamodb://TABLE?region=…`,
+    /// `cloudmap://NAMESPACE?region=…` or `memory:` (keeps nothing), with
+    /// the backend's settings as parameters (`?suspect_after=10s`, …)
+    /// [default: sqlite:registry.db]. The per-backend flags below describe
+    /// the same URL.
+    #[arg(long)]
+    pub registry: Option<String>,
+    /// The backend, when --registry is not given [default: sqlite, or the
+    /// backend whose own flags are given].
+    #[arg(long, value_parser = backend_kind())]
+    pub registry_backend: Option<BackendKind>,
+    /// The SQLite file (`--registry-backend=sqlite`) [default:
+    /// registry.db].
+    #[arg(long)]
+    pub sqlite_path: Option<PathBuf>,
+    /// etcd endpoints, comma-separated (`--registry-backend=etcd`)
+    /// [default: http://127.0.0.1:2379].
+    #[arg(long, value_delimiter = ',')]
+    pub etcd_endpoints: Option<Vec<String>>,
+    /// Key prefix in etcd [default: /registry].
+    #[arg(long)]
+    pub etcd_prefix: Option<String>,
+    /// The DynamoDB table (`--registry-backend=dynamodb`) [default:
+    /// registry].
+    #[arg(long)]
+    pub dynamodb_table: Option<String>,
+    /// Create the DynamoDB table (on-demand, with a stream) if it is missing.
+    #[arg(long)]
+    pub dynamodb_create_table: bool,
+    /// How the DynamoDB table is followed: `auto` (its stream when it has
+    /// one, at most two readers per shard; else a scan every
+    /// --sync-interval), `changelog` (a change log in the table, one Query
+    /// per --sync-interval; for many replicas; every registrar writing the
+    /// table must use it) or `scan` (a full scan every --sync-interval).
+    /// [default: auto]
+    #[arg(long, value_parser = dynamodb_sync())]
+    pub dynamodb_sync: Option<DynamoDbSync>,
+    /// Heads of the DynamoDB change log (`--dynamodb-sync=changelog`), 1 to
+    /// 64: tens of registrars writing one table need several (each key is
+    /// logged on one head; readers send one Query per head). Every
+    /// registrar on the table must use the same number. [default: 1]
+    #[arg(long, value_parser = count_in(1, 64))]
+    pub dynamodb_changelog_heads: Option<usize>,
+    /// The Cloud Map namespace (`--registry-backend=cloudmap`); created as an
+    /// HTTP namespace if missing [default: registry].
+    #[arg(long)]
+    pub cloudmap_namespace: Option<String>,
+    /// AWS region for DynamoDB and Cloud Map (default: the AWS chain's).
+    #[arg(long, env = "AWS_REGION")]
+    pub aws_region: Option<String>,
+    /// AWS endpoint URL for DynamoDB and Cloud Map (an emulator, a VPC endpoint).
+    #[arg(long, env = "AWS_ENDPOINT_URL")]
+    pub aws_endpoint_url: Option<String>,
+}
+
+/// `--registry-backend`: the backends this build includes, each listed in
+/// `--help` with its product's name.
+fn backend_kind() -> impl TypedValueParser<Value = BackendKind> {
+    let names = BackendKind::ALL
+        .iter()
+        .map(|k| PossibleValue::new(k.as_str()).help(k.name()));
+    PossibleValuesParser::new(names).try_map(|s| s.parse::<BackendKind>())
+}
+
+/// `--dynamodb-sync`: `auto`, `changelog` or `scan`.
+fn dynamodb_sync() -> impl TypedValueParser<Value = DynamoDbSync> {
+    let names = DynamoDbSync::ALL.iter().map(|m| m.as_str());
+    PossibleValuesParser::new(names).try_map(|s| s.parse::<DynamoDbSync>())
+}
+
 /// What a path keeps of itself in `sqlite:PATH`: everything but controls,
 /// `%`, `?` and `#`.
 const PATH_ESCAPED: &AsciiSet = &CONTROLS.add(b'%').add(b'?').add(b'#').add(b' ');
@@ -147,7 +226,7 @@ fn has_param(url: &str, name: &str) -> bool {
     })
 }
 
-impl ServeArgs {
+impl BackendArgs {
     /// The backend's URL: `--registry`, or the one the per-backend flags
     /// describe. `--aws-region` and `--aws-endpoint-url` (and their
     /// environment variables) fill in a DynamoDB or Cloud Map URL's
@@ -177,9 +256,7 @@ impl ServeArgs {
             if let (Some(region), false) = (&self.aws_region, has_param(&url, "region")) {
                 push_param(&mut url, "region", region);
             }
-            if let (Some(endpoint), false) =
-                (&self.aws_endpoint_url, has_param(&url, "endpoint"))
-            {
+            if let (Some(endpoint), false) = (&self.aws_endpoint_url, has_param(&url, "endpoint")) {
                 push_param(&mut url, "endpoint", endpoint);
             }
         }
@@ -197,9 +274,9 @@ impl ServeArgs {
                     .sqlite_path
                     .as_deref()
                     .unwrap_or(std::path::Path::new("registry.db"));
-                let path = path.to_str().ok_or_else(|| {
-                    format!("--sqlite-path {}: not UTF-8", path.display())
-                })?;
+                let path = path
+                    .to_str()
+                    .ok_or_else(|| format!("--sqlite-path {}: not UTF-8", path.display()))?;
                 format!("sqlite:{}", utf8_percent_encode(path, PATH_ESCAPED))
             }
             #[cfg(feature = "etcd")]
@@ -207,7 +284,10 @@ impl ServeArgs {
             #[cfg(feature = "dynamodb")]
             BackendKind::Dynamodb => {
                 let table = self.dynamodb_table.as_deref().unwrap_or("registry");
-                let mut url = format!("dynamodb://{}", utf8_percent_encode(table, NON_ALPHANUMERIC));
+                let mut url = format!(
+                    "dynamodb://{}",
+                    utf8_percent_encode(table, NON_ALPHANUMERIC)
+                );
                 if let Some(sync) = self.dynamodb_sync {
                     push_param(&mut url, "watch", sync.as_str());
                 }
@@ -304,15 +384,27 @@ impl ServeArgs {
             ("--sqlite-path", "sqlite", self.sqlite_path.is_some()),
             ("--etcd-endpoints", "etcd", self.etcd_endpoints.is_some()),
             ("--etcd-prefix", "etcd", self.etcd_prefix.is_some()),
-            ("--dynamodb-table", "dynamodb", self.dynamodb_table.is_some()),
-            ("--dynamodb-create-table", "dynamodb", self.dynamodb_create_table),
+            (
+                "--dynamodb-table",
+                "dynamodb",
+                self.dynamodb_table.is_some(),
+            ),
+            (
+                "--dynamodb-create-table",
+                "dynamodb",
+                self.dynamodb_create_table,
+            ),
             ("--dynamodb-sync", "dynamodb", self.dynamodb_sync.is_some()),
             (
                 "--dynamodb-changelog-heads",
                 "dynamodb",
                 self.dynamodb_changelog_heads.is_some(),
             ),
-            ("--cloudmap-namespace", "cloudmap", self.cloudmap_namespace.is_some()),
+            (
+                "--cloudmap-namespace",
+                "cloudmap",
+                self.cloudmap_namespace.is_some(),
+            ),
         ];
         flags
             .into_iter()
@@ -335,15 +427,21 @@ fn default_backend() -> BackendKind {
 mod tests {
     use clap::Parser;
 
-    use crate::cli::{Cli, Command};
+    use super::BackendArgs;
+
+    #[derive(Parser)]
+    struct Serve {
+        #[command(flatten)]
+        backend: BackendArgs,
+    }
 
     fn url(args: &[&str]) -> Result<String, String> {
-        let mut argv = vec!["registrar", "serve"];
+        let mut argv = vec!["serve"];
         argv.extend_from_slice(args);
-        let Command::Serve(serve) = Cli::try_parse_from(argv).expect("flags parse").command else {
-            panic!("not serve")
-        };
-        serve.registry_url()
+        Serve::try_parse_from(argv)
+            .expect("flags parse")
+            .backend
+            .registry_url()
     }
 
     #[test]
@@ -364,8 +462,13 @@ mod tests {
     #[test]
     fn backends_with_servers() {
         assert_eq!(
-            url(&["--etcd-endpoints", "http://a:2379,http://b:2379", "--etcd-prefix", "/apps"])
-                .unwrap(),
+            url(&[
+                "--etcd-endpoints",
+                "http://a:2379,http://b:2379",
+                "--etcd-prefix",
+                "/apps"
+            ])
+            .unwrap(),
             "etcd://a:2379,b:2379/apps"
         );
         assert_eq!(
@@ -395,8 +498,13 @@ mod tests {
         );
         // The URL's own region wins over --aws-region.
         assert_eq!(
-            url(&["--registry", "dynamodb://t?region=eu-west-1", "--aws-region", "us-east-1"])
-                .unwrap(),
+            url(&[
+                "--registry",
+                "dynamodb://t?region=eu-west-1",
+                "--aws-region",
+                "us-east-1"
+            ])
+            .unwrap(),
             "dynamodb://t?region=eu-west-1"
         );
     }
@@ -404,7 +512,10 @@ mod tests {
     #[test]
     fn a_backend_named_twice_is_refused_naming_both() {
         let e = url(&["--registry", "memory:", "--registry-backend", "memory"]).unwrap_err();
-        assert!(e.contains("--registry and --registry-backend=memory"), "{e}");
+        assert!(
+            e.contains("--registry and --registry-backend=memory"),
+            "{e}"
+        );
         let e = url(&["--registry", "memory:", "--sqlite-path", "x.db"]).unwrap_err();
         assert!(e.contains("--sqlite-path"), "{e}");
     }

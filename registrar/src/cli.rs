@@ -9,13 +9,13 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use waypost_registrar_server::{Ack, RegistrarConfig};
 
-use crate::backend::{BackendKind, DynamoDbSync};
+use crate::backend::BackendArgs;
 use waypost::liveness::LivenessConfig;
 
 use crate::connect::{ClientArgs, EarlyClientArgs, ServerTlsArgs};
 use crate::values::{
-    backend_kind, count_in, duration_in, dynamodb_sync, parse_ack, parse_label, parse_target,
-    parse_token, show, DAYS_30, HOUR, MS, SECOND,
+    count_in, duration_in, parse_ack, parse_label, parse_target, parse_token, show, DAYS_30, HOUR,
+    MS, SECOND,
 };
 use waypost::Protocol;
 
@@ -201,18 +201,9 @@ pub struct DeregisterArgs {
 
 #[derive(clap::Args, Clone)]
 pub struct ServeArgs {
-    /// The backend holding the registry, as one URL: `sqlite:PATH`,
-    /// `etcd://HOST:PORT[,HOST:PORT]/PREFIX`, `dynamodb://TABLE?region=…`,
-    /// `cloudmap://NAMESPACE?region=…` or `memory:` (keeps nothing), with
-    /// the backend's settings as parameters (`?suspect_after=10s`, …)
-    /// [default: sqlite:registry.db]. The per-backend flags below describe
-    /// the same URL.
-    #[arg(long)]
-    pub registry: Option<String>,
-    /// The backend, when --registry is not given [default: sqlite, or the
-    /// backend whose own flags are given].
-    #[arg(long, value_parser = backend_kind())]
-    pub registry_backend: Option<BackendKind>,
+    /// The backend.
+    #[command(flatten)]
+    pub backend: BackendArgs,
     /// This registrar's cluster.
     #[arg(long, default_value = "default")]
     pub cluster_name: String,
@@ -335,48 +326,6 @@ pub struct ServeArgs {
     /// shows every endpoint to anyone who can reach it.
     #[arg(long)]
     pub ui: bool,
-    /// The SQLite file (`--registry-backend=sqlite`) [default:
-    /// registry.db].
-    #[arg(long)]
-    pub sqlite_path: Option<PathBuf>,
-    /// etcd endpoints, comma-separated (`--registry-backend=etcd`)
-    /// [default: http://127.0.0.1:2379].
-    #[arg(long, value_delimiter = ',')]
-    pub etcd_endpoints: Option<Vec<String>>,
-    /// Key prefix in etcd [default: /registry].
-    #[arg(long)]
-    pub etcd_prefix: Option<String>,
-    /// The DynamoDB table (`--registry-backend=dynamodb`) [default:
-    /// registry].
-    #[arg(long)]
-    pub dynamodb_table: Option<String>,
-    /// Create the DynamoDB table (on-demand, with a stream) if it is missing.
-    #[arg(long)]
-    pub dynamodb_create_table: bool,
-    /// How the DynamoDB table is followed: `auto` (its stream when it has
-    /// one, at most two readers per shard; else a scan every
-    /// --sync-interval), `changelog` (a change log in the table, one Query
-    /// per --sync-interval; for many replicas; every registrar writing the
-    /// table must use it) or `scan` (a full scan every --sync-interval).
-    /// [default: auto]
-    #[arg(long, value_parser = dynamodb_sync())]
-    pub dynamodb_sync: Option<DynamoDbSync>,
-    /// Heads of the DynamoDB change log (`--dynamodb-sync=changelog`), 1 to
-    /// 64: tens of registrars writing one table need several (each key is
-    /// logged on one head; readers send one Query per head). Every
-    /// registrar on the table must use the same number. [default: 1]
-    #[arg(long, value_parser = count_in(1, 64))]
-    pub dynamodb_changelog_heads: Option<usize>,
-    /// The Cloud Map namespace (`--registry-backend=cloudmap`); created as an
-    /// HTTP namespace if missing [default: registry].
-    #[arg(long)]
-    pub cloudmap_namespace: Option<String>,
-    /// AWS region for DynamoDB and Cloud Map (default: the AWS chain's).
-    #[arg(long, env = "AWS_REGION")]
-    pub aws_region: Option<String>,
-    /// AWS endpoint URL for DynamoDB and Cloud Map (an emulator, a VPC endpoint).
-    #[arg(long, env = "AWS_ENDPOINT_URL")]
-    pub aws_endpoint_url: Option<String>,
     /// Authorize agents by SPIFFE ID in this trust domain (needs TLS): by
     /// default an agent may write only endpoints of its own node in this
     /// registrar's cluster; see --authz-policy.
@@ -448,4 +397,3 @@ impl ServeArgs {
             .with_sweep_interval(self.liveness_sweep_interval))
     }
 }
-

@@ -12,11 +12,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
+use tokio::net::TcpListener;
 use waypost_registrar_server::{
     backend_scheme, open_backend, stack_config, AuthzConfig, OpenPolicy, Opening, ServeOptions,
     Status,
 };
-use tokio::net::TcpListener;
 
 use crate::cli::{Cli, Command, LogFormat, ServeArgs};
 use crate::error::CliError;
@@ -65,7 +65,7 @@ fn install_metrics() -> Result<metrics_exporter_prometheus::PrometheusHandle, St
 }
 
 async fn run_serve(args: ServeArgs) -> Result<(), CliError> {
-    let url = args.registry_url()?;
+    let url = args.backend.registry_url()?;
     let stack = stack_config(args.liveness()?, args.sync_interval);
     let kind = backend_scheme(&url).unwrap_or_else(|| "registry".into());
     // The URL as logs may show it: secrets replaced.
@@ -276,7 +276,7 @@ fn check_serve_flags(cli: &Cli) {
         Some(flag) => Some(format!(
             "{flag} is an option of the client commands, not of `serve`"
         )),
-        None => args.registry_url().err(),
+        None => args.backend.registry_url().err(),
     };
     if let Some(message) = conflict {
         Cli::command()

@@ -2,8 +2,8 @@
 //! get`, JSON, and YAML (written here from the JSON value: block style,
 //! strings quoted as JSON strings, which YAML reads as-is).
 
-use waypost::Endpoint;
 use serde_json::Value;
+use waypost::Endpoint;
 
 use crate::cli::Output;
 

@@ -4,30 +4,12 @@
 
 use std::time::Duration;
 
-use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use waypost_registrar_server::Ack;
-
-use crate::backend::{BackendKind, DynamoDbSync};
 
 pub(crate) const MS: Duration = Duration::from_millis(1);
 pub(crate) const SECOND: Duration = Duration::from_secs(1);
 pub(crate) const HOUR: Duration = Duration::from_secs(3600);
 pub(crate) const DAYS_30: Duration = Duration::from_secs(30 * 24 * 3600);
-
-/// `--registry-backend`: the backends this build includes, each listed in
-/// `--help` with its product's name.
-pub(crate) fn backend_kind() -> impl TypedValueParser<Value = BackendKind> {
-    let names = BackendKind::ALL
-        .iter()
-        .map(|k| PossibleValue::new(k.as_str()).help(k.name()));
-    PossibleValuesParser::new(names).try_map(|s| s.parse::<BackendKind>())
-}
-
-/// `--dynamodb-sync`: `auto`, `changelog` or `scan`.
-pub(crate) fn dynamodb_sync() -> impl TypedValueParser<Value = DynamoDbSync> {
-    let names = DynamoDbSync::ALL.iter().map(|m| m.as_str());
-    PossibleValuesParser::new(names).try_map(|s| s.parse::<DynamoDbSync>())
-}
 
 /// A duration flag (`100ms`, `5s`, `1m`) within `min..=max`.
 pub(crate) fn duration_in(

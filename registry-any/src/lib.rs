@@ -82,7 +82,10 @@ pub async fn open_with(url: &str, opts: &OpenOptions) -> Result<Arc<dyn Stack>> 
             if !parsed.has("sweep_interval") {
                 cfg.sweep_interval = Some(live.sweep_interval);
             }
-            stack(waypost_sqlite::SqliteRegistry::open(cfg).await?, &opts.stack)
+            stack(
+                waypost_sqlite::SqliteRegistry::open(cfg).await?,
+                &opts.stack,
+            )
         }
         #[cfg(feature = "etcd")]
         "etcd" | "etcds" => {
@@ -99,13 +102,19 @@ pub async fn open_with(url: &str, opts: &OpenOptions) -> Result<Arc<dyn Stack>> 
             if !parsed.has("poll_interval") {
                 cfg.poll_interval = opts.stack.polling.interval;
             }
-            stack(waypost_dynamodb::DynamoDbRegistry::connect(cfg).await?, &opts.stack)
+            stack(
+                waypost_dynamodb::DynamoDbRegistry::connect(cfg).await?,
+                &opts.stack,
+            )
         }
         #[cfg(feature = "cloudmap")]
         "cloudmap" => {
             let mut cfg: waypost_cloudmap::CloudMapConfig = url.parse()?;
             cfg.liveness = with_liveness(&parsed, cfg.liveness, opts);
-            stack(waypost_cloudmap::CloudMapRegistry::connect(cfg).await?, &opts.stack)
+            stack(
+                waypost_cloudmap::CloudMapRegistry::connect(cfg).await?,
+                &opts.stack,
+            )
         }
         #[cfg(feature = "registrar")]
         "registrar" | "registrars" => {
@@ -113,12 +122,18 @@ pub async fn open_with(url: &str, opts: &OpenOptions) -> Result<Arc<dyn Stack>> 
                 Some(node) if !parsed.has("node") => with_param(url, "node", node).parse()?,
                 _ => url.parse()?,
             };
-            stack(waypost_registrar_client::RegistrarClient::connect(cfg)?, &opts.stack)
+            stack(
+                waypost_registrar_client::RegistrarClient::connect(cfg)?,
+                &opts.stack,
+            )
         }
         #[cfg(feature = "gossip")]
         "gossip" => {
             let cfg: waypost_gossip::GossipConfig = url.parse()?;
-            stack(waypost_gossip::GossipRegistry::start(cfg).await?, &opts.stack)
+            stack(
+                waypost_gossip::GossipRegistry::start(cfg).await?,
+                &opts.stack,
+            )
         }
         other => Err(not_compiled_in(other, &parsed)),
     }
@@ -181,23 +196,34 @@ fn not_compiled_in(scheme: &str, url: &BackendUrl) -> Error {
 mod tests {
     use super::*;
 
+    /// The error of an open that must fail.
+    fn refused(r: Result<Arc<dyn Stack>>) -> Error {
+        match r {
+            Ok(_) => panic!("opened, but it should have been refused"),
+            Err(e) => e,
+        }
+    }
+
     #[tokio::test]
     async fn memory_and_unknown_schemes() {
         let reg = open("memory:").await.expect("memory");
         assert!(reg.list("x").await.expect("list").is_empty());
         let msg = |e: Error| e.to_string();
-        let e = msg(open("memory:x").await.err().expect("refused"));
+        let e = msg(refused(open("memory:x").await));
         assert!(e.contains("memory: alone"), "{e}");
-        let e = msg(open("consul://127.0.0.1:8500").await.err().expect("refused"));
-        assert!(e.contains("\"consul\"") && e.contains("sqlite, etcd"), "{e}");
-        let e = msg(open("registry.db").await.err().expect("refused"));
+        let e = msg(refused(open("consul://127.0.0.1:8500").await));
+        assert!(
+            e.contains("\"consul\"") && e.contains("sqlite, etcd"),
+            "{e}"
+        );
+        let e = msg(refused(open("registry.db").await));
         assert!(e.contains("no scheme"), "{e}");
     }
 
     #[cfg(not(feature = "gossip"))]
     #[tokio::test]
     async fn a_backend_not_compiled_in_names_its_feature() {
-        let e = open("gossip://127.0.0.1:0").await.err().expect("refused");
+        let e = refused(open("gossip://127.0.0.1:0").await);
         assert!(e.to_string().contains("feature `gossip`"), "{e}");
     }
 
@@ -208,6 +234,9 @@ mod tests {
             with_param("registrar://r:1?cluster=eu", "node", "a b"),
             "registrar://r:1?cluster=eu&node=a%20b"
         );
-        assert_eq!(with_param("registrar://r:1", "node", "n"), "registrar://r:1?node=n");
+        assert_eq!(
+            with_param("registrar://r:1", "node", "n"),
+            "registrar://r:1?node=n"
+        );
     }
 }

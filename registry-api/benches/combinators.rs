@@ -50,9 +50,7 @@ async fn cached_with(total: usize) -> CachedRegistry<MemoryRegistry> {
     let mem = MemoryRegistry::new();
     let ops: Vec<Op> = endpoints(total).into_iter().map(Op::Register).collect();
     for chunk in ops.chunks(5_000) {
-        waypost::Batch::apply(&mem, chunk.to_vec())
-            .await
-            .unwrap();
+        waypost::Batch::apply(&mem, chunk.to_vec()).await.unwrap();
     }
     let cached = CachedRegistry::new(mem);
     cached.wait_until_ready().await;

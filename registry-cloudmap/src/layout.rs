@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, CONTROLS};
-use waypost::{Endpoint, Error, Health, Protocol, Result};
 use sha2::{Digest, Sha256};
+use waypost::{Endpoint, Error, Health, Protocol, Result};
 
 /// Custom attributes Cloud Map allows on one instance.
 pub const MAX_CUSTOM_ATTRIBUTES: usize = 30;

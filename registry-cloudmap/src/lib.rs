@@ -9,8 +9,8 @@ mod nodes;
 mod records;
 mod registry;
 mod services;
-mod url;
 mod shared;
+mod url;
 mod watch;
 
 pub use crate::shared::{CloudMapStats, MAX_BATCH};

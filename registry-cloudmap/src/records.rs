@@ -27,8 +27,8 @@ use waypost::backend::NodeRecord;
 use waypost::EndpointKey;
 
 use crate::layout::{
-    self, ATTR_BEAT, ATTR_BEATS, ATTR_MARKED, ATTR_NODE, MAX_ATTRIBUTES_LEN, MAX_ATTRIBUTE_VALUE_LEN,
-    MAX_CUSTOM_ATTRIBUTES,
+    self, ATTR_BEAT, ATTR_BEATS, ATTR_MARKED, ATTR_NODE, MAX_ATTRIBUTES_LEN,
+    MAX_ATTRIBUTE_VALUE_LEN, MAX_CUSTOM_ATTRIBUTES,
 };
 
 /// Bytes escaped in each part of a marked key: those [`layout::escape`]

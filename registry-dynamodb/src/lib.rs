@@ -8,8 +8,8 @@ mod layout;
 mod nodes;
 mod registry;
 mod shards;
-mod url;
 mod shared;
+mod url;
 mod watch;
 
 pub use crate::changelog::{

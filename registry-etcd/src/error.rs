@@ -18,8 +18,8 @@
 use std::fmt::Display;
 
 use etcd_client::Error as EtcdError;
-use waypost::Error;
 use tonic::Code;
+use waypost::Error;
 
 /// Map an etcd client error met while doing `what` to our error kinds.
 pub(crate) fn map(err: EtcdError, what: impl Display) -> Error {

@@ -8,8 +8,8 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, Error as EtcdError};
-use waypost::{Endpoint, EndpointKey};
 use tokio::sync::Mutex;
+use waypost::{Endpoint, EndpointKey};
 
 use crate::config::EtcdConfig;
 use crate::layout::Layout;

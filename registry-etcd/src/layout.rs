@@ -14,8 +14,8 @@
 
 use std::borrow::Cow;
 
-use waypost::{Endpoint, EndpointKey, Error};
 use serde::{Deserialize, Serialize};
+use waypost::{Endpoint, EndpointKey, Error};
 
 use crate::error;
 

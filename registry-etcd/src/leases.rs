@@ -7,9 +7,9 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use etcd_client::{PutOptions, Txn, TxnOp};
-use waypost::{Endpoint, Error, Result};
 use tokio::sync::MutexGuard;
 use tracing::{debug, info, warn};
+use waypost::{Endpoint, Error, Result};
 
 use crate::error;
 use crate::keyspace::{Keyspace, Nodes};

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp};
-use waypost::{Endpoint, Error, Op, Result, Snapshot, Version};
 use tokio::sync::Mutex;
 use tracing::{debug, info, warn};
+use waypost::{Endpoint, Error, Op, Result, Snapshot, Version};
 
 use crate::config::EtcdConfig;
 use crate::error;

@@ -103,7 +103,10 @@ mod tests {
         assert_eq!(cfg.prefix, "/apps/x");
         assert_eq!(cfg.user.as_deref(), Some("root"));
         let tls = cfg.tls.clone().expect("tls");
-        assert_eq!(tls.ca_cert.as_deref(), Some(std::path::Path::new("/etc/ca.pem")));
+        assert_eq!(
+            tls.ca_cert.as_deref(),
+            Some(std::path::Path::new("/etc/ca.pem"))
+        );
         assert!(!format!("{cfg:?}").contains("pw@") && !format!("{cfg:?}").contains("\"pw\""));
     }
 

@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use etcd_client::{EventType, KeyValue, WatchOptions, WatchResponse, WatchStream};
 use futures::{stream, StreamExt};
-use waypost::{Error, Event, EventStream, Result, Version};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
+use waypost::{Error, Event, EventStream, Result, Version};
 
 use crate::error;
 use crate::keyspace::Keyspace;

@@ -9,9 +9,9 @@ mod machine;
 mod names;
 mod registry;
 mod shared;
-mod url;
 #[cfg(feature = "sim")]
 pub mod sim;
+mod url;
 mod watch;
 // The wire format is public only to what simulates nodes and crafts their
 // datagrams (the `sim` feature).

@@ -8,12 +8,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use tokio::task::JoinHandle;
 use waypost::{
     backend::{validate_ops, Hub},
     Batch, Capabilities, Endpoint, EndpointKey, EventStream, Heartbeat, Op, Registry, Result,
     Snapshot, Version, Watch,
 };
-use tokio::task::JoinHandle;
 
 use crate::config::GossipConfig;
 use crate::crdt::NodeId;

@@ -13,11 +13,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use waypost::{backend::Hub, Result, Version};
 use tokio::net::UdpSocket;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use waypost::{backend::Hub, Result, Version};
 
 use crate::config::GossipConfig;
 use crate::crdt::{micros, NodeId};

@@ -21,8 +21,8 @@ use std::cmp::Ordering;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
-use waypost::{Endpoint, Event, Snapshot, Version};
 use sha2::{Digest as _, Sha256};
+use waypost::{Endpoint, Event, Snapshot, Version};
 
 use crate::layout::{health_to_proto, protocol_to_proto};
 use crate::proto::registrar::v1::{HeldServices, HeldTotal, ServiceDigest};

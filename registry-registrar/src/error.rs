@@ -2,8 +2,8 @@
 //! directions: the registrar answers with [`status_from_error`], clients
 //! read its answers with [`error_from_status`].
 
-use waypost::{Error, ErrorKind};
 use tonic::{Code, Status};
+use waypost::{Error, ErrorKind};
 
 /// Our error as a gRPC status (server side).
 pub fn status_from_error(e: &Error) -> Status {

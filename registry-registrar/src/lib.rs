@@ -9,8 +9,8 @@ mod overlay;
 mod registry;
 mod rpc;
 mod shared;
-mod url;
 pub mod tls;
+mod url;
 mod watch;
 
 /// The generated protobuf and gRPC code.

@@ -7,9 +7,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use tokio::time::Instant;
 use waypost::cached::{CachedConfig, CachedRegistry, LocalWrites, UpstreamFilter};
 use waypost::{Endpoint, EndpointKey, Event, Op, Registry, Result, Watch};
-use tokio::time::Instant;
 
 /// How long a local write wins over older news of its key unless the
 /// source echoes it first: 30 s.

@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio::sync::broadcast;
 use waypost::{
     backend::check_batch,
     cached::{CachedConfig, CachedRegistry},
     Batch, Capabilities, Endpoint, EndpointKey, ErrorKind, EventStream, Heartbeat, Op, Registry,
     Result, Snapshot, Version, Watch,
 };
-use tokio::sync::broadcast;
 
 use crate::config::{Ack, ClientConfig};
 use crate::overlay::Overlay;

@@ -7,11 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio::sync::{broadcast, watch};
+use tonic::transport::{Channel, Endpoint as TonicEndpoint};
 use waypost::{
     Capabilities, Endpoint, EndpointKey, Error, Heartbeat, Op, Registry, Result, Snapshot,
 };
-use tokio::sync::{broadcast, watch};
-use tonic::transport::{Channel, Endpoint as TonicEndpoint};
 
 use crate::config::{Ack, ClientConfig};
 use crate::digest::Digests;

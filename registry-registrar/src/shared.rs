@@ -9,10 +9,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use waypost::cached::CachedRegistry;
-use waypost::{Endpoint, EndpointKey, Error, ErrorKind, Op, Registry, Result};
 use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
+use waypost::cached::CachedRegistry;
+use waypost::{Endpoint, EndpointKey, Error, ErrorKind, Op, Registry, Result};
 
 use crate::config::ClientConfig;
 use crate::overlay::Overlay;

@@ -81,9 +81,10 @@ mod tests {
 
     #[test]
     fn address_cluster_node_and_tls() {
-        let cfg: ClientConfig = "registrars://r:9443?node=n&ca=/ca.pem&cert=/c.pem&key=/k.pem&ack=durable"
-            .parse()
-            .unwrap();
+        let cfg: ClientConfig =
+            "registrars://r:9443?node=n&ca=/ca.pem&cert=/c.pem&key=/k.pem&ack=durable"
+                .parse()
+                .unwrap();
         assert_eq!(cfg.address, "https://r:9443");
         assert_eq!(cfg.cluster_name, "default");
         assert_eq!(cfg.ack, Ack::Durable);

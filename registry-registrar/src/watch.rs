@@ -5,8 +5,8 @@
 use std::sync::{Arc, Mutex};
 
 use futures::stream::{self, StreamExt};
-use waypost::{Endpoint, Error, Event, EventStream, Op, Result, Snapshot, Version, Watch};
 use tokio::sync::{broadcast, watch};
+use waypost::{Endpoint, Error, Event, EventStream, Op, Result, Snapshot, Version, Watch};
 
 use crate::digest::merge_partial;
 use crate::error::error_from_status;

@@ -10,9 +10,9 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use waypost::{Endpoint, EndpointKey, Error, Event, Result, Version};
 use sqlx::sqlite::SqliteConnection;
 use sqlx::AssertSqlSafe;
+use waypost::{Endpoint, EndpointKey, Error, Event, Result, Version};
 
 use crate::error::{corrupt, map_sqlx};
 

@@ -22,10 +22,10 @@ use std::collections::BTreeSet;
 use std::sync::{MutexGuard, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
+use sqlx::sqlite::SqliteConnection;
 use waypost::backend::Silence;
 use waypost::liveness::SweepReport;
 use waypost::{Endpoint, EndpointKey, Error, Health, Result};
-use sqlx::sqlite::SqliteConnection;
 
 use crate::error::corrupt;
 use crate::layout::{

@@ -23,8 +23,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use waypost::backend::Silence;
-use waypost::{Endpoint, EndpointKey, Error, Op, Result, Snapshot, Version};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteSynchronous,
@@ -32,6 +30,8 @@ use sqlx::sqlite::{
 use sqlx::{ConnectOptions, Connection};
 use tokio::sync::{watch, Mutex};
 use tokio::task::JoinHandle;
+use waypost::backend::Silence;
+use waypost::{Endpoint, EndpointKey, Error, Op, Result, Snapshot, Version};
 
 use crate::config::SqliteConfig;
 use crate::error::{check_writable, corrupt, io, map_sqlx, not_a_database, refine_write};

@@ -4,11 +4,11 @@
 
 use std::path::Path;
 
-use waypost::{Error, ErrorKind, Result};
 use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{SqliteConnection, SqlitePool};
 use sqlx::Sqlite;
 use tokio::sync::MutexGuard;
+use waypost::{Error, ErrorKind, Result};
 
 use crate::error::{map_sqlx, refine_write};
 

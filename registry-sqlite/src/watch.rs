@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use backon::ExponentialBackoff;
 use futures::stream::{self, StreamExt};
+use tokio::sync::watch;
 use waypost::backend::backoff;
 use waypost::{Event, EventStream, Result, Snapshot, Version};
-use tokio::sync::watch;
 
 use crate::layout::{decode_change, to_i64, ChangeRow};
 use crate::shared::Database;

@@ -22,8 +22,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use waypost_registrar_server::{serve_with, Backend, Registrar, RegistrarConfig, ServeOptions};
 use tokio::net::TcpListener;
+use waypost_registrar_server::{serve_with, Backend, Registrar, RegistrarConfig, ServeOptions};
 
 use crate::FixtureError;
 

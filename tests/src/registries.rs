@@ -79,10 +79,8 @@ pub async fn dynamodb(
 /// A `CloudMapRegistry` on a new HTTP namespace on a fixture moto, polled
 /// every 50 ms for its watch.
 #[cfg(feature = "cloudmap")]
-pub async fn cloudmap() -> Result<
-    Guarded<waypost::polling::Polling<waypost_cloudmap::CloudMapRegistry>>,
-    FixtureError,
-> {
+pub async fn cloudmap(
+) -> Result<Guarded<waypost::polling::Polling<waypost_cloudmap::CloudMapRegistry>>, FixtureError> {
     let moto = crate::MotoServer::start_async().await?;
     let raw = waypost_cloudmap::CloudMapRegistry::with_sdk_config(
         crate::configs::cloudmap_sdk(),

@@ -7,14 +7,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use waypost::announce::{announce, AnnounceConfig};
-use waypost::channel::{balanced_channel, ChannelConfig};
-use waypost_any::OpenOptions;
-use waypost::stack::Stack;
-use waypost::{Endpoint, Protocol};
 use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+use waypost::announce::{announce, AnnounceConfig};
+use waypost::channel::{balanced_channel, ChannelConfig};
+use waypost::stack::Stack;
+use waypost::{Endpoint, Protocol};
+use waypost_any::OpenOptions;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

@@ -9,7 +9,10 @@ use waypost_fixtures::EtcdServer;
 
 fn settings(etcd: &EtcdServer, id: &str) -> Settings {
     Settings {
-        registry: format!("etcd://{}/hello", etcd.endpoint().trim_start_matches("http://")),
+        registry: format!(
+            "etcd://{}/hello",
+            etcd.endpoint().trim_start_matches("http://")
+        ),
         node: format!("node-{id}"),
         id: id.to_string(),
         host: "127.0.0.1".to_string(),

@@ -8,11 +8,11 @@ use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use rustls::pki_types::CertificateDer;
+use tonic::{Request, Status};
 use waypost::{Endpoint, EndpointKey, Error};
 use waypost_registrar_client::status_from_error;
 use waypost_registrar_client::tls::spiffe_id;
-use rustls::pki_types::CertificateDer;
-use tonic::{Request, Status};
 
 use crate::auth::policy::{trust_domain_name, Policy, Rule};
 

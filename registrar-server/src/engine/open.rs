@@ -79,7 +79,9 @@ mod tests {
         let cfg = stack_config(LivenessConfig::default(), Duration::from_secs(5));
         let reg = open_backend("memory:", &cfg).await.expect("memory");
         assert!(reg.list("x").await.expect("list").is_empty());
-        let err = open_backend("mysql://db:3306", &cfg).await.err().expect("refused");
+        let Err(err) = open_backend("mysql://db:3306", &cfg).await else {
+            panic!("a mysql URL opened");
+        };
         assert_eq!(err.kind(), ErrorKind::InvalidInput);
         assert!(err.to_string().contains("\"mysql\""), "{err}");
         assert_eq!(backend_scheme("dynamodb://t"), Some("dynamodb".into()));
@@ -90,7 +92,10 @@ mod tests {
     fn a_missing_table_names_the_parameter_and_the_flag() {
         let e = hint("dynamodb://orders?region=x", Error::not_found("no table"));
         let msg = e.to_string();
-        assert!(msg.contains("orders") && msg.contains("create_table=true"), "{msg}");
+        assert!(
+            msg.contains("orders") && msg.contains("create_table=true"),
+            "{msg}"
+        );
         assert!(msg.contains("--dynamodb-create-table"), "{msg}");
         let other = hint("sqlite:r.db", Error::not_found("gone"));
         assert_eq!(other.to_string(), Error::not_found("gone").to_string());

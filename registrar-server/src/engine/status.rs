@@ -20,9 +20,9 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use crate::metrics::names;
-use waypost::Error;
 use tokio::sync::watch;
 use tokio::time::Instant;
+use waypost::Error;
 
 /// The registrar's health; one per registrar, shared by its parts.
 #[derive(Debug)]

@@ -10,10 +10,10 @@ use std::sync::OnceLock;
 
 use backon::BackoffBuilder;
 use futures::StreamExt;
-use waypost::{Error, Result};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::service::interceptor::InterceptedService;
+use waypost::{Error, Result};
 
 use crate::auth;
 use crate::engine::config::RegistrarConfig;

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use waypost::{backend::check_duration, Error, Result};
 use tokio::net::TcpListener;
+use waypost::{backend::check_duration, Error, Result};
 
 use crate::auth;
 use crate::auth::AuthzConfig;

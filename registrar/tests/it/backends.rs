@@ -170,11 +170,9 @@ async fn a_deleted_dynamodb_table_stops_acknowledging_then_heals() {
     let direct = waypost_dynamodb::DynamoDbRegistry::connect(cfg.clone())
         .await
         .unwrap();
-    let raw = waypost_registrar_client::RpcClient::connect(waypost_registrar_client::ClientConfig::new(
-        server.url(),
-        "c",
-        "loader",
-    ))
+    let raw = waypost_registrar_client::RpcClient::connect(
+        waypost_registrar_client::ClientConfig::new(server.url(), "c", "loader"),
+    )
     .unwrap();
     for i in 0..20 {
         raw.register(ep("api", &format!("old{i}"), 80))
@@ -192,25 +190,24 @@ async fn a_deleted_dynamodb_table_stops_acknowledging_then_heals() {
     // Writes go on while the table is deleted.
     let stop = Arc::new(AtomicBool::new(false));
     let refused = Arc::new(AtomicUsize::new(0));
-    let loader =
-        {
-            let (stop, refused) = (Arc::clone(&stop), Arc::clone(&refused));
-            let raw = waypost_registrar_client::RpcClient::connect(
-                waypost_registrar_client::ClientConfig::new(server.url(), "c", "loader"),
-            )
-            .unwrap();
-            tokio::spawn(async move {
-                let mut i = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    if let Err(e) = raw.register(ep("load", &format!("k{i}"), 80)).await {
-                        assert_eq!(e.kind(), waypost::ErrorKind::Unavailable, "{e}");
-                        refused.fetch_add(1, Ordering::Relaxed);
-                    }
-                    i += 1;
-                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let loader = {
+        let (stop, refused) = (Arc::clone(&stop), Arc::clone(&refused));
+        let raw = waypost_registrar_client::RpcClient::connect(
+            waypost_registrar_client::ClientConfig::new(server.url(), "c", "loader"),
+        )
+        .unwrap();
+        tokio::spawn(async move {
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) {
+                if let Err(e) = raw.register(ep("load", &format!("k{i}"), 80)).await {
+                    assert_eq!(e.kind(), waypost::ErrorKind::Unavailable, "{e}");
+                    refused.fetch_add(1, Ordering::Relaxed);
                 }
-            })
-        };
+                i += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        })
+    };
     direct
         .client()
         .delete_table()

@@ -9,11 +9,11 @@ use std::process::Stdio;
 use common::cli::{cli, next_line, BIN, LIMIT};
 use common::pki::{write_bundle, Ca};
 use common::{http_get, parse, serve_binary, serve_binary_in, Scrape, Served};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
 use waypost::testing::{ep, eventually};
 use waypost::Registry;
 use waypost_registrar_client::{ClientConfig, RegistrarClient};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::Command;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_register_ls_watch_deregister() {

@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use common::http::{get, put, send, Answer, LIMIT};
 use common::protocols::{start, Stack};
-use waypost::testing::eventually;
 use serde_json::{json, Value};
+use waypost::testing::eventually;
 
 async fn register(stack: &Stack, body: Value) -> Answer {
     put(stack, "/v1/agent/service/register", body).await

@@ -13,9 +13,9 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use serde_json::Value;
 use waypost::testing::{eventually, unique};
 use waypost_fixtures::MotoServer;
-use serde_json::Value;
 
 use super::deploy::repo;
 use crate::common;

@@ -375,7 +375,8 @@ async fn cluster_names_scope_answers_and_unknown_ones_are_nxdomain() {
 /// field.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_non_loopback_dns_address_is_refused_without_insecure() {
-    let mut server = waypost_registrar_server::Opening::new(waypost_registrar_server::RegistrarConfig::new("t"));
+    let mut server =
+        waypost_registrar_server::Opening::new(waypost_registrar_server::RegistrarConfig::new("t"));
     let dns = waypost_registrar_server::DnsListeners::bind("0.0.0.0:0".parse().unwrap())
         .await
         .unwrap();

@@ -21,7 +21,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use waypost_registrar_server::{Backend, Opening, RegistrarConfig};
 use waypost::stack::{stack, StackConfig};
 use waypost::{Endpoint, Event, Registry, Watch};
 use waypost_etcd::{EtcdConfig, EtcdRegistry};
@@ -29,6 +28,7 @@ use waypost_fixtures::EtcdServer;
 use waypost_registrar_client::proto::registrar::v1::endpoint_event::EventType;
 use waypost_registrar_client::proto::registrar::v1::registrar_client::RegistrarClient as Grpc;
 use waypost_registrar_client::proto::registrar::v1::WatchEndpointsRequest;
+use waypost_registrar_server::{Backend, Opening, RegistrarConfig};
 
 /// Every phase ends by this deadline, finished or not.
 const PHASE_LIMIT: Duration = Duration::from_secs(180);

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use common::pki::Pki;
 use common::{start_with, Server, TestRegistrar};
-use waypost_registrar_server::{AuthzConfig, Backend, RegistrarConfig, ServeOptions, TlsFiles};
+use tonic::{Code, Status};
 use waypost::testing::ep;
 use waypost::{liveness::Liveness, memory::MemoryRegistry, Endpoint, ErrorKind};
 use waypost_fixtures::registrar::Running;
@@ -17,7 +17,7 @@ use waypost_registrar_client::proto::registrar::v1::{
     ListAllEndpointsRequest, RegisterEndpointRequest, WatchEndpointsRequest,
 };
 use waypost_registrar_client::{endpoint_to_proto, ClientConfig, RpcClient};
-use tonic::{Code, Status};
+use waypost_registrar_server::{AuthzConfig, Backend, RegistrarConfig, ServeOptions, TlsFiles};
 
 const TD: &str = "example.org";
 const CLUSTER: &str = "east";

@@ -12,9 +12,9 @@ use common::protocols::start;
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
 use waypost::testing::eventually;
 use waypost::{Endpoint, EndpointKey, Health, Registry};
-use serde_json::Value;
 
 fn ids(body: &Value) -> BTreeSet<String> {
     body.as_array()
@@ -279,7 +279,8 @@ async fn curl_sees_the_index_header_and_the_json() {
 /// field.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_non_loopback_http_api_is_refused_without_insecure() {
-    let mut server = waypost_registrar_server::Opening::new(waypost_registrar_server::RegistrarConfig::new("t"));
+    let mut server =
+        waypost_registrar_server::Opening::new(waypost_registrar_server::RegistrarConfig::new("t"));
     server.protocols.http_api = Some(tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap());
     let err = common::protocols::refusal(server).await;
     assert!(err.to_string().contains("http_api_addr"), "{err}");

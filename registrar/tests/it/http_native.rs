@@ -13,9 +13,9 @@ use common::protocols::start;
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use serde_json::{json, Value};
 use waypost::testing::eventually;
 use waypost::{Endpoint, EndpointKey, Health};
-use serde_json::{json, Value};
 
 fn ids(body: &Value) -> BTreeSet<String> {
     body.as_array()

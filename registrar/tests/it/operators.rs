@@ -11,12 +11,12 @@ use std::process::Stdio;
 use common::cli::{cli, cli_env, next_line, BIN, LIMIT};
 use common::{serve_binary, spawn_serve_env};
 use futures::StreamExt;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
 use waypost::testing::eventually;
 use waypost_registrar_client::proto::registrar::v1::endpoint_event::EventType;
 use waypost_registrar_client::proto::registrar::v1::WatchEndpointsRequest;
 use waypost_registrar_client::{ClientConfig, RpcClient};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::Command;
 
 /// The last line of `stderr`: the CLI's own message, after any log lines.
 fn last_line(stderr: &str) -> &str {

@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use common::{fast_client, start, start_on};
 use futures::StreamExt;
-use waypost_registrar_server::{Backend, RegistrarConfig};
 use waypost::testing::{ep, eventually, next_event, next_item, Faulty};
 use waypost::{liveness::Liveness, memory::MemoryRegistry, Event, Registry, Watch};
 use waypost_registrar_client::proto::registrar::v1::registrar_client::RegistrarClient as Grpc;
@@ -17,6 +16,7 @@ use waypost_registrar_client::proto::registrar::v1::{
     RegisterEndpointRequest, UnregisterEndpointRequest,
 };
 use waypost_registrar_client::{endpoint_to_proto, ClientConfig, RegistrarClient};
+use waypost_registrar_server::{Backend, RegistrarConfig};
 
 fn memory() -> Arc<dyn Backend> {
     Arc::new(Liveness::new(MemoryRegistry::new()))
@@ -105,9 +105,12 @@ async fn resume_gets_only_what_was_missed_and_a_new_epoch_gets_a_snapshot() {
     let writer = fast_client(&server.url(), "c", "writer");
     writer.register(ep("s", "a", 1)).await.unwrap();
 
-    let raw =
-        waypost_registrar_client::RpcClient::connect(ClientConfig::new(server.url(), "c", "watcher"))
-            .unwrap();
+    let raw = waypost_registrar_client::RpcClient::connect(ClientConfig::new(
+        server.url(),
+        "c",
+        "watcher",
+    ))
+    .unwrap();
     // An acknowledged write reaches the registrar's view with its batch:
     // watch until the first snapshot holds it.
     let snap = eventually("a snapshot holding the write", || async {
@@ -342,8 +345,9 @@ async fn bad_requests_are_invalid_argument_naming_the_field() {
 async fn a_slow_agent_is_cut_off_and_resumes() {
     let server = start(memory(), RegistrarConfig::new("c").with_agent_buffer(8)).await;
     let writer = fast_client(&server.url(), "c", "w");
-    let raw = waypost_registrar_client::RpcClient::connect(ClientConfig::new(server.url(), "c", "slow"))
-        .unwrap();
+    let raw =
+        waypost_registrar_client::RpcClient::connect(ClientConfig::new(server.url(), "c", "slow"))
+            .unwrap();
     let mut w = raw.watch(None);
     let Event::Snapshot(_) = next_event(&mut w, "snapshot").await else {
         panic!()

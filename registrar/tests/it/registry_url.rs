@@ -23,7 +23,10 @@ async fn register_through(served: &common::Served) {
 async fn on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("r.db");
-    let url = format!("sqlite:{}?suspect_after=10s&remove_after=1m", path.display());
+    let url = format!(
+        "sqlite:{}?suspect_after=10s&remove_after=1m",
+        path.display()
+    );
     let served = common::serve_binary(&["--registry", &url]).await;
     register_through(&served).await;
     let direct = waypost_sqlite::SqliteRegistry::open(
@@ -95,7 +98,13 @@ async fn serve_refused(args: &[&str]) -> (Option<i32>, String) {
     let out = tokio::time::timeout(
         Duration::from_secs(30),
         tokio::process::Command::new(env!("CARGO_BIN_EXE_registrar"))
-            .args(["serve", "--grpc-addr", "127.0.0.1:0", "--health-addr", "127.0.0.1:0"])
+            .args([
+                "serve",
+                "--grpc-addr",
+                "127.0.0.1:0",
+                "--health-addr",
+                "127.0.0.1:0",
+            ])
             .args(args)
             .current_dir(dir.path())
             .kill_on_drop(true)
@@ -104,7 +113,10 @@ async fn serve_refused(args: &[&str]) -> (Option<i32>, String) {
     .await
     .expect("serve did not stop within 30 s")
     .unwrap();
-    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -115,8 +127,7 @@ async fn a_bad_url_or_a_backend_named_twice_stops_serve_naming_it() {
     let (code, stderr) = serve_refused(&["--registry", "consul://127.0.0.1:8500"]).await;
     assert_ne!(code, Some(0), "{stderr}");
     assert!(stderr.contains("\"consul\""), "{stderr}");
-    let (code, stderr) =
-        serve_refused(&["--registry", "memory:", "--sqlite-path", "r.db"]).await;
+    let (code, stderr) = serve_refused(&["--registry", "memory:", "--sqlite-path", "r.db"]).await;
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("--sqlite-path"), "{stderr}");
 }

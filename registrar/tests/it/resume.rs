@@ -9,16 +9,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{fast_client, start, start_on};
-use waypost_registrar_server::{Backend, RegistrarConfig};
 use waypost::testing::{ep, eventually};
-use waypost::{
-    liveness::Liveness, memory::MemoryRegistry, Endpoint, Registry, Snapshot, Version,
-};
+use waypost::{liveness::Liveness, memory::MemoryRegistry, Endpoint, Registry, Snapshot, Version};
 use waypost_fixtures::proxy::CutProxy;
 use waypost_registrar_client::proto::registrar::v1::endpoint_event::EventType;
 use waypost_registrar_client::proto::registrar::v1::registrar_client::RegistrarClient as Grpc;
 use waypost_registrar_client::proto::registrar::v1::WatchEndpointsRequest;
 use waypost_registrar_client::{Digests, RegistrarClient};
+use waypost_registrar_server::{Backend, RegistrarConfig};
 
 const SERVICES: usize = 40;
 

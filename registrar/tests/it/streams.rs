@@ -18,7 +18,9 @@ use std::time::Duration;
 
 use common::{start, Server, TestRegistrar};
 use prost::Message;
-use waypost_registrar_server::{Backend, Registrar, RegistrarConfig, ServeOptions, StreamEncoding};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tonic::transport::{Channel, Endpoint};
+use tonic::Streaming;
 use waypost::testing::{ep, eventually};
 use waypost::{memory::MemoryRegistry, Batch, EndpointKey, Op};
 use waypost_registrar_client::proto::registrar::v1::endpoint_event::EventType;
@@ -27,9 +29,7 @@ use waypost_registrar_client::proto::registrar::v1::{
     EndpointEvent, RegisterEndpointRequest, UnregisterEndpointRequest, WatchEndpointsRequest,
 };
 use waypost_registrar_client::{endpoint_to_proto, Token};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tonic::transport::{Channel, Endpoint};
-use tonic::Streaming;
+use waypost_registrar_server::{Backend, Registrar, RegistrarConfig, ServeOptions, StreamEncoding};
 
 /// Endpoints in the registry, and per `FULL_SNAPSHOT` message.
 const ENDPOINTS: usize = 20_000;

@@ -7,12 +7,12 @@
 //! each here, a stuck stream was handed some 126 KiB beyond its window).
 
 use prost::Message;
-use waypost_registrar_server::{RegistrarConfig, WatchStats, DEFAULT_SNAPSHOT_CHUNK_BYTES};
 use waypost::testing::{ep, eventually};
 use waypost_registrar_client::endpoint_to_proto;
 use waypost_registrar_client::proto::registrar::v1::endpoint_event::EventType;
 use waypost_registrar_client::proto::registrar::v1::registrar_client::RegistrarClient as Grpc;
 use waypost_registrar_client::proto::registrar::v1::RegisterEndpointRequest;
+use waypost_registrar_server::{RegistrarConfig, WatchStats, DEFAULT_SNAPSHOT_CHUNK_BYTES};
 
 use crate::common::start;
 use crate::streams::{next, read_snapshot, registry_of, stuck_stream, watch_request, WINDOW};

@@ -10,14 +10,14 @@ use std::sync::Arc;
 
 use common::pki::{write_bundle, Ca, Pki};
 use common::{start_with, Server};
-use waypost_registrar_server::{AuthzConfig, Backend, RegistrarConfig, ServeOptions, TlsFiles};
+use tonic::Code;
 use waypost::testing::{ep, eventually};
 use waypost::{liveness::Liveness, memory::MemoryRegistry, Registry};
 use waypost_registrar_client::proto::registrar::v1::{
     HeartbeatRequest, ListAllEndpointsRequest, RegisterEndpointRequest, UnregisterEndpointRequest,
 };
 use waypost_registrar_client::{endpoint_to_proto, ClientConfig, RegistrarClient, RpcClient};
-use tonic::Code;
+use waypost_registrar_server::{AuthzConfig, Backend, RegistrarConfig, ServeOptions, TlsFiles};
 
 const TD: &str = "example.org";
 

@@ -7,12 +7,12 @@ use crate::common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use waypost_registrar_server::{Ack, Backend, Readiness, RegistrarConfig};
 use waypost::testing::{ep, eventually, wait_limit, Faulty};
 use waypost::{
     liveness::Liveness, memory::MemoryRegistry, EndpointKey, Error, ErrorKind, Heartbeat, Registry,
 };
 use waypost_registrar_client::{ClientConfig, RegistrarClient, RpcClient};
+use waypost_registrar_server::{Ack, Backend, Readiness, RegistrarConfig};
 
 type Backing = Faulty<Liveness<MemoryRegistry>>;
 
@@ -117,7 +117,9 @@ async fn a_backend_refusing_writes_makes_it_unready_until_it_accepts_them() {
         .grpc()
         .register_endpoint(
             waypost_registrar_client::proto::registrar::v1::RegisterEndpointRequest {
-                endpoint: Some(waypost_registrar_client::endpoint_to_proto(&ep("svc", "b", 1))),
+                endpoint: Some(waypost_registrar_client::endpoint_to_proto(&ep(
+                    "svc", "b", 1,
+                ))),
                 ..Default::default()
             },
         )
@@ -169,7 +171,9 @@ async fn durable_writes_return_once_committed_or_with_the_refusal() {
     // The metadata key asks for it too.
     let mut req = tonic::Request::new(
         waypost_registrar_client::proto::registrar::v1::RegisterEndpointRequest {
-            endpoint: Some(waypost_registrar_client::endpoint_to_proto(&ep("svc", "meta", 1))),
+            endpoint: Some(waypost_registrar_client::endpoint_to_proto(&ep(
+                "svc", "meta", 1,
+            ))),
             ..Default::default()
         },
     );
@@ -179,7 +183,9 @@ async fn durable_writes_return_once_committed_or_with_the_refusal() {
     assert_eq!(backend.get_ref().list("svc").await.unwrap().len(), 1);
     let mut req = tonic::Request::new(
         waypost_registrar_client::proto::registrar::v1::RegisterEndpointRequest {
-            endpoint: Some(waypost_registrar_client::endpoint_to_proto(&ep("svc", "x", 1))),
+            endpoint: Some(waypost_registrar_client::endpoint_to_proto(&ep(
+                "svc", "x", 1,
+            ))),
             ..Default::default()
         },
     );

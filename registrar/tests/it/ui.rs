@@ -9,9 +9,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use common::dashboard::{endpoint, start, LIMIT};
-use waypost_registrar_server::{Opening, RegistrarConfig, ServeOptions};
-use waypost::Health;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use waypost::Health;
+use waypost_registrar_server::{Opening, RegistrarConfig, ServeOptions};
 
 /// GET `path` over HTTP/1.1: status, headers (lowercase names) and body.
 async fn get(addr: SocketAddr, path: &str) -> (u16, String, String) {

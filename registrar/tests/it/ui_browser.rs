@@ -329,9 +329,7 @@ async fn registry_of(n: usize) -> waypost::memory::MemoryRegistry {
             &format!("node-{:03}", i % 200),
             Health::Healthy,
         );
-        waypost::Registry::register(&backend, ep)
-            .await
-            .unwrap();
+        waypost::Registry::register(&backend, ep).await.unwrap();
     }
     backend
 }

@@ -364,7 +364,8 @@ async fn sotw_listener_goes_with_its_service() {
 /// Without TLS, a non-loopback xDS address is refused unless insecure.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_non_loopback_xds_listener_is_refused_without_insecure() {
-    let mut server = waypost_registrar_server::Opening::new(waypost_registrar_server::RegistrarConfig::new("t"));
+    let mut server =
+        waypost_registrar_server::Opening::new(waypost_registrar_server::RegistrarConfig::new("t"));
     server.protocols.xds = Some(tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap());
     let err = common::protocols::refusal(server).await;
     assert!(err.to_string().contains("xds_addr"), "{err}");

@@ -14,12 +14,12 @@ use std::time::Duration;
 
 use common::fast_client;
 use common::xds::serve_with_xds;
-use waypost::testing::wait_limit;
-use waypost::{Endpoint, EndpointKey, Health, Registry};
 use tonic::codegen::http;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_xds::{BootstrapConfig, XdsChannelBuilder, XdsChannelConfig, XdsChannelGrpc, XdsUri};
+use waypost::testing::wait_limit;
+use waypost::{Endpoint, EndpointKey, Health, Registry};
 
 /// The service the greeters are registered under.
 const SERVICE: &str = "greeter";

@@ -34,7 +34,10 @@ impl Table {
 
     fn health(&self, id: &str) -> Option<Health> {
         let mem = self.mem();
-        mem.endpoints.values().find(|e| e.id == id).map(|e| e.health)
+        mem.endpoints
+            .values()
+            .find(|e| e.id == id)
+            .map(|e| e.health)
     }
 }
 
@@ -183,14 +186,22 @@ async fn writers_whose_clocks_are_off_or_step_are_judged_by_their_changes() {
         let marked_silent = step * 2 >= 30;
         assert_eq!(
             report.suspected,
-            if step * 2 == 30 { vec!["silent".to_string()] } else { Vec::new() },
+            if step * 2 == 30 {
+                vec!["silent".to_string()]
+            } else {
+                Vec::new()
+            },
             "at {} s",
             step * 2
         );
         for i in 0..10 {
             assert_eq!(table.health(&format!("live-{i}")), Some(Health::Healthy));
         }
-        let quiet = if marked_silent { Health::Unhealthy } else { Health::Healthy };
+        let quiet = if marked_silent {
+            Health::Unhealthy
+        } else {
+            Health::Healthy
+        };
         assert_eq!(table.health("quiet"), Some(quiet), "at {} s", step * 2);
     }
 }
@@ -247,7 +258,11 @@ async fn heartbeats_write_the_record_once_per_third_of_suspect_after() {
     for _ in 0..5 {
         judge.heartbeat(&table, "n").await.expect("heartbeat");
     }
-    assert_eq!(table.mem().touches, 2, "a failed touch, then the creating one");
+    assert_eq!(
+        table.mem().touches,
+        2,
+        "a failed touch, then the creating one"
+    );
     assert_eq!(table.mem().records["n"].beats, 1);
     // Its own write counts at once: silent for nothing yet.
     let report = judge

@@ -166,7 +166,10 @@ mod tests {
         assert_eq!(judge.observe("n", (1, ahead), t0 + S(5)).silent_for, S(5));
         let back = judge.observe("n", (2, behind), t0 + S(6));
         assert_eq!((back.silent_for, back.heard), (S(0), true));
-        assert_eq!(judge.observe("n", (2, behind), t0 + S(36)).silent_for, S(30));
+        assert_eq!(
+            judge.observe("n", (2, behind), t0 + S(36)).silent_for,
+            S(30)
+        );
     }
 
     #[test]
@@ -175,9 +178,21 @@ mod tests {
         let mut judge: Silence<Beat> = Silence::new();
         // A record last written an hour ago by the wall clock: no matter.
         let seen = judge.observe("old", (40, 1), t0);
-        assert_eq!(seen, Observed { silent_for: S(0), heard: false });
+        assert_eq!(
+            seen,
+            Observed {
+                silent_for: S(0),
+                heard: false
+            }
+        );
         let seen = judge.observe("old", (40, 1), t0 + S(29));
-        assert_eq!(seen, Observed { silent_for: S(29), heard: false });
+        assert_eq!(
+            seen,
+            Observed {
+                silent_for: S(29),
+                heard: false
+            }
+        );
     }
 
     #[test]
@@ -188,7 +203,13 @@ mod tests {
         judge.wrote("n", (4, 200), t0 + S(20));
         // The next read shows what this process wrote: no new change.
         let seen = judge.observe("n", (4, 200), t0 + S(25));
-        assert_eq!(seen, Observed { silent_for: S(5), heard: true });
+        assert_eq!(
+            seen,
+            Observed {
+                silent_for: S(5),
+                heard: true
+            }
+        );
         // Another process wrote meanwhile: the change is seen at the read.
         let seen = judge.observe("n", (5, 150), t0 + S(26));
         assert_eq!(seen.silent_for, S(0));

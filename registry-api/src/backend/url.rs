@@ -202,7 +202,9 @@ impl BackendUrl {
         };
         auth.split(',')
             .map(|h| {
-                let port = h.rsplit_once(':').map(|(host, port)| (host, port.parse::<u16>()));
+                let port = h
+                    .rsplit_once(':')
+                    .map(|(host, port)| (host, port.parse::<u16>()));
                 match port {
                     Some((host, Ok(_))) if !host.is_empty() => Ok(h),
                     _ => Err(Error::invalid(
@@ -376,11 +378,19 @@ mod tests {
     #[test]
     fn parts_of_each_form() {
         let u = BackendUrl::parse("sqlite:/var/lib/my%20registry.db").unwrap();
-        assert_eq!((u.scheme(), u.opaque().unwrap()), ("sqlite", "/var/lib/my registry.db".into()));
+        assert_eq!(
+            (u.scheme(), u.opaque().unwrap()),
+            ("sqlite", "/var/lib/my registry.db".into())
+        );
         let u = BackendUrl::parse("SQLite:///abs.db").unwrap();
-        assert_eq!((u.scheme(), u.opaque().unwrap()), ("sqlite", "/abs.db".into()));
-        let u = BackendUrl::parse("dynamodb://registry?region=eu-west-1&endpoint=http://127.0.0.1:5000")
-            .unwrap();
+        assert_eq!(
+            (u.scheme(), u.opaque().unwrap()),
+            ("sqlite", "/abs.db".into())
+        );
+        let u = BackendUrl::parse(
+            "dynamodb://registry?region=eu-west-1&endpoint=http://127.0.0.1:5000",
+        )
+        .unwrap();
         assert_eq!(u.authority(), Some("registry"));
         assert_eq!(u.path(), "");
         let u = BackendUrl::parse("etcd://root:p%40ss@a:1,b:2/pre%2Ffix").unwrap();
@@ -397,22 +407,38 @@ mod tests {
     #[test]
     fn bad_forms_name_what_is_wrong() {
         let msg = |s: &str| BackendUrl::parse(s).unwrap_err().to_string();
-        assert!(msg("registry.db").contains("no scheme"), "{}", msg("registry.db"));
+        assert!(
+            msg("registry.db").contains("no scheme"),
+            "{}",
+            msg("registry.db")
+        );
         assert!(msg("1x:y").contains("start with a letter"));
         assert!(msg("sq_lite:x").contains("\"sq_lite\""));
         assert!(msg("etcd://a:1?x=1&x=2").contains("given twice"));
-        let err = BackendUrl::parse("etcd://a:port").unwrap().hosts().unwrap_err();
+        let err = BackendUrl::parse("etcd://a:port")
+            .unwrap()
+            .hosts()
+            .unwrap_err();
         assert!(err.to_string().contains("\"a:port\""), "{err}");
         let err = BackendUrl::parse("etcd:///p").unwrap().hosts().unwrap_err();
         assert!(err.to_string().contains("no HOST:PORT"), "{err}");
         let mut u = BackendUrl::parse("x:y?t=forever&b=yes&n=-1").unwrap();
         let e = u.take_duration("t").unwrap_err().to_string();
-        assert!(e.contains("parameter t") && e.contains("\"forever\""), "{e}");
+        assert!(
+            e.contains("parameter t") && e.contains("\"forever\""),
+            "{e}"
+        );
         let e = u.take_bool("b").unwrap_err().to_string();
         assert!(e.contains("parameter b") && e.contains("\"yes\""), "{e}");
-        let e = u.take_parsed::<u32>("n", "a count").unwrap_err().to_string();
+        let e = u
+            .take_parsed::<u32>("n", "a count")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("parameter n") && e.contains("a count"), "{e}");
-        assert!(BackendUrl::parse("x:y").unwrap().expect_scheme("sqlite", "sqlite:PATH").is_err());
+        assert!(BackendUrl::parse("x:y")
+            .unwrap()
+            .expect_scheme("sqlite", "sqlite:PATH")
+            .is_err());
     }
 
     #[test]
@@ -422,15 +448,25 @@ mod tests {
         assert_eq!(live.suspect_after, Duration::from_secs(10));
         let e = u.finish().unwrap_err().to_string();
         assert!(e.contains("\"sweep\""), "{e}");
-        assert!(e.contains("remove_after, suspect_after, sweep_interval"), "{e}");
+        assert!(
+            e.contains("remove_after, suspect_after, sweep_interval"),
+            "{e}"
+        );
     }
 
     #[test]
     fn secrets_are_never_shown() {
-        let u = BackendUrl::parse("etcd://root:hunter2@a:1/p?secret_access_key=abc&region=x").unwrap();
+        let u =
+            BackendUrl::parse("etcd://root:hunter2@a:1/p?secret_access_key=abc&region=x").unwrap();
         for shown in [u.to_string(), format!("{u:?}")] {
-            assert!(!shown.contains("hunter2") && !shown.contains("abc"), "{shown}");
-            assert!(shown.contains("root:***@a:1/p") && shown.contains("region=x"), "{shown}");
+            assert!(
+                !shown.contains("hunter2") && !shown.contains("abc"),
+                "{shown}"
+            );
+            assert!(
+                shown.contains("root:***@a:1/p") && shown.contains("region=x"),
+                "{shown}"
+            );
         }
         let mut u = BackendUrl::parse("gossip://127.0.0.1:7946?key=s3cret&bogus=1").unwrap();
         u.take("key");

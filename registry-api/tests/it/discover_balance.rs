@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use waypost::{discover::discover, memory::MemoryRegistry, Endpoint, Health, Registry};
 use tower::balance::p2c::Balance;
 use tower::load::Constant;
 use tower::{service_fn, Service, ServiceExt};
+use waypost::{discover::discover, memory::MemoryRegistry, Endpoint, Health, Registry};
 
 fn ep(id: &str, port: u16) -> Endpoint {
     waypost::testing::ep("echo", id, port)

@@ -12,13 +12,13 @@ use std::time::Duration;
 
 use common::{config, connect, start_moto};
 use futures::future::join_all;
+use tokio::time::Instant;
 use waypost::liveness::LivenessConfig;
 use waypost::stack::{stack, StackConfig};
 use waypost::testing::{ep, eventually, unique};
 use waypost::{Batch, Endpoint, Health, Heartbeat, Op, Registry};
 use waypost_cloudmap::{layout, CloudMapConfig, CloudMapRegistry};
 use waypost_fixtures::MotoServer;
-use tokio::time::Instant;
 
 const SUSPECT: Duration = Duration::from_secs(3);
 const REMOVE: Duration = Duration::from_secs(8);

@@ -9,9 +9,7 @@ use std::time::Duration;
 use common::{config, Harness, RecordingProxy, TRANSACT_TARGET};
 use futures::StreamExt;
 use waypost::polling::{Polling, PollingConfig};
-use waypost::testing::{
-    assert_kind, ep, eventually, follow_until, next_event, unique, wait_limit,
-};
+use waypost::testing::{assert_kind, ep, eventually, follow_until, next_event, unique, wait_limit};
 use waypost::{
     cached::{CachedConfig, CachedRegistry},
     coalescing::{Coalescing, CoalescingConfig},
@@ -406,10 +404,7 @@ async fn a_polled_table_reports_failed_polls() {
         ErrorKind::InvalidInput,
     );
     assert!(err.to_string().contains(&h.cfg.table), "{err}");
-    assert!(
-        err.to_string().contains("waypost::stack::stack"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("waypost::stack::stack"), "{err}");
     assert!(own.next().await.is_none(), "the refusal ends the stream");
     let svc = unique("polled");
     h.reg.register(ep(&svc, "a", 1)).await.unwrap();

@@ -4,12 +4,12 @@
 use std::net::SocketAddr;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use tokio::net::UdpSocket;
 use waypost::testing::{eventually, wait_limit};
 use waypost::{Endpoint, Registry};
 use waypost_gossip::sim::micros;
 use waypost_gossip::wire::{self, AeMessage, FrameHeader, FrameKey};
 use waypost_gossip::{Entry, GossipConfig, GossipRegistry, NodeId, Stamp};
-use tokio::net::UdpSocket;
 
 const KEY: &[u8] = b"udp-replay-key";
 

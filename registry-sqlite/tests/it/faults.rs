@@ -320,10 +320,7 @@ async fn a_store_made_read_only_while_open_refuses_writes_for_good_and_loses_not
 }
 
 /// The next item of a watch within the wait limit (`None`: it ended).
-async fn next_item(
-    w: &mut waypost::EventStream,
-    what: &str,
-) -> Option<waypost::Result<Event>> {
+async fn next_item(w: &mut waypost::EventStream, what: &str) -> Option<waypost::Result<Event>> {
     tokio::time::timeout(wait_limit(), w.next())
         .await
         .unwrap_or_else(|_| panic!("timed out waiting for {what}"))

@@ -9,11 +9,11 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout, Command};
 use waypost::testing::{ep, eventually, next_event, wait_limit};
 use waypost::{Batch, Event, Op, Registry, Version, Watch};
 use waypost_sqlite::{SqliteConfig, SqliteRegistry};
-use tokio::io::{AsyncBufReadExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdout, Command};
 
 const CHILD_ENV: &str = "REGISTRY_SQLITE_CHILD";
 const BATCH: usize = 60_000;

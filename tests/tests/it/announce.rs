@@ -7,10 +7,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio::io::{AsyncBufReadExt, BufReader};
 use waypost::announce::{announce, AnnounceConfig, Announcement};
 use waypost::testing::{eventually, unique, wait_limit};
 use waypost::{Endpoint, Health, Heartbeat, Registry};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 const EVERY: Duration = Duration::from_millis(100);
 

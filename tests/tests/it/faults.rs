@@ -311,9 +311,9 @@ async fn hundred_drops_registrar_stream() {
         None,
         futures::future::pending(),
     ));
-    let raw = waypost_registrar_client::RpcClient::connect(waypost_registrar_client::ClientConfig::new(
-        url, "drops", "n",
-    ))
+    let raw = waypost_registrar_client::RpcClient::connect(
+        waypost_registrar_client::ClientConfig::new(url, "drops", "n"),
+    )
     .unwrap();
     hundred_drops(raw).await;
 }

@@ -32,7 +32,10 @@ async fn round_trip(reg: Arc<dyn Stack>, what: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_and_memory() {
     let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite:{}?suspect_after=10s", dir.path().join("r.db").display());
+    let url = format!(
+        "sqlite:{}?suspect_after=10s",
+        dir.path().join("r.db").display()
+    );
     round_trip(waypost_any::open(&url).await.unwrap(), "sqlite").await;
     round_trip(waypost_any::open("memory:").await.unwrap(), "memory").await;
 }

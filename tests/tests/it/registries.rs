@@ -25,9 +25,7 @@ async fn etcd() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dynamodb() {
     let a = waypost_fixtures::registries::dynamodb(true).await.unwrap();
-    let b = waypost_fixtures::registries::dynamodb(false)
-        .await
-        .unwrap();
+    let b = waypost_fixtures::registries::dynamodb(false).await.unwrap();
     works_and_is_isolated(a, b).await;
 }
 

@@ -16,10 +16,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use waypost_registrar_server::{RegistrarConfig, StreamEncoding};
+use tokio::io::AsyncBufReadExt;
 use waypost::{memory::MemoryRegistry, Endpoint, Event, Registry, Watch};
 use waypost_registrar_client::{ClientConfig, RegistrarClient, RpcClient};
-use tokio::io::AsyncBufReadExt;
+use waypost_registrar_server::{RegistrarConfig, StreamEncoding};
 
 use crate::floor::Floor;
 use crate::light::LightAgent;

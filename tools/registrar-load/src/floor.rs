@@ -21,12 +21,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use waypost_registrar_client::proto::registrar::v1::{endpoint_event::EventType, EndpointEvent};
-use waypost_registrar_client::proto::registry::v1::ServiceEndpoint;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::broadcast;
 use tonic::codegen::http;
+use waypost_registrar_client::proto::registrar::v1::{endpoint_event::EventType, EndpointEvent};
+use waypost_registrar_client::proto::registry::v1::ServiceEndpoint;
 
 use crate::light::{grpc_message, LightAgent};
 use crate::procs::{

@@ -14,11 +14,11 @@ use std::net::SocketAddr;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use prost::Message;
+use tokio::net::TcpStream;
+use tonic::codegen::http;
 use waypost_registrar_client::proto::registrar::v1::{
     endpoint_event::EventType, EndpointEvent, HeldServices, HeldTotal, WatchEndpointsRequest,
 };
-use tokio::net::TcpStream;
-use tonic::codegen::http;
 
 type Res<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 

@@ -58,7 +58,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::Parser;
 use futures::StreamExt;
-use waypost_registrar_server::{Backend, RegistrarConfig};
 use waypost::{
     memory::MemoryRegistry,
     polling::{Polling, PollingConfig},
@@ -66,6 +65,7 @@ use waypost::{
 };
 use waypost_fixtures::registrar::TestRegistrar;
 use waypost_registrar_client::{ClientConfig, RegistrarClient, RpcClient};
+use waypost_registrar_server::{Backend, RegistrarConfig};
 
 #[derive(Parser, Debug)]
 #[command(about = "Bounded load test of one registrar on loopback")]

@@ -26,14 +26,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use waypost_registrar_server::{Backend, RegistrarConfig};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdout, Command};
 use waypost::{backend::backoff, memory::MemoryRegistry, Endpoint, Registry};
 use waypost::{Snapshot, Version};
 use waypost_fixtures::proxy::CutProxy;
 use waypost_registrar_client::{endpoint_from_proto, Digests};
 use waypost_registrar_client::{ClientConfig, RegistrarClient, RpcClient};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdout, Command};
+use waypost_registrar_server::{Backend, RegistrarConfig};
 
 use crate::light::{Held, LightAgent};
 use crate::procs::cpu_seconds;

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use waypost_registrar_server::RegistrarConfig;
 use waypost::{memory::MemoryRegistry, Batch, Endpoint, Event, Op, Watch};
 use waypost_registrar_client::{ClientConfig, RpcClient};
+use waypost_registrar_server::RegistrarConfig;
 
 use crate::{endpoints, rss_bytes, start, Args};
 
@@ -19,9 +19,9 @@ pub(crate) async fn client(
     url: &str,
     n: usize,
 ) -> std::result::Result<(), Box<dyn std::error::Error>> {
+    use tokio::io::AsyncBufReadExt;
     use waypost_registrar_client::proto::registrar::v1::registrar_client::RegistrarClient as Grpc;
     use waypost_registrar_client::proto::registrar::v1::WatchEndpointsRequest;
-    use tokio::io::AsyncBufReadExt;
     let mut held = Vec::with_capacity(n);
     for i in 0..n {
         let channel = tonic::transport::Endpoint::from_shared(url.to_string())?

@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use globset::{Glob, GlobBuilder, GlobMatcher};
 use ipnet::IpNet;
-use waypost::backend::quote;
-use waypost::{Endpoint, Error, Result};
 use serde::Deserialize;
 use tonic::Status;
+use waypost::backend::quote;
+use waypost::{Endpoint, Error, Result};
 
 /// A checked authorization policy: which SPIFFE IDs may read, and which
 /// endpoints each may write.

@@ -4,6 +4,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use futures::{Stream, StreamExt};
+use tonic::{Request, Response, Status};
+use tracing::Instrument;
 use waypost::{Error, Op, Watch};
 use waypost_registrar_client::proto::registrar::v1::registrar_server::{
     Registrar as GrpcRegistrar, RegistrarServer,
@@ -17,8 +19,6 @@ use waypost_registrar_client::{
     endpoint_from_proto, endpoint_to_proto, key_from_parts, status_from_error, Token,
     MAX_SUMMARY_BYTES,
 };
-use tonic::{Request, Response, Status};
-use tracing::Instrument;
 
 use crate::auth::{authorize_write, write_span, Security};
 use crate::engine::config::{

@@ -7,10 +7,10 @@
 use std::convert::Infallible;
 use std::task::{Context, Poll};
 
-use waypost_registrar_client::proto::registrar::v1::registrar_server::RegistrarServer;
 use tonic::codegen::{http, Body, BoxFuture, Service, StdError};
 use tonic::server::{Grpc, NamedService, ServerStreamingService};
 use tonic::{Request, Response, Status};
+use waypost_registrar_client::proto::registrar::v1::registrar_server::RegistrarServer;
 
 use super::{FrameStream, RegistrarService};
 use crate::faces::grpc::stream::codec::FrameCodec;

@@ -3,8 +3,8 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use waypost::{Error, ErrorKind};
 use serde::Serialize;
+use waypost::{Error, ErrorKind};
 
 /// Why a request of the HTTP API failed; rendered as
 /// `{"error": "<message>", "field": "<field>"}` (`field` when one input

@@ -1,8 +1,8 @@
 //! The node registry's `Service` document (`GET /services`), built from
 //! endpoints. Consul's documents are in `consul::shapes`.
 
-use waypost::{Endpoint, Health};
 use serde::Serialize;
+use waypost::{Endpoint, Health};
 
 /// The node registry's `Service` (`GET /services`), with the endpoint's
 /// service name and address added (its load balancer needs them; the

@@ -13,8 +13,8 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Extension, Router};
-use waypost::Snapshot;
 use serde::Serialize;
+use waypost::Snapshot;
 
 use crate::auth::{Caller, Security};
 use crate::engine::registrar::Registrar;

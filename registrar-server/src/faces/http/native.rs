@@ -7,8 +7,8 @@ use std::sync::Arc;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use waypost::{Endpoint, Health};
 use serde::Serialize;
+use waypost::{Endpoint, Health};
 
 use super::query::Query;
 use super::{json_response, read_state, ApiError};

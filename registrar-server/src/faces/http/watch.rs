@@ -26,9 +26,9 @@ use axum::extract::{RawQuery, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures::{Stream, StreamExt};
+use serde::Serialize;
 use waypost::{Endpoint, EndpointKey, Event, EventStream, Snapshot, Version, Watch};
 use waypost_registrar_client::Token;
-use serde::Serialize;
 
 use super::ApiError;
 use crate::engine::registrar::Registrar;

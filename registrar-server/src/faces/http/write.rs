@@ -12,10 +12,10 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::Extension;
-use waypost::{Endpoint, EndpointKey, Error, Health, Op, Protocol};
-use waypost_registrar_client::Token;
 use serde::{Deserialize, Serialize};
 use tracing::Instrument;
+use waypost::{Endpoint, EndpointKey, Error, Health, Op, Protocol};
+use waypost_registrar_client::Token;
 
 use super::query::{bounded, Query};
 use super::{json_response, ApiError};

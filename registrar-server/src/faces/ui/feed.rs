@@ -24,10 +24,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::response::sse::Event as SseEvent;
 use futures::StreamExt;
-use waypost::{Endpoint, Event, Version};
-use waypost_registrar_client::Token;
 use serde::Serialize;
 use tokio::sync::{mpsc, watch};
+use waypost::{Endpoint, Event, Version};
+use waypost_registrar_client::Token;
 
 use crate::engine::registrar::Registrar;
 use crate::engine::registrar::Slot;

@@ -17,10 +17,10 @@ use std::task::{Context, Poll};
 
 use envoy_types::pb::envoy::config::core::v3::Node;
 use futures::Stream;
-use waypost::cached::Store;
-use waypost::{Snapshot, Version};
 use tokio_stream::wrappers::WatchStream;
 use tonic::{Status, Streaming};
+use waypost::cached::Store;
+use waypost::{Snapshot, Version};
 
 use super::frame::Frame;
 use super::resources::Kind;

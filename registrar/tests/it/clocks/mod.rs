@@ -34,10 +34,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
 use waypost::announce::{announce, AnnounceConfig, Announcement};
 use waypost::{Endpoint, Health, Registry};
 use waypost_registrar_client::{Ack, ClientConfig, RpcClient};
-use tokio::time::Instant;
 
 use crate::common::{self, Spawned};
 

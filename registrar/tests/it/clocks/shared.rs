@@ -14,8 +14,8 @@
 
 use std::time::Duration;
 
-use waypost::testing::unique;
 use tokio::time::Instant;
+use waypost::testing::unique;
 
 use super::{
     live_agents, liveness_flags, report, Replica, Sampler, Silent, SAMPLE_EVERY, STEP_SECS,

@@ -5,9 +5,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use waypost_registrar_server::{Backend, Registrar, RegistrarConfig, ServeOptions};
 use waypost::{liveness::Liveness, memory::MemoryRegistry, Endpoint, Health, Op};
 use waypost_fixtures::registrar::{Running, TestRegistrar};
+use waypost_registrar_server::{Backend, Registrar, RegistrarConfig, ServeOptions};
 
 pub const LIMIT: Duration = Duration::from_secs(30);
 

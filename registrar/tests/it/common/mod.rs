@@ -17,8 +17,8 @@ pub mod protocols;
 #[cfg(feature = "xds")]
 pub mod xds;
 
-use waypost_registrar_server::{Backend, RegistrarConfig, ServeOptions};
 use waypost_registrar_client::{ClientConfig, RegistrarClient};
+use waypost_registrar_server::{Backend, RegistrarConfig, ServeOptions};
 
 /// A registrar served in process on loopback (the fixtures' builder).
 pub use waypost_fixtures::registrar::{Running as Server, TestRegistrar};

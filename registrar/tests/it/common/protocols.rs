@@ -5,8 +5,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use waypost_registrar_server::{Backend, Opening, RegistrarConfig};
 use waypost::{liveness::Liveness, memory::MemoryRegistry};
+use waypost_registrar_server::{Backend, Opening, RegistrarConfig};
 
 pub struct Stack {
     pub grpc: SocketAddr,

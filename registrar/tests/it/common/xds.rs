@@ -120,7 +120,10 @@ impl Sotw {
 
 /// A channel to `addr` over mTLS with `files` (the registrar's CA, a
 /// client certificate), as the agents' own client makes it.
-pub fn tls_channel(addr: &str, files: &waypost_registrar_server::TlsFiles) -> tonic::transport::Channel {
+pub fn tls_channel(
+    addr: &str,
+    files: &waypost_registrar_server::TlsFiles,
+) -> tonic::transport::Channel {
     let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(
         waypost_registrar_client::tls::client_config(files).unwrap(),
     ));

@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use waypost::{Registry, Snapshot};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
+use waypost::{Registry, Snapshot};
 
 use waypost_fixtures::proxy::CutProxy;
 
@@ -108,11 +108,9 @@ impl Backend {
 
     async fn read(&self) -> Option<Snapshot> {
         let reader: Arc<dyn Registry> = match self {
-            Backend::Sqlite(path) => Arc::new(
-                waypost_sqlite::SqliteRegistry::open_path(path)
-                    .await
-                    .ok()?,
-            ),
+            Backend::Sqlite(path) => {
+                Arc::new(waypost_sqlite::SqliteRegistry::open_path(path).await.ok()?)
+            }
             #[cfg(feature = "etcd")]
             Backend::Etcd(etcd) => Arc::new(
                 waypost_etcd::EtcdRegistry::connect(waypost_etcd::EtcdConfig::new(vec![etcd

@@ -13,9 +13,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
+use tokio::sync::watch;
 use waypost::{Endpoint, EndpointKey, Heartbeat, Op, Registry};
 use waypost_registrar_client::{Ack, ClientConfig, RegistrarClient, RpcClient};
-use tokio::sync::watch;
 
 /// Keys each writer owns.
 pub const KEYS_PER_WRITER: usize = 6;

@@ -33,9 +33,9 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
+use tokio::sync::{watch, Mutex};
 use waypost::{Endpoint, Registry, Snapshot};
 use waypost_registrar_client::{Ack, ClientConfig, RegistrarClient, RpcClient};
-use tokio::sync::{watch, Mutex};
 
 use cluster::{Backend, Replica};
 use fleet::{same, Kind, Ledger, Writer};

@@ -9,9 +9,9 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::sync::watch;
 use waypost::{Endpoint, Health, Heartbeat, Registry};
 use waypost_registrar_client::{ClientConfig, RegistrarClient};
-use tokio::sync::watch;
 
 use super::cluster::Replica;
 

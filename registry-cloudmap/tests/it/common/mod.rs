@@ -27,8 +27,7 @@ pub fn config(moto: &MotoServer) -> CloudMapConfig {
 /// hour; a sweep reads the namespace too), for tests that count requests.
 pub fn quiet_config(moto: &MotoServer) -> CloudMapConfig {
     config(moto).with_liveness(
-        waypost::liveness::LivenessConfig::default()
-            .with_sweep_interval(Duration::from_secs(3600)),
+        waypost::liveness::LivenessConfig::default().with_sweep_interval(Duration::from_secs(3600)),
     )
 }
 

@@ -6,11 +6,11 @@
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, Weak};
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use waypost::polling::{Polling, PollingConfig};
 use waypost::testing::Guarded;
 use waypost_dynamodb::{DynamoDbConfig, DynamoDbRegistry};
 use waypost_fixtures::MotoServer;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The `X-Amz-Target` of `TransactWriteItems`.
 pub const TRANSACT_TARGET: &str = "DynamoDB_20120810.TransactWriteItems";

@@ -14,8 +14,8 @@ pub use waypost_fixtures::fs::{
     fill, immutable_blocks_open_writers, run, with_suffix, Immutable, ReadOnlyFile, Tmpfs,
 };
 
-use waypost_sqlite::SqliteConfig;
 use sha2::{Digest, Sha256};
+use waypost_sqlite::SqliteConfig;
 
 /// Settings for fault tests: no background sweep, short busy timeout,
 /// a fast log poller.

@@ -6,9 +6,9 @@
 
 use bytes::Bytes;
 use prost::Message;
-use waypost_registrar_client::proto::registrar::v1::EndpointEvent;
 use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::Status;
+use waypost_registrar_client::proto::registrar::v1::EndpointEvent;
 
 use super::request::WatchRequest;
 

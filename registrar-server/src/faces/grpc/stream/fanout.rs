@@ -19,11 +19,11 @@
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
+use tokio::sync::broadcast;
+use tokio_stream::wrappers::BroadcastStream;
 use waypost::backend::Observer;
 use waypost::cached::Store;
 use waypost::{Endpoint, Error, Event, Snapshot, Version};
-use tokio::sync::broadcast;
-use tokio_stream::wrappers::BroadcastStream;
 
 /// What the feed carries. Each item is allocated once (in an `Arc`) for
 /// all streams, so the size of the largest variant costs nothing per

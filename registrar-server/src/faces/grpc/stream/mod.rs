@@ -66,13 +66,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures::{Stream, StreamExt};
+use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
+use tonic::Status;
 use waypost::{Endpoint, Error, Event, EventStream, Op, Snapshot, Version};
 use waypost_registrar_client::proto::registrar::v1::endpoint_event::EventType;
 use waypost_registrar_client::proto::registrar::v1::{EndpointEvent, WriteRefusal};
 use waypost_registrar_client::proto::registry::v1::ServiceEndpoint;
 use waypost_registrar_client::{endpoint_to_proto, status_from_error, Digests, Token};
-use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
-use tonic::Status;
 
 use crate::engine::config::StreamEncoding;
 use crate::engine::registrar::Registrar;

@@ -14,7 +14,9 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use prost::Message;
 use waypost::{Snapshot, Version};
-use waypost_registrar_client::proto::registrar::v1::{HeldServices, HeldTotal, WatchEndpointsRequest};
+use waypost_registrar_client::proto::registrar::v1::{
+    HeldServices, HeldTotal, WatchEndpointsRequest,
+};
 use waypost_registrar_client::{total_digest, Digests};
 
 use super::shared::{MemoUse, SnapshotMemo};

@@ -13,9 +13,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use serde_json::{Map, Value};
 use waypost::backend::quote;
 use waypost::Error;
-use serde_json::{Map, Value};
 
 use super::check::{Check, Probe, Status};
 

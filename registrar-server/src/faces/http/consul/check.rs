@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use waypost::{Endpoint, Health};
 use serde::{Deserialize, Serialize};
+use waypost::{Endpoint, Health};
 
 /// The prefix of a check's label key; the rest is its `CheckID`.
 pub(crate) const LABEL_PREFIX: &str = "consul.check/";

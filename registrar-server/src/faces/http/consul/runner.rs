@@ -13,9 +13,9 @@ use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::Duration;
 
-use waypost::{EndpointKey, Op};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
+use waypost::{EndpointKey, Op};
 
 use super::check::{self, Probe, Status};
 use super::observed::{Mark, Observations, Observed};

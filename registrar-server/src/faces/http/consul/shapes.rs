@@ -3,8 +3,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use waypost::{Endpoint, Health};
 use serde::Serialize;
+use waypost::{Endpoint, Health};
 
 use super::check::{self, Check, Status};
 

@@ -15,8 +15,8 @@ use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use waypost::{Endpoint, EndpointKey};
 use tokio::time::Instant;
+use waypost::{Endpoint, EndpointKey};
 
 use super::check::{self, Check, Probe, Status};
 
