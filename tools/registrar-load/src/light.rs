@@ -6,9 +6,10 @@
 //! call, driven by one task that reads the stream's DATA frames, cuts them
 //! into gRPC messages and decodes each `EndpointEvent` with prost. There is
 //! no `RegistrarClient` cache, no event conversion and no second task per
-//! connection, so the agents' process costs less per event (BENCHMARKS.md
-//! has the figures) and limits a run less: what is measured is more the
-//! registrar's. What the registrar sends them is what it sends any agent.
+//! connection, so the agents' process costs less per event (figures in
+//! docs/benchmarks-history.md, "Where a delivery's CPU goes") and limits a
+//! run less: what is measured is more the registrar's. What the registrar
+//! sends them is what it sends any agent.
 
 use std::net::SocketAddr;
 
