@@ -64,6 +64,7 @@ pub(super) fn bind(addr: SocketAddr, count: usize) -> io::Result<(Vec<UdpSocket>
 pub(super) struct Workers {
     sockets: Vec<Arc<UdpSocket>>,
     stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Workers {
@@ -76,9 +77,10 @@ impl Workers {
         indexer: Arc<Indexer>,
     ) -> io::Result<Self> {
         // Made first, so that a failure below stops the threads started.
-        let workers = Self {
+        let mut workers = Self {
             sockets: sockets.into_iter().map(Arc::new).collect(),
             stop: Arc::new(AtomicBool::new(false)),
+            threads: Vec::new(),
         };
         let Some(first) = workers.sockets.first() else {
             return Err(io::Error::other("no UDP socket to answer on"));
@@ -87,21 +89,24 @@ impl Workers {
             s.set_nonblocking(false)?;
             s.set_read_timeout(Some(WAKE_EVERY))?;
         }
+        let addr = first.local_addr().ok();
         let count = workers.sockets.len();
         for i in 0..threads.max(count) {
             let socket = Arc::clone(&workers.sockets[i % count]);
             let (indexer, stop) = (Arc::clone(&indexer), Arc::clone(&workers.stop));
-            std::thread::Builder::new()
+            let thread = std::thread::Builder::new()
                 .name(format!("dns-udp-{i}"))
                 .spawn(move || serve(&socket, &indexer, &stop))?;
+            workers.threads.push(thread);
         }
-        tracing::debug!(addr = ?first.local_addr().ok(), sockets = count, "DNS: answering over UDP");
+        tracing::debug!(?addr, sockets = count, "DNS: answering over UDP");
         Ok(workers)
     }
 }
 
-impl Drop for Workers {
-    fn drop(&mut self) {
+impl Workers {
+    /// Tell every thread to stop, without waiting for them.
+    fn stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
         for s in &self.sockets {
             // Wakes a thread waiting on the socket (Linux); elsewhere it
@@ -109,6 +114,21 @@ impl Drop for Workers {
             // "not connected" but is shut all the same.
             let _ = SockRef::from(&**s).shutdown(std::net::Shutdown::Read);
         }
+    }
+
+    /// Stop every thread and wait until they have.
+    #[cfg(test)]
+    fn stop_and_wait(mut self) {
+        self.stop();
+        for t in std::mem::take(&mut self.threads) {
+            t.join().expect("a UDP thread panicked");
+        }
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
@@ -150,5 +170,45 @@ fn serve(socket: &UdpSocket, indexer: &Indexer, stop: &AtomicBool) {
                 tracing::debug!(%peer, error = %e, "DNS: sending over UDP failed");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::faces::dns::wire::{query, rtype};
+    use crate::faces::dns::zone::Zone;
+    use hickory_proto::rr::Name;
+    use registry_api::cached::CachedRegistry;
+    use registry_api::memory::MemoryRegistry;
+
+    #[tokio::test]
+    async fn every_socket_answers_and_stopping_frees_the_port() {
+        let cache = CachedRegistry::new(MemoryRegistry::new());
+        cache.wait_until_ready().await;
+        let zone = Zone::new(&Name::from_ascii("registry.").unwrap(), 5);
+        let indexer = Arc::new(Indexer::new(Arc::new(zone), cache.store().clone()));
+        let (sockets, addr) = bind("127.0.0.1:0".parse().unwrap(), 2).unwrap();
+        assert_eq!(sockets.len(), 2, "two sockets share the port");
+        let workers = Workers::start(sockets, 3, indexer).unwrap();
+        assert_eq!(workers.threads.len(), 3);
+        // Clients on several ports land on both sockets; each is answered.
+        for _ in 0..8 {
+            let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+            client
+                .set_read_timeout(Some(Duration::from_secs(10)))
+                .unwrap();
+            client
+                .send_to(&query("x.registry.", rtype::A, None), addr)
+                .unwrap();
+            let mut buf = [0u8; 512];
+            let (n, _) = client.recv_from(&mut buf).unwrap();
+            assert!(n > 12);
+            assert_eq!(buf[3] & 0x0F, 3, "NXDOMAIN");
+        }
+        workers.stop_and_wait();
+        // Every socket closed: the port can be bound without sharing.
+        UdpSocket::bind(addr).unwrap();
     }
 }
