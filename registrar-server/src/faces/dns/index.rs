@@ -161,10 +161,12 @@ impl Index {
             }
             members.sort_by(|a, b| a.0.cmp(&b.0));
             members.dedup_by(|a, b| a.0 == b.0);
+            members.shrink_to_fit();
             let mut addresses = Addresses::default();
             for ip in members.iter().filter_map(|(_, ip)| *ip) {
                 addresses.add(ip, zone.ttl);
             }
+            addresses.shrink_to_fit();
             next.nodes
                 .insert(key, Arc::new(NodeEntry { members, addresses }));
         }

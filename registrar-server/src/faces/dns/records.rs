@@ -79,6 +79,13 @@ impl Addresses {
             IpAddr::V6(_) => self.aaaa.push_address(&QUESTION, ip, ttl),
         }
     }
+
+    /// Give back what the records did not use of their buffers (they are
+    /// kept for as long as the name does not change).
+    pub(crate) fn shrink_to_fit(&mut self) {
+        self.a.bytes.shrink_to_fit();
+        self.aaaa.bytes.shrink_to_fit();
+    }
 }
 
 /// A name's SRV records and the addresses of their targets.
@@ -195,6 +202,10 @@ impl RecordSets {
                     - 2;
             }
         }
+        out.addresses.shrink_to_fit();
+        out.srv.answer.bytes.shrink_to_fit();
+        out.srv.extra.bytes.shrink_to_fit();
+        out.srv.owners.shrink_to_fit();
         out
     }
 }
