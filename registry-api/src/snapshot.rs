@@ -19,7 +19,7 @@ use crate::model::{Endpoint, EndpointKey, Version};
 /// the registry. Listing one service is O(log n + k).
 ///
 /// ```
-/// use registry_api::{Endpoint, Snapshot, Version};
+/// use waypost::{Endpoint, Snapshot, Version};
 /// let snap = Snapshot::from_endpoints(
 ///     Version(7),
 ///     [Endpoint::new("api", "a", "10.0.0.1", 80), Endpoint::new("db", "b", "10.0.0.2", 5432)],
@@ -175,7 +175,7 @@ impl Snapshot {
     /// O(log n) to start, then O(1) per endpoint.
     ///
     /// ```
-    /// use registry_api::{Endpoint, Snapshot, Version};
+    /// use waypost::{Endpoint, Snapshot, Version};
     /// let snap = Snapshot::from_endpoints(
     ///     Version(1),
     ///     ["a", "b", "c"].map(|id| Endpoint::new("api", id, "10.0.0.1", 80)),
@@ -204,7 +204,7 @@ impl Snapshot {
     /// empty, last page.
     ///
     /// ```
-    /// use registry_api::{Endpoint, Snapshot, Version};
+    /// use waypost::{Endpoint, Snapshot, Version};
     /// let snap = Snapshot::from_endpoints(
     ///     Version(1),
     ///     ["a", "b", "c"].map(|id| Endpoint::new("api", id, "10.0.0.1", 80)),
@@ -330,7 +330,7 @@ impl Snapshot {
     /// walk over the endpoints.
     ///
     /// ```
-    /// use registry_api::{Endpoint, Snapshot, Version};
+    /// use waypost::{Endpoint, Snapshot, Version};
     /// let snap = Snapshot::from_endpoints(
     ///     Version(1),
     ///     [Endpoint::new("db", "a", "10.0.0.1", 5432), Endpoint::new("api", "b", "10.0.0.2", 80),
@@ -350,7 +350,7 @@ impl Snapshot {
     /// from one service's endpoints keys on.
     ///
     /// ```
-    /// use registry_api::{Endpoint, Snapshot, Version};
+    /// use waypost::{Endpoint, Snapshot, Version};
     /// let a = Snapshot::from_endpoints(Version(1), [Endpoint::new("api", "a", "10.0.0.1", 80)]);
     /// let b = a.with_endpoint(Endpoint::new("db", "d", "10.0.0.9", 5432));
     /// let c = b.with_endpoint(Endpoint::new("api", "a", "10.0.0.2", 80));
@@ -366,7 +366,7 @@ impl Snapshot {
     /// of the service index, not of the endpoints.
     ///
     /// ```
-    /// use registry_api::{Endpoint, Snapshot, Version};
+    /// use waypost::{Endpoint, Snapshot, Version};
     /// let snap = Snapshot::from_endpoints(Version(1), [Endpoint::new("api", "a", "10.0.0.1", 80)]);
     /// let all: Vec<_> = snap.fingerprints().collect();
     /// assert_eq!(all, [("api", snap.fingerprint("api").unwrap())]);
@@ -386,7 +386,7 @@ impl Snapshot {
     /// rebuilds after a change.
     ///
     /// ```
-    /// use registry_api::{Endpoint, Snapshot, Version};
+    /// use waypost::{Endpoint, Snapshot, Version};
     /// let a = Snapshot::from_endpoints(
     ///     Version(1),
     ///     [Endpoint::new("api", "a", "10.0.0.1", 80), Endpoint::new("db", "d", "10.0.0.9", 5432)],

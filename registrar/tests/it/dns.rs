@@ -17,8 +17,8 @@ use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::proto::op::{Message, Query};
 use hickory_resolver::proto::rr::{Name, RData, RecordType};
 use hickory_resolver::TokioResolver;
-use registry_api::testing::eventually;
-use registry_api::{Endpoint, EndpointKey, Health, Registry};
+use waypost::testing::eventually;
+use waypost::{Endpoint, EndpointKey, Health, Registry};
 
 const LIMIT: Duration = Duration::from_secs(30);
 
@@ -427,11 +427,11 @@ async fn cluster_names_scope_answers_and_unknown_ones_are_nxdomain() {
 /// field.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_non_loopback_dns_address_is_refused_without_insecure() {
-    let mut server = registrar_server::Opening::new(registrar_server::RegistrarConfig::new("t"));
-    let dns = registrar_server::DnsListeners::bind("0.0.0.0:0".parse().unwrap())
+    let mut server = waypost_registrar_server::Opening::new(waypost_registrar_server::RegistrarConfig::new("t"));
+    let dns = waypost_registrar_server::DnsListeners::bind("0.0.0.0:0".parse().unwrap())
         .await
         .unwrap();
-    let cfg = registrar_server::DnsConfig::new("registry", Duration::from_secs(5)).unwrap();
+    let cfg = waypost_registrar_server::DnsConfig::new("registry", Duration::from_secs(5)).unwrap();
     assert_eq!(cfg.domain(), "registry.");
     server.protocols.dns = Some((dns, cfg));
     let err = common::protocols::refusal(server).await;
@@ -441,7 +441,7 @@ async fn a_non_loopback_dns_address_is_refused_without_insecure() {
 
 #[test]
 fn a_ttl_above_five_seconds_or_a_bad_domain_is_refused() {
-    assert!(registrar_server::DnsConfig::new("registry.", Duration::from_secs(6)).is_err());
-    assert!(registrar_server::DnsConfig::new(".", Duration::from_secs(1)).is_err());
-    assert!(registrar_server::DnsConfig::new("a..b", Duration::from_secs(1)).is_err());
+    assert!(waypost_registrar_server::DnsConfig::new("registry.", Duration::from_secs(6)).is_err());
+    assert!(waypost_registrar_server::DnsConfig::new(".", Duration::from_secs(1)).is_err());
+    assert!(waypost_registrar_server::DnsConfig::new("a..b", Duration::from_secs(1)).is_err());
 }

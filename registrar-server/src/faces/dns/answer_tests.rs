@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use hickory_proto::op::{Message, ResponseCode};
 use hickory_proto::rr::{Name, RData, Record};
-use registry_api::{Endpoint, Health, Snapshot, Version};
+use waypost::{Endpoint, Health, Snapshot, Version};
 
 use super::*;
 use crate::faces::dns::wire::query;
@@ -298,9 +298,9 @@ fn answers_beyond_a_pointers_reach_name_targets_whole() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_names_and_nxdomain_at_100000_endpoints_read_no_endpoint() {
-    use registry_api::cached::CachedRegistry;
-    use registry_api::memory::MemoryRegistry;
-    use registry_api::{Batch, Op};
+    use waypost::cached::CachedRegistry;
+    use waypost::memory::MemoryRegistry;
+    use waypost::{Batch, Op};
 
     const N: usize = 100_000;
     let memory = MemoryRegistry::new().with_max_batch(N);

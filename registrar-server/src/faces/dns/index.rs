@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::{ArcSwap, Guard};
 use futures::StreamExt;
-use registry_api::cached::Store;
-use registry_api::{Endpoint, EndpointKey, Snapshot, Version};
+use waypost::cached::Store;
+use waypost::{Endpoint, EndpointKey, Snapshot, Version};
 
 use super::records::{Addresses, RecordSets};
 use super::zone::Zone;
@@ -354,7 +354,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use hickory_proto::rr::Name;
-    use registry_api::Health;
+    use waypost::Health;
 
     fn zone() -> Zone {
         Zone::new(&Name::from_ascii("registry.").unwrap(), 5)

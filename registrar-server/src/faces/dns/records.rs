@@ -11,7 +11,7 @@
 use std::net::IpAddr;
 
 use hickory_proto::rr::Name;
-use registry_api::{Endpoint, Health};
+use waypost::{Endpoint, Health};
 
 use super::wire::{name_len, pointer, rtype, CLASS_IN, HEADER_LEN};
 use super::zone::{wire_of, Zone};

@@ -180,8 +180,8 @@ mod tests {
     use crate::faces::dns::wire::{query, rtype};
     use crate::faces::dns::zone::Zone;
     use hickory_proto::rr::Name;
-    use registry_api::cached::CachedRegistry;
-    use registry_api::memory::MemoryRegistry;
+    use waypost::cached::CachedRegistry;
+    use waypost::memory::MemoryRegistry;
 
     #[tokio::test]
     async fn every_socket_answers_and_stopping_frees_the_port() {

@@ -2,7 +2,7 @@
 //! gives endpoints (SRV targets), and what a question's name stands for.
 
 use hickory_proto::rr::Name;
-use registry_api::Endpoint;
+use waypost::Endpoint;
 
 use super::wire::{self, MAX_LABELS, MAX_LABEL_LEN, MAX_NAME_LEN};
 
