@@ -377,6 +377,38 @@ impl Snapshot {
             .map(|(s, sum)| (s.as_str(), sum.fingerprint()))
     }
 
+    /// The services whose endpoints differ between `self` and `other`
+    /// (added, removed or changed in any field), in order, each once. The
+    /// service index is compared by [`Snapshot::fingerprint`] and its
+    /// shared structure skipped, so for a snapshot derived from the other
+    /// by a few changes this costs about those changes, not a walk of
+    /// every service: what a reader that keeps something per service
+    /// rebuilds after a change.
+    ///
+    /// ```
+    /// use waypost::{Endpoint, Snapshot, Version};
+    /// let a = Snapshot::from_endpoints(
+    ///     Version(1),
+    ///     [Endpoint::new("api", "a", "10.0.0.1", 80), Endpoint::new("db", "d", "10.0.0.9", 5432)],
+    /// );
+    /// let b = a
+    ///     .with_endpoint(Endpoint::new("api", "b", "10.0.0.2", 80))
+    ///     .with_endpoint(Endpoint::new("web", "w", "10.0.0.3", 80));
+    /// assert_eq!(a.changed_services(&b).collect::<Vec<_>>(), ["api", "web"]);
+    /// assert_eq!(b.changed_services(&a).collect::<Vec<_>>(), ["api", "web"]);
+    /// assert_eq!(a.changed_services(&a.clone()).count(), 0);
+    /// ```
+    pub fn changed_services<'a>(
+        &'a self,
+        other: &'a Snapshot,
+    ) -> impl Iterator<Item = &'a str> + 'a {
+        use imbl::ordmap::DiffItem;
+        self.services.diff(&other.services).map(|d| match d {
+            DiffItem::Add(name, _) | DiffItem::Remove(name, _) => name.as_str(),
+            DiffItem::Update { new: (name, _), .. } => name.as_str(),
+        })
+    }
+
     /// Every service with the fingerprint of its endpoints, in order.
     pub(crate) fn service_sums(&self) -> impl Iterator<Item = (&String, &Sum)> + '_ {
         self.services.iter()

@@ -225,27 +225,79 @@ async fn large_answers_come_whole_over_tcp() {
     .await;
     assert!(answers.iter().all(|(w, p, _)| (*w, *p) == (1, 8080)));
     // A plain UDP question (no EDNS: 512 bytes at most) gets the
-    // truncated answer: TC set, no records.
-    let mut q = Message::query();
-    q.add_query(Query::query(
-        Name::from_ascii("web.service.registry.").unwrap(),
-        RecordType::SRV,
-    ));
-    let sock = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
-    sock.send_to(&q.to_vec().unwrap(), stack.dns).await.unwrap();
-    let mut buf = vec![0u8; 4096];
-    let (n, _) = tokio::time::timeout(LIMIT, sock.recv_from(&mut buf))
-        .await
-        .unwrap()
-        .unwrap();
-    let resp = Message::from_vec(&buf[..n]).unwrap();
-    assert_eq!(resp.metadata.id, q.metadata.id);
+    // truncated answer: TC set, no records, since the SRV records alone
+    // do not fit.
+    let resp = plain_udp(stack.dns, "web.service.registry.", RecordType::SRV).await;
     assert!(resp.metadata.truncation, "{resp:?}");
     assert!(resp.answers.is_empty());
     // The resolver, asking over UDP first, falls back to TCP on the
     // truncated answer and sees all 60.
     let (udp, _) = srv(stack.dns, "web.service.registry.", false).await;
     assert_eq!(udp.len(), 60);
+    stack.stop().await.unwrap();
+}
+
+/// The answer to one question over UDP without EDNS (512 bytes at most).
+async fn plain_udp(dns: SocketAddr, name: &str, qtype: RecordType) -> Message {
+    let mut q = Message::query();
+    q.add_query(Query::query(Name::from_ascii(name).unwrap(), qtype));
+    let sock = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    sock.send_to(&q.to_vec().unwrap(), dns).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let (n, _) = tokio::time::timeout(LIMIT, sock.recv_from(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(n <= 512, "{n} bytes over plain UDP");
+    let resp = Message::from_vec(&buf[..n]).unwrap();
+    assert_eq!(resp.metadata.id, q.metadata.id);
+    resp
+}
+
+/// RFC 2181 9: an answer too long for plain UDP loses its additional
+/// section first; TC is set only when the SRV records alone do not fit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_udp_drops_the_additional_section_before_truncating() {
+    let stack = start().await;
+    let agent = fast_client(&stack.url(), "test", "node-1");
+    // Ten SRV records of `e<i>.node-1.node.registry.` take 468 bytes with
+    // the question, 628 with their addresses.
+    for i in 0..10u16 {
+        agent
+            .register(web(&format!("e{i}"), &format!("10.0.2.{i}")))
+            .await
+            .unwrap();
+    }
+    eventually("10 SRV answers over TCP", || async {
+        (srv(stack.dns, "web.service.registry.", true).await.0.len() == 10).then_some(())
+    })
+    .await;
+    let resp = plain_udp(stack.dns, "web.service.registry.", RecordType::SRV).await;
+    assert!(!resp.metadata.truncation, "{resp:?}");
+    assert_eq!(resp.answers.len(), 10);
+    assert!(resp.additionals.is_empty());
+    // Over TCP, or with EDNS, the addresses come too.
+    let (answers, extra) = srv(stack.dns, "web.service.registry.", true).await;
+    assert_eq!((answers.len(), extra.len()), (10, 10));
+
+    // Three more: the SRV records alone pass 512 bytes.
+    for i in 10..13u16 {
+        agent
+            .register(web(&format!("e{i}"), &format!("10.0.2.{i}")))
+            .await
+            .unwrap();
+    }
+    eventually("13 SRV answers over TCP", || async {
+        (srv(stack.dns, "web.service.registry.", true).await.0.len() == 13).then_some(())
+    })
+    .await;
+    let resp = plain_udp(stack.dns, "web.service.registry.", RecordType::SRV).await;
+    assert!(resp.metadata.truncation, "{resp:?}");
+    assert!(resp.answers.is_empty() && resp.additionals.is_empty());
+    // A and AAAA answers of the same service still fit.
+    let resp = plain_udp(stack.dns, "web.service.registry.", RecordType::A).await;
+    assert!(!resp.metadata.truncation);
+    assert_eq!(resp.answers.len(), 13);
     stack.stop().await.unwrap();
 }
 

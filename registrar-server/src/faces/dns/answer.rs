@@ -1,344 +1,243 @@
-//! Answering one DNS query from a snapshot of the registry.
+//! Answering one DNS message from the index: the request read in place,
+//! the answer written into a buffer the caller reuses, its records copied
+//! from those encoded when the index was built.
+//!
+//! An answer too long for the transport's limit (over UDP 512 bytes, or
+//! the EDNS size the client offers) is cut as RFC 2181 section 9 says: the
+//! additional section goes first, and only when the answer section alone
+//! does not fit is TC set, with no records, so that the client asks again
+//! over TCP.
 
-use std::net::IpAddr;
-
-use hickory_proto::op::{Edns, Message, MessageType, Metadata, OpCode, ResponseCode};
-use hickory_proto::rr::rdata::{A, AAAA, SOA, SRV};
-use hickory_proto::rr::{Name, RData, Record, RecordType};
-use waypost::{Endpoint, Health, Snapshot};
+use super::index::Index;
+use super::records::{Rrs, SrvSet};
+use super::wire::{self, flag, pointer, rcode, rtype, Request, CLASS_IN, HEADER_LEN};
+use super::zone::{Lookup, Zone};
 
 /// The largest UDP answer offered to EDNS clients.
-const EDNS_PAYLOAD: u16 = 1232;
+pub(crate) const EDNS_PAYLOAD: u16 = 1232;
+/// The length of the OPT record an EDNS answer ends with.
+const OPT_LEN: usize = 11;
+/// The largest DNS message (over TCP, its length is 16 bits).
+const MAX_MESSAGE: usize = 65535;
 
-/// What the responder answers for: its zone and the records' TTL.
-#[derive(Debug, Clone)]
-pub(crate) struct Zone {
-    /// The domain, fully qualified and lowercase (`registry.`).
-    pub(crate) domain: Name,
-    /// The TTL of every record, in seconds.
-    pub(crate) ttl: u32,
+/// The transport a message came over, which bounds its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Transport {
+    /// UDP: 512 bytes, or the client's EDNS size.
+    Udp,
+    /// TCP: a whole message.
+    Tcp,
 }
 
-/// What a name in the zone stands for.
-#[derive(Debug, PartialEq, Eq)]
-enum Lookup {
-    /// A service's endpoints, of one cluster when `cluster` is given:
-    /// `<service>.<domain>`, `<service>.<cluster>.<domain>`,
-    /// `<service>.service.<domain>`, or the RFC 2782 forms
-    /// `_<service>._<proto>.<domain>`, `_<service>._<proto>.<cluster>.<domain>`
-    /// and `_<service>._<proto>.service.<domain>`.
-    Service {
-        service: String,
-        cluster: Option<String>,
+/// What goes after the question.
+enum Body<'i> {
+    /// No records.
+    Empty,
+    /// The zone's SOA, in the answer section (a question for the apex's
+    /// SOA) or in the authority section (NXDOMAIN).
+    Soa {
+        /// In the authority section.
+        authority: bool,
+        /// The serial.
+        serial: u32,
     },
-    /// `<id>.<node>.node.<domain>`: an SRV target.
-    Node(Name),
-    /// The zone's apex.
-    Apex,
-    /// Anything else in the zone.
-    Unknown,
+    /// Address records: A, AAAA, or both (ANY).
+    Addresses(&'i Rrs, Option<&'i Rrs>),
+    /// SRV records with their targets' addresses.
+    Srv(&'i SrvSet),
 }
 
-impl Lookup {
-    fn service(service: &str, cluster: Option<&str>) -> Self {
-        Lookup::Service {
-            service: service.trim_start_matches('_').to_string(),
-            cluster: cluster.map(str::to_string),
-        }
+/// The answer to `msg` from `index` (`None`: the registrar has no state
+/// yet, SERVFAIL) written into `out` (cleared first), bounded by what
+/// `transport` carries; false when `msg` is not a DNS message and gets
+/// no answer. `key` is scratch space for the names looked up.
+pub(crate) fn respond(
+    zone: &Zone,
+    index: Option<&Index>,
+    msg: &[u8],
+    transport: Transport,
+    key: &mut Vec<u8>,
+    out: &mut Vec<u8>,
+) -> bool {
+    let Some(req) = wire::parse(msg) else {
+        return false;
+    };
+    out.clear();
+    out.extend_from_slice(&[0; HEADER_LEN]);
+    out.extend_from_slice(req.questions);
+    let limit = match transport {
+        Transport::Udp => req.udp_limit(),
+        Transport::Tcp => MAX_MESSAGE,
+    };
+    let mut flags = flag::QR | (req.flags & (flag::OPCODE | flag::RD | flag::CD));
+    let (code, body) = decide(zone, index, &req, &mut flags, key);
+    let counts = write_body(zone, &req, body, limit, &mut flags, out);
+    let additional = counts[2] + u16::from(req.edns.is_some());
+    if req.edns.is_some() {
+        out.push(0);
+        out.extend_from_slice(&rtype::OPT.to_be_bytes());
+        out.extend_from_slice(&EDNS_PAYLOAD.to_be_bytes());
+        out.extend_from_slice(&[0; 6]);
     }
-}
-
-/// A name's labels as text, lowercase.
-fn labels(name: &Name) -> Vec<String> {
-    name.iter()
-        .map(|l| String::from_utf8_lossy(l).to_ascii_lowercase())
-        .collect()
-}
-
-/// One DNS label from `s`: characters other than letters, digits and `-`
-/// become `-` (an id such as `10.0.0.1:80` would otherwise span labels).
-fn label(s: &str) -> String {
-    let out: String = s
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
-                c.to_ascii_lowercase()
-            } else {
-                '-'
-            }
-        })
-        .take(63)
-        .collect();
-    if out.is_empty() {
-        "-".to_string()
-    } else {
-        out
+    let header = [
+        req.id,
+        flags | code,
+        req.qdcount,
+        counts[0],
+        counts[1],
+        additional,
+    ];
+    for (i, word) in header.iter().enumerate() {
+        out[2 * i..2 * i + 2].copy_from_slice(&word.to_be_bytes());
     }
+    true
 }
 
-impl Zone {
-    fn classify(&self, name: &Name) -> Lookup {
-        let name = name.to_lowercase();
-        let zone_labels = self.domain.num_labels() as usize;
-        let all = labels(&name);
-        let Some(inner) = all.len().checked_sub(zone_labels).map(|n| &all[..n]) else {
-            return Lookup::Unknown;
-        };
-        let srv = |svc: &str, proto: &str| svc.starts_with('_') && proto.starts_with('_');
-        match inner {
-            [] => Lookup::Apex,
-            [rest @ .., kind] if kind == "service" && !rest.is_empty() => match rest {
-                [svc, proto] if srv(svc, proto) => Lookup::service(svc, None),
-                _ => Lookup::Service {
-                    service: rest.join("."),
-                    cluster: None,
+/// The response code and what answers `req`; sets AA for names in the
+/// zone.
+fn decide<'i>(
+    zone: &Zone,
+    index: Option<&'i Index>,
+    req: &Request<'_>,
+    flags: &mut u16,
+    key: &mut Vec<u8>,
+) -> (u16, Body<'i>) {
+    if !req.is_query() {
+        return (rcode::NOTIMP, Body::Empty);
+    }
+    let Some(question) = req.question.filter(|_| req.qdcount == 1) else {
+        return (rcode::FORMERR, Body::Empty);
+    };
+    let lookup = zone.classify(question.name, key);
+    if lookup == Lookup::Outside {
+        return (rcode::REFUSED, Body::Empty);
+    }
+    *flags |= flag::AA;
+    let Some(index) = index else {
+        return (rcode::SERVFAIL, Body::Empty);
+    };
+    let nxdomain = (
+        rcode::NXDOMAIN,
+        Body::Soa {
+            authority: true,
+            serial: index.serial(),
+        },
+    );
+    let qtype = question.qtype;
+    let addresses = |a: &'i Rrs, aaaa: &'i Rrs| match qtype {
+        rtype::A => Body::Addresses(a, None),
+        rtype::AAAA => Body::Addresses(aaaa, None),
+        rtype::ANY => Body::Addresses(a, Some(aaaa)),
+        _ => Body::Empty,
+    };
+    let body = match lookup {
+        Lookup::Service { service, cluster } => {
+            let Some(entry) = index.service(service) else {
+                return nxdomain;
+            };
+            let records = match cluster {
+                None => &entry.all,
+                Some(c) => match entry.clusters.get(c) {
+                    Some(r) => r,
+                    None => return nxdomain,
                 },
-            },
-            [_, _, kind] if kind == "node" => Lookup::Node(name),
-            [svc, proto] if srv(svc, proto) => Lookup::service(svc, None),
-            [svc, proto, cluster] if srv(svc, proto) => Lookup::service(svc, Some(cluster)),
-            [svc] if !svc.starts_with('_') => Lookup::service(svc, None),
-            [svc, cluster] if !svc.starts_with('_') => Lookup::service(svc, Some(cluster)),
-            _ => Lookup::Unknown,
-        }
-    }
-
-    /// The SRV target of `e`: `<id>.<node or service>.node.<domain>`.
-    pub(crate) fn target(&self, e: &Endpoint) -> Option<Name> {
-        let node = if e.node.is_empty() {
-            &e.service
-        } else {
-            &e.node
-        };
-        Name::from_ascii(format!("{}.{}.node", label(&e.id), label(node)))
-            .ok()?
-            .append_domain(&self.domain)
-            .ok()
-    }
-
-    fn address_record(&self, name: &Name, e: &Endpoint, rtype: RecordType) -> Option<Record> {
-        let ip: IpAddr = e.address.parse().ok()?;
-        let rdata = match (ip, rtype) {
-            (IpAddr::V4(v4), RecordType::A | RecordType::ANY) => RData::A(A(v4)),
-            (IpAddr::V6(v6), RecordType::AAAA | RecordType::ANY) => RData::AAAA(AAAA(v6)),
-            _ => return None,
-        };
-        Some(Record::from_rdata(name.clone(), self.ttl, rdata))
-    }
-
-    fn soa(&self, serial: u64) -> Option<Record> {
-        let mname = Name::from_ascii("ns")
-            .ok()?
-            .append_domain(&self.domain)
-            .ok()?;
-        let rname = Name::from_ascii("hostmaster")
-            .ok()?
-            .append_domain(&self.domain)
-            .ok()?;
-        let soa = SOA::new(mname, rname, serial as u32, 3600, 600, 86400, self.ttl);
-        Some(Record::from_rdata(
-            self.domain.clone(),
-            self.ttl,
-            RData::SOA(soa),
-        ))
-    }
-
-    /// The answer to `request` from `snapshot` (`None`: not loaded yet,
-    /// SERVFAIL).
-    pub(crate) fn answer(&self, request: &Message, snapshot: Option<&Snapshot>) -> Message {
-        let mut resp = Message::new(request.metadata.id, MessageType::Response, OpCode::Query);
-        resp.metadata = Metadata::response_from_request(&request.metadata);
-        resp.add_queries(request.queries.iter().cloned());
-        if request.edns.is_some() {
-            let mut edns = Edns::new();
-            edns.set_max_payload(EDNS_PAYLOAD);
-            resp.set_edns(edns);
-        }
-        let code = self.fill(request, snapshot, &mut resp);
-        resp.metadata.response_code = code;
-        resp
-    }
-
-    fn fill(
-        &self,
-        request: &Message,
-        snapshot: Option<&Snapshot>,
-        resp: &mut Message,
-    ) -> ResponseCode {
-        if request.metadata.op_code != OpCode::Query
-            || request.metadata.message_type != MessageType::Query
-        {
-            return ResponseCode::NotImp;
-        }
-        let [query] = request.queries.as_slice() else {
-            return ResponseCode::FormErr;
-        };
-        if !self.domain.zone_of(query.name()) {
-            return ResponseCode::Refused;
-        }
-        resp.metadata.authoritative = true;
-        let Some(snap) = snapshot else {
-            return ResponseCode::ServFail;
-        };
-        let name = query.name();
-        let rtype = query.query_type();
-        match self.classify(name) {
-            Lookup::Service { service, cluster } => {
-                let endpoints: Vec<&Endpoint> = endpoints_of(snap, &service)
-                    .filter(|e| {
-                        cluster
-                            .as_ref()
-                            .is_none_or(|c| e.cluster.eq_ignore_ascii_case(c))
-                    })
-                    .collect();
-                if endpoints.is_empty() {
-                    return self.nxdomain(snap, resp);
-                }
-                for e in endpoints
-                    .into_iter()
-                    .filter(|e| e.health == Health::Healthy)
-                {
-                    match rtype {
-                        RecordType::SRV => self.add_srv(name, e, resp),
-                        _ => {
-                            if let Some(r) = self.address_record(name, e, rtype) {
-                                resp.add_answer(r);
-                            }
-                        }
-                    }
-                }
-                ResponseCode::NoError
+            };
+            match qtype {
+                rtype::SRV => Body::Srv(&records.srv),
+                _ => addresses(&records.addresses.a, &records.addresses.aaaa),
             }
-            Lookup::Node(node) => {
-                let endpoints: Vec<&Endpoint> = snap
-                    .iter()
-                    .filter(|e| self.target(e).is_some_and(|t| t == node))
-                    .collect();
-                if endpoints.is_empty() {
-                    return self.nxdomain(snap, resp);
-                }
-                for e in endpoints {
-                    if let Some(r) = self.address_record(name, e, rtype) {
-                        resp.add_answer(r);
-                    }
-                }
-                ResponseCode::NoError
-            }
-            Lookup::Apex => {
-                if matches!(rtype, RecordType::SOA | RecordType::ANY) {
-                    if let Some(soa) = self.soa(snap.version().0) {
-                        resp.add_answer(soa);
-                    }
-                }
-                ResponseCode::NoError
-            }
-            Lookup::Unknown => self.nxdomain(snap, resp),
         }
-    }
+        Lookup::Node(key) => match index.node(key) {
+            Some(node) => addresses(&node.addresses.a, &node.addresses.aaaa),
+            None => return nxdomain,
+        },
+        Lookup::Apex if matches!(qtype, rtype::SOA | rtype::ANY) => Body::Soa {
+            authority: false,
+            serial: index.serial(),
+        },
+        Lookup::Apex => Body::Empty,
+        Lookup::Unknown | Lookup::Outside => return nxdomain,
+    };
+    (rcode::NOERROR, body)
+}
 
-    fn nxdomain(&self, snap: &Snapshot, resp: &mut Message) -> ResponseCode {
-        if let Some(soa) = self.soa(snap.version().0) {
-            resp.add_authority(soa);
-        }
-        ResponseCode::NXDomain
-    }
-
-    /// An SRV answer for `e`; the target's address in the additional
-    /// section when the address is an IP, else the address (a host name)
-    /// is the target.
-    fn add_srv(&self, name: &Name, e: &Endpoint, resp: &mut Message) {
-        let weight = e
-            .labels
-            .get("weight")
-            .and_then(|w| w.parse::<u16>().ok())
-            .unwrap_or(1);
-        let ip = e.address.parse::<IpAddr>().is_ok();
-        let target = if ip {
-            self.target(e)
-        } else {
-            Name::from_ascii(&e.address).ok().map(|mut n| {
-                n.set_fqdn(true);
-                n
-            })
-        };
-        let Some(target) = target else { return };
-        resp.add_answer(Record::from_rdata(
-            name.clone(),
-            self.ttl,
-            RData::SRV(SRV::new(1, weight, e.port, target.clone())),
-        ));
-        if ip {
-            if let Some(r) = self.address_record(&target, e, RecordType::ANY) {
-                resp.add_additional(r);
+/// Write `body` after the question in `out`, within `limit` bytes with
+/// the OPT record still to come; the answer, authority and additional
+/// counts (OPT not included). Sets TC when the answer section does not
+/// fit.
+fn write_body(
+    zone: &Zone,
+    req: &Request<'_>,
+    body: Body<'_>,
+    limit: usize,
+    flags: &mut u16,
+    out: &mut Vec<u8>,
+) -> [u16; 3] {
+    let room = limit.saturating_sub(out.len() + if req.edns.is_some() { OPT_LEN } else { 0 });
+    // Counts fit 16 bits whenever the records fit a message.
+    let count = |n: usize| n as u16;
+    match body {
+        Body::Empty => [0, 0, 0],
+        Body::Soa { authority, serial } => {
+            let name = req.question.map_or(&[][..], |q| q.name);
+            let domain = HEADER_LEN + zone.domain_offset(name);
+            write_soa(zone, domain, serial, out);
+            if authority {
+                [0, 1, 0]
+            } else {
+                [1, 0, 0]
             }
+        }
+        Body::Addresses(first, second) => {
+            let second_len = second.map_or(0, Rrs::len);
+            if first.len() + second_len > room {
+                *flags |= flag::TC;
+                return [0, 0, 0];
+            }
+            out.extend_from_slice(&first.bytes);
+            if let Some(s) = second {
+                out.extend_from_slice(&s.bytes);
+            }
+            [count(first.count + second.map_or(0, |s| s.count)), 0, 0]
+        }
+        Body::Srv(srv) => {
+            let answer_at = out.len();
+            if srv.answer.len() > room {
+                *flags |= flag::TC;
+                return [0, 0, 0];
+            }
+            out.extend_from_slice(&srv.answer.bytes);
+            if srv.answer.len() + srv.extra_len(answer_at) > room {
+                return [count(srv.answer.count), 0, 0];
+            }
+            srv.write_extra(out, answer_at);
+            [count(srv.answer.count), 0, count(srv.extra.count)]
         }
     }
 }
 
-/// The endpoints of `service` (matched without regard to case): its key
-/// range when the name is stored as asked (lowercase, as names usually
-/// are), else a scan for a name that differs only in case.
-fn endpoints_of<'a>(
-    snap: &'a Snapshot,
-    service: &'a str,
-) -> Box<dyn Iterator<Item = &'a Endpoint> + 'a> {
-    if snap.service(service).next().is_some() {
-        Box::new(snap.service(service))
-    } else {
-        Box::new(
-            snap.iter()
-                .filter(move |e| e.service.eq_ignore_ascii_case(service)),
-        )
+/// Append the zone's SOA record, its owner and the domain in its names a
+/// pointer to the domain at `domain` (in the question).
+fn write_soa(zone: &Zone, domain: usize, serial: u32, out: &mut Vec<u8>) {
+    let at = pointer(domain);
+    out.extend_from_slice(&at);
+    out.extend_from_slice(&rtype::SOA.to_be_bytes());
+    out.extend_from_slice(&CLASS_IN.to_be_bytes());
+    out.extend_from_slice(&zone.ttl.to_be_bytes());
+    let rdata_at = out.len();
+    out.extend_from_slice(&[0, 0]);
+    // MNAME ns.<domain>, RNAME hostmaster.<domain>.
+    out.extend_from_slice(b"\x02ns");
+    out.extend_from_slice(&at);
+    out.extend_from_slice(b"\x0ahostmaster");
+    out.extend_from_slice(&at);
+    for n in [serial, 3600, 600, 86400, zone.ttl] {
+        out.extend_from_slice(&n.to_be_bytes());
     }
+    let len = (out.len() - rdata_at - 2) as u16;
+    out[rdata_at..rdata_at + 2].copy_from_slice(&len.to_be_bytes());
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn zone() -> Zone {
-        Zone {
-            domain: Name::from_ascii("registry.").expect("a name"),
-            ttl: 5,
-        }
-    }
-
-    fn name(s: &str) -> Name {
-        Name::from_ascii(s).expect("a name")
-    }
-
-    #[test]
-    fn classifies_names_in_the_zone() {
-        let z = zone();
-        let web = Lookup::service("web", None);
-        let east = Lookup::service("web", Some("east"));
-        for (q, want) in [
-            ("web.service.registry.", &web),
-            ("WEB.Service.registry.", &web),
-            ("_web._tcp.service.registry.", &web),
-            ("web.registry.", &web),
-            ("_web._tcp.registry.", &web),
-            ("web.east.registry.", &east),
-            ("Web.EAST.registry.", &east),
-            ("_web._udp.east.registry.", &east),
-        ] {
-            assert_eq!(&z.classify(&name(q)), want, "{q}");
-        }
-        assert_eq!(z.classify(&name("registry.")), Lookup::Apex);
-        assert_eq!(z.classify(&name("_x.registry.")), Lookup::Unknown);
-        assert_eq!(z.classify(&name("a.b.c.d.registry.")), Lookup::Unknown);
-        assert!(matches!(
-            z.classify(&name("a.n1.node.registry.")),
-            Lookup::Node(_)
-        ));
-    }
-
-    #[test]
-    fn targets_are_single_labels_per_part() {
-        let e = Endpoint::new("web", "10.0.0.1:80", "10.0.0.1", 80).with_node("Node_1");
-        assert_eq!(
-            zone().target(&e).expect("a target").to_ascii(),
-            "10-0-0-1-80.node-1.node.registry."
-        );
-    }
-}
+#[path = "answer_tests.rs"]
+mod tests;

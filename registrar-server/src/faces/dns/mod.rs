@@ -2,29 +2,39 @@
 //! (default `registry.`), answering A/AAAA and SRV queries for
 //! `<service>.<domain>`, `<service>.<cluster>.<domain>` and Consul's
 //! `<service>.service.<domain>` from the registrar's state, over UDP and
-//! TCP. Messages are parsed and written with `hickory-proto`.
+//! TCP.
+//!
+//! What a query needs is indexed by name once per version of the state,
+//! on this face's side ([`index`]), with its records encoded in advance
+//! ([`records`]): a query is read in place ([`wire`]), looked up, and
+//! answered by copying those records into a buffer ([`answer`]), whatever
+//! the registry's size. UDP is answered by one thread per core, each on a
+//! socket of its own ([`udp`]); TCP by a task per connection ([`tcp`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hickory_proto::op::Message;
 use hickory_proto::rr::Name;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::net::TcpListener;
 
 use crate::engine::registrar::Registrar;
 
 mod answer;
+mod index;
+mod records;
+mod tcp;
+mod udp;
+mod wire;
+mod zone;
 
-use answer::Zone;
+use index::Indexer;
+use zone::Zone;
 
 /// The default domain.
 pub const DEFAULT_DNS_DOMAIN: &str = "registry.";
 /// The longest TTL allowed (answers follow the registry within it).
 pub const MAX_DNS_TTL: Duration = Duration::from_secs(5);
-/// How long a TCP connection may stay idle between queries.
-const TCP_IDLE: Duration = Duration::from_secs(10);
 
 /// Why the DNS responder cannot be set up.
 #[derive(Debug, thiserror::Error)]
@@ -76,10 +86,7 @@ impl DnsConfig {
             return Err(bad("the root cannot be the registry's domain".into()));
         }
         Ok(Self {
-            zone: Zone {
-                domain: name.to_lowercase(),
-                ttl: ttl.as_secs() as u32,
-            },
+            zone: Zone::new(&name, ttl.as_secs() as u32),
         })
     }
 
@@ -89,13 +96,12 @@ impl DnsConfig {
     }
 }
 
-/// The responder's sockets: UDP and TCP on the same address.
+/// The responder's sockets: UDP (one per core where the system lets
+/// sockets share an address) and TCP, on the same address.
 #[derive(Debug)]
 pub struct DnsListeners {
-    /// The UDP socket.
-    pub udp: UdpSocket,
-    /// The TCP listener.
-    pub tcp: TcpListener,
+    udp: Vec<std::net::UdpSocket>,
+    tcp: TcpListener,
 }
 
 impl DnsListeners {
@@ -110,10 +116,8 @@ impl DnsListeners {
         let attempts = if addr.port() == 0 { 10 } else { 1 };
         let mut last = None;
         for _ in 0..attempts {
-            let udp = UdpSocket::bind(addr)
-                .await
-                .map_err(|e| bind_err("UDP", e))?;
-            let bound = udp.local_addr().map_err(|e| bind_err("UDP", e))?;
+            let (udp, bound) =
+                udp::bind(addr, udp::socket_count()).map_err(|e| bind_err("UDP", e))?;
             match TcpListener::bind(bound).await {
                 Ok(tcp) => return Ok(Self { udp, tcp }),
                 Err(e) => last = Some(e),
@@ -127,97 +131,29 @@ impl DnsListeners {
 
     /// The bound address (the same port for UDP and TCP).
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.udp.local_addr()
+        self.tcp.local_addr()
     }
 }
 
 /// Answer DNS queries on `listeners` from `registrar`'s state until the
 /// registrar closes.
 pub async fn serve_dns(registrar: Arc<Registrar>, listeners: DnsListeners, config: DnsConfig) {
-    let zone = Arc::new(config.zone);
+    let store = registrar.state().store().clone();
+    let indexer = Arc::new(Indexer::new(Arc::new(config.zone), store));
     let DnsListeners { udp, tcp } = listeners;
+    let threads = udp::socket_count();
+    // Stops the UDP threads when this returns or is dropped.
+    let _udp = match udp::Workers::start(udp, threads, Arc::clone(&indexer)) {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::warn!(error = %e, "DNS: cannot answer over UDP");
+            return;
+        }
+    };
     let closing = registrar.closing();
     tokio::select! {
-        () = serve_udp(Arc::clone(&registrar), udp, Arc::clone(&zone)) => {}
-        () = serve_tcp(registrar, tcp, zone) => {}
+        () = Arc::clone(&indexer).follow() => {}
+        () = tcp::serve(tcp, indexer) => {}
         () = closing => {}
-    }
-}
-
-/// The encoded answer to `bytes`, at most `limit` bytes (then truncated,
-/// TC set) when given; `None` for a message that cannot be parsed.
-fn respond(registrar: &Registrar, zone: &Zone, bytes: &[u8], udp: bool) -> Option<Vec<u8>> {
-    let request = Message::from_vec(bytes).ok()?;
-    let snapshot = registrar.state().store().snapshot();
-    let resp = zone.answer(&request, snapshot.as_deref());
-    let encoded = resp.to_vec().ok()?;
-    if udp && encoded.len() > usize::from(request.max_payload()) {
-        return resp.truncate().to_vec().ok();
-    }
-    Some(encoded)
-}
-
-async fn serve_udp(registrar: Arc<Registrar>, socket: UdpSocket, zone: Arc<Zone>) {
-    let mut buf = vec![0u8; 4096];
-    loop {
-        let (n, peer) = match socket.recv_from(&mut buf).await {
-            Ok(x) => x,
-            Err(e) => {
-                // ICMP errors of earlier sends surface here on some
-                // systems; nothing to do but go on.
-                tracing::debug!(error = %e, "DNS: receiving over UDP failed");
-                continue;
-            }
-        };
-        if let Some(out) = respond(&registrar, &zone, &buf[..n], true) {
-            if let Err(e) = socket.send_to(&out, peer).await {
-                tracing::debug!(%peer, error = %e, "DNS: sending over UDP failed");
-            }
-        }
-    }
-}
-
-async fn serve_tcp(registrar: Arc<Registrar>, listener: TcpListener, zone: Arc<Zone>) {
-    loop {
-        match listener.accept().await {
-            Ok((stream, _)) => {
-                tokio::spawn(serve_conn(
-                    Arc::clone(&registrar),
-                    stream,
-                    Arc::clone(&zone),
-                ));
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "DNS: accepting a TCP connection failed");
-                // Out of file descriptors and the like: do not spin.
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    }
-}
-
-/// Length-prefixed messages (RFC 1035 4.2.2) until the peer closes or
-/// stays idle for [`TCP_IDLE`].
-async fn serve_conn(registrar: Arc<Registrar>, mut stream: TcpStream, zone: Arc<Zone>) {
-    loop {
-        let Ok(Ok(len)) = tokio::time::timeout(TCP_IDLE, stream.read_u16()).await else {
-            return;
-        };
-        let mut msg = vec![0u8; usize::from(len)];
-        if !matches!(
-            tokio::time::timeout(TCP_IDLE, stream.read_exact(&mut msg)).await,
-            Ok(Ok(_))
-        ) {
-            return;
-        }
-        let Some(out) = respond(&registrar, &zone, &msg, false) else {
-            return;
-        };
-        let Ok(out_len) = u16::try_from(out.len()) else {
-            return;
-        };
-        if stream.write_u16(out_len).await.is_err() || stream.write_all(&out).await.is_err() {
-            return;
-        }
     }
 }
