@@ -29,13 +29,7 @@ impl FromStr for CloudMapConfig {
     fn from_str(s: &str) -> Result<Self> {
         let mut url = BackendUrl::parse(s)?;
         url.expect_scheme("cloudmap", FORM)?;
-        let namespace = url.authority().unwrap_or_default().to_string();
-        if namespace.is_empty() || !url.path().is_empty() {
-            return Err(Error::invalid(
-                "registry URL",
-                format!("{url}: expected {FORM}"),
-            ));
-        }
+        let namespace = url.name(FORM)?;
         let mut cfg = CloudMapConfig::new(namespace);
         if let Some(region) = url.take("region") {
             cfg = cfg.with_region(region);
@@ -46,15 +40,8 @@ impl FromStr for CloudMapConfig {
         if let Some(create) = url.take_bool("create_namespace")? {
             cfg = cfg.with_create_namespace(create);
         }
-        match (url.take("access_key_id"), url.take("secret_access_key")) {
-            (None, None) => {}
-            (Some(id), Some(secret)) => cfg = cfg.with_static_credentials(id, secret),
-            _ => {
-                return Err(Error::invalid(
-                    "registry URL",
-                    format!("{url}: access_key_id and secret_access_key go together"),
-                ))
-            }
+        if let Some((id, secret)) = url.take_pair("access_key_id", "secret_access_key")? {
+            cfg = cfg.with_static_credentials(id, secret);
         }
         cfg.liveness = url.take_liveness(cfg.liveness.clone())?;
         url.finish()?;

@@ -32,13 +32,7 @@ impl FromStr for DynamoDbConfig {
     fn from_str(s: &str) -> Result<Self> {
         let mut url = BackendUrl::parse(s)?;
         url.expect_scheme("dynamodb", FORM)?;
-        let table = url.authority().unwrap_or_default().to_string();
-        if table.is_empty() || !url.path().is_empty() {
-            return Err(Error::invalid(
-                "registry URL",
-                format!("{url}: expected {FORM}"),
-            ));
-        }
+        let table = url.name(FORM)?;
         let mut cfg = DynamoDbConfig::new(table);
         if let Some(region) = url.take("region") {
             cfg = cfg.with_region(region);
@@ -83,15 +77,8 @@ impl FromStr for DynamoDbConfig {
         if let Some(consistent) = url.take_bool("consistent_reads")? {
             cfg.consistent_reads = consistent;
         }
-        match (url.take("access_key_id"), url.take("secret_access_key")) {
-            (None, None) => {}
-            (Some(id), Some(secret)) => cfg = cfg.with_static_credentials(id, secret),
-            _ => {
-                return Err(Error::invalid(
-                    "registry URL",
-                    format!("{url}: access_key_id and secret_access_key go together"),
-                ))
-            }
+        if let Some((id, secret)) = url.take_pair("access_key_id", "secret_access_key")? {
+            cfg = cfg.with_static_credentials(id, secret);
         }
         cfg.liveness = url.take_liveness(cfg.liveness.clone())?;
         url.finish()?;

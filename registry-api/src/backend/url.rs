@@ -176,6 +176,33 @@ impl BackendUrl {
         auth.map(|a| a.rsplit_once('@').map_or(a, |(_, host)| host))
     }
 
+    /// The authority as a plain name (a table, a namespace), with no path
+    /// after it; an error naming `form` (what the URL should look like)
+    /// otherwise.
+    pub fn name(&self, form: &str) -> Result<String> {
+        match self.authority() {
+            Some(name) if !name.is_empty() && self.path().is_empty() => Ok(name.to_string()),
+            _ => Err(Error::invalid(FIELD, format!("{self}: expected {form}"))),
+        }
+    }
+
+    /// Take two parameters that go together (an access key and its
+    /// secret): both, or neither; one alone is an error naming both.
+    pub fn take_pair(
+        &mut self,
+        first: &'static str,
+        second: &'static str,
+    ) -> Result<Option<(String, String)>> {
+        match (self.take(first), self.take(second)) {
+            (None, None) => Ok(None),
+            (Some(a), Some(b)) => Ok(Some((a, b))),
+            _ => Err(Error::invalid(
+                FIELD,
+                format!("{self}: {first} and {second} go together"),
+            )),
+        }
+    }
+
     /// The authority's user and password, percent-decoded.
     pub fn userinfo(&self) -> Result<Option<(String, Option<String>)>> {
         let Some((info, _)) = self.split_authority().0.and_then(|a| a.rsplit_once('@')) else {
