@@ -9,6 +9,8 @@ mod backends;
 mod cli;
 #[cfg(feature = "http-api")]
 mod consul_agent;
+#[cfg(feature = "http-api")]
+mod consul_reads;
 mod crash;
 mod deploy;
 mod deploy_aws;
