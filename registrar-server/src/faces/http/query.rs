@@ -118,6 +118,7 @@ impl Query {
             if takes.contains(&k.as_str()) {
                 q.set(&k, v)?;
             } else if IGNORED.contains(&k.as_str()) {
+                // Accepted: it changes nothing in the answer.
             } else if k == "dc" {
                 let dc = v.unwrap_or_default();
                 if dc != own_dc {

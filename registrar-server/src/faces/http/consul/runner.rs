@@ -6,7 +6,8 @@
 //! `DeregisterCriticalServiceAfter`, timed from when this replica saw the
 //! check turn critical. Each tick observes every check of the cluster
 //! ([`Observations`]); a check's new state is written only when it
-//! changes.
+//! changes, and the result of an HTTP, TCP or gRPC check is damped as
+//! the check says ([`super::damping`]), its counts written with it.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasher;
