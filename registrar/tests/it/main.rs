@@ -11,6 +11,8 @@ mod cli;
 mod clocks;
 #[cfg(feature = "http-api")]
 mod consul_agent;
+#[cfg(feature = "http-api")]
+mod consul_reads;
 mod crash;
 mod deploy;
 mod deploy_aws;

@@ -4,6 +4,7 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
+use waypost::backend::quote;
 use waypost::{Error, ErrorKind};
 
 /// Why a request of the HTTP API failed; rendered as
@@ -22,6 +23,19 @@ pub enum ApiError {
         param: &'static str,
         /// What is wrong with it.
         reason: String,
+    },
+    /// A query parameter the route does not implement (refused rather
+    /// than ignored, so that a client never reads an answer that ignored
+    /// part of its question).
+    #[error(
+        "query parameter {}: not supported by this route (it takes {takes})",
+        quote(param)
+    )]
+    UnsupportedQuery {
+        /// The parameter's name, as sent (bounded).
+        param: String,
+        /// The parameters the route takes.
+        takes: String,
     },
     /// The registrar is shutting down.
     #[error("the registrar is shutting down")]
@@ -59,7 +73,9 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::NotReady | ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
-            ApiError::BadQuery { .. } => StatusCode::BAD_REQUEST,
+            ApiError::BadQuery { .. } | ApiError::UnsupportedQuery { .. } => {
+                StatusCode::BAD_REQUEST
+            }
             ApiError::BadBody { status, .. } | ApiError::Denied { status, .. } => *status,
             ApiError::Registry(e) => match e.kind() {
                 ErrorKind::InvalidInput => StatusCode::BAD_REQUEST,
@@ -78,6 +94,7 @@ impl ApiError {
     pub fn field(&self) -> Option<&str> {
         match self {
             ApiError::BadQuery { param, .. } => Some(param),
+            ApiError::UnsupportedQuery { param, .. } => Some(param),
             ApiError::Registry(Error::InvalidInput { field, .. }) => Some(field),
             _ => None,
         }

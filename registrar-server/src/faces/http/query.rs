@@ -1,4 +1,7 @@
-//! The query parameters the HTTP API understands.
+//! The query parameters the HTTP API understands. The registry's own
+//! routes ignore parameters they do not know; Consul's routes refuse them
+//! ([`Query::parse_consul`]), but for [`IGNORED`] and a `dc` naming the
+//! registrar's own cluster.
 
 use std::time::Duration;
 
@@ -6,7 +9,14 @@ use percent_encoding::percent_decode_str;
 
 use super::ApiError;
 
-/// A parsed query string; unknown parameters are ignored (as Consul does).
+/// Parameters Consul clients send that change nothing in an answer of
+/// the registrar, accepted (with any value) and ignored on every Consul
+/// route: the consistency modes (`stale`, `consistent`: every replica
+/// answers from its own state), `cached` (every answer is the state's),
+/// and `pretty` (answers are compact JSON either way).
+pub(crate) const IGNORED: [&str; 4] = ["stale", "consistent", "cached", "pretty"];
+
+/// A parsed query string.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct Query {
     /// `index`: block until the version differs from it.
@@ -15,8 +25,12 @@ pub(crate) struct Query {
     pub(crate) wait: Option<Duration>,
     /// `passing` (present, or `true`/`1`): healthy endpoints only.
     pub(crate) passing: bool,
-    /// `tag`: endpoints with this tag only.
-    pub(crate) tag: Option<String>,
+    /// `tag` (repeatable): endpoints with every one of these tags only.
+    pub(crate) tags: Vec<String>,
+    /// `filter`: Consul's filter expression.
+    pub(crate) filter: Option<String>,
+    /// `replace-existing-checks` (Consul's service registration).
+    pub(crate) replace_existing_checks: bool,
     /// `dc`: endpoints of this cluster only.
     pub(crate) dc: Option<String>,
     /// `status` (`GET /services`): `running` or `unhealthy`.
@@ -36,14 +50,27 @@ pub(crate) fn bounded(v: &str) -> String {
     v.chars().take(64).collect()
 }
 
-/// A flag's value: present without a value, `true`/`1`, or `false`/`0`.
+/// A boolean as Go's `strconv.ParseBool` reads it (how Consul reads its
+/// query parameters): `1 t T TRUE true True` or `0 f F FALSE false False`.
+pub(crate) fn parse_bool(v: &str) -> Option<bool> {
+    match v {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+/// A flag's value: present without a value (or empty) is true, else
+/// [`parse_bool`].
 fn flag(param: &'static str, v: Option<&str>) -> Result<bool, ApiError> {
     match v {
-        None | Some("") | Some("true") | Some("1") => Ok(true),
-        Some("false") | Some("0") => Ok(false),
-        Some(other) => Err(ApiError::BadQuery {
+        None | Some("") => Ok(true),
+        Some(v) => parse_bool(v).ok_or_else(|| ApiError::BadQuery {
             param,
-            reason: format!("{:?} is not true or false", bounded(other)),
+            reason: format!(
+                "{:?} is not a boolean (1, t, T, TRUE, true, True, 0, f, F, FALSE, false, False)",
+                bounded(v)
+            ),
         }),
     }
 }
@@ -54,48 +81,108 @@ fn decode(s: &str) -> String {
         .into_owned()
 }
 
+/// The pairs of a query string, decoded (a parameter without `=` has no
+/// value).
+fn pairs(raw: Option<&str>) -> impl Iterator<Item = (String, Option<String>)> + '_ {
+    raw.unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|pair| match pair.split_once('=') {
+            Some((k, v)) => (decode(k), Some(decode(v))),
+            None => (decode(pair), None),
+        })
+}
+
 impl Query {
-    /// Parse `raw` (the part after `?`).
+    /// Parse `raw` (the part after `?`), ignoring parameters it does not
+    /// know (the registry's own routes).
     pub(crate) fn parse(raw: Option<&str>) -> Result<Self, ApiError> {
         let mut q = Query::default();
-        for pair in raw.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = match pair.split_once('=') {
-                Some((k, v)) => (decode(k), Some(decode(v))),
-                None => (decode(pair), None),
-            };
-            match k.as_str() {
-                "index" => {
-                    let v = v.unwrap_or_default();
-                    q.index = Some(v.parse().map_err(|_| ApiError::BadQuery {
-                        param: "index",
-                        reason: format!("{:?} is not a whole number", bounded(&v)),
-                    })?);
+        for (k, v) in pairs(raw) {
+            q.set(&k, v)?;
+        }
+        Ok(q)
+    }
+
+    /// Parse `raw` for a Consul route that implements the parameters
+    /// `takes`: any other is refused, but for [`IGNORED`] and a `dc` that
+    /// names `own_dc` (the registrar's cluster) on a route that does not
+    /// take `dc` itself.
+    pub(crate) fn parse_consul(
+        raw: Option<&str>,
+        takes: &[&str],
+        own_dc: &str,
+    ) -> Result<Self, ApiError> {
+        let mut q = Query::default();
+        for (k, v) in pairs(raw) {
+            if takes.contains(&k.as_str()) {
+                q.set(&k, v)?;
+            } else if IGNORED.contains(&k.as_str()) {
+                // Accepted: it changes nothing in the answer.
+            } else if k == "dc" {
+                let dc = v.unwrap_or_default();
+                if dc != own_dc {
+                    return Err(ApiError::BadQuery {
+                        param: "dc",
+                        reason: format!(
+                            "{:?} is not this agent's datacenter, {own_dc:?}: the agent's routes answer for their own datacenter only",
+                            bounded(&dc)
+                        ),
+                    });
                 }
-                "wait" => {
-                    let v = v.unwrap_or_default();
-                    q.wait =
-                        Some(
-                            humantime::parse_duration(&v).map_err(|e| ApiError::BadQuery {
-                                param: "wait",
-                                reason: format!(
-                                    "{:?} is not a duration such as 5s or 1m: {e}",
-                                    bounded(&v)
-                                ),
-                            })?,
-                        );
+            } else {
+                let mut all: Vec<&str> = takes.to_vec();
+                all.extend(IGNORED);
+                if !takes.contains(&"dc") {
+                    all.push("dc");
                 }
-                "passing" => q.passing = flag("passing", v.as_deref())?,
-                "healthy" => q.healthy = flag("healthy", v.as_deref())?,
-                "cluster" => q.cluster = v,
-                "ack" => q.ack = v,
-                "note" => q.note = v,
-                "tag" => q.tag = v,
-                "dc" => q.dc = v,
-                "status" => q.status = v,
-                _ => {}
+                return Err(ApiError::UnsupportedQuery {
+                    param: bounded(&k),
+                    takes: all.join(", "),
+                });
             }
         }
         Ok(q)
+    }
+
+    /// Set parameter `k` (ignored when unknown).
+    fn set(&mut self, k: &str, v: Option<String>) -> Result<(), ApiError> {
+        match k {
+            "index" => {
+                let v = v.unwrap_or_default();
+                self.index = Some(v.parse().map_err(|_| ApiError::BadQuery {
+                    param: "index",
+                    reason: format!("{:?} is not a whole number", bounded(&v)),
+                })?);
+            }
+            "wait" => {
+                let v = v.unwrap_or_default();
+                self.wait =
+                    Some(
+                        humantime::parse_duration(&v).map_err(|e| ApiError::BadQuery {
+                            param: "wait",
+                            reason: format!(
+                                "{:?} is not a duration such as 5s or 1m: {e}",
+                                bounded(&v)
+                            ),
+                        })?,
+                    );
+            }
+            "passing" => self.passing = flag("passing", v.as_deref())?,
+            "healthy" => self.healthy = flag("healthy", v.as_deref())?,
+            "replace-existing-checks" => {
+                self.replace_existing_checks = flag("replace-existing-checks", v.as_deref())?
+            }
+            "cluster" => self.cluster = v,
+            "ack" => self.ack = v,
+            "note" => self.note = v,
+            "tag" => self.tags.extend(v),
+            "dc" => self.dc = v.filter(|d| !d.is_empty()),
+            "status" => self.status = v,
+            "filter" => self.filter = v.filter(|f| !f.trim().is_empty()),
+            _ => {}
+        }
+        Ok(())
     }
 }
 
@@ -109,7 +196,7 @@ mod tests {
         assert_eq!(q.index, Some(42));
         assert_eq!(q.wait, Some(Duration::from_secs(5)));
         assert!(q.passing);
-        assert_eq!(q.tag.as_deref(), Some("v 1"));
+        assert_eq!(q.tags, ["v 1"]);
         assert!(!Query::parse(Some("passing=false")).expect("parses").passing);
         let q = Query::parse(Some("healthy=true&cluster=east&ack=durable")).expect("parses");
         assert!(q.healthy);
@@ -125,11 +212,55 @@ mod tests {
             ("wait=soon", "wait"),
             ("passing=maybe", "passing"),
             ("healthy=yes", "healthy"),
+            ("passing=on", "passing"),
         ] {
             match Query::parse(Some(raw)) {
                 Err(ApiError::BadQuery { param: p, .. }) => assert_eq!(p, param),
                 other => panic!("{raw}: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn booleans_read_as_go_s_parse_bool() {
+        for v in ["1", "t", "T", "TRUE", "true", "True", ""] {
+            let q = Query::parse(Some(&format!("passing={v}"))).expect("parses");
+            assert!(q.passing, "{v}");
+        }
+        for v in ["0", "f", "F", "FALSE", "false", "False"] {
+            let q = Query::parse(Some(&format!("passing={v}"))).expect("parses");
+            assert!(!q.passing, "{v}");
+        }
+        assert_eq!(parse_bool("True"), Some(true));
+        assert_eq!(parse_bool("yes"), None);
+        assert_eq!(parse_bool("tRUE"), None);
+    }
+
+    #[test]
+    fn consul_routes_refuse_what_they_do_not_take_naming_it() {
+        let takes = ["index", "wait", "tag", "filter"];
+        let q = Query::parse_consul(
+            Some("tag=a&tag=b&stale&consistent=1&cached&pretty&dc=east&filter=x"),
+            &takes,
+            "east",
+        )
+        .expect("parses");
+        assert_eq!(q.tags, ["a", "b"]);
+        assert_eq!(q.filter.as_deref(), Some("x"));
+        assert_eq!(q.dc, None);
+        match Query::parse_consul(Some("near=_agent"), &takes, "east") {
+            Err(e @ ApiError::UnsupportedQuery { .. }) => {
+                assert_eq!(e.field(), Some("near"));
+                assert!(e.to_string().contains("filter"), "{e}");
+            }
+            other => panic!("{other:?}"),
+        }
+        match Query::parse_consul(Some("dc=west"), &takes, "east") {
+            Err(e @ ApiError::BadQuery { .. }) => assert_eq!(e.field(), Some("dc")),
+            other => panic!("{other:?}"),
+        }
+        // A route that takes `dc` filters by it.
+        let q = Query::parse_consul(Some("dc=west"), &["dc"], "east").expect("parses");
+        assert_eq!(q.dc.as_deref(), Some("west"));
     }
 }

@@ -16,12 +16,12 @@ use waypost::backend::quote;
 use waypost::{Endpoint, EndpointKey, Error, Op, Snapshot};
 
 use super::body::{self, Registration};
-use super::check::{self, Probe, Status};
-use super::shapes::{self, ConsulService, HealthCheck, TAGS_LABEL};
-use super::{Consul, PeerIp};
+use super::check::{self, Check, Probe, Status};
+use super::filter::{self, CHECKS, SERVICES};
+use super::shapes::{self, ConsulService, HealthCheck, TAGS_LABEL, WEIGHT_LABEL};
+use super::{consul_query, filter_of, Consul, PeerIp};
 use crate::auth::Caller;
 use crate::engine::registrar::Registrar;
-use crate::faces::http::query::Query;
 use crate::faces::http::write::{body_error, write};
 use crate::faces::http::{json_response, ApiError};
 
@@ -90,8 +90,25 @@ fn consul_field(e: Error) -> Error {
     }
 }
 
+/// Check `c` registered again where `old` was: it counts one more report
+/// (so that every replica starts its TTL again); with the same
+/// definition, it keeps `old`'s state, and the counts of its damping when
+/// the thresholds are the same.
+fn carry_over(old: Check, c: &mut Check) {
+    c.reports = old.reports.wrapping_add(1);
+    if old.probe == c.probe {
+        c.status = old.status;
+        c.output = old.output;
+        c.since_ms = old.since_ms;
+        if old.damping.thresholds() == c.damping {
+            c.damping = old.damping;
+        }
+    }
+}
+
 /// The endpoint a registration describes. A check registered again with
-/// the same definition keeps the state it had; registered again at all,
+/// the same definition keeps the state it had (and the counts of its
+/// damping, with the same thresholds); registered again at all,
 /// it counts one more report, so that every replica starts its TTL again.
 fn endpoint(
     reg: Registration,
@@ -115,14 +132,22 @@ fn endpoint(
     if !reg.tags.is_empty() {
         e.labels.insert(TAGS_LABEL.to_string(), reg.tags.join(","));
     }
+    if let Some(w) = reg.weight {
+        let w = w.to_string();
+        if let Some(given) = e.labels.get(WEIGHT_LABEL).filter(|g| **g != w) {
+            return Err(Error::invalid(
+                format!("Meta[{}]", quote(WEIGHT_LABEL)),
+                format!(
+                    "{} differs from Weights.Passing ({w}), which the registrar keeps as this label",
+                    quote(given)
+                ),
+            ));
+        }
+        e.labels.insert(WEIGHT_LABEL.to_string(), w);
+    }
     for (id, mut c) in reg.checks {
         if let Some(old) = current.and_then(|cur| check::check(cur, &id)) {
-            c.reports = old.reports.wrapping_add(1);
-            if old.probe == c.probe {
-                c.status = old.status;
-                c.output = old.output;
-                c.since_ms = old.since_ms;
-            }
+            carry_over(old, &mut c);
         }
         check::put(&mut e, &id, &c);
     }
@@ -137,8 +162,12 @@ pub(super) async fn register(
     Extension(caller): Extension<Caller>,
     Extension(consul): Extension<Consul>,
     peer: Option<Extension<PeerIp>>,
+    RawQuery(raw): RawQuery,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    // A registration always carries all of the service's checks: what
+    // `replace-existing-checks` asks for is what happens.
+    consul_query(&registrar, raw.as_deref(), &["replace-existing-checks"])?;
     let body = body.map_err(body_error)?;
     let reg = body::registration(&body, check::now_ms())?;
     let address = match (&reg.address, peer) {
@@ -186,22 +215,32 @@ pub(super) async fn deregister(
     State(registrar): State<Arc<Registrar>>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
+    consul_query(&registrar, raw.as_deref(), &[])?;
     let snap = state(&registrar)?;
     let e = by_id(&snap, &registrar, &caller, &id)?;
     write(&registrar, &caller, Op::Deregister(e.key()), None, &e.node).await
 }
 
-/// `GET /v1/agent/services`: `{"<id>": {…}, …}`.
+/// `GET /v1/agent/services`: `{"<id>": {…}, …}` (`?filter=`).
 pub(super) async fn services(
     State(registrar): State<Arc<Registrar>>,
     Extension(caller): Extension<Caller>,
+    RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
+    let q = consul_query(&registrar, raw.as_deref(), &["filter"])?;
+    let f = filter_of(&q, SERVICES)?;
     let snap = state(&registrar)?;
     let mut out: BTreeMap<&str, ConsulService> = BTreeMap::new();
     for e in agent_endpoints(&snap, &registrar, &caller) {
-        out.entry(e.id.as_str())
-            .or_insert_with(|| ConsulService::from_endpoint(e));
+        if out.contains_key(e.id.as_str()) {
+            continue;
+        }
+        let s = ConsulService::from_endpoint(e);
+        if f.as_ref().is_none_or(|f| filter::passes(f, &s)) {
+            out.insert(e.id.as_str(), s);
+        }
     }
     Ok(json_response(StatusCode::OK, &out, None))
 }
@@ -212,7 +251,9 @@ pub(super) async fn services(
 pub(super) async fn agent_self(
     State(registrar): State<Arc<Registrar>>,
     Extension(caller): Extension<Caller>,
-) -> Response {
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    consul_query(&registrar, raw.as_deref(), &[])?;
     let cluster = registrar.config().cluster_name.as_str();
     let node = caller.node().unwrap_or("registrar");
     let body = serde_json::json!({
@@ -224,7 +265,7 @@ pub(super) async fn agent_self(
         },
         "Member": {"Name": node, "Tags": {"dc": cluster}},
     });
-    json_response(StatusCode::OK, &body, None)
+    Ok(json_response(StatusCode::OK, &body, None))
 }
 
 /// `GET /v1/agent/service/<id>`.
@@ -232,7 +273,9 @@ pub(super) async fn service(
     State(registrar): State<Arc<Registrar>>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
+    consul_query(&registrar, raw.as_deref(), &[])?;
     let snap = state(&registrar)?;
     let e = by_id(&snap, &registrar, &caller, &id)?;
     Ok(json_response(
@@ -243,14 +286,18 @@ pub(super) async fn service(
 }
 
 /// `GET /v1/agent/checks`: `{"<check id>": {…}, …}`, the checks
-/// registered through the agent API.
+/// registered through the agent API (`?filter=`).
 pub(super) async fn checks(
     State(registrar): State<Arc<Registrar>>,
     Extension(caller): Extension<Caller>,
+    RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
+    let q = consul_query(&registrar, raw.as_deref(), &["filter"])?;
+    let f = filter_of(&q, CHECKS)?;
     let snap = state(&registrar)?;
     let out: BTreeMap<String, HealthCheck> = agent_endpoints(&snap, &registrar, &caller)
         .flat_map(shapes::own_checks)
+        .filter(|c| f.as_ref().is_none_or(|f| filter::passes(f, c)))
         .map(|c| (c.check_id().to_string(), c))
         .collect();
     Ok(json_response(StatusCode::OK, &out, None))
@@ -276,7 +323,9 @@ pub(super) async fn pass_warn_fail(
             .into())
         }
     };
-    let note = Query::parse(raw.as_deref())?.note.unwrap_or_default();
+    let note = consul_query(&registrar.0, raw.as_deref(), &["note"])?
+        .note
+        .unwrap_or_default();
     report(registrar, caller, consul, id, status, note).await
 }
 
@@ -286,8 +335,10 @@ pub(super) async fn update(
     caller: Extension<Caller>,
     consul: Extension<Consul>,
     Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    consul_query(&registrar.0, raw.as_deref(), &[])?;
     let body = body.map_err(body_error)?;
     let (status, output) = body::update(&body)?;
     report(registrar, caller, consul, id, status, output).await
@@ -331,4 +382,60 @@ async fn report(
         Some(updated) => write(&registrar, &caller, Op::Register(updated), None, &e.node).await,
         None => Ok(json_response(StatusCode::OK, &(), None)),
     }
+}
+
+/// `PUT /v1/agent/check/register`: a check of the agent service
+/// `ServiceID`, registered apart from the service (or registered again:
+/// with the same definition, it keeps its state).
+pub(super) async fn register_check(
+    State(registrar): State<Arc<Registrar>>,
+    Extension(caller): Extension<Caller>,
+    Extension(consul): Extension<Consul>,
+    RawQuery(raw): RawQuery,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    consul_query(&registrar, raw.as_deref(), &[])?;
+    let body = body.map_err(body_error)?;
+    let reg = body::check_registration(&body, check::now_ms())?;
+    let snap = state(&registrar)?;
+    let e = by_id(&snap, &registrar, &caller, &reg.service_id)?;
+    if let Some(holder) = consul
+        .view
+        .check_owner(&reg.check_id)
+        .filter(|k| *k != e.key())
+    {
+        return Err(Error::conflict(format!(
+            "check ID {} is already a check of {}/{}",
+            quote(&reg.check_id),
+            quote(&holder.service),
+            quote(&holder.id)
+        ))
+        .into());
+    }
+    let mut c = reg.check;
+    if let Some(old) = check::check(e, &reg.check_id) {
+        carry_over(old, &mut c);
+    }
+    let mut updated = e.clone();
+    check::put(&mut updated, &reg.check_id, &c);
+    waypost::backend::validate_endpoint(&updated).map_err(consul_field)?;
+    write(&registrar, &caller, Op::Register(updated), None, &e.node).await
+}
+
+/// `PUT /v1/agent/check/deregister/<check id>`: the check is removed from
+/// its service (the service stays).
+pub(super) async fn deregister_check(
+    State(registrar): State<Arc<Registrar>>,
+    Extension(caller): Extension<Caller>,
+    Extension(consul): Extension<Consul>,
+    Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    consul_query(&registrar, raw.as_deref(), &[])?;
+    let unknown = || Error::not_found(format!("check ID {}", quote(&id)));
+    let key = consul.view.check_owner(&id).ok_or_else(unknown)?;
+    let snap = state(&registrar)?;
+    let e = snap.get(&key).ok_or_else(unknown)?;
+    let updated = check::without(e, &id).ok_or_else(unknown)?;
+    write(&registrar, &caller, Op::Register(updated), None, &e.node).await
 }

@@ -10,6 +10,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use waypost::{Endpoint, Health};
 
+use super::damping::Damping;
+
 /// The prefix of a check's label key; the rest is its `CheckID`.
 pub(crate) const LABEL_PREFIX: &str = "consul.check/";
 
@@ -136,6 +138,11 @@ pub(crate) struct Check {
     /// ever compared for equality; 0 in a label written without it.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub(crate) reports: u64,
+    /// `SuccessBeforePassing`, `FailuresBeforeWarning`,
+    /// `FailuresBeforeCritical` and the counts toward a change (checks the
+    /// registrar runs only; absent when there is no damping).
+    #[serde(flatten)]
+    pub(crate) damping: Damping,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -209,6 +216,16 @@ pub(crate) fn put(e: &mut Endpoint, id: &str, check: &Check) {
     e.health = health_of(&all);
 }
 
+/// `e` without its check `id` (its health set from the checks left), or
+/// `None` when it has no such check.
+pub(crate) fn without(e: &Endpoint, id: &str) -> Option<Endpoint> {
+    let mut updated = e.clone();
+    updated.labels.remove(&label_key(id))?;
+    let all: Vec<Check> = checks(&updated).map(|(_, c)| c).collect();
+    updated.health = health_of(&all);
+    Some(updated)
+}
+
 /// `e` with check `id` set to `status` (and `output`), or `None` when the
 /// check is not there or already has that status: only a change of state
 /// is written.
@@ -225,6 +242,33 @@ pub(crate) fn with_status(
     c.status = status;
     c.output = waypost::backend::prefix(output, MAX_OUTPUT_CHARS).into_owned();
     c.since_ms = now_ms();
+    let mut updated = e.clone();
+    put(&mut updated, id, &c);
+    Some(updated)
+}
+
+/// `e` after a run of its check `id` gave `result` (with `output`),
+/// damped as the check says ([`Damping`]): the status changes when the
+/// counts reach their thresholds, and the counts are stored meanwhile.
+/// `None` when nothing stored changes (or the check is not there).
+pub(crate) fn with_result(
+    e: &Endpoint,
+    id: &str,
+    result: Status,
+    output: &str,
+    now_ms: u64,
+) -> Option<Endpoint> {
+    let before = check(e, id)?;
+    let mut c = before.clone();
+    let status = c.damping.apply(c.status, result);
+    if status != c.status {
+        c.status = status;
+        c.output = waypost::backend::prefix(output, MAX_OUTPUT_CHARS).into_owned();
+        c.since_ms = now_ms;
+    }
+    if c == before {
+        return None;
+    }
     let mut updated = e.clone();
     put(&mut updated, id, &c);
     Some(updated)
@@ -274,6 +318,7 @@ mod tests {
             since_ms: 1,
             expires_ms: None,
             reports: 0,
+            damping: Damping::default(),
         }
     }
 
@@ -338,6 +383,7 @@ mod tests {
             since_ms: 7,
             expires_ms: None,
             reports: 3,
+            damping: Damping::default(),
         };
         put(&mut e, "service:a", &http);
         assert_eq!(check(&e, "service:a"), Some(http));
@@ -358,5 +404,37 @@ mod tests {
         assert!(with_status(&back, "two", Status::Passing, "again").is_none());
         assert!(with_status(&back, "nope", Status::Critical, "").is_none());
         assert_eq!(check_ids(&back).collect::<Vec<_>>(), vec!["one", "two"]);
+    }
+
+    #[test]
+    fn a_result_is_damped_and_its_counts_are_stored_with_the_check() {
+        let mut e = Endpoint::new("web", "a", "10.0.0.1", 80);
+        let mut c = ttl(Status::Passing);
+        c.probe = Probe::Tcp {
+            target: "127.0.0.1:1".into(),
+            interval_ms: 1000,
+            timeout_ms: 1000,
+        };
+        c.damping = Damping::new(0, None, 3).unwrap();
+        put(&mut e, "tcp", &c);
+        // A result that changes nothing writes nothing.
+        assert!(with_result(&e, "tcp", Status::Passing, "ok", 5).is_none());
+        // Two failures are counted, in the label; the third turns it critical.
+        let one = with_result(&e, "tcp", Status::Critical, "refused", 5).unwrap();
+        assert!(one.labels[&label_key("tcp")].contains(r#""failures":1"#));
+        assert_eq!(check(&one, "tcp").unwrap().status, Status::Passing);
+        let two = with_result(&one, "tcp", Status::Critical, "refused", 6).unwrap();
+        let three = with_result(&two, "tcp", Status::Critical, "refused", 7).unwrap();
+        let c = check(&three, "tcp").unwrap();
+        assert_eq!(
+            (c.status, c.output.as_str(), c.since_ms, c.damping.failures),
+            (Status::Critical, "refused", 7, 0)
+        );
+        assert_eq!(three.health, Health::Unhealthy);
+        // A pass between failures starts the count again.
+        let back = with_result(&one, "tcp", Status::Passing, "ok", 8).unwrap();
+        assert_eq!(check(&back, "tcp").unwrap().damping.failures, 0);
+        assert!(without(&three, "tcp").is_some_and(|e| e.health == Health::Healthy));
+        assert!(without(&three, "nope").is_none());
     }
 }

@@ -6,7 +6,8 @@
 //! `DeregisterCriticalServiceAfter`, timed from when this replica saw the
 //! check turn critical. Each tick observes every check of the cluster
 //! ([`Observations`]); a check's new state is written only when it
-//! changes.
+//! changes, and the result of an HTTP, TCP or gRPC check is damped as
+//! the check says ([`super::damping`]), its counts written with it.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasher;
@@ -224,8 +225,8 @@ impl Runner {
         let (registrar, prober, probe) =
             (Arc::clone(&self.registrar), self.prober.clone(), c.probe);
         self.running.spawn(async move {
-            let (status, output) = prober.run(&probe).await;
-            set_status(&registrar, &key, &id, status, &output).await;
+            let (result, output) = prober.run(&probe).await;
+            record_result(&registrar, &key, &id, result, &output).await;
             Done::Ran(id)
         });
     }
@@ -249,20 +250,26 @@ async fn expire(
     set_status_if(registrar, key, id, Status::Critical, &output, still).await;
 }
 
-/// Write check `id` of endpoint `key` as `status` when that is a change;
-/// whether the state is now stored (`false` when the write failed).
-pub(crate) async fn set_status(
+/// Record a run of check `id` of endpoint `key` that gave `result`,
+/// damped as the check says ([`check::with_result`]): its new status or
+/// its counts are written when they change.
+async fn record_result(
     registrar: &Arc<Registrar>,
     key: &EndpointKey,
     id: &str,
-    status: Status,
+    result: Status,
     output: &str,
 ) -> bool {
-    set_status_if(registrar, key, id, status, output, |_| true).await
+    let now_ms = check::now_ms();
+    write_check(registrar, key, id, |e| {
+        check::with_result(e, id, result, output, now_ms)
+    })
+    .await
 }
 
-/// [`set_status`], on condition that the check as the state holds it now
-/// satisfies `still` (nothing is written otherwise).
+/// Write check `id` of endpoint `key` as `status` when that is a change,
+/// on condition that the check as the state holds it now satisfies
+/// `still` (nothing is written otherwise).
 async fn set_status_if(
     registrar: &Arc<Registrar>,
     key: &EndpointKey,
@@ -271,21 +278,45 @@ async fn set_status_if(
     output: &str,
     still: impl FnOnce(&check::Check) -> bool,
 ) -> bool {
+    write_check(registrar, key, id, |e| {
+        check::check(e, id)
+            .filter(|c| still(c))
+            .and_then(|_| check::with_status(e, id, status, output))
+    })
+    .await
+}
+
+/// Write endpoint `key` as `update` makes it from the state's copy
+/// (`None`: nothing to write); whether the state is now stored (`false`
+/// when the write failed).
+async fn write_check(
+    registrar: &Arc<Registrar>,
+    key: &EndpointKey,
+    id: &str,
+    update: impl FnOnce(&waypost::Endpoint) -> Option<waypost::Endpoint>,
+) -> bool {
     let Some(snap) = registrar.state().store().snapshot() else {
         return false;
     };
     let Some(e) = snap.get(key) else {
         return true;
     };
-    if !check::check(e, id).is_some_and(|c| still(&c)) {
-        return true;
-    }
-    let Some(updated) = check::with_status(e, id, status, output) else {
+    let before = check::check(e, id).map(|c| c.status);
+    let Some(updated) = update(e) else {
         return true;
     };
+    let after = check::check(&updated, id);
     match registrar.write(Op::Register(updated), None).await {
         Ok(_) => {
-            tracing::info!(check = id, service = %key.service, id = %key.id, status = status.as_str(), output, "check changed state");
+            match after {
+                Some(c) if Some(c.status) != before => {
+                    tracing::info!(check = id, service = %key.service, id = %key.id, status = c.status.as_str(), output = %c.output, "check changed state");
+                }
+                Some(c) => {
+                    tracing::debug!(check = id, service = %key.service, id = %key.id, successes = c.damping.successes, failures = c.damping.failures, "check result counted toward a change");
+                }
+                None => {}
+            }
             true
         }
         Err(e) => {

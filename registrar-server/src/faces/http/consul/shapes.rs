@@ -6,7 +6,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::Serialize;
 use waypost::{Endpoint, Health};
 
+use super::body::MAX_WEIGHT;
 use super::check::{self, Check, Status};
+
+/// The registry's well-known label for an endpoint's load-balancing
+/// weight: Consul's `Weights.Passing`.
+pub(crate) const WEIGHT_LABEL: &str = "weight";
 
 /// The label whose value (comma-separated) becomes Consul's `Tags`.
 pub(crate) const TAGS_LABEL: &str = "tags";
@@ -47,7 +52,9 @@ fn meta(e: &Endpoint) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// Consul's `Weights` (the registry has none: the defaults).
+/// Consul's `Weights`: `Passing` from the endpoint's `weight` label (1
+/// without one, or when it is not a whole number from 1 to
+/// [`MAX_WEIGHT`]), `Warning` 1.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "PascalCase")]
 pub(crate) struct Weights {
@@ -55,10 +62,21 @@ pub(crate) struct Weights {
     warning: u32,
 }
 
-const WEIGHTS: Weights = Weights {
-    passing: 1,
-    warning: 1,
-};
+impl Weights {
+    /// The weights of `e`.
+    pub(crate) fn of(e: &Endpoint) -> Self {
+        let passing = e
+            .labels
+            .get(WEIGHT_LABEL)
+            .and_then(|w| w.trim().parse::<u32>().ok())
+            .filter(|w| (1..=MAX_WEIGHT).contains(w))
+            .unwrap_or(1);
+        Self {
+            passing,
+            warning: 1,
+        }
+    }
+}
 
 /// One entry of `GET /v1/health/service/<name>`.
 #[derive(Debug, Serialize)]
@@ -69,13 +87,33 @@ pub(crate) struct ServiceEntry {
     checks: Vec<HealthCheck>,
 }
 
-/// Consul's `Node`: the endpoint's node; its cluster as the datacenter.
+/// Consul's `Node`: the endpoint's node (its address the endpoint's: the
+/// registry keeps no node addresses); its cluster as the datacenter.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "PascalCase")]
-struct ConsulNode {
+pub(crate) struct ConsulNode {
+    /// Consul's node UUID: the registry has none.
+    #[serde(rename = "ID")]
+    id: String,
     node: String,
     address: String,
     datacenter: String,
+    tagged_addresses: BTreeMap<String, String>,
+    meta: BTreeMap<String, String>,
+}
+
+impl ConsulNode {
+    /// The node `e` is shown under.
+    pub(crate) fn from_endpoint(e: &Endpoint) -> Self {
+        Self {
+            id: String::new(),
+            node: node_name(e).to_string(),
+            address: e.address.clone(),
+            datacenter: e.cluster.clone(),
+            tagged_addresses: BTreeMap::new(),
+            meta: BTreeMap::new(),
+        }
+    }
 }
 
 /// Consul's `Service` (also what `/v1/agent/services` lists).
@@ -103,7 +141,7 @@ impl ConsulService {
             address: e.address.clone(),
             port: e.port,
             meta: meta(e),
-            weights: WEIGHTS,
+            weights: Weights::of(e),
             enable_tag_override: false,
             datacenter: e.cluster.clone(),
         }
@@ -184,6 +222,11 @@ impl HealthCheck {
     pub(crate) fn check_id(&self) -> &str {
         &self.check_id
     }
+
+    /// Its `Status`.
+    pub(crate) fn status(&self) -> &str {
+        self.status
+    }
 }
 
 /// Whether every check of `e` passes (Consul's `?passing`: a warning does
@@ -195,11 +238,7 @@ pub(crate) fn passing(e: &Endpoint) -> bool {
 impl ServiceEntry {
     pub(crate) fn from_endpoint(e: &Endpoint) -> Self {
         Self {
-            node: ConsulNode {
-                node: node_name(e).to_string(),
-                address: e.address.clone(),
-                datacenter: e.cluster.clone(),
-            },
+            node: ConsulNode::from_endpoint(e),
             service: ConsulService::from_endpoint(e),
             checks: health_checks(e),
         }
@@ -240,7 +279,7 @@ impl CatalogService {
             service_address: e.address.clone(),
             service_port: e.port,
             service_meta: meta(e),
-            service_weights: WEIGHTS,
+            service_weights: Weights::of(e),
             service_enable_tag_override: false,
         }
     }
@@ -271,6 +310,20 @@ mod tests {
     }
 
     #[test]
+    fn weights_passing_is_the_weight_label_when_it_is_a_weight() {
+        let weight = |w: &str| {
+            let e = Endpoint::new("web", "a", "10.0.0.1", 80).with_label("weight", w);
+            serde_json::to_value(ConsulService::from_endpoint(&e)).expect("serializes")["Weights"]
+                .clone()
+        };
+        assert_eq!(weight("7"), serde_json::json!({"Passing": 7, "Warning": 1}));
+        assert_eq!(weight("65535")["Passing"], 65535);
+        for bad in ["0", "65536", "x", "-1"] {
+            assert_eq!(weight(bad)["Passing"], 1, "{bad}");
+        }
+    }
+
+    #[test]
     fn consul_entry_has_consul_field_names() {
         let e = Endpoint::new("web", "a", "10.0.0.1", 80)
             .with_node("n1")
@@ -295,6 +348,7 @@ mod tests {
             since_ms: 1,
             expires_ms: None,
             reports: 0,
+            damping: Default::default(),
         };
         check::put(&mut e, "service:a", &warn);
         let v = serde_json::to_value(ServiceEntry::from_endpoint(&e)).expect("serializes");

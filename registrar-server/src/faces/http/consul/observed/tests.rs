@@ -28,6 +28,7 @@ fn ttl_check(status: Status, wall_ms: u64) -> Check {
         since_ms: wall_ms,
         expires_ms: Some(wall_ms + TTL),
         reports: 0,
+        damping: Default::default(),
     }
 }
 

@@ -18,6 +18,7 @@ use waypost::backend::quote;
 use waypost::Error;
 
 use super::check::{Check, Probe, Status};
+use super::damping::Damping;
 
 /// Consul's default check timeout.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -132,6 +133,17 @@ impl<'a> Obj<'a> {
         }
     }
 
+    /// A count: a whole number from 0 to 2^32 - 1.
+    fn count(&self, name: &str) -> Result<Option<u32>, Error> {
+        let Some(v) = self.get(name) else {
+            return Ok(None);
+        };
+        v.as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .map(Some)
+            .ok_or_else(|| Error::invalid(self.field(name), must_be("a whole number", v)))
+    }
+
     /// Refuse `name` when it is present and not empty: a feature the
     /// registrar does not have, named rather than ignored.
     fn unsupported(&self, name: &str, why: &str) -> Result<(), Error> {
@@ -159,6 +171,8 @@ pub(crate) struct Registration {
     pub(crate) address: Option<String>,
     pub(crate) port: u16,
     pub(crate) meta: BTreeMap<String, String>,
+    /// `Weights.Passing`, when given.
+    pub(crate) weight: Option<u32>,
     /// Each check with its id.
     pub(crate) checks: Vec<(String, Check)>,
 }
@@ -180,6 +194,7 @@ pub(crate) fn registration(body: &[u8], now_ms: u64) -> Result<Registration, Err
     let address = o.text("Address")?;
     let port = port(&o)?;
     let meta = meta(&o)?;
+    let weight = weights(&o)?;
     plain_service(&o)?;
     let checks = checks(&o, &name, &id, now_ms)?;
     Ok(Registration {
@@ -189,8 +204,33 @@ pub(crate) fn registration(body: &[u8], now_ms: u64) -> Result<Registration, Err
         address,
         port,
         meta,
+        weight,
         checks,
     })
+}
+
+/// The largest `Weights.Passing` taken (the registry's `weight` label
+/// holds 1 to this).
+pub(crate) const MAX_WEIGHT: u32 = 65_535;
+
+/// `Weights`: `Passing` is kept (1 to [`MAX_WEIGHT`]); `Warning` must be
+/// a whole number, and is not kept (Consul's answers show 1).
+fn weights(o: &Obj<'_>) -> Result<Option<u32>, Error> {
+    let Some(w) = o.get("Weights") else {
+        return Ok(None);
+    };
+    let w = Obj::new(w, "Weights.".to_string())?;
+    w.count("Warning")?;
+    let Some(passing) = w.count("Passing")? else {
+        return Ok(None);
+    };
+    if !(1..=MAX_WEIGHT).contains(&passing) {
+        return Err(Error::invalid(
+            "Weights.Passing",
+            format!("{passing} is not a weight from 1 to {MAX_WEIGHT}"),
+        ));
+    }
+    Ok(Some(passing))
 }
 
 /// `Tags`: strings without commas.
@@ -323,6 +363,7 @@ fn check(c: &Obj<'_>, service: &str, now_ms: u64) -> Result<Check, Error> {
         None => Status::Critical,
         Some(s) => Status::parse(&s).ok_or_else(|| not_a_status(c.field("Status"), &s))?,
     };
+    let damping = damping(c, &probe)?;
     let mut check = Check {
         name: c
             .text("Name")?
@@ -334,9 +375,43 @@ fn check(c: &Obj<'_>, service: &str, now_ms: u64) -> Result<Check, Error> {
         since_ms: now_ms,
         expires_ms: None,
         reports: 0,
+        damping,
     };
     check.expires_ms = check.deadline_from(now_ms);
     Ok(check)
+}
+
+/// `SuccessBeforePassing`, `FailuresBeforeWarning` and
+/// `FailuresBeforeCritical`: for the checks the registrar runs (a TTL
+/// check's reports apply as they come).
+fn damping(c: &Obj<'_>, probe: &Probe) -> Result<Damping, Error> {
+    let success = c.count("SuccessBeforePassing")?;
+    let warning = c.count("FailuresBeforeWarning")?;
+    let critical = c.count("FailuresBeforeCritical")?;
+    if let Probe::Ttl { .. } = probe {
+        for (name, n) in [
+            ("SuccessBeforePassing", success),
+            ("FailuresBeforeWarning", warning),
+            ("FailuresBeforeCritical", critical),
+        ] {
+            if n.is_some_and(|n| n > 1) {
+                return Err(Error::invalid(
+                    c.field(name),
+                    "applies to HTTP, TCP and gRPC checks, which the registrar runs; a TTL check takes each report as it comes",
+                ));
+            }
+        }
+    }
+    let critical_n = critical.unwrap_or(0);
+    Damping::new(success.unwrap_or(0), warning, critical_n).ok_or_else(|| {
+        Error::invalid(
+            c.field("FailuresBeforeWarning"),
+            format!(
+                "{} is more than FailuresBeforeCritical ({critical_n}): a check turns warning before it turns critical",
+                warning.unwrap_or(0)
+            ),
+        )
+    })
 }
 
 /// What a check runs: exactly one of `TTL`, `HTTP`, `TCP` and `GRPC`.
@@ -465,6 +540,43 @@ fn not_a_status(field: String, status: &str) -> Error {
     )
 }
 
+/// A check registered apart from its service
+/// (`PUT /v1/agent/check/register`).
+#[derive(Debug, PartialEq)]
+pub(crate) struct CheckRegistration {
+    /// `ServiceID`: the service the check belongs to.
+    pub(crate) service_id: String,
+    /// `CheckID` (or `ID`), defaulting to `Name`.
+    pub(crate) check_id: String,
+    /// The check.
+    pub(crate) check: Check,
+}
+
+/// Parse the JSON `body` of `PUT /v1/agent/check/register`.
+pub(crate) fn check_registration(body: &[u8], now_ms: u64) -> Result<CheckRegistration, Error> {
+    let value = json(body)?;
+    let o = Obj::new(&value, String::new())?;
+    let name = o
+        .text("Name")?
+        .ok_or_else(|| Error::invalid("Name", "required: the check's name"))?;
+    let service_id = o.text("ServiceID")?.ok_or_else(|| {
+        Error::invalid(
+            "ServiceID",
+            "required: the registrar keeps a check with the service it belongs to (node checks are not kept)",
+        )
+    })?;
+    let check_id = o
+        .text("CheckID")?
+        .or(o.text("ID")?)
+        .unwrap_or_else(|| name.clone());
+    let check = check(&o, &service_id, now_ms)?;
+    Ok(CheckRegistration {
+        service_id,
+        check_id,
+        check,
+    })
+}
+
 /// The body of `PUT /v1/agent/check/update/<id>`: `Status` and `Output`.
 pub(crate) fn update(body: &[u8]) -> Result<(Status, String), Error> {
     let value = json(body)?;
@@ -477,107 +589,4 @@ pub(crate) fn update(body: &[u8]) -> Result<(Status, String), Error> {
 }
 
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-
-    fn field(body: &str) -> String {
-        match registration(body.as_bytes(), 0).unwrap_err() {
-            Error::InvalidInput { field, .. } => field,
-            other => panic!("{body}: {other:?}"),
-        }
-    }
-
-    #[test]
-    fn py_consul_s_lower_case_body_reads_as_consul_s() {
-        let r = registration(
-            br#"{"name":"web","id":"web-1","address":"127.0.0.1","port":8080,
-                 "tags":["a","b"],"meta":{"zone":"z1"},
-                 "checks":[{"ttl":"10s"},{"http":"http://127.0.0.1:9/h","interval":"1m30s",
-                            "DeregisterCriticalServiceAfter":"90m"}]}"#,
-            5,
-        )
-        .unwrap();
-        assert_eq!(
-            (r.name.as_str(), r.id.as_str(), r.port),
-            ("web", "web-1", 8080)
-        );
-        assert_eq!(r.tags, vec!["a", "b"]);
-        assert_eq!(r.meta["zone"], "z1");
-        assert_eq!(r.checks[0].0, "service:web-1:1");
-        assert_eq!(r.checks[0].1.probe, Probe::Ttl { ttl_ms: 10_000 });
-        assert_eq!(r.checks[0].1.status, Status::Critical);
-        assert_eq!(r.checks[1].0, "service:web-1:2");
-        match &r.checks[1].1.probe {
-            Probe::Http {
-                interval_ms,
-                timeout_ms,
-                method,
-                ..
-            } => assert_eq!(
-                (*interval_ms, *timeout_ms, method.as_str()),
-                (90_000, 10_000, "GET")
-            ),
-            other => panic!("{other:?}"),
-        }
-        assert_eq!(r.checks[1].1.deregister_after_ms, Some(90 * 60_000));
-    }
-
-    #[test]
-    fn one_check_is_service_colon_id_and_the_id_defaults_to_the_name() {
-        let r = registration(
-            br#"{"Name":"api","Port":1,"Check":{"TCP":"127.0.0.1:1","Interval":"10s","Timeout":"1s","Status":"passing"}}"#,
-            0,
-        )
-        .unwrap();
-        assert_eq!(r.id, "api");
-        assert_eq!(r.checks[0].0, "service:api");
-        assert_eq!(r.checks[0].1.status, Status::Passing);
-        assert_eq!(r.checks[0].1.name, "Service 'api' check");
-    }
-
-    #[test]
-    fn errors_name_consul_s_field() {
-        assert_eq!(field(r#"{"Port":1}"#), "Name");
-        assert_eq!(field(r#"{"Name":"w","Port":70000}"#), "Port");
-        assert_eq!(field(r#"{"Name":"w","Port":"80"}"#), "Port");
-        assert_eq!(field(r#"{"Name":"w","Tags":["a,b"]}"#), "Tags[0]");
-        assert_eq!(field(r#"{"Name":"w","Meta":{"k":1}}"#), "Meta[\"k\"]");
-        assert_eq!(
-            field(r#"{"Name":"w","Check":{"HTTP":"http://x","Interval":"soon"}}"#),
-            "Check.Interval"
-        );
-        assert_eq!(
-            field(r#"{"Name":"w","Check":{"HTTP":"http://x"}}"#),
-            "Check.Interval"
-        );
-        assert_eq!(
-            field(r#"{"Name":"w","Check":{"HTTP":"https://x","Interval":"5s"}}"#),
-            "Check.HTTP"
-        );
-        assert_eq!(
-            field(r#"{"Name":"w","Checks":[{"TTL":"5s"},{"Args":["true"],"Interval":"5s"}]}"#),
-            "Checks[1].Args"
-        );
-        assert_eq!(
-            field(r#"{"Name":"w","Check":{"Interval":"5s"}}"#),
-            "Check.TTL"
-        );
-        assert_eq!(
-            field(r#"{"Name":"w","Check":{"TTL":"5s","Status":"ok"}}"#),
-            "Check.Status"
-        );
-        assert_eq!(field(r#"{"Name":"w","Kind":"connect-proxy"}"#), "Kind");
-        assert_eq!(field("[1]"), "body");
-        assert_eq!(field("{"), "body");
-    }
-
-    #[test]
-    fn an_update_names_its_status() {
-        assert_eq!(
-            update(br#"{"Status":"warning","Output":"slow"}"#).unwrap(),
-            (Status::Warning, "slow".to_string())
-        );
-        assert!(update(br#"{"Status":"fine"}"#).is_err());
-    }
-}
+mod tests;
