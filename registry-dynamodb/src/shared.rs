@@ -28,17 +28,19 @@ use crate::layout::{self, Item};
 /// Most actions DynamoDB takes in one `TransactWriteItems`.
 pub const MAX_TRANSACTION_ITEMS: usize = 100;
 
-/// The change log writer's guess of the head of a one-head log (0:
-/// unknown or empty, read it), the lock that lets one batch of this
-/// process at a time race for the heads (batches of one process would
-/// only make each other retry), and the last stamp this process gave a
-/// batch of a log of several heads (microseconds, never going back).
+/// What the change log's writer keeps between batches.
 #[derive(Debug, Default)]
-pub(crate) struct HeadCache(
-    pub(crate) std::sync::atomic::AtomicU64,
-    pub(crate) tokio::sync::Mutex<()>,
-    pub(crate) std::sync::atomic::AtomicU64,
-);
+pub(crate) struct HeadCache {
+    /// Its guess of the version of a one-head log's head (0: unknown or
+    /// empty: read it).
+    pub(crate) version: std::sync::atomic::AtomicU64,
+    /// Lets one batch of this process at a time race for the heads
+    /// (batches of one process would only make each other retry).
+    pub(crate) turn: tokio::sync::Mutex<()>,
+    /// The last stamp this process gave a batch of a log of several heads
+    /// (microseconds, never going back).
+    pub(crate) last_stamp: std::sync::atomic::AtomicU64,
+}
 
 /// The clients, settings and version clock shared by the registry and its
 /// watch task.

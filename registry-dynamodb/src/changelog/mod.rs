@@ -194,12 +194,12 @@ impl Table {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_micros() as u64);
-        let mut last = self.log_head.2.load(Ordering::Acquire);
+        let mut last = self.log_head.last_stamp.load(Ordering::Acquire);
         loop {
             let at = now.max(last + 1);
             match self
                 .log_head
-                .2
+                .last_stamp
                 .compare_exchange(last, at, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) => return at,
@@ -212,7 +212,7 @@ impl Table {
     /// cache when it holds it, else strongly consistent reads, at once.
     async fn read_heads(&self, logs: &[(u32, Vec<Part>)]) -> Result<Vec<u64>> {
         if self.log_heads() == 1 {
-            match self.log_head.0.load(Ordering::Acquire) {
+            match self.log_head.version.load(Ordering::Acquire) {
                 0 => {}
                 v => return Ok(vec![v]),
             }
@@ -259,7 +259,7 @@ impl Table {
         }
         let mut endpoint_items = self.op_items_if(&ops, guard.existing)?;
         endpoint_items.extend(guard.items);
-        let _turn = self.log_head.1.lock().await;
+        let _turn = self.log_head.turn.lock().await;
         let mut keys: Vec<EndpointKey> = ops.iter().map(Op::key).collect();
         let mut from = self.read_heads(&logs).await?;
         let expires =
@@ -301,7 +301,7 @@ impl Table {
                     if heads == 1 {
                         // Only ever forward: another writer may have moved it further.
                         self.log_head
-                            .0
+                            .version
                             .fetch_max(from[0] + entries as u64, Ordering::AcqRel);
                     }
                     metrics::counter!("registry_dynamodb_changelog_entries_total")
@@ -313,7 +313,7 @@ impl Table {
                 Err(e) if lost_race(&e, guarded) => {
                     metrics::counter!("registry_dynamodb_changelog_races_total").increment(1);
                     tracing::debug!(table = %self.cfg.table, attempt, "lost the race for a change log head; reading it again");
-                    self.log_head.0.store(0, Ordering::Release);
+                    self.log_head.version.store(0, Ordering::Release);
                     // Pause first, then read the heads: the heads read after
                     // the pause are the ones the next attempt races for.
                     tokio::time::sleep(race_pause(attempt, round_trip)).await;
@@ -322,7 +322,7 @@ impl Table {
                     token = fresh.as_str();
                 }
                 Err(e) => {
-                    self.log_head.0.store(0, Ordering::Release);
+                    self.log_head.version.store(0, Ordering::Release);
                     return Err(map_transact(e, self.ctx("TransactWriteItems"), &keys));
                 }
             }

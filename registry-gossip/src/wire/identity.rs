@@ -43,17 +43,7 @@ impl foca::Identity for GossipId {
 
 /// Append `id`.
 pub(super) fn put_id(w: &mut Writer, id: &GossipId) -> Result<(), EncodeError> {
-    match id.addr.ip() {
-        IpAddr::V4(ip) => {
-            w.u8(4);
-            w.buf.extend_from_slice(&ip.octets());
-        }
-        IpAddr::V6(ip) => {
-            w.u8(6);
-            w.buf.extend_from_slice(&ip.octets());
-        }
-    }
-    w.u16(id.addr.port());
+    super::frame::put_addr(w, id.addr);
     w.str8(id.node.as_str())?;
     w.u16(id.bump);
     Ok(())
