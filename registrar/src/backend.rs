@@ -207,6 +207,21 @@ fn dynamodb_sync() -> impl TypedValueParser<Value = DynamoDbSync> {
     PossibleValuesParser::new(names).try_map(|s| s.parse::<DynamoDbSync>())
 }
 
+/// The product a URL's scheme names, for messages: `SQLite`, `etcd`,
+/// `DynamoDB`, `AWS Cloud Map`, `in-memory`; the scheme itself for one
+/// this build does not know.
+pub fn product_name(scheme: &str) -> &str {
+    match scheme {
+        "memory" => "in-memory",
+        "sqlite" => "SQLite",
+        "etcd" | "etcds" => "etcd",
+        "dynamodb" => "DynamoDB",
+        "cloudmap" => "AWS Cloud Map",
+        "" => "registry",
+        other => other,
+    }
+}
+
 /// What a path keeps of itself in `sqlite:PATH`: everything but controls,
 /// `%`, `?` and `#`.
 const PATH_ESCAPED: &AsciiSet = &CONTROLS.add(b'%').add(b'?').add(b'#').add(b' ');

@@ -67,12 +67,14 @@ fn install_metrics() -> Result<metrics_exporter_prometheus::PrometheusHandle, St
 async fn run_serve(args: ServeArgs) -> Result<(), CliError> {
     let url = args.backend.registry_url()?;
     let stack = stack_config(args.liveness()?, args.sync_interval);
-    let kind = backend_scheme(&url).unwrap_or_else(|| "registry".into());
+    let scheme = backend_scheme(&url).unwrap_or_default();
+    // The product's name, for messages (`DynamoDB backend`).
+    let kind = crate::backend::product_name(&scheme).to_string();
     // The URL as logs may show it: secrets replaced.
     let shown = waypost::backend::BackendUrl::parse(&url)
         .map(|u| u.to_string())
         .unwrap_or_default();
-    if kind == "memory" {
+    if scheme == "memory" {
         tracing::warn!(
             "the in-memory backend keeps nothing: every write is lost when the registrar exits \
              (without --registry=memory: it runs on SQLite, --registry=sqlite:PATH)"
