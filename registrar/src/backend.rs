@@ -225,6 +225,9 @@ pub fn product_name(scheme: &str) -> &str {
 /// What a path keeps of itself in `sqlite:PATH`: everything but controls,
 /// `%`, `?` and `#`.
 const PATH_ESCAPED: &AsciiSet = &CONTROLS.add(b'%').add(b'?').add(b'#').add(b' ');
+/// What a table's or namespace's name keeps of itself as a URL's
+/// authority: everything but what would end or split it.
+const NAME_ESCAPED: &AsciiSet = &PATH_ESCAPED.add(b'/').add(b'@').add(b':').add(b',');
 
 /// `url` with `name=value` added to its query (`value` percent-encoded).
 fn push_param(url: &mut String, name: &str, value: &str) {
@@ -299,10 +302,7 @@ impl BackendArgs {
             #[cfg(feature = "dynamodb")]
             BackendKind::Dynamodb => {
                 let table = self.dynamodb_table.as_deref().unwrap_or("registry");
-                let mut url = format!(
-                    "dynamodb://{}",
-                    utf8_percent_encode(table, NON_ALPHANUMERIC)
-                );
+                let mut url = format!("dynamodb://{}", utf8_percent_encode(table, NAME_ESCAPED));
                 if let Some(sync) = self.dynamodb_sync {
                     push_param(&mut url, "watch", sync.as_str());
                 }
@@ -317,7 +317,7 @@ impl BackendArgs {
             #[cfg(feature = "cloudmap")]
             BackendKind::Cloudmap => {
                 let ns = self.cloudmap_namespace.as_deref().unwrap_or("registry");
-                format!("cloudmap://{}", utf8_percent_encode(ns, NON_ALPHANUMERIC))
+                format!("cloudmap://{}", utf8_percent_encode(ns, NAME_ESCAPED))
             }
         })
     }
@@ -496,7 +496,7 @@ mod tests {
         assert_eq!(
             url(&[
                 "--dynamodb-table",
-                "reg",
+                "my-reg",
                 "--dynamodb-sync",
                 "changelog",
                 "--dynamodb-changelog-heads",
@@ -508,7 +508,7 @@ mod tests {
                 "http://127.0.0.1:5000",
             ])
             .unwrap(),
-            "dynamodb://reg?watch=changelog&heads=8&create_table=true\
+            "dynamodb://my-reg?watch=changelog&heads=8&create_table=true\
              &region=us%2Deast%2D1&endpoint=http%3A%2F%2F127%2E0%2E0%2E1%3A5000"
         );
         // The URL's own region wins over --aws-region.

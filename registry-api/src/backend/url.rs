@@ -181,7 +181,7 @@ impl BackendUrl {
     /// otherwise.
     pub fn name(&self, form: &str) -> Result<String> {
         match self.authority() {
-            Some(name) if !name.is_empty() && self.path().is_empty() => Ok(name.to_string()),
+            Some(name) if !name.is_empty() && self.path().is_empty() => decode(name, "name"),
             _ => Err(Error::invalid(FIELD, format!("{self}: expected {form}"))),
         }
     }
@@ -427,6 +427,8 @@ mod tests {
             Some(("root".into(), Some("p@ss".into())))
         );
         assert_eq!(u.path(), "/pre/fix");
+        let u = BackendUrl::parse("dynamodb://my%2Dtable").unwrap();
+        assert_eq!(u.name("dynamodb://TABLE").unwrap(), "my-table");
         let u = BackendUrl::parse("memory:").unwrap();
         assert_eq!((u.scheme(), u.opaque().unwrap()), ("memory", String::new()));
     }

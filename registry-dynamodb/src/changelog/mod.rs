@@ -197,11 +197,12 @@ impl Table {
         let mut last = self.log_head.last_stamp.load(Ordering::Acquire);
         loop {
             let at = now.max(last + 1);
-            match self
-                .log_head
-                .last_stamp
-                .compare_exchange(last, at, Ordering::AcqRel, Ordering::Acquire)
-            {
+            match self.log_head.last_stamp.compare_exchange(
+                last,
+                at,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
                 Ok(_) => return at,
                 Err(seen) => last = seen,
             }
