@@ -19,6 +19,7 @@ pub mod memory;
 pub mod polling;
 pub mod prelude;
 pub mod stack;
+pub mod traffic;
 
 #[cfg(feature = "tonic")]
 pub mod channel;

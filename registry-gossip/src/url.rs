@@ -84,7 +84,7 @@ fn hex(s: &str) -> Result<Vec<u8>> {
             ),
         )
     };
-    if s.is_empty() || s.len() % 2 != 0 {
+    if s.is_empty() || !s.len().is_multiple_of(2) {
         return Err(bad());
     }
     (0..s.len())

@@ -1,8 +1,8 @@
 //! The node registry's `Service` document (`GET /services`), built from
 //! endpoints. Consul's documents are in `consul::shapes`.
 
-use waypost::{Endpoint, Health};
 use serde::Serialize;
+use waypost::{Endpoint, Health};
 
 /// The node registry's `Service` (`GET /services`), with the endpoint's
 /// service name and address added (its load balancer needs them; the
@@ -21,11 +21,13 @@ pub(crate) struct NodeRegistryService {
     pub(crate) address: String,
 }
 
-/// The node registry's status for a health: `running` or `unhealthy`.
+/// The node registry's status for a health: `running`, `unhealthy` or
+/// `draining`.
 pub(crate) fn node_registry_status(h: Health) -> &'static str {
     match h {
         Health::Healthy => "running",
         Health::Unhealthy => "unhealthy",
+        Health::Draining => "draining",
     }
 }
 

@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use waypost::{Endpoint, Health};
 use serde::{Deserialize, Serialize};
+use waypost::{Endpoint, Health};
 
 /// The prefix of a check's label key; the rest is its `CheckID`.
 pub(crate) const LABEL_PREFIX: &str = "consul.check/";
@@ -200,11 +200,16 @@ pub(crate) fn health_of<'a>(statuses: impl IntoIterator<Item = &'a Check>) -> He
     }
 }
 
-/// Store `check` as `id` in `e`, and set `e`'s health from all its checks.
+/// Store `check` as `id` in `e`, and set `e`'s health from all its checks
+/// (a draining endpoint stays draining: a passing check does not bring it
+/// back).
 pub(crate) fn put(e: &mut Endpoint, id: &str, check: &Check) {
     // Serializing plain strings, numbers and maps of strings cannot fail.
     let value = serde_json::to_string(check).unwrap_or_default();
     e.labels.insert(label_key(id), value);
+    if e.health == Health::Draining {
+        return;
+    }
     let all: Vec<Check> = checks(e).map(|(_, c)| c).collect();
     e.health = health_of(&all);
 }
