@@ -21,6 +21,8 @@ pub mod prelude;
 pub mod stack;
 pub mod traffic;
 
+#[cfg(feature = "tower")]
+pub mod balance;
 #[cfg(feature = "tonic")]
 pub mod channel;
 #[cfg(feature = "tower")]

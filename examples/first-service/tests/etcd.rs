@@ -9,12 +9,17 @@ use waypost_fixtures::EtcdServer;
 
 fn settings(etcd: &EtcdServer, id: &str) -> Settings {
     Settings {
-        registry: format!("etcd://{}/hello", etcd.endpoint().trim_start_matches("http://")),
+        registry: format!(
+            "etcd://{}/hello",
+            etcd.endpoint().trim_start_matches("http://")
+        ),
         node: format!("node-{id}"),
         id: id.to_string(),
         host: "127.0.0.1".to_string(),
         grpc_port: 0,
         http_port: 0,
+        zone: Some("zone-a".to_string()),
+        drain_for: Duration::from_millis(200),
     }
 }
 
