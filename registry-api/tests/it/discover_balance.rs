@@ -7,10 +7,10 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use waypost::{discover::discover, memory::MemoryRegistry, Endpoint, Health, Registry};
 use tower::balance::p2c::Balance;
 use tower::load::Constant;
 use tower::{service_fn, Service, ServiceExt};
+use waypost::{discover::discover, memory::MemoryRegistry, Endpoint, Health, Registry};
 
 fn ep(id: &str, port: u16) -> Endpoint {
     waypost::testing::ep("echo", id, port)
@@ -109,7 +109,10 @@ async fn weighted_balance_follows_weights_draining_and_the_zone() {
     let hits = send(&mut balance, N).await;
     for (id, w) in [("a", 1.0), ("b", 3.0), ("c", 4.0)] {
         let share = hits.get(id).copied().unwrap_or(0) as f64 / N as f64;
-        assert!((share - w / 8.0).abs() < 0.04, "{id}: {share:.3} of {hits:?}");
+        assert!(
+            (share - w / 8.0).abs() < 0.04,
+            "{id}: {share:.3} of {hits:?}"
+        );
     }
 
     reg.register(c.clone().with_health(Health::Draining))
