@@ -53,7 +53,7 @@ async fn start(id: &str, registry: &Arc<SqliteRegistry>) -> Result<Server, BoxEr
 
 /// Send `n` requests; count the answers by server, and the failures.
 async fn round(
-    client: &mut GreeterClient<tonic::transport::Channel>,
+    client: &mut GreeterClient<waypost::channel::BalancedChannel>,
     n: usize,
 ) -> (BTreeMap<String, usize>, usize) {
     let mut by_server = BTreeMap::new();
@@ -73,7 +73,7 @@ async fn round(
 /// Send requests until none is answered by `gone` for `quiet` requests in
 /// a row; how long that took.
 async fn until_avoided(
-    client: &mut GreeterClient<tonic::transport::Channel>,
+    client: &mut GreeterClient<waypost::channel::BalancedChannel>,
     gone: &str,
     started: Instant,
 ) -> Result<Duration, BoxError> {

@@ -146,6 +146,7 @@ fn describe(ev: &Event, before: &Snapshot) -> String {
                         format!("is now UNHEALTHY ({} went silent)", endpoint.node)
                     }
                     Health::Healthy => "is healthy again".to_string(),
+                    Health::Draining => "is draining (takes nothing new)".to_string(),
                 },
                 _ => format!("changed: {}", line(endpoint)),
             };

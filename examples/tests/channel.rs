@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use examples::greeter::{self, GreeterClient, HelloRequest};
-use tonic::transport::Channel;
+use waypost::channel::BalancedChannel;
 use waypost::channel::{balanced_channel, ChannelConfig};
 use waypost::memory::MemoryRegistry;
 use waypost::testing::eventually;
@@ -22,7 +22,7 @@ async fn server(id: &str) -> Endpoint {
     Endpoint::new("greeter", id, "127.0.0.1", addr.port()).with_protocol(Protocol::Grpc)
 }
 
-async fn answers(client: &mut GreeterClient<Channel>, n: usize) -> BTreeMap<String, usize> {
+async fn answers(client: &mut GreeterClient<BalancedChannel>, n: usize) -> BTreeMap<String, usize> {
     let mut by = BTreeMap::new();
     for _ in 0..n {
         let reply = client
@@ -36,7 +36,7 @@ async fn answers(client: &mut GreeterClient<Channel>, n: usize) -> BTreeMap<Stri
 
 /// Wait (bounded) until 20 requests in a row avoid `gone`, then check that
 /// the next 60 do too.
-async fn avoided(client: &mut GreeterClient<Channel>, gone: &str) {
+async fn avoided(client: &mut GreeterClient<BalancedChannel>, gone: &str) {
     eventually(&format!("requests to avoid {gone}"), || {
         let mut c = client.clone();
         async move { (!answers(&mut c, 20).await.contains_key(gone)).then_some(()) }

@@ -1,6 +1,6 @@
 //! [`announce`]: a service makes itself known and keeps it that way —
 //! register on start, heartbeat, register again when the registry forgot
-//! it, leave on shutdown.
+//! it, drain and leave on shutdown.
 //!
 //! What a heartbeat means depends on the backend: on etcd it keeps the
 //! node's lease alive (the endpoints vanish when it lapses); on SQLite it
@@ -22,7 +22,7 @@ use tokio::time::Instant;
 
 use crate::backend::{backoff, check_duration};
 use crate::error::{Error, ErrorKind, Result};
-use crate::model::{Endpoint, EndpointKey};
+use crate::model::{Endpoint, EndpointKey, Health};
 use crate::traits::{Heartbeat, Registry};
 
 /// Settings of [`announce`].
@@ -39,6 +39,13 @@ pub struct AnnounceConfig {
     /// First and longest delay between retries while the registry fails
     /// (exponential, with jitter). Default 100 ms and 10 s.
     pub retry: (Duration, Duration),
+    /// How long [`Announcement::shutdown`] keeps the endpoints registered
+    /// as [`Health::Draining`] before it deregisters them: the time the
+    /// service's callers need to see the change and stop sending new
+    /// calls, while the calls they have under way finish. Default 0: no
+    /// draining, deregister at once; 0 to 1 h. Keep it well under the
+    /// registry's liveness timeout (nothing heartbeats meanwhile).
+    pub drain_for: Duration,
 }
 
 impl Default for AnnounceConfig {
@@ -47,6 +54,7 @@ impl Default for AnnounceConfig {
             heartbeat_every: Duration::from_secs(10),
             jitter: 0.1,
             retry: (Duration::from_millis(100), Duration::from_secs(10)),
+            drain_for: Duration::ZERO,
         }
     }
 }
@@ -67,6 +75,11 @@ impl AnnounceConfig {
         self.retry = (min, max);
         self
     }
+    /// Set `drain_for`.
+    pub fn with_drain_for(mut self, d: Duration) -> Self {
+        self.drain_for = d;
+        self
+    }
 
     /// Check every setting against its range.
     pub fn validate(&self) -> Result<()> {
@@ -75,6 +88,7 @@ impl AnnounceConfig {
         check_duration("heartbeat_every", self.heartbeat_every, ms, hour)?;
         check_duration("retry_min", self.retry.0, ms, hour)?;
         check_duration("retry_max", self.retry.1, self.retry.0, hour)?;
+        check_duration("drain_for", self.drain_for, Duration::ZERO, hour)?;
         if !(0.0..=0.5).contains(&self.jitter) {
             return Err(Error::invalid(
                 "jitter",
@@ -96,6 +110,12 @@ pub enum AnnounceStatus {
         /// When it was last confirmed.
         at: Instant,
     },
+    /// [`Announcement::shutdown`] marked the endpoints draining; they are
+    /// deregistered at `until`.
+    Draining {
+        /// When the endpoints are deregistered.
+        until: Instant,
+    },
     /// The registry failed; retrying with backoff.
     Retrying {
         /// The last error.
@@ -103,8 +123,8 @@ pub enum AnnounceStatus {
         /// Since when it has been failing.
         since: Instant,
     },
-    /// [`Announcement::shutdown`] ran: the endpoints were deregistered (or
-    /// the error says why not).
+    /// [`Announcement::shutdown`] ran: the endpoints were drained (for
+    /// `drain_for`) and deregistered (or the error says why not).
     Left {
         /// Why leaving failed, if it did.
         error: Option<Error>,
@@ -148,9 +168,11 @@ impl<R: Registry + ?Sized> Deregister for Arc<R> {
 ///   lapsed) or an endpoint that is missing makes them register again;
 /// - [`Announcement::status`] says where it stands;
 /// - [`Announcement::shutdown`] (or [`Announcement::leave_on`], for a
-///   server's graceful shutdown) deregisters them before it returns;
-///   dropping the announcement deregisters them in the background, best
-///   effort.
+///   server's graceful shutdown) drains them — registers them as
+///   [`Health::Draining`] and waits [`AnnounceConfig::drain_for`], so that
+///   callers stop sending new calls while theirs finish — then deregisters
+///   them before it returns; dropping the announcement deregisters them
+///   in the background, best effort, without draining.
 ///
 /// Every endpoint is validated first; endpoints without a `node` are
 /// registered and checked but have no heartbeat.
@@ -210,8 +232,11 @@ impl Announcement {
             .await;
     }
 
-    /// Stop heartbeating and deregister every endpoint; returns once they
-    /// are gone (or with the first error deregistering them).
+    /// Stop heartbeating, drain (mark every endpoint draining and wait
+    /// [`AnnounceConfig::drain_for`]; skipped when it is 0) and deregister
+    /// every endpoint; returns once they are gone (or with the first error
+    /// deregistering them). A failure to mark them draining is logged and
+    /// the wait kept: they are deregistered all the same.
     pub async fn shutdown(mut self) -> Result<()> {
         if let Some(leave) = self.leave.take() {
             let _ = leave.send(());
@@ -230,9 +255,9 @@ impl Announcement {
     }
 
     /// A future for a server's graceful shutdown: it waits for `signal`,
-    /// then deregisters (and logs a failure to), then resolves — so the
-    /// service leaves the registry before the server stops accepting
-    /// calls. For `axum::serve(..).with_graceful_shutdown(..)` or
+    /// then drains and deregisters (and logs a failure to), then resolves
+    /// — so the service's callers have moved away before the server stops
+    /// accepting calls. For `axum::serve(..).with_graceful_shutdown(..)` or
     /// `tonic`'s `serve_with_shutdown`.
     pub async fn leave_on(self, signal: impl Future<Output = ()> + Send + 'static) {
         signal.await;
@@ -324,6 +349,9 @@ async fn keep<R: Registry + Heartbeat + ?Sized>(
             _ = &mut leave => break,
         }
     }
+    if !cfg.drain_for.is_zero() {
+        drain(&*reg, &endpoints, cfg.drain_for, &status).await;
+    }
     let mut error = None;
     for e in &endpoints {
         if let Err(err) = Registry::deregister(&*reg, &e.key()).await {
@@ -332,6 +360,28 @@ async fn keep<R: Registry + Heartbeat + ?Sized>(
         }
     }
     status.send_replace(AnnounceStatus::Left { error });
+}
+
+/// Register every endpoint as draining, then wait `drain_for`.
+async fn drain<R: Registry + ?Sized>(
+    reg: &R,
+    endpoints: &[Endpoint],
+    drain_for: Duration,
+    status: &watch::Sender<AnnounceStatus>,
+) {
+    let until = Instant::now() + drain_for;
+    for e in endpoints {
+        let draining = e.clone().with_health(Health::Draining);
+        if let Err(err) = reg.register(draining).await {
+            tracing::warn!(key = %e.key(), error = %err, "could not mark an endpoint draining");
+        }
+    }
+    tracing::info!(
+        ?drain_for,
+        "endpoints draining; deregistering them after the wait"
+    );
+    status.send_replace(AnnounceStatus::Draining { until });
+    tokio::time::sleep_until(until).await;
 }
 
 async fn register_all<R: Registry + ?Sized>(reg: &R, endpoints: &[Endpoint]) -> Result<()> {

@@ -14,6 +14,7 @@ use tower::discover::Change;
 use crate::error::Result;
 use crate::model::{Endpoint, EndpointKey, Health, Version};
 use crate::snapshot::{Event, Snapshot};
+use crate::traffic::ZonePreference;
 use crate::traits::{EventStream, Watch};
 
 type MakeFn<S> = Box<dyn Fn(&Endpoint) -> S + Send>;
@@ -100,8 +101,17 @@ where
 /// - **Filters.** An endpoint is a service when it passes all of: the
 ///   service name set with [`service`](Discovery::service) (default: every
 ///   service), health (default: healthy only; see
-///   [`include_unhealthy`](Discovery::include_unhealthy)) and the predicate
-///   set with [`filter`](Discovery::filter).
+///   [`include_unhealthy`](Discovery::include_unhealthy); a
+///   [draining](Health::Draining) endpoint is never inserted, so a
+///   balancer starts nothing new on it) and the predicate set with
+///   [`filter`](Discovery::filter).
+/// - **Zone.** With [`prefer_zone`](Discovery::prefer_zone), only the
+///   endpoints in the caller's zone are inserted while the zone holds its
+///   floor ([`ZonePreference`]); when it falls below, every endpoint is
+///   inserted (spread), and when it is back, the others are removed.
+/// - **Weights** are the endpoints' own ([`Endpoint::weight`]), read from
+///   [`endpoint`](Discovery::endpoint); [`crate::balance::WeightedBalance`]
+///   picks by them.
 /// - **Deltas.** `Added` or `Updated` of an endpoint that passes and was not
 ///   inserted is a [`Change::Insert`]; of one that no longer passes (it
 ///   turned unhealthy, say) a [`Change::Remove`]. An `Updated` endpoint that
@@ -129,8 +139,12 @@ pub struct Discovery<S> {
     service: Option<String>,
     healthy_only: bool,
     filter: Option<FilterFn>,
+    zone: Option<ZonePreference>,
     rebuild: RebuildFn,
-    /// What was inserted, as it was when its service was made.
+    /// Every endpoint that passes the filters, as last seen.
+    candidates: BTreeMap<EndpointKey, Endpoint>,
+    /// What was inserted, as last seen (its service made from the value
+    /// it had when inserted or rebuilt).
     inserted: BTreeMap<EndpointKey, Endpoint>,
     pending: VecDeque<Change<EndpointKey, S>>,
     version: Option<Version>,
@@ -159,9 +173,11 @@ impl<S> Discovery<S> {
             service: None,
             healthy_only: true,
             filter: None,
+            zone: None,
             rebuild: Box::new(|old, new| {
                 old.address != new.address || old.port != new.port || old.protocol != new.protocol
             }),
+            candidates: BTreeMap::new(),
             inserted: BTreeMap::new(),
             pending: VecDeque::new(),
             version: None,
@@ -177,6 +193,7 @@ impl<S> Discovery<S> {
 
     /// Also insert endpoints marked [`Health::Unhealthy`] (by default they
     /// are left out, and an endpoint turning unhealthy is removed).
+    /// Draining endpoints stay out either way.
     pub fn include_unhealthy(mut self) -> Self {
         self.healthy_only = false;
         self
@@ -187,6 +204,16 @@ impl<S> Discovery<S> {
     /// change can come and go.
     pub fn filter(mut self, keep: impl Fn(&Endpoint) -> bool + Send + 'static) -> Self {
         self.filter = Some(Box::new(keep));
+        self
+    }
+
+    /// Keep new work in the caller's zone while it holds the floor of
+    /// `pref` (see [`ZonePreference`]): only the endpoints of that zone
+    /// are inserted then, and every endpoint otherwise. Whether the zone
+    /// holds is judged on the healthy endpoints that pass the other
+    /// filters, again at every change.
+    pub fn prefer_zone(mut self, pref: ZonePreference) -> Self {
+        self.zone = Some(pref);
         self
     }
 
@@ -202,11 +229,17 @@ impl<S> Discovery<S> {
         self
     }
 
-    /// The endpoints inserted and not removed, as they were when their
-    /// services were made, ordered by key. Changes not yet taken from the
-    /// stream are already counted.
+    /// The endpoints inserted and not removed, as last seen (a label-only
+    /// change, such as a new weight, shows here without a new service),
+    /// ordered by key. Changes not yet taken from the stream are already
+    /// counted.
     pub fn endpoints(&self) -> impl Iterator<Item = &Endpoint> + '_ {
         self.inserted.values()
+    }
+
+    /// The inserted endpoint under `key`, as last seen.
+    pub fn endpoint(&self, key: &EndpointKey) -> Option<&Endpoint> {
+        self.inserted.get(key)
     }
 
     /// Number of endpoints inserted and not removed.
@@ -226,8 +259,30 @@ impl<S> Discovery<S> {
 
     fn wants(&self, ep: &Endpoint) -> bool {
         self.service.as_deref().is_none_or(|s| ep.service == s)
+            && ep.health != Health::Draining
             && (!self.healthy_only || ep.health == Health::Healthy)
             && self.filter.as_ref().is_none_or(|f| f(ep))
+    }
+
+    /// Whether the preferred zone holds its floor among the candidates
+    /// (`None` without a preference).
+    fn zone_holds(&self) -> Option<bool> {
+        let pref = self.zone.as_ref()?;
+        Some(
+            pref.holds(
+                self.candidates
+                    .values()
+                    .filter(|e| e.health == Health::Healthy),
+            ),
+        )
+    }
+
+    /// Whether a candidate is inserted, given whether the zone holds.
+    fn selected(&self, holds: Option<bool>, ep: &Endpoint) -> bool {
+        match (&self.zone, holds) {
+            (Some(pref), Some(holds)) => pref.admits(holds, ep),
+            _ => true,
+        }
     }
 
     fn insert(&mut self, ep: &Endpoint) {
@@ -243,55 +298,92 @@ impl<S> Discovery<S> {
         }
     }
 
-    /// Bring what is inserted to `ep` (present, with this value).
-    fn upsert(&mut self, ep: &Endpoint) {
-        if !self.wants(ep) {
-            self.remove(&ep.key());
+    /// Bring what is inserted under `key` to the candidate's state (the
+    /// path of one change without a zone preference).
+    fn reconcile_key(&mut self, key: &EndpointKey) {
+        let Some(ep) = self.candidates.get(key).cloned() else {
+            self.remove(key);
             return;
-        }
-        match self.inserted.get(&ep.key()) {
-            None => self.insert(ep),
-            Some(old) if (self.rebuild)(old, ep) => {
-                self.remove(&ep.key());
-                self.insert(ep);
+        };
+        match self.inserted.get(key) {
+            None => self.insert(&ep),
+            Some(old) if (self.rebuild)(old, &ep) => {
+                self.remove(key);
+                self.insert(&ep);
             }
-            Some(_) => {}
+            Some(_) => {
+                self.inserted.insert(key.clone(), ep);
+            }
         }
     }
 
-    fn resync(&mut self, snap: &Snapshot) {
+    /// Bring everything inserted to the candidates as selected: removals
+    /// first, then insertions (rebuilt endpoints included).
+    fn reconcile_all(&mut self) {
+        let holds = self.zone_holds();
         let gone: Vec<EndpointKey> = self
             .inserted
             .keys()
-            .filter(|k| !snap.get(k).is_some_and(|ep| self.wants(ep)))
+            .filter(|k| {
+                !self
+                    .candidates
+                    .get(k)
+                    .is_some_and(|ep| self.selected(holds, ep))
+            })
             .cloned()
             .collect();
         for key in &gone {
             self.remove(key);
         }
-        let service = self.service.clone();
-        let candidates: Vec<&Endpoint> = match &service {
-            Some(s) => snap.service(s).collect(),
-            None => snap.iter().collect(),
-        };
-        // Rebuilt endpoints: remove all first, so every removal comes
-        // before every insertion.
         let mut fresh = Vec::new();
-        for ep in candidates {
-            if !self.wants(ep) {
+        for ep in self.candidates.values() {
+            if !self.selected(holds, ep) {
                 continue;
             }
             match self.inserted.get(&ep.key()) {
-                None => fresh.push(ep),
-                Some(old) if (self.rebuild)(old, ep) => {
-                    self.remove(&ep.key());
-                    fresh.push(ep);
-                }
+                None => fresh.push(ep.clone()),
+                Some(old) if (self.rebuild)(old, ep) => fresh.push(ep.clone()),
                 Some(_) => {}
             }
         }
-        for ep in fresh {
+        for ep in &fresh {
+            self.remove(&ep.key());
+        }
+        for ep in &fresh {
             self.insert(ep);
+        }
+        // Label-only changes: keep the value as last seen.
+        for (key, ep) in self.inserted.iter_mut() {
+            if let Some(now) = self.candidates.get(key) {
+                if now != ep {
+                    *ep = now.clone();
+                }
+            }
+        }
+    }
+
+    fn resync(&mut self, snap: &Snapshot) {
+        let eps: Vec<&Endpoint> = match &self.service {
+            Some(s) => snap.service(s).collect(),
+            None => snap.iter().collect(),
+        };
+        self.candidates = eps
+            .into_iter()
+            .filter(|ep| self.wants(ep))
+            .map(|ep| (ep.key(), ep.clone()))
+            .collect();
+        self.reconcile_all();
+    }
+
+    fn change(&mut self, key: EndpointKey, now: Option<&Endpoint>) {
+        match now.filter(|ep| self.wants(ep)) {
+            Some(ep) => self.candidates.insert(key.clone(), ep.clone()),
+            None => self.candidates.remove(&key),
+        };
+        if self.zone.is_some() {
+            self.reconcile_all();
+        } else {
+            self.reconcile_key(&key);
         }
     }
 
@@ -300,9 +392,9 @@ impl<S> Discovery<S> {
         match ev {
             Event::Snapshot(snap) => self.resync(snap),
             Event::Added { endpoint, .. } | Event::Updated { endpoint, .. } => {
-                self.upsert(endpoint)
+                self.change(endpoint.key(), Some(endpoint))
             }
-            Event::Removed { key, .. } => self.remove(key),
+            Event::Removed { key, .. } => self.change(key.clone(), None),
         }
     }
 }
@@ -340,6 +432,7 @@ impl<S> fmt::Debug for Discovery<S> {
         f.debug_struct("Discovery")
             .field("service", &self.service)
             .field("healthy_only", &self.healthy_only)
+            .field("zone", &self.zone)
             .field("inserted", &self.inserted.len())
             .field("pending", &self.pending.len())
             .field("version", &self.version)
@@ -348,217 +441,5 @@ impl<S> fmt::Debug for Discovery<S> {
 }
 
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-
-    use super::*;
-    use crate::error::Error;
-    use crate::testing::ep;
-    use futures::stream;
-
-    fn added(v: u64, e: Endpoint) -> Result<Event> {
-        Ok(Event::Added {
-            version: Version(v),
-            endpoint: e,
-        })
-    }
-
-    fn updated(v: u64, e: Endpoint) -> Result<Event> {
-        Ok(Event::Updated {
-            version: Version(v),
-            endpoint: e,
-        })
-    }
-
-    fn removed(v: u64, e: &Endpoint) -> Result<Event> {
-        Ok(Event::Removed {
-            version: Version(v),
-            key: e.key(),
-        })
-    }
-
-    fn snap(v: u64, eps: impl IntoIterator<Item = Endpoint>) -> Result<Event> {
-        Ok(Event::Snapshot(Snapshot::from_endpoints(Version(v), eps)))
-    }
-
-    /// The changes as `+id:port` / `-id`, the service being the port.
-    async fn run(d: Discovery<u16>) -> Vec<String> {
-        d.map(|c| match c.unwrap() {
-            Change::Insert(k, port) => format!("+{}:{port}", k.id),
-            Change::Remove(k) => format!("-{}", k.id),
-        })
-        .collect()
-        .await
-    }
-
-    fn from(events: Vec<Result<Event>>) -> Discovery<u16> {
-        Discovery::from_stream(stream::iter(events), |e| e.port)
-    }
-
-    #[tokio::test]
-    async fn first_snapshot_inserts_then_deltas() {
-        let a = ep("api", "a", 1);
-        let d = from(vec![
-            snap(1, [a.clone(), ep("api", "b", 2)]),
-            added(2, ep("api", "c", 3)),
-            removed(3, &a),
-            removed(4, &ep("api", "never", 9)),
-        ]);
-        assert_eq!(run(d).await, ["+a:1", "+b:2", "+c:3", "-a"]);
-    }
-
-    #[tokio::test]
-    async fn resync_snapshot_yields_only_the_difference() {
-        let d = from(vec![
-            snap(1, [ep("api", "a", 1), ep("api", "b", 2), ep("api", "c", 3)]),
-            // a unchanged, b gone, c moved to a new port, d new.
-            snap(
-                9,
-                [ep("api", "a", 1), ep("api", "c", 30), ep("api", "d", 4)],
-            ),
-            // The same again: nothing.
-            snap(
-                10,
-                [ep("api", "a", 1), ep("api", "c", 30), ep("api", "d", 4)],
-            ),
-        ]);
-        assert_eq!(
-            run(d).await,
-            ["+a:1", "+b:2", "+c:3", "-b", "-c", "+c:30", "+d:4"]
-        );
-    }
-
-    #[tokio::test]
-    async fn health_changes_remove_and_insert() {
-        let a = ep("api", "a", 1);
-        let sick = a.clone().with_health(Health::Unhealthy);
-        let d = from(vec![
-            snap(
-                1,
-                [a.clone(), ep("api", "b", 2).with_health(Health::Unhealthy)],
-            ),
-            updated(2, sick.clone()),
-            updated(3, sick.clone()),
-            updated(4, a.clone()),
-            snap(5, [sick]),
-        ]);
-        assert_eq!(run(d).await, ["+a:1", "-a", "+a:1", "-a"]);
-    }
-
-    #[tokio::test]
-    async fn include_unhealthy_keeps_them() {
-        let a = ep("api", "a", 1);
-        let d = from(vec![
-            snap(1, [a.clone().with_health(Health::Unhealthy)]),
-            updated(2, a),
-        ])
-        .include_unhealthy();
-        assert_eq!(run(d).await, ["+a:1"]);
-    }
-
-    #[tokio::test]
-    async fn updates_rebuild_only_on_address_changes() {
-        let a = ep("api", "a", 1);
-        let d = from(vec![
-            added(1, a.clone()),
-            updated(2, a.clone().with_label("weight", "5")),
-            updated(3, a.clone().with_label("weight", "5")),
-            updated(4, ep("api", "a", 11)),
-            updated(5, Endpoint::new("api", "a", "127.0.0.2", 11)),
-        ]);
-        assert_eq!(run(d).await, ["+a:1", "-a", "+a:11", "-a", "+a:11"]);
-
-        let d = from(vec![
-            added(1, a.clone()),
-            updated(2, a.clone().with_label("weight", "5")),
-        ])
-        .rebuild_if(|old, new| old != new);
-        assert_eq!(run(d).await, ["+a:1", "-a", "+a:1"]);
-    }
-
-    #[tokio::test]
-    async fn service_and_filter() {
-        let d = from(vec![
-            snap(
-                1,
-                [
-                    ep("api", "a", 1).with_label("zone", "x"),
-                    ep("api", "b", 2).with_label("zone", "y"),
-                    ep("search", "s", 3).with_label("zone", "x"),
-                ],
-            ),
-            added(2, ep("search", "t", 4).with_label("zone", "x")),
-            // a leaves zone x: removed; b joins it: inserted.
-            updated(3, ep("api", "a", 1).with_label("zone", "y")),
-            updated(4, ep("api", "b", 2).with_label("zone", "x")),
-        ])
-        .service("api")
-        .filter(|e| e.labels.get("zone").map(String::as_str) == Some("x"));
-        assert_eq!(run(d).await, ["+a:1", "-a", "+b:2"]);
-    }
-
-    #[tokio::test]
-    async fn errors_pass_through_from_a_plain_stream() {
-        let mut d = from(vec![
-            added(1, ep("api", "a", 1)),
-            Err(Error::unavailable("backend down")),
-            added(2, ep("api", "b", 2)),
-        ]);
-        assert!(matches!(d.next().await, Some(Ok(Change::Insert(..)))));
-        assert!(d.next().await.unwrap().is_err());
-        assert_eq!(d.len(), 1);
-        assert!(d.next().await.is_none());
-        assert!(d.next().await.is_none(), "stays ended");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn discover_watches_again_after_an_error_and_diffs_the_snapshot() {
-        use std::sync::Mutex;
-
-        /// Streams still to hand out, and the `from` of each call.
-        type Script = (Vec<Vec<Result<Event>>>, Vec<Option<Version>>);
-        /// Hands out prepared streams, recording the `from` of each call.
-        struct Scripted(Mutex<Script>);
-        impl Watch for Scripted {
-            fn watch(&self, from: Option<Version>) -> EventStream {
-                let mut s = self.0.lock().unwrap();
-                s.1.push(from);
-                if s.0.is_empty() {
-                    return stream::pending().boxed();
-                }
-                // A prepared stream ends after its last item, as a watch
-                // does after a failure it does not retry itself.
-                stream::iter(s.0.remove(0)).boxed()
-            }
-        }
-        let a = ep("api", "a", 1);
-        let b = ep("api", "b", 2);
-        let scripted = Arc::new(Scripted(Mutex::new((
-            vec![
-                vec![
-                    snap(1, [a.clone()]),
-                    added(2, b.clone()),
-                    Err(Error::unavailable("lost")),
-                ],
-                // The source lost history: a fresh snapshot without a.
-                vec![snap(7, [b.clone()])],
-            ],
-            Vec::new(),
-        ))));
-        let mut d = discover(Arc::clone(&scripted), |e| e.port);
-        let mut seen = Vec::new();
-        for _ in 0..3 {
-            match d.next().await.unwrap().unwrap() {
-                Change::Insert(k, _) => seen.push(format!("+{}", k.id)),
-                Change::Remove(k) => seen.push(format!("-{}", k.id)),
-            }
-        }
-        assert_eq!(seen, ["+a", "+b", "-a"]);
-        assert_eq!(d.version(), Some(Version(7)));
-        assert_eq!(scripted.0.lock().unwrap().1, [None, Some(Version(2))]);
-        assert_eq!(
-            d.endpoints().map(|e| e.id.as_str()).collect::<Vec<_>>(),
-            ["b"]
-        );
-    }
-}
+#[path = "discover_tests.rs"]
+mod tests;

@@ -19,7 +19,10 @@ pub mod memory;
 pub mod polling;
 pub mod prelude;
 pub mod stack;
+pub mod traffic;
 
+#[cfg(feature = "tower")]
+pub mod balance;
 #[cfg(feature = "tonic")]
 pub mod channel;
 #[cfg(feature = "tower")]

@@ -93,6 +93,10 @@ impl FromStr for Protocol {
 }
 
 /// Whether an endpoint should receive traffic.
+///
+/// Only [`Health::Healthy`] endpoints are given new work by any face or
+/// client of this crate; see `docs/traffic.md` for what each face does
+/// with the other two.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Health {
@@ -101,15 +105,26 @@ pub enum Health {
     Healthy,
     /// Registered but not serving, e.g. its node stopped heartbeating.
     Unhealthy,
+    /// Serving what it has, taking nothing new: the calls it has in
+    /// flight finish, and no client sends it another (an endpoint on its
+    /// way out, see [`crate::announce::AnnounceConfig::drain_for`]).
+    Draining,
 }
 
 impl Health {
-    /// `healthy` or `unhealthy`.
+    /// `healthy`, `unhealthy` or `draining`.
     pub fn as_str(self) -> &'static str {
         match self {
             Health::Healthy => "healthy",
             Health::Unhealthy => "unhealthy",
+            Health::Draining => "draining",
         }
+    }
+
+    /// Whether an endpoint in this state is given new work: only
+    /// [`Health::Healthy`] is.
+    pub fn takes_new_work(self) -> bool {
+        self == Health::Healthy
     }
 }
 
@@ -125,9 +140,13 @@ impl FromStr for Health {
         match s.to_ascii_lowercase().as_str() {
             "healthy" => Ok(Health::Healthy),
             "unhealthy" => Ok(Health::Unhealthy),
+            "draining" => Ok(Health::Draining),
             _ => Err(Error::invalid(
                 "health",
-                format!("unknown health {s:?} (expected healthy or unhealthy)"),
+                format!(
+                    "unknown health {} (expected healthy, unhealthy or draining)",
+                    crate::backend::quote(s)
+                ),
             )),
         }
     }
@@ -232,6 +251,47 @@ impl Endpoint {
     pub fn with_health(mut self, health: Health) -> Self {
         self.health = health;
         self
+    }
+
+    /// Set the weight: the [`crate::traffic::WEIGHT_LABEL`] label, 1 to
+    /// [`crate::traffic::MAX_WEIGHT`] (validation refuses 0).
+    pub fn with_weight(self, weight: u32) -> Self {
+        self.with_label(crate::traffic::WEIGHT_LABEL, weight.to_string())
+    }
+
+    /// Set the zone: the [`crate::traffic::ZONE_LABEL`] label.
+    pub fn with_zone(self, zone: impl Into<String>) -> Self {
+        self.with_label(crate::traffic::ZONE_LABEL, zone)
+    }
+
+    /// Set the region: the [`crate::traffic::REGION_LABEL`] label.
+    pub fn with_region(self, region: impl Into<String>) -> Self {
+        self.with_label(crate::traffic::REGION_LABEL, region)
+    }
+
+    /// The weight: the [`crate::traffic::WEIGHT_LABEL`] label, 1 when it
+    /// is absent (or, in an endpoint that was never validated, not a
+    /// whole number from 1 to [`crate::traffic::MAX_WEIGHT`]).
+    pub fn weight(&self) -> u32 {
+        crate::traffic::weight_of(self)
+    }
+
+    /// The zone: the [`crate::traffic::ZONE_LABEL`] label, if set and
+    /// not empty.
+    pub fn zone(&self) -> Option<&str> {
+        self.labels
+            .get(crate::traffic::ZONE_LABEL)
+            .map(String::as_str)
+            .filter(|z| !z.is_empty())
+    }
+
+    /// The region: the [`crate::traffic::REGION_LABEL`] label, if set and
+    /// not empty.
+    pub fn region(&self) -> Option<&str> {
+        self.labels
+            .get(crate::traffic::REGION_LABEL)
+            .map(String::as_str)
+            .filter(|z| !z.is_empty())
     }
 
     /// Add or replace one label.

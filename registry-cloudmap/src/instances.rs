@@ -84,7 +84,7 @@ impl Namespace {
                 .map(|i| (i.instance_id().unwrap_or_default(), i.attributes())),
         );
         // Cloud Map's own health status (custom health checks) overrides a
-        // healthy attribute.
+        // healthy attribute (not a draining one).
         for i in out.instances() {
             if i.health_status() == Some(&HealthStatus::Unhealthy) {
                 let id = i.instance_id().unwrap_or_default();
@@ -93,7 +93,12 @@ impl Namespace {
                     .and_then(|a| a.get(layout::ATTR_ID))
                     .and_then(|v| layout::unescape(v))
                     .unwrap_or_else(|| id.to_string());
-                if let Some(ep) = eps.iter_mut().find(|e| e.id == id) {
+                // A draining endpoint stays draining (its custom health
+                // status is unhealthy for Cloud Map's own readers).
+                if let Some(ep) = eps
+                    .iter_mut()
+                    .find(|e| e.id == id && e.health == Health::Healthy)
+                {
                     ep.health = Health::Unhealthy;
                 }
             }
@@ -281,7 +286,9 @@ impl Namespace {
     ) -> Result<()> {
         let status = match ep.health {
             Health::Healthy => CustomHealthStatus::Healthy,
-            Health::Unhealthy => CustomHealthStatus::Unhealthy,
+            // Cloud Map's own readers (DiscoverInstances asking for
+            // healthy instances) must send a draining instance nothing new.
+            Health::Unhealthy | Health::Draining => CustomHealthStatus::Unhealthy,
         };
         self.throttle().await;
         let res = self

@@ -204,7 +204,7 @@ mod tests {
             .with_protocol(Protocol::Grpc)
             .with_node("n1")
             .with_health(Health::Unhealthy)
-            .with_label("zone", "eu \"1\"");
+            .with_label("rack", "eu \"1\"");
         let v = encode(&ep).expect("encode");
         let json: serde_json::Value = serde_json::from_slice(&v).expect("json");
         assert_eq!(json["v"], 1);

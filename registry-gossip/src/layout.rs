@@ -6,7 +6,7 @@
 //! `timestamp: u64`, `generation: u64`, `writer: str8`, `service: str16`,
 //! `id: str16` and, for a live entry only, the endpoint: `address: str16`,
 //! `port: u16`, `protocol: str8`, `cluster: str16`, `node: str16`,
-//! `health: u8` (`0` healthy, `1` unhealthy) and `labels` (a count, then
+//! `health: u8` (`0` healthy, `1` unhealthy, `2` draining) and `labels` (a count, then
 //! `key: str16, value: str16` pairs). Integers are big-endian; `str8` and
 //! `str16` are UTF-8 behind a one- or two-byte length.
 //!
@@ -26,6 +26,7 @@ fn put_health(h: Health) -> u8 {
     match h {
         Health::Healthy => 0,
         Health::Unhealthy => 1,
+        Health::Draining => 2,
     }
 }
 
@@ -86,6 +87,7 @@ pub fn get_entry(r: &mut Reader<'_>) -> Result<Entry, DecodeError> {
         let health = match r.u8()? {
             0 => Health::Healthy,
             1 => Health::Unhealthy,
+            2 => Health::Draining,
             _ => return Err(DecodeError::Invalid("health")),
         };
         let mut ep = Endpoint::new(key.service.clone(), key.id.clone(), address, port)

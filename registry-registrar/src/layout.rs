@@ -64,15 +64,30 @@ pub(crate) fn protocol_to_proto(p: Protocol) -> service::Protocol {
     }
 }
 
+/// The health's enum value, each state its own (content digests tell a
+/// draining endpoint from an unhealthy one). Not what goes on the wire:
+/// see [`health_on_wire`].
 pub(crate) fn health_to_proto(h: Health) -> service_endpoint::Health {
     match h {
         Health::Healthy => service_endpoint::Health::Healthy,
         Health::Unhealthy => service_endpoint::Health::Unhealthy,
+        Health::Draining => service_endpoint::Health::Draining,
+    }
+}
+
+/// `health` and `draining` as sent: draining travels as `UNHEALTHY` with
+/// `draining` set, so that a decoder that predates `DRAINING` (and refuses
+/// enum values it does not know) reads the endpoint as not healthy.
+pub(crate) fn health_on_wire(h: Health) -> (service_endpoint::Health, bool) {
+    match h {
+        Health::Draining => (service_endpoint::Health::Unhealthy, true),
+        other => (health_to_proto(other), false),
     }
 }
 
 /// Our endpoint as a protobuf message.
 pub fn endpoint_to_proto(e: &Endpoint) -> ServiceEndpoint {
+    let (health, draining) = health_on_wire(e.health);
     ServiceEndpoint {
         service_name: e.service.clone(),
         id: e.id.clone(),
@@ -81,8 +96,9 @@ pub fn endpoint_to_proto(e: &Endpoint) -> ServiceEndpoint {
         protocol: protocol_to_proto(e.protocol) as i32,
         cluster: e.cluster.clone(),
         node: e.node.clone(),
-        health: health_to_proto(e.health) as i32,
+        health: health as i32,
         labels: e.labels.clone().into_iter().collect(),
+        draining,
     }
 }
 
@@ -111,6 +127,7 @@ pub fn endpoint_from_proto(p: ServiceEndpoint, prefix: &str) -> Result<Endpoint,
             Health::Healthy
         }
         Ok(service_endpoint::Health::Unhealthy) => Health::Unhealthy,
+        Ok(service_endpoint::Health::Draining) => Health::Draining,
         Err(_) => {
             return Err(Error::invalid(
                 field("health"),
@@ -118,6 +135,8 @@ pub fn endpoint_from_proto(p: ServiceEndpoint, prefix: &str) -> Result<Endpoint,
             ))
         }
     };
+    // The flag wins: a draining endpoint is never read as healthy.
+    let health = if p.draining { Health::Draining } else { health };
     let e = Endpoint {
         service: p.service_name,
         id: p.id,
@@ -191,3 +210,7 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+#[path = "layout_old_decoder.rs"]
+mod old_decoder;

@@ -1,7 +1,8 @@
 //! A service that is found and finds others: it serves gRPC (the standard
 //! health service) and HTTP, announces both in a registry chosen by an
-//! environment variable, calls a peer through a balanced channel, and
-//! leaves the registry before its servers stop.
+//! environment variable, calls a peer through a balanced channel (in its
+//! own zone while the zone has a peer), and drains, then leaves the
+//! registry before its servers stop.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
 use waypost::announce::{announce, AnnounceConfig};
-use waypost::channel::{balanced_channel, ChannelConfig};
+use waypost::channel::{balanced_channel, BalancedChannel, ChannelConfig};
 use waypost::stack::Stack;
 use waypost::{Endpoint, Protocol};
 use waypost_any::OpenOptions;
@@ -39,11 +40,17 @@ pub struct Settings {
     pub host: String,
     pub grpc_port: u16,
     pub http_port: u16,
+    /// This instance's zone; calls to peers stay in it while it has one.
+    pub zone: Option<String>,
+    /// How long to stay registered as draining before leaving: peers
+    /// stop sending new calls, and finish the ones under way.
+    pub drain_for: Duration,
 }
 
 impl Settings {
     /// From `REGISTRY`, `NODE_NAME`, `INSTANCE_ID`, `ADVERTISE_HOST`,
-    /// `GRPC_PORT` and `HTTP_PORT`, with defaults for a laptop.
+    /// `GRPC_PORT`, `HTTP_PORT`, `ZONE` and `DRAIN_SECONDS`, with defaults
+    /// for a laptop.
     pub fn from_env() -> Result<Settings, BoxError> {
         let var =
             |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.into());
@@ -53,12 +60,19 @@ impl Settings {
                 .map_err(|_| format!("{name}={v:?}: not a port").into())
         };
         let id = var("INSTANCE_ID", &format!("pid-{}", std::process::id()));
+        let drain = var("DRAIN_SECONDS", "5");
+        let drain_for = drain
+            .parse()
+            .map(Duration::from_secs)
+            .map_err(|_| format!("DRAIN_SECONDS={drain:?}: not a number of seconds"))?;
         Ok(Settings {
             registry: var("REGISTRY", "sqlite:registry.db"),
             node: var("NODE_NAME", &id),
             host: var("ADVERTISE_HOST", "127.0.0.1"),
             grpc_port: port("GRPC_PORT", "0")?,
             http_port: port("HTTP_PORT", "0")?,
+            zone: std::env::var("ZONE").ok().filter(|z| !z.is_empty()),
+            drain_for,
             id,
         })
     }
@@ -76,7 +90,7 @@ pub async fn open(url: &str, node: &str) -> Result<Arc<dyn Stack>, BoxError> {
 pub struct Service {
     pub grpc: SocketAddr,
     pub http: SocketAddr,
-    peers: HealthClient<tonic::transport::Channel>,
+    peers: HealthClient<BalancedChannel>,
     stop: watch::Sender<bool>,
     servers: Vec<tokio::task::JoinHandle<Result<(), BoxError>>>,
 }
@@ -87,7 +101,7 @@ pub async fn start(registry: Arc<dyn Stack>, s: &Settings) -> Result<Service, Bo
     let grpc = tokio::net::TcpListener::bind(("0.0.0.0", s.grpc_port)).await?;
     let http = tokio::net::TcpListener::bind(("0.0.0.0", s.http_port)).await?;
     let (grpc_addr, http_addr) = (grpc.local_addr()?, http.local_addr()?);
-    let endpoints = vec![
+    let mut endpoints = vec![
         Endpoint::new(SERVICE, &s.id, &s.host, grpc_addr.port())
             .with_protocol(Protocol::Grpc)
             .with_node(&s.node),
@@ -95,10 +109,15 @@ pub async fn start(registry: Arc<dyn Stack>, s: &Settings) -> Result<Service, Bo
             .with_protocol(Protocol::Http)
             .with_node(&s.node),
     ];
-    let announced = announce(Arc::clone(&registry), endpoints, AnnounceConfig::default())?;
+    if let Some(zone) = &s.zone {
+        endpoints = endpoints.into_iter().map(|e| e.with_zone(zone)).collect();
+    }
+    let cfg = AnnounceConfig::default().with_drain_for(s.drain_for);
+    let announced = announce(Arc::clone(&registry), endpoints, cfg)?;
     announced.registered().await;
 
-    // On stop: leave the registry first, then let both servers finish.
+    // On stop: drain and leave the registry first, then let both servers
+    // finish.
     let (stop, mut stopping) = watch::channel(false);
     let (left_tx, left) = watch::channel(false);
     tokio::spawn(async move {
@@ -134,15 +153,16 @@ pub async fn start(registry: Arc<dyn Stack>, s: &Settings) -> Result<Service, Bo
         tokio::spawn(async move { http_server.await.map_err(BoxError::from) }),
     ];
 
-    // Peers: the healthy gRPC endpoints of the service, except this one.
+    // Peers: the healthy gRPC endpoints of the service, except this one,
+    // in this instance's zone while it has one.
     let me = s.id.clone();
-    let channel = balanced_channel(
-        registry,
-        SERVICE,
-        ChannelConfig::default()
-            .with_filter(move |e| e.id != me)
-            .with_timeout(CALL_TIMEOUT),
-    )?;
+    let mut cfg = ChannelConfig::default()
+        .with_filter(move |e| e.id != me)
+        .with_timeout(CALL_TIMEOUT);
+    if let Some(zone) = &s.zone {
+        cfg = cfg.with_zone(zone);
+    }
+    let channel = balanced_channel(registry, SERVICE, cfg)?;
     Ok(Service {
         grpc: grpc_addr,
         http: http_addr,
@@ -163,7 +183,7 @@ impl Service {
         Ok(format!("{:?}", reply.into_inner().status()))
     }
 
-    /// Leave the registry, then stop both servers.
+    /// Drain and leave the registry, then stop both servers.
     pub async fn stop(self) -> Result<(), BoxError> {
         let _ = self.stop.send(true);
         for server in self.servers {

@@ -18,6 +18,8 @@ fn settings(etcd: &EtcdServer, id: &str) -> Settings {
         host: "127.0.0.1".to_string(),
         grpc_port: 0,
         http_port: 0,
+        zone: Some("zone-a".to_string()),
+        drain_for: Duration::from_millis(200),
     }
 }
 

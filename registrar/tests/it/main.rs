@@ -23,6 +23,8 @@ mod docs;
 mod etcd_fanout;
 #[cfg(all(feature = "sqlite", feature = "etcd"))]
 mod faults;
+#[cfg(feature = "dns")]
+mod haproxy;
 mod hardening;
 #[cfg(feature = "http-api")]
 mod http_api;
@@ -46,3 +48,5 @@ mod xds;
 mod xds_resume;
 #[cfg(feature = "xds")]
 mod xds_tonic;
+#[cfg(feature = "xds")]
+mod xds_traffic;

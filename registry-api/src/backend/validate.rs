@@ -77,6 +77,9 @@ fn describe(c: char) -> String {
 /// - at most [`MAX_LABELS`] labels; keys 1 to [`MAX_LABEL_KEY_LEN`] bytes
 ///   with the same characters as names; values up to
 ///   [`MAX_LABEL_VALUE_LEN`] bytes without control characters.
+/// - the traffic labels ([`crate::traffic::validate_labels`]): `weight` a
+///   whole number from 1 to [`crate::traffic::MAX_WEIGHT`], `zone` and
+///   `region` plain label values.
 /// - the whole endpoint at most [`MAX_ENCODED_LEN`] bytes ([`encoded_len`]).
 ///
 /// The error is [`Error::InvalidInput`] naming the field and the limit;
@@ -145,6 +148,7 @@ pub fn validate_endpoint(e: &Endpoint) -> Result<(), Error> {
             ));
         }
     }
+    crate::traffic::validate_labels(e)?;
     let len = encoded_len(e);
     if len > MAX_ENCODED_LEN {
         return Err(Error::invalid(

@@ -135,6 +135,36 @@ pub async fn roundtrip_preserves_all_fields<R: Registry + Watch + ?Sized>(reg: &
     follow_until(&mut w, &mut state, &svc, &want).await;
 }
 
+/// A draining endpoint, with a zone, a region and a weight, is stored and
+/// returned as it was (list, snapshot and watch), and turns healthy again
+/// when registered so.
+pub async fn draining_round_trips<R: Registry + Watch + ?Sized>(reg: &R) {
+    let svc = unique("draining");
+    let draining = ep(&svc, "pod-0", 80)
+        .with_node("node-1")
+        .with_health(Health::Draining)
+        .with_zone("eu-west-1a")
+        .with_region("eu-west-1")
+        .with_weight(65535);
+    let other = ep(&svc, "pod-1", 81).with_weight(2);
+    reg.register(draining.clone())
+        .await
+        .expect("register draining");
+    reg.register(other.clone()).await.expect("register other");
+    let want = vec![draining.clone(), other.clone()];
+    assert_eq!(reg.list(&svc).await.expect("list"), want, "list");
+    let snap = reg.snapshot().await.expect("snapshot");
+    assert_eq!(snap.get(&draining.key()), Some(&draining), "snapshot");
+    let mut w = reg.watch(None);
+    let mut state = Snapshot::default();
+    follow_until(&mut w, &mut state, &svc, &want).await;
+    let back = draining.clone().with_health(Health::Healthy);
+    reg.register(back.clone())
+        .await
+        .expect("register healthy again");
+    follow_until(&mut w, &mut state, &svc, &[back, other]).await;
+}
+
 /// Many writers on disjoint keys at once: no key is lost.
 pub async fn concurrent_writers_lose_nothing<R: Registry + ?Sized>(reg: &R) {
     let svc = unique("concurrent");
@@ -222,6 +252,11 @@ pub async fn invalid_input_names_field<R: Registry + ?Sized>(reg: &R) {
             "labels[\"zone\"]",
             good.clone()
                 .with_label("zone", "x".repeat(MAX_LABEL_VALUE_LEN + 1)),
+        ),
+        ("labels[\"weight\"]", good.clone().with_label("weight", "0")),
+        (
+            "labels[\"zone\"]",
+            good.clone().with_label("zone", "eu west"),
         ),
         (
             "labels[\"bad\\tkey\"]",

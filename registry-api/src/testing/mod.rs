@@ -41,9 +41,9 @@ pub use batch::{
 };
 pub use checks::{
     concurrent_writers_lose_nothing, deregister_removes, deregister_unknown_is_ok,
-    invalid_input_names_field, limits_accepted_and_one_past_rejected, list_is_scoped_to_service,
-    list_unknown_service_is_empty, register_is_upsert, roundtrip_preserves_all_fields,
-    snapshot_has_everything_and_versions_grow,
+    draining_round_trips, invalid_input_names_field, limits_accepted_and_one_past_rejected,
+    list_is_scoped_to_service, list_unknown_service_is_empty, register_is_upsert,
+    roundtrip_preserves_all_fields, snapshot_has_everything_and_versions_grow,
 };
 pub use faulty::Faulty;
 pub use guarded::Guarded;

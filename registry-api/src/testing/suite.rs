@@ -83,6 +83,7 @@ macro_rules! conformance_tests {
                 register_is_upsert, deregister_removes, deregister_unknown_is_ok,
                 list_unknown_service_is_empty, list_is_scoped_to_service,
                 snapshot_has_everything_and_versions_grow, roundtrip_preserves_all_fields,
+                draining_round_trips,
                 batch_applies_in_order, batch_invalid_op_writes_nothing,
                 batch_over_max_is_refused, batch_failure_writes_nothing,
                 batch_reads_are_isolated, watch_starts_with_snapshot,

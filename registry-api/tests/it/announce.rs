@@ -150,3 +150,44 @@ async fn leave_on_deregisters_before_resolving() {
         .unwrap();
     assert!(reg.snapshot().await.unwrap().is_empty());
 }
+
+/// Shutdown drains: the endpoints are registered as draining, stay so for
+/// `drain_for` (on a paused clock), and are deregistered after it.
+#[tokio::test(start_paused = true)]
+async fn shutdown_marks_the_endpoints_draining_for_drain_for_then_deregisters() {
+    use waypost::Health;
+    let reg = Arc::new(MemoryRegistry::new());
+    let drain_for = Duration::from_secs(30);
+    let a = announce(Arc::clone(&reg), mine(), fast().with_drain_for(drain_for)).unwrap();
+    a.registered().await;
+    let mut status = a.status();
+    let started = tokio::time::Instant::now();
+    let shutdown = tokio::spawn(a.shutdown());
+    status
+        .wait_for(|s| matches!(s, AnnounceStatus::Draining { .. }))
+        .await
+        .unwrap();
+    for service in ["api", "metrics"] {
+        let eps = reg.list(service).await.unwrap();
+        assert_eq!(eps.len(), 1, "{service}");
+        assert_eq!(eps[0].health, Health::Draining, "{service}");
+    }
+    shutdown.await.unwrap().unwrap();
+    assert!(
+        started.elapsed() >= drain_for,
+        "left after {:?}",
+        started.elapsed()
+    );
+    assert!(reg.list("api").await.unwrap().is_empty());
+    assert!(reg.list("metrics").await.unwrap().is_empty());
+}
+
+#[test]
+fn drain_for_is_checked() {
+    let err = fast()
+        .with_drain_for(Duration::from_secs(7200))
+        .validate()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    assert!(err.to_string().contains("drain_for"), "{err}");
+}

@@ -21,11 +21,13 @@ pub(crate) struct NodeRegistryService {
     pub(crate) address: String,
 }
 
-/// The node registry's status for a health: `running` or `unhealthy`.
+/// The node registry's status for a health: `running`, `unhealthy` or
+/// `draining`.
 pub(crate) fn node_registry_status(h: Health) -> &'static str {
     match h {
         Health::Healthy => "running",
         Health::Unhealthy => "unhealthy",
+        Health::Draining => "draining",
     }
 }
 

@@ -30,15 +30,16 @@ use envoy_types::util::pack_any;
 use prost::Message;
 use waypost::{Endpoint, Health, Snapshot};
 
-/// The label giving an endpoint's load-balancing weight.
-pub const WEIGHT_LABEL: &str = "weight";
+/// The label giving an endpoint's load-balancing weight (the model's,
+/// [`waypost::traffic::WEIGHT_LABEL`]).
+pub const WEIGHT_LABEL: &str = waypost::traffic::WEIGHT_LABEL;
 /// The label giving an endpoint's zone (its locality's `zone`).
-pub const ZONE_LABEL: &str = "zone";
+pub const ZONE_LABEL: &str = waypost::traffic::ZONE_LABEL;
 /// The label giving an endpoint's region (its locality's `region`).
-pub const REGION_LABEL: &str = "region";
-/// The largest weight taken from [`WEIGHT_LABEL`]; larger or unparsable
-/// values count as 1.
-pub const MAX_WEIGHT: u32 = 1_000_000;
+pub const REGION_LABEL: &str = waypost::traffic::REGION_LABEL;
+/// The largest weight ([`waypost::traffic::MAX_WEIGHT`]); validation
+/// refuses larger ones.
+pub const MAX_WEIGHT: u32 = waypost::traffic::MAX_WEIGHT;
 /// The name of the router filter in every listener's connection manager.
 const ROUTER_FILTER: &str = "envoy.filters.http.router";
 
@@ -320,26 +321,20 @@ fn eds_cluster(service: &str) -> Cluster {
     }
 }
 
-/// The weight of `e`: its [`WEIGHT_LABEL`] when a whole number from 1 to
-/// [`MAX_WEIGHT`], otherwise 1.
-pub(crate) fn weight(e: &Endpoint) -> u32 {
-    e.labels
-        .get(WEIGHT_LABEL)
-        .and_then(|w| w.trim().parse::<u32>().ok())
-        .filter(|w| (1..=MAX_WEIGHT).contains(w))
-        .unwrap_or(1)
-}
-
-/// Whether an endpoint goes into load assignments: healthy, with an IP
-/// address (xDS clients take no host names in EDS).
+/// Whether an endpoint goes into load assignments: healthy or draining,
+/// with an IP address (xDS clients take no host names in EDS).
 pub(crate) fn served(e: &Endpoint) -> bool {
-    e.health == Health::Healthy && e.address.parse::<IpAddr>().is_ok()
+    matches!(e.health, Health::Healthy | Health::Draining) && e.address.parse::<IpAddr>().is_ok()
 }
 
-/// The healthy endpoints of a service, grouped by locality (the `region`
-/// and `zone` labels), all at priority 0. A locality's weight is the sum
-/// of its endpoints' weights (proxyless gRPC ignores localities without
-/// one).
+/// The healthy and draining endpoints of a service, grouped by locality
+/// (the `region` and `zone` labels), all at priority 0. Each carries its
+/// weight ([`Endpoint::weight`]); a draining one has `health_status:
+/// DRAINING` (clients finish their calls to it and start none). A
+/// locality's weight is the sum of its healthy endpoints' weights, and is
+/// left out when that is 0 (a locality holding only draining endpoints:
+/// proxyless gRPC ignores localities without a weight, and Envoy refuses
+/// a weight of 0).
 fn load_assignment<'a>(
     service: &str,
     endpoints: impl Iterator<Item = &'a Endpoint>,
@@ -347,9 +342,13 @@ fn load_assignment<'a>(
     let mut localities: BTreeMap<(String, String), Vec<LbEndpoint>> = BTreeMap::new();
     for e in endpoints.filter(|e| served(e)) {
         let label = |k: &str| e.labels.get(k).cloned().unwrap_or_default();
+        let health_status = match e.health {
+            Health::Draining => HealthStatus::Draining,
+            _ => HealthStatus::Healthy,
+        };
         let lb = LbEndpoint {
-            health_status: HealthStatus::Healthy as i32,
-            load_balancing_weight: Some(UInt32Value { value: weight(e) }),
+            health_status: health_status as i32,
+            load_balancing_weight: Some(UInt32Value { value: e.weight() }),
             host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(EnvoyEndpoint {
                 address: Some(Address {
                     address: Some(address::Address::SocketAddress(SocketAddress {
@@ -376,6 +375,7 @@ fn load_assignment<'a>(
             .map(|((region, zone), lb_endpoints)| {
                 let total = lb_endpoints
                     .iter()
+                    .filter(|l| l.health_status == HealthStatus::Healthy as i32)
                     .filter_map(|l| l.load_balancing_weight.as_ref())
                     .fold(0u32, |acc, w| acc.saturating_add(w.value));
                 LocalityLbEndpoints {
@@ -385,7 +385,7 @@ fn load_assignment<'a>(
                         ..Default::default()
                     }),
                     lb_endpoints,
-                    load_balancing_weight: Some(UInt32Value { value: total }),
+                    load_balancing_weight: (total > 0).then_some(UInt32Value { value: total }),
                     priority: 0,
                     ..Default::default()
                 }
@@ -421,6 +421,47 @@ mod tests {
     fn cla(s: &Snapshot, name: &str) -> ClusterLoadAssignment {
         let b = build(Kind::Endpoints, name, s).unwrap();
         ClusterLoadAssignment::decode(b.any().value.as_slice()).unwrap()
+    }
+
+    #[test]
+    fn draining_endpoints_are_sent_as_draining_and_weigh_nothing_in_their_locality() {
+        let s = Snapshot::from_endpoints(
+            Version(4),
+            [
+                ep("api", "a", 80).with_zone("z1").with_weight(3),
+                ep("api", "b", 81)
+                    .with_zone("z1")
+                    .with_weight(5)
+                    .with_health(Health::Draining),
+                ep("api", "c", 82)
+                    .with_zone("z2")
+                    .with_health(Health::Draining),
+            ],
+        );
+        let c = cla(&s, "api");
+        let mut seen = Vec::new();
+        for l in &c.endpoints {
+            let zone = l.locality.clone().unwrap().zone;
+            let weight = l.load_balancing_weight.map(|w| w.value);
+            for e in &l.lb_endpoints {
+                seen.push((
+                    zone.clone(),
+                    weight,
+                    e.health_status,
+                    e.load_balancing_weight.unwrap().value,
+                ));
+            }
+        }
+        seen.sort();
+        let (healthy, draining) = (HealthStatus::Healthy as i32, HealthStatus::Draining as i32);
+        assert_eq!(
+            seen,
+            vec![
+                ("z1".into(), Some(3), healthy, 3),
+                ("z1".into(), Some(3), draining, 5),
+                ("z2".into(), None, draining, 1),
+            ]
+        );
     }
 
     #[test]

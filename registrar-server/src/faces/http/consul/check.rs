@@ -207,11 +207,16 @@ pub(crate) fn health_of<'a>(statuses: impl IntoIterator<Item = &'a Check>) -> He
     }
 }
 
-/// Store `check` as `id` in `e`, and set `e`'s health from all its checks.
+/// Store `check` as `id` in `e`, and set `e`'s health from all its checks
+/// (a draining endpoint stays draining: a passing check does not bring it
+/// back).
 pub(crate) fn put(e: &mut Endpoint, id: &str, check: &Check) {
     // Serializing plain strings, numbers and maps of strings cannot fail.
     let value = serde_json::to_string(check).unwrap_or_default();
     e.labels.insert(label_key(id), value);
+    if e.health == Health::Draining {
+        return;
+    }
     let all: Vec<Check> = checks(e).map(|(_, c)| c).collect();
     e.health = health_of(&all);
 }

@@ -167,28 +167,36 @@ pub(crate) struct HealthCheck {
     kind: &'static str,
 }
 
-/// Consul's check status for a health: `passing` or `critical`.
+/// Consul's check status for a health: `passing`, or `critical` for an
+/// unhealthy or draining endpoint (Consul readers send nothing new to a
+/// critical instance, as to one in maintenance).
 pub(crate) fn health_status(h: Health) -> &'static str {
     match h {
         Health::Healthy => "passing",
-        Health::Unhealthy => "critical",
+        Health::Unhealthy | Health::Draining => "critical",
     }
 }
 
 /// The checks of `e` as Consul shows them: its own (registered through
 /// the agent API), plus `registrar:health`, critical, when the endpoint is
-/// unhealthy for another reason (its node went silent); an endpoint
-/// without checks of its own has only `registrar:health`.
+/// unhealthy for another reason (its node went silent) or draining (its
+/// notes say so); an endpoint without checks of its own has only
+/// `registrar:health`.
 pub(crate) fn health_checks(e: &Endpoint) -> Vec<HealthCheck> {
     let mut out = own_checks(e);
     let any_critical = out.iter().any(|c| c.status == Status::Critical.as_str());
-    if out.is_empty() || (e.health == Health::Unhealthy && !any_critical) {
+    if out.is_empty() || (e.health != Health::Healthy && !any_critical) {
+        let notes = if e.health == Health::Draining {
+            "draining: serving what it has, taking nothing new"
+        } else {
+            ""
+        };
         out.push(HealthCheck {
             node: node_name(e).to_string(),
             check_id: HEALTH_CHECK_ID.to_string(),
             name: "registrar endpoint health".to_string(),
             status: health_status(e.health),
-            notes: String::new(),
+            notes: notes.to_string(),
             output: String::new(),
             service_id: e.id.clone(),
             service_name: e.service.clone(),
@@ -334,6 +342,43 @@ mod tests {
         assert_eq!(v["Node"]["Node"], "n1");
         assert_eq!(v["Checks"][0]["Status"], "critical");
         assert_eq!(v["Checks"][0]["CheckID"], "registrar:health");
+    }
+
+    #[test]
+    fn a_draining_endpoint_is_critical_and_not_passing_for_consul_readers() {
+        let e = Endpoint::new("web", "a", "10.0.0.1", 80).with_health(Health::Draining);
+        let v = serde_json::to_value(ServiceEntry::from_endpoint(&e)).expect("serializes");
+        assert_eq!(v["Checks"][0]["CheckID"], "registrar:health");
+        assert_eq!(v["Checks"][0]["Status"], "critical");
+        assert!(v["Checks"][0]["Notes"]
+            .as_str()
+            .is_some_and(|n| n.starts_with("draining")));
+        assert!(!passing(&e));
+        // A passing check of its own does not make it passing either, and
+        // the registrar's critical check is shown beside it.
+        let mut e = e;
+        let ok = Check {
+            name: "ttl".into(),
+            probe: Probe::Ttl { ttl_ms: 1000 },
+            deregister_after_ms: None,
+            status: Status::Passing,
+            output: String::new(),
+            since_ms: 1,
+            expires_ms: None,
+            reports: 0,
+            damping: Default::default(),
+        };
+        check::put(&mut e, "service:a", &ok);
+        assert_eq!(
+            e.health,
+            Health::Draining,
+            "a passing check keeps it draining"
+        );
+        assert!(!passing(&e));
+        let checks = health_checks(&e);
+        assert!(checks
+            .iter()
+            .any(|c| c.check_id() == HEALTH_CHECK_ID && c.status == "critical"));
     }
 
     #[test]
