@@ -228,6 +228,9 @@ mod tests {
             Endpoint::new("web", "b", "::1", 81).with_label("weight", "7"),
             Endpoint::new("web", "c", "db.example.com", 82).with_label("weight", "x"),
             Endpoint::new("web", "d", "10.0.0.4", 83).with_health(Health::Unhealthy),
+            // Draining: serving what it has, taking nothing new, so no
+            // record sends it anything.
+            Endpoint::new("web", "e", "10.0.0.5", 84).with_health(Health::Draining),
         ];
         let r = RecordSets::of(&z, &eps);
         assert_eq!((r.addresses.a.count, r.addresses.aaaa.count), (1, 1));

@@ -43,6 +43,10 @@ pub(crate) struct Query {
     pub(crate) ack: Option<String>,
     /// `note` (Consul's check reports): the check's output.
     pub(crate) note: Option<String>,
+    /// `enable` (Consul's maintenance mode): on or off.
+    pub(crate) enable: Option<bool>,
+    /// `reason` (Consul's maintenance mode): why, shown with it.
+    pub(crate) reason: Option<String>,
 }
 
 /// The first 64 characters of a value, to quote in an error.
@@ -176,6 +180,8 @@ impl Query {
             "cluster" => self.cluster = v,
             "ack" => self.ack = v,
             "note" => self.note = v,
+            "enable" => self.enable = Some(flag("enable", v.as_deref())?),
+            "reason" => self.reason = v,
             "tag" => self.tags.extend(v),
             "dc" => self.dc = v.filter(|d| !d.is_empty()),
             "status" => self.status = v,

@@ -28,7 +28,7 @@ use crate::faces::http::{json_response, ApiError};
 /// The endpoints that are `caller`'s agent services: those of the
 /// registrar's cluster, and of the caller's node when its identity names
 /// one.
-fn agent_endpoints<'a>(
+pub(super) fn agent_endpoints<'a>(
     snap: &'a Snapshot,
     registrar: &'a Registrar,
     caller: &'a Caller,
@@ -39,7 +39,7 @@ fn agent_endpoints<'a>(
         .filter(move |e| e.cluster == cluster && node.is_none_or(|n| e.node == n))
 }
 
-fn state(registrar: &Registrar) -> Result<Arc<Snapshot>, ApiError> {
+pub(super) fn state(registrar: &Registrar) -> Result<Arc<Snapshot>, ApiError> {
     registrar
         .state()
         .store()
@@ -48,7 +48,7 @@ fn state(registrar: &Registrar) -> Result<Arc<Snapshot>, ApiError> {
 }
 
 /// The one agent service with this id (Consul's agent keys services by id).
-fn by_id<'a>(
+pub(super) fn by_id<'a>(
     snap: &'a Snapshot,
     registrar: &'a Registrar,
     caller: &'a Caller,

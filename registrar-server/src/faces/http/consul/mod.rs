@@ -22,6 +22,7 @@ use super::{json_response, read_blocking, read_state, ApiError};
 use crate::engine::registrar::Registrar;
 
 mod agent;
+mod maintenance;
 mod body;
 pub(crate) mod check;
 mod damping;
@@ -94,6 +95,11 @@ pub(crate) fn routes() -> Router<Arc<Registrar>> {
         .route("/v1/status/leader", get(leader))
         .route("/v1/status/peers", get(peers))
         .route("/v1/agent/service/register", put(agent::register))
+        .route(
+            "/v1/agent/service/maintenance/{id}",
+            put(maintenance::service),
+        )
+        .route("/v1/agent/maintenance", put(maintenance::node))
         .route("/v1/agent/service/deregister/{id}", put(agent::deregister))
         .route("/v1/agent/self", get(agent::agent_self))
         .route("/v1/agent/services", get(agent::services))

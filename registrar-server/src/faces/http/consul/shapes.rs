@@ -47,7 +47,7 @@ pub(crate) fn node_name(e: &Endpoint) -> &str {
 fn meta(e: &Endpoint) -> BTreeMap<String, String> {
     e.labels
         .iter()
-        .filter(|(k, _)| !check::is_check_label(k))
+        .filter(|(k, _)| !check::is_check_label(k) && !super::maintenance::is_label(k))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect()
 }
@@ -184,6 +184,7 @@ pub(crate) fn health_status(h: Health) -> &'static str {
 /// `registrar:health`.
 pub(crate) fn health_checks(e: &Endpoint) -> Vec<HealthCheck> {
     let mut out = own_checks(e);
+    out.extend(maintenance_checks(e));
     let any_critical = out.iter().any(|c| c.status == Status::Critical.as_str());
     if out.is_empty() || (e.health != Health::Healthy && !any_critical) {
         let notes = if e.health == Health::Draining {
@@ -203,6 +204,38 @@ pub(crate) fn health_checks(e: &Endpoint) -> Vec<HealthCheck> {
             service_tags: tags(e),
             kind: "",
         });
+    }
+    out
+}
+
+/// The critical checks Consul shows for a service, or its node, in
+/// maintenance, with the reason as notes.
+fn maintenance_checks(e: &Endpoint) -> Vec<HealthCheck> {
+    use super::maintenance::{NODE_CHECK, NODE_LABEL, SERVICE_CHECK, SERVICE_LABEL};
+    let mut out = Vec::new();
+    for (label, id, name, service) in [
+        (
+            SERVICE_LABEL,
+            format!("{SERVICE_CHECK}{}", e.id),
+            "Service Maintenance Mode",
+            true,
+        ),
+        (NODE_LABEL, NODE_CHECK.to_string(), "Node Maintenance Mode", false),
+    ] {
+        if let Some(reason) = e.labels.get(label) {
+            out.push(HealthCheck {
+                node: node_name(e).to_string(),
+                check_id: id,
+                name: name.to_string(),
+                status: "critical",
+                notes: reason.clone(),
+                output: String::new(),
+                service_id: if service { e.id.clone() } else { String::new() },
+                service_name: if service { e.service.clone() } else { String::new() },
+                service_tags: if service { tags(e) } else { Vec::new() },
+                kind: "maintenance",
+            });
+        }
     }
     out
 }
