@@ -542,3 +542,51 @@ async fn mtls_on_the_http_port_is_authorized_as_the_grpc_api() {
 
     running.stop().await.unwrap();
 }
+
+/// Draining over HTTP: a `PUT` with `"health": "draining"` is stored as
+/// such, shown as `"draining"`, left out of `?healthy=true` and of the
+/// healthy count; a weight out of range is refused naming the label.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_endpoint_shows_as_draining_and_not_among_the_healthy() {
+    let stack = start().await;
+    for (id, health) in [("a", "healthy"), ("b", "draining")] {
+        let body = json!({"address": "10.0.0.1", "port": 8080, "health": health,
+                          "labels": {"zone": "z1", "weight": "3"}});
+        let w = put(&stack, &format!("/v1/services/web/{id}"), body).await;
+        assert_eq!(w.status, 200, "{id}: {}", w.body);
+    }
+    let all = eventually("both endpoints over HTTP", || async {
+        let s = get(&stack, "/v1/services/web").await;
+        (s.body.as_array().is_some_and(|a| a.len() == 2)).then_some(s)
+    })
+    .await;
+    let health: BTreeMap<String, String> = all
+        .body
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["id"].as_str().unwrap().into(),
+                e["health"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert_eq!(health["b"], "draining", "{}", all.body);
+    let healthy = get(&stack, "/v1/services/web?healthy=true").await;
+    assert_eq!(ids(&healthy.body), set(&["a"]));
+    let counts = get(&stack, "/v1/services").await;
+    assert_eq!(
+        counts.body,
+        json!([{"service": "web", "endpoints": 2, "healthy": 1}])
+    );
+
+    let bad = put(
+        &stack,
+        "/v1/services/web/c",
+        json!({"address": "10.0.0.1", "port": 8080, "labels": {"weight": "0"}}),
+    )
+    .await;
+    assert_eq!(bad.status, 400, "{}", bad.body);
+    assert_eq!(bad.body["field"], "labels[\"weight\"]", "{}", bad.body);
+}
