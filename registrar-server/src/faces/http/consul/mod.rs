@@ -22,11 +22,11 @@ use super::{json_response, read_blocking, read_state, ApiError};
 use crate::engine::registrar::Registrar;
 
 mod agent;
-mod maintenance;
 mod body;
 pub(crate) mod check;
 mod damping;
 mod filter;
+mod maintenance;
 mod observed;
 mod probe;
 mod reads;

@@ -220,7 +220,12 @@ fn maintenance_checks(e: &Endpoint) -> Vec<HealthCheck> {
             "Service Maintenance Mode",
             true,
         ),
-        (NODE_LABEL, NODE_CHECK.to_string(), "Node Maintenance Mode", false),
+        (
+            NODE_LABEL,
+            NODE_CHECK.to_string(),
+            "Node Maintenance Mode",
+            false,
+        ),
     ] {
         if let Some(reason) = e.labels.get(label) {
             out.push(HealthCheck {
@@ -231,7 +236,11 @@ fn maintenance_checks(e: &Endpoint) -> Vec<HealthCheck> {
                 notes: reason.clone(),
                 output: String::new(),
                 service_id: if service { e.id.clone() } else { String::new() },
-                service_name: if service { e.service.clone() } else { String::new() },
+                service_name: if service {
+                    e.service.clone()
+                } else {
+                    String::new()
+                },
                 service_tags: if service { tags(e) } else { Vec::new() },
                 kind: "maintenance",
             });
