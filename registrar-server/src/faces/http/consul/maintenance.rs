@@ -20,23 +20,11 @@ use waypost::{Endpoint, Error, Health, Op};
 use super::agent::{agent_endpoints, by_id, state};
 use super::check;
 use super::consul_query;
+use super::shapes::{NODE_LABEL, SERVICE_LABEL};
 use crate::auth::Caller;
 use crate::engine::registrar::Registrar;
 use crate::faces::http::write::write;
 use crate::faces::http::{json_response, ApiError};
-
-/// The label holding a service's maintenance reason.
-pub(crate) const SERVICE_LABEL: &str = "consul.maintenance";
-/// The label holding its node's maintenance reason.
-pub(crate) const NODE_LABEL: &str = "consul.node-maintenance";
-/// Consul's check ID prefix for a service in maintenance.
-pub(crate) const SERVICE_CHECK: &str = "_service_maintenance:";
-/// Consul's check ID for a node in maintenance.
-pub(crate) const NODE_CHECK: &str = "_node_maintenance";
-/// Whether a label key is one of maintenance's.
-pub(crate) fn is_label(key: &str) -> bool {
-    key == SERVICE_LABEL || key == NODE_LABEL
-}
 
 /// The reason shown when none is given (Consul's words for it).
 const NO_REASON: &str = "Maintenance mode is enabled, but no reason was provided.";

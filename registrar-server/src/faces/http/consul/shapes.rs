@@ -47,7 +47,7 @@ pub(crate) fn node_name(e: &Endpoint) -> &str {
 fn meta(e: &Endpoint) -> BTreeMap<String, String> {
     e.labels
         .iter()
-        .filter(|(k, _)| !check::is_check_label(k) && !super::maintenance::is_label(k))
+        .filter(|(k, _)| !check::is_check_label(k) && !is_maintenance_label(k))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect()
 }
@@ -208,10 +208,22 @@ pub(crate) fn health_checks(e: &Endpoint) -> Vec<HealthCheck> {
     out
 }
 
+/// The label holding a service's maintenance reason.
+pub(crate) const SERVICE_LABEL: &str = "consul.maintenance";
+/// The label holding its node's maintenance reason.
+pub(crate) const NODE_LABEL: &str = "consul.node-maintenance";
+/// Consul's check ID prefix for a service in maintenance.
+pub(crate) const SERVICE_CHECK: &str = "_service_maintenance:";
+/// Consul's check ID for a node in maintenance.
+pub(crate) const NODE_CHECK: &str = "_node_maintenance";
+/// Whether a label key is one of maintenance mode's ([`super::maintenance`]).
+pub(crate) fn is_maintenance_label(key: &str) -> bool {
+    key == SERVICE_LABEL || key == NODE_LABEL
+}
+
 /// The critical checks Consul shows for a service, or its node, in
 /// maintenance, with the reason as notes.
 fn maintenance_checks(e: &Endpoint) -> Vec<HealthCheck> {
-    use super::maintenance::{NODE_CHECK, NODE_LABEL, SERVICE_CHECK, SERVICE_LABEL};
     let mut out = Vec::new();
     for (label, id, name, service) in [
         (
