@@ -28,20 +28,6 @@ use crate::layout::{self, Item};
 /// Most actions DynamoDB takes in one `TransactWriteItems`.
 pub const MAX_TRANSACTION_ITEMS: usize = 100;
 
-/// What the change log's writer keeps between batches.
-#[derive(Debug, Default)]
-pub(crate) struct HeadCache {
-    /// Its guess of the version of a one-head log's head (0: unknown or
-    /// empty: read it).
-    pub(crate) version: std::sync::atomic::AtomicU64,
-    /// Lets one batch of this process at a time race for the heads
-    /// (batches of one process would only make each other retry).
-    pub(crate) turn: tokio::sync::Mutex<()>,
-    /// The last stamp this process gave a batch of a log of several heads
-    /// (microseconds, never going back).
-    pub(crate) last_stamp: std::sync::atomic::AtomicU64,
-}
-
 /// The clients, settings and version clock shared by the registry and its
 /// watch task.
 pub(crate) struct Table {
@@ -55,7 +41,7 @@ pub(crate) struct Table {
     /// across restarts.
     pub(crate) clock: VersionClock,
     /// The change log's head as this process last saw it.
-    pub(crate) log_head: HeadCache,
+    pub(crate) log_head: crate::changelog::HeadCache,
 }
 
 impl Table {

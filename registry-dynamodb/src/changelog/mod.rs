@@ -48,6 +48,20 @@ use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::TransactWriteItem;
 use waypost::{EndpointKey, Error, Op, Result};
 
+/// What the change log's writer keeps between batches.
+#[derive(Debug, Default)]
+pub(crate) struct HeadCache {
+    /// Its guess of the version of a one-head log's head (0: unknown or
+    /// empty: read it).
+    pub(crate) version: std::sync::atomic::AtomicU64,
+    /// Lets one batch of this process at a time race for the heads
+    /// (batches of one process would only make each other retry).
+    pub(crate) turn: tokio::sync::Mutex<()>,
+    /// The last stamp this process gave a batch of a log of several heads
+    /// (microseconds, never going back).
+    pub(crate) last_stamp: std::sync::atomic::AtomicU64,
+}
+
 pub use items::changelog_head_of;
 use items::{entry_id, log_partition, pack, Part, HEAD_ID};
 pub(crate) use items::{Entry, LogPage};

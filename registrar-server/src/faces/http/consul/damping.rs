@@ -13,7 +13,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::check::Status;
+use super::status::Status;
 
 fn is_zero(n: &u32) -> bool {
     *n == 0

@@ -32,6 +32,7 @@ mod probe;
 mod reads;
 mod runner;
 mod shapes;
+mod status;
 mod view;
 
 use filter::{Filter, Selectors, CATALOG_SERVICE, CHECKS, HEALTH_SERVICE};
