@@ -298,6 +298,45 @@ impl Error {
     }
 }
 
+/// How many bytes of an offending value an error quotes.
+pub const QUOTE_BYTES: usize = 64;
+
+/// A value as an error quotes it: in quotes, at most [`QUOTE_BYTES`] bytes
+/// of it, and its length when it was cut, so that an error about a huge
+/// value stays small.
+///
+/// ```
+/// use waypost::error::quote;
+/// assert_eq!(quote("zone"), "\"zone\"");
+/// let q = quote(&"x".repeat(1_000_000));
+/// assert!(q.len() < 100 && q.ends_with("(1000000 bytes)"), "{q}");
+/// ```
+pub fn quote(value: &str) -> String {
+    if value.len() <= QUOTE_BYTES {
+        return format!("{value:?}");
+    }
+    let mut end = QUOTE_BYTES;
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{:?}… ({} bytes)", &value[..end], value.len())
+}
+
+/// `value` cut to its first `max_chars` characters, with `…` when cut:
+/// the bounded prefix an error message quotes of a value it names.
+///
+/// ```
+/// use waypost::error::prefix;
+/// assert_eq!(prefix("zone", 10), "zone");
+/// assert_eq!(prefix("abcdef", 3), "abc…");
+/// ```
+pub fn prefix(value: &str, max_chars: usize) -> std::borrow::Cow<'_, str> {
+    match value.char_indices().nth(max_chars) {
+        Some((at, _)) => format!("{}…", &value[..at]).into(),
+        None => value.into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

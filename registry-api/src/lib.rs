@@ -3,8 +3,10 @@
 
 mod capabilities;
 mod model;
+mod settings;
 mod snapshot;
 mod traits;
+mod validate;
 
 pub mod announce;
 pub mod backend;

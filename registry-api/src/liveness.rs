@@ -8,10 +8,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use crate::backend::check_duration;
 use crate::capabilities::Capabilities;
 use crate::error::Result;
 use crate::model::{Endpoint, Health, Op};
+use crate::settings::check_duration;
 use crate::traits::{Batch, Heartbeat, Registry, Watch};
 
 /// Settings of [`Liveness`]: unhealthy after 30 s of silence, removed
@@ -362,7 +362,7 @@ impl<R: Registry> Heartbeat for Liveness<R> {
     /// registered, or removed after `remove_after`): it should register
     /// its endpoints again.
     async fn heartbeat(&self, node: &str) -> Result<()> {
-        crate::backend::check_name("node", node, true)?;
+        crate::validate::check_name("node", node, true)?;
         let tracked = self.shared.lock().last_seen.contains_key(node);
         if !tracked {
             let snap = self.inner.snapshot().await?;
@@ -393,7 +393,7 @@ crate::forward! {
         forward to inner: max_batch;
         async fn apply(&self, ops: Vec<Op>) -> Result<()> {
             // The batch rule before the sweeper notes any node as seen.
-            crate::backend::check_batch(&ops, self.inner.max_batch())?;
+            crate::validate::check_batch(&ops, self.inner.max_batch())?;
             for op in &ops {
                 if let Op::Register(e) = op {
                     if !e.node.is_empty() {

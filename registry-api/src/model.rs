@@ -145,13 +145,21 @@ impl FromStr for Health {
                 "health",
                 format!(
                     "unknown health {} (expected healthy, unhealthy or draining)",
-                    crate::backend::quote(s)
+                    crate::error::quote(s)
                 ),
             )),
         }
     }
 }
 
+/// The label (see [`crate::traffic`]) giving an endpoint's zone.
+pub const ZONE_LABEL: &str = "zone";
+/// The label (see [`crate::traffic`]) giving an endpoint's region.
+pub const REGION_LABEL: &str = "region";
+/// The label (see [`crate::traffic`]) giving an endpoint's weight.
+pub const WEIGHT_LABEL: &str = "weight";
+/// The largest weight: what a DNS SRV record can carry (16 bits).
+pub const MAX_WEIGHT: u32 = 65_535;
 /// One network endpoint of a service.
 ///
 /// ```
@@ -253,43 +261,47 @@ impl Endpoint {
         self
     }
 
-    /// Set the weight: the [`crate::traffic::WEIGHT_LABEL`] label, 1 to
-    /// [`crate::traffic::MAX_WEIGHT`] (validation refuses 0).
+    /// Set the weight: the [`WEIGHT_LABEL`] label, 1 to
+    /// [`MAX_WEIGHT`] (validation refuses 0).
     pub fn with_weight(self, weight: u32) -> Self {
-        self.with_label(crate::traffic::WEIGHT_LABEL, weight.to_string())
+        self.with_label(WEIGHT_LABEL, weight.to_string())
     }
 
-    /// Set the zone: the [`crate::traffic::ZONE_LABEL`] label.
+    /// Set the zone: the [`ZONE_LABEL`] label.
     pub fn with_zone(self, zone: impl Into<String>) -> Self {
-        self.with_label(crate::traffic::ZONE_LABEL, zone)
+        self.with_label(ZONE_LABEL, zone)
     }
 
-    /// Set the region: the [`crate::traffic::REGION_LABEL`] label.
+    /// Set the region: the [`REGION_LABEL`] label.
     pub fn with_region(self, region: impl Into<String>) -> Self {
-        self.with_label(crate::traffic::REGION_LABEL, region)
+        self.with_label(REGION_LABEL, region)
     }
 
-    /// The weight: the [`crate::traffic::WEIGHT_LABEL`] label, 1 when it
+    /// The weight: the [`WEIGHT_LABEL`] label, 1 when it
     /// is absent (or, in an endpoint that was never validated, not a
-    /// whole number from 1 to [`crate::traffic::MAX_WEIGHT`]).
+    /// whole number from 1 to [`MAX_WEIGHT`]).
     pub fn weight(&self) -> u32 {
-        crate::traffic::weight_of(self)
+        self.labels
+            .get(WEIGHT_LABEL)
+            .and_then(|w| w.parse::<u32>().ok())
+            .filter(|w| (1..=MAX_WEIGHT).contains(w))
+            .unwrap_or(1)
     }
 
-    /// The zone: the [`crate::traffic::ZONE_LABEL`] label, if set and
+    /// The zone: the [`ZONE_LABEL`] label, if set and
     /// not empty.
     pub fn zone(&self) -> Option<&str> {
         self.labels
-            .get(crate::traffic::ZONE_LABEL)
+            .get(ZONE_LABEL)
             .map(String::as_str)
             .filter(|z| !z.is_empty())
     }
 
-    /// The region: the [`crate::traffic::REGION_LABEL`] label, if set and
+    /// The region: the [`REGION_LABEL`] label, if set and
     /// not empty.
     pub fn region(&self) -> Option<&str> {
         self.labels
-            .get(crate::traffic::REGION_LABEL)
+            .get(REGION_LABEL)
             .map(String::as_str)
             .filter(|z| !z.is_empty())
     }
@@ -298,12 +310,6 @@ impl Endpoint {
     pub fn with_label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.labels.insert(key.into(), value.into());
         self
-    }
-
-    /// Check every field against the limits in [`crate::limits`]; see
-    /// [`crate::backend::validate_endpoint`].
-    pub fn validate(&self) -> Result<(), Error> {
-        crate::backend::validate_endpoint(self)
     }
 }
 

@@ -14,18 +14,11 @@
 //! traffic there: Kubernetes' `PreferSameZone` (stay in the zone while it
 //! has a healthy endpoint, spread otherwise), with an optional floor.
 
-use crate::backend::quote;
-use crate::error::{Error, Result};
+use crate::error::{quote, Error, Result};
 use crate::model::Endpoint;
 
-/// The label giving an endpoint's zone.
-pub const ZONE_LABEL: &str = "zone";
-/// The label giving an endpoint's region.
-pub const REGION_LABEL: &str = "region";
-/// The label giving an endpoint's weight.
-pub const WEIGHT_LABEL: &str = "weight";
-/// The largest weight: what a DNS SRV record can carry (16 bits).
-pub const MAX_WEIGHT: u32 = 65_535;
+pub use crate::model::{MAX_WEIGHT, REGION_LABEL, WEIGHT_LABEL, ZONE_LABEL};
+
 /// The longest zone or region, in bytes (a Kubernetes label value's limit).
 pub const MAX_ZONE_LEN: usize = 63;
 
@@ -33,11 +26,7 @@ pub const MAX_ZONE_LEN: usize = 63;
 /// [`MAX_WEIGHT`], otherwise 1 (validation refuses other values, so only
 /// an endpoint that was never validated falls back).
 pub fn weight_of(e: &Endpoint) -> u32 {
-    e.labels
-        .get(WEIGHT_LABEL)
-        .and_then(|w| w.parse::<u32>().ok())
-        .filter(|w| (1..=MAX_WEIGHT).contains(w))
-        .unwrap_or(1)
+    e.weight()
 }
 
 /// Whether `v` is a plain label value, as zones and regions must be:

@@ -13,6 +13,9 @@ use crate::error::Result;
 use crate::model::{Endpoint, EndpointKey, Op, Version};
 use crate::snapshot::{Event, Snapshot};
 
+/// The service name the default [`Registry::probe`] lists.
+pub const PROBE_SERVICE: &str = "registry-probe";
+
 /// A stream of watch events, `'static` so it can be moved into a task.
 pub type EventStream = BoxStream<'static, Result<Event>>;
 
@@ -22,7 +25,7 @@ pub type EventStream = BoxStream<'static, Result<Event>>;
 /// `register` is an upsert; deregistering an unknown key is not an error;
 /// `list` of an unknown service is empty; concurrent writers don't lose each
 /// other's keys. Every write validates its input first
-/// ([`crate::backend::validate_endpoint`]) and stores nothing when it is
+/// ([`Endpoint::validate`]) and stores nothing when it is
 /// invalid.
 ///
 /// `Display` shows the backend and the chain of combinators around it,
@@ -72,11 +75,11 @@ pub trait Registry: Display + Debug + Send + Sync + 'static {
     /// wait for a backend to come back.
     ///
     /// The default only reads (`list` of a service no one registers,
-    /// [`crate::backend::PROBE_SERVICE`]); backends override it with a
+    /// [`PROBE_SERVICE`]); backends override it with a
     /// cheap write check where their API has one, and document what they
     /// probe.
     async fn probe(&self) -> Result<()> {
-        self.list(crate::backend::PROBE_SERVICE).await.map(drop)
+        self.list(PROBE_SERVICE).await.map(drop)
     }
 }
 

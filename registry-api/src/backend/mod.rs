@@ -10,12 +10,16 @@ mod diff;
 mod history;
 mod hub;
 mod resume;
-mod settings;
 mod shared_liveness;
 mod silence;
 mod url;
-mod validate;
 
+pub use crate::error::{prefix, quote, QUOTE_BYTES};
+pub use crate::settings::{check_count, check_duration};
+pub use crate::traits::PROBE_SERVICE;
+pub use crate::validate::{
+    check_batch, check_name, forbidden_in_name, validate_endpoint, validate_ops,
+};
 pub use cause::{
     aws_root_cause, root_cause, root_cause_or_hint, NO_AWS_CREDENTIALS, ROOT_CAUSE_CHARS,
 };
@@ -23,19 +27,11 @@ pub use clock::VersionClock;
 pub use diff::diff;
 pub use hub::{Hub, Observer};
 pub use resume::resume_with_backoff;
-pub use settings::{check_count, check_duration};
 pub use shared_liveness::{now_ms, sweep_loop, NodeRecord, NodeTable, SharedLiveness};
 pub use silence::{Observed, Silence};
 pub use url::BackendUrl;
-pub use validate::{
-    check_batch, check_name, forbidden_in_name, prefix, quote, validate_endpoint, validate_ops,
-    QUOTE_BYTES,
-};
 
 use std::time::Duration;
-
-/// The service name the default [`crate::Registry::probe`] lists.
-pub const PROBE_SERVICE: &str = "registry-probe";
 
 /// A delay drawn uniformly from zero to `ceiling` ("full jitter"): for
 /// retries of writers that contend for one item, so that writers which

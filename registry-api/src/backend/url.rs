@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use percent_encoding::percent_decode_str;
 
-use super::validate::quote;
+use crate::error::quote;
 use crate::error::{Error, Result};
 use crate::liveness::LivenessConfig;
 

@@ -1,50 +1,12 @@
 //! The one validation every backend calls before it writes, against the
-//! limits in [`crate::limits`], and the rule for batches.
+//! limits in [`crate::limits`], and the rule for batches. Backends reach
+//! it through [`crate::backend`]; callers through [`Endpoint::validate`].
 
 use unicode_properties::{GeneralCategory, UnicodeGeneralCategory};
 
-use crate::error::{Error, Result};
+use crate::error::{quote, Error, Result};
 use crate::limits::*;
 use crate::model::{Endpoint, Op};
-
-/// How many bytes of an offending value an error quotes.
-pub const QUOTE_BYTES: usize = 64;
-
-/// A value as an error quotes it: in quotes, at most [`QUOTE_BYTES`] bytes
-/// of it, and its length when it was cut, so that an error about a huge
-/// value stays small.
-///
-/// ```
-/// use waypost::backend::quote;
-/// assert_eq!(quote("zone"), "\"zone\"");
-/// let q = quote(&"x".repeat(1_000_000));
-/// assert!(q.len() < 100 && q.ends_with("(1000000 bytes)"), "{q}");
-/// ```
-pub fn quote(value: &str) -> String {
-    if value.len() <= QUOTE_BYTES {
-        return format!("{value:?}");
-    }
-    let mut end = QUOTE_BYTES;
-    while !value.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{:?}… ({} bytes)", &value[..end], value.len())
-}
-
-/// `value` cut to its first `max_chars` characters, with `…` when cut:
-/// the bounded prefix an error message quotes of a value it names.
-///
-/// ```
-/// use waypost::backend::prefix;
-/// assert_eq!(prefix("zone", 10), "zone");
-/// assert_eq!(prefix("abcdef", 3), "abc…");
-/// ```
-pub fn prefix(value: &str, max_chars: usize) -> std::borrow::Cow<'_, str> {
-    match value.char_indices().nth(max_chars) {
-        Some((at, _)) => format!("{}…", &value[..at]).into(),
-        None => value.into(),
-    }
-}
 
 /// A character a name must not contain: control characters, whitespace,
 /// and the invisible format characters (Unicode category Cf: zero-width
@@ -83,7 +45,7 @@ fn describe(c: char) -> String {
 /// - the whole endpoint at most [`MAX_ENCODED_LEN`] bytes ([`encoded_len`]).
 ///
 /// The error is [`Error::InvalidInput`] naming the field and the limit;
-/// it quotes at most [`QUOTE_BYTES`] bytes of an offending value
+/// it quotes at most [`QUOTE_BYTES`](crate::error::QUOTE_BYTES) bytes of an offending value
 /// ([`quote`]).
 ///
 /// ```
@@ -157,6 +119,14 @@ pub fn validate_endpoint(e: &Endpoint) -> Result<(), Error> {
         ));
     }
     Ok(())
+}
+
+impl Endpoint {
+    /// Check every field against the limits in [`crate::limits`]; see
+    /// [`crate::backend::validate_endpoint`].
+    pub fn validate(&self) -> Result<(), Error> {
+        validate_endpoint(self)
+    }
 }
 
 /// Validate every op of a batch, naming the op's index in the error
