@@ -2,6 +2,9 @@
 //! do: the rule of the authorization [`Policy`] that matches it.
 
 pub(crate) mod policy;
+mod write;
+
+pub(crate) use write::{authorized_write, node_of, Refused};
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -10,8 +13,7 @@ use std::sync::Arc;
 
 use rustls::pki_types::CertificateDer;
 use tonic::{Request, Status};
-use waypost::{Endpoint, EndpointKey, Error};
-use waypost_registrar_client::status_from_error;
+use waypost::{Endpoint, Error};
 use waypost_registrar_client::tls::spiffe_id;
 
 use crate::auth::policy::{trust_domain_name, Policy, Rule};
@@ -194,32 +196,6 @@ impl Caller {
     }
 }
 
-/// Refuse a write of `key` (to become `new`, or removed) unless `caller`
-/// may write both `new` and the endpoint `registrar` stores now.
-pub(crate) async fn authorize_write(
-    registrar: &crate::engine::registrar::Registrar,
-    caller: &Caller,
-    key: &EndpointKey,
-    new: Option<&Endpoint>,
-) -> Result<(), Status> {
-    if caller.is_anyone() {
-        return Ok(());
-    }
-    if let Some(ep) = new {
-        caller.may_write(ep)?;
-    }
-    let current = registrar
-        .current(key)
-        .await
-        .map_err(|e| status_from_error(&e))?;
-    if let Some(current) = current {
-        if Some(&current) != new {
-            caller.may_write(&current)?;
-        }
-    }
-    Ok(())
-}
-
 /// How requests are authenticated.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Security {
@@ -296,25 +272,6 @@ impl tonic::service::Interceptor for Authenticate {
     fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
         self.0.authenticate(req)
     }
-}
-
-/// The span of one write: every log line inside it (refusals, backend
-/// errors, the debug line of the outcome) carries the node, the service
-/// and the key of the request, and the caller.
-pub(crate) fn write_span(
-    op: &'static str,
-    node: &str,
-    key: &waypost::EndpointKey,
-    caller: &Caller,
-) -> tracing::Span {
-    tracing::info_span!(
-        "write",
-        op,
-        node = %node,
-        service = %key.service,
-        key = %key,
-        %caller
-    )
 }
 
 #[cfg(test)]

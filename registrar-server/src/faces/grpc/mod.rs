@@ -20,7 +20,7 @@ use waypost_registrar_client::{
     MAX_SUMMARY_BYTES,
 };
 
-use crate::auth::{authorize_write, write_span, Security};
+use crate::auth::{authorized_write, node_of, Security};
 use crate::engine::config::{
     parse_ack, Ack, StreamEncoding, ACK_METADATA, DEFAULT_MAX_REQUEST_BYTES,
 };
@@ -179,25 +179,12 @@ impl GrpcRegistrar for RegistrarService {
             // No cluster given: this registrar's, as on every write path.
             endpoint.cluster = self.registrar.config().cluster_name.clone();
         }
-        let key = endpoint.key();
-        let span = write_span("register", &endpoint.node, &key, &caller);
-        async {
-            authorize_write(&self.registrar, &caller, &key, Some(&endpoint)).await?;
-            let token = self
-                .registrar
-                .write(Op::Register(endpoint), ack)
-                .await
-                .map_err(|e| {
-                    tracing::debug!(error = %e, "write refused");
-                    status(e)
-                })?;
-            tracing::debug!(version = %token, "endpoint registered");
-            Ok(Response::new(RegisterEndpointResponse {
-                version: token.to_string(),
-            }))
-        }
-        .instrument(span)
-        .await
+        let node = endpoint.node.clone();
+        let token =
+            authorized_write(&self.registrar, &caller, Op::Register(endpoint), ack, &node).await?;
+        Ok(Response::new(RegisterEndpointResponse {
+            version: token.to_string(),
+        }))
     }
 
     async fn unregister_endpoint(
@@ -209,31 +196,12 @@ impl GrpcRegistrar for RegistrarService {
         let req = request.into_inner();
         let key = key_from_parts(req.service_name, req.id).map_err(status)?;
         // The request names no node: the one the state holds, if any.
-        let node = self
-            .registrar
-            .state()
-            .store()
-            .snapshot()
-            .and_then(|s| s.get(&key).map(|e| e.node.clone()))
-            .unwrap_or_default();
-        let span = write_span("deregister", &node, &key, &caller);
-        async {
-            authorize_write(&self.registrar, &caller, &key, None).await?;
-            let token = self
-                .registrar
-                .write(Op::Deregister(key), ack)
-                .await
-                .map_err(|e| {
-                    tracing::debug!(error = %e, "write refused");
-                    status(e)
-                })?;
-            tracing::debug!(version = %token, "endpoint deregistered");
-            Ok(Response::new(UnregisterEndpointResponse {
-                version: token.to_string(),
-            }))
-        }
-        .instrument(span)
-        .await
+        let node = node_of(&self.registrar, &key);
+        let token =
+            authorized_write(&self.registrar, &caller, Op::Deregister(key), ack, &node).await?;
+        Ok(Response::new(UnregisterEndpointResponse {
+            version: token.to_string(),
+        }))
     }
 
     type WatchEndpointsStream = EventStream;

@@ -101,6 +101,15 @@ impl ApiError {
     }
 }
 
+impl From<crate::auth::Refused> for ApiError {
+    fn from(r: crate::auth::Refused) -> Self {
+        match r {
+            crate::auth::Refused::Caller(s) => s.into(),
+            crate::auth::Refused::Write(e) => e.into(),
+        }
+    }
+}
+
 impl From<tonic::Status> for ApiError {
     /// A refusal of the caller (authentication or authorization), as the
     /// gRPC port would answer it.

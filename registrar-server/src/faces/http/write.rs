@@ -19,7 +19,7 @@ use waypost_registrar_client::Token;
 
 use super::query::{bounded, Query};
 use super::{json_response, ApiError};
-use crate::auth::{authorize_write, write_span, Caller};
+use crate::auth::{authorized_write, node_of, Caller};
 use crate::engine::config::Ack;
 use crate::engine::config::{parse_ack, ACK_METADATA};
 use crate::engine::registrar::Registrar;
@@ -142,8 +142,8 @@ fn written(token: Token) -> Response {
     json_response(StatusCode::OK, &body, Some(token.version.0))
 }
 
-/// Write `op` for `caller` after authorizing it; the span names the node,
-/// key and caller as the gRPC port's does.
+/// Write `op` for `caller` after authorizing it (see
+/// [`authorized_write`]), answering the version as JSON.
 pub(super) async fn write(
     registrar: &Arc<Registrar>,
     caller: &Caller,
@@ -151,26 +151,8 @@ pub(super) async fn write(
     ack: Option<Ack>,
     node: &str,
 ) -> Result<Response, ApiError> {
-    let key = op.key();
-    let what = match op {
-        Op::Register(_) => "register",
-        Op::Deregister(_) => "deregister",
-    };
-    let span = write_span(what, node, &key, caller);
-    async {
-        let new = match &op {
-            Op::Register(e) => Some(e),
-            Op::Deregister(_) => None,
-        };
-        authorize_write(registrar, caller, &key, new).await?;
-        let token = registrar.write(op, ack).await.inspect_err(|e| {
-            tracing::debug!(error = %e, "write refused");
-        })?;
-        tracing::debug!(version = %token, "written through the HTTP API");
-        Ok(written(token))
-    }
-    .instrument(span)
-    .await
+    let token = authorized_write(registrar, caller, op, ack, node).await?;
+    Ok(written(token))
 }
 
 /// `PUT /v1/services/<service>/<id>`: register (or replace) the endpoint
@@ -203,12 +185,7 @@ pub(super) async fn delete_endpoint(
     let q = Query::parse(raw.as_deref())?;
     let ack = ack(&q, &headers)?;
     let key = EndpointKey::new(service, id);
-    let node = registrar
-        .state()
-        .store()
-        .snapshot()
-        .and_then(|s| s.get(&key).map(|e| e.node.clone()))
-        .unwrap_or_default();
+    let node = node_of(&registrar, &key);
     write(&registrar, &caller, Op::Deregister(key), ack, &node).await
 }
 
