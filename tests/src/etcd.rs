@@ -69,31 +69,7 @@ fn spec() -> ContainerSpec {
 }
 
 impl EtcdServer {
-    /// Start etcd (environment variable, container or process, see the
-    /// type's docs). Blocks; callable from sync tests and from inside a
-    /// tokio runtime alike. A container that fails to start is reported on
-    /// stderr and replaced by a local process.
-    pub fn start() -> Result<Self, FixtureError> {
-        crate::provision()
-    }
-
-    /// [`EtcdServer::start`] for async code: does not block the runtime
-    /// while the server comes up.
-    pub async fn start_async() -> Result<Self, FixtureError> {
-        crate::provision_async().await
-    }
-
-    /// Start etcd in a container through testcontainers, whatever the
-    /// environment variables say about an existing server. Fails with
-    /// [`FixtureError::NoEngine`] when no engine answers.
-    pub fn start_container() -> Result<Self, FixtureError> {
-        crate::provision_container()
-    }
-
-    /// [`EtcdServer::start_container`] for async code.
-    pub async fn start_container_async() -> Result<Self, FixtureError> {
-        crate::provision_container_async().await
-    }
+    crate::fixture_starts!("etcd");
 
     /// Start etcd as a local process on two free loopback ports (fresh
     /// ones when another socket takes one before etcd binds it).

@@ -282,6 +282,40 @@ pub enum Provision {
     Process,
 }
 
+/// The four ways every fixture server starts, written once over
+/// [`Fixture`]: `start` (environment variable, container or process),
+/// `start_async`, `start_container` and `start_container_async`.
+macro_rules! fixture_starts {
+    ($name:literal) => {
+        #[doc = concat!("Start ", $name, " (environment variable, container or process, see the")]
+        /// type's docs). Blocks; callable from sync tests and from inside a
+        /// tokio runtime alike. A container that fails to start is reported on
+        /// stderr and replaced by a local process.
+        pub fn start() -> Result<Self, FixtureError> {
+            crate::provision()
+        }
+
+        /// [`Self::start`] for async code: does not block the runtime
+        /// while the server comes up.
+        pub async fn start_async() -> Result<Self, FixtureError> {
+            crate::provision_async().await
+        }
+
+        #[doc = concat!("Start ", $name, " in a container through testcontainers, whatever the")]
+        /// environment variables say about an existing server. Fails with
+        /// [`FixtureError::NoEngine`] when no engine answers.
+        pub fn start_container() -> Result<Self, FixtureError> {
+            crate::provision_container()
+        }
+
+        /// [`Self::start_container`] for async code.
+        pub async fn start_container_async() -> Result<Self, FixtureError> {
+            crate::provision_container_async().await
+        }
+    };
+}
+pub(crate) use fixture_starts;
+
 /// What a fixture server type supplies so that the choice between an
 /// external server, a container and a local process is written once.
 trait Fixture: Sized + Send + 'static {

@@ -51,31 +51,7 @@ fn spec() -> ContainerSpec {
 }
 
 impl MotoServer {
-    /// Start moto (environment variable, container or process, see the
-    /// type's docs). Blocks; callable from sync tests and from inside a
-    /// tokio runtime alike. A container that fails to start is reported on
-    /// stderr and replaced by a local process.
-    pub fn start() -> Result<Self, FixtureError> {
-        crate::provision()
-    }
-
-    /// [`MotoServer::start`] for async code: does not block the runtime
-    /// while the server comes up.
-    pub async fn start_async() -> Result<Self, FixtureError> {
-        crate::provision_async().await
-    }
-
-    /// Start moto in a container through testcontainers, whatever the
-    /// environment variables say about an existing server. Fails with
-    /// [`FixtureError::NoEngine`] when no engine answers.
-    pub fn start_container() -> Result<Self, FixtureError> {
-        crate::provision_container()
-    }
-
-    /// [`MotoServer::start_container`] for async code.
-    pub async fn start_container_async() -> Result<Self, FixtureError> {
-        crate::provision_container_async().await
-    }
+    crate::fixture_starts!("moto");
 
     /// Start `moto_server -H 127.0.0.1 -p <free port>` as a local process
     /// (on a fresh port when another socket takes it before moto binds it).

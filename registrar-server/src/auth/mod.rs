@@ -2,9 +2,9 @@
 //! do: the rule of the authorization [`Policy`] that matches it.
 
 pub(crate) mod policy;
-mod write;
+pub(crate) mod write;
 
-pub(crate) use write::{authorized_write, node_of, Refused};
+pub(crate) use write::{authorized_write, node_of};
 
 use std::collections::BTreeSet;
 use std::fmt;

@@ -101,11 +101,11 @@ impl ApiError {
     }
 }
 
-impl From<crate::auth::Refused> for ApiError {
-    fn from(r: crate::auth::Refused) -> Self {
+impl From<crate::auth::write::Refused> for ApiError {
+    fn from(r: crate::auth::write::Refused) -> Self {
         match r {
-            crate::auth::Refused::Caller(s) => s.into(),
-            crate::auth::Refused::Write(e) => e.into(),
+            crate::auth::write::Refused::Caller(s) => s.into(),
+            crate::auth::write::Refused::Write(e) => e.into(),
         }
     }
 }
