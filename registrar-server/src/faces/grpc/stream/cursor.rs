@@ -12,7 +12,7 @@ use waypost_registrar_client::proto::registrar::v1::EndpointEvent;
 use waypost_registrar_client::proto::registry::v1::ServiceEndpoint;
 
 use super::codec::{self, Frame};
-use super::shared::{Chunk, MemoUse};
+use super::encodings::{Chunk, MemoUse};
 use crate::engine::config::StreamEncoding;
 
 /// Where a stream is in sending one snapshot.

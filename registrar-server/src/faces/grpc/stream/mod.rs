@@ -44,7 +44,7 @@
 //!   of two, behind). A stream with a subscription of its own (resuming
 //!   from an older version, or a baseline encoding) has its own queue, and
 //!   the registrar keeps the encodings of the last
-//!   [`shared::DELTA_WINDOW`] events for those streams together.
+//!   [`encodings::DELTA_WINDOW`] events for those streams together.
 //!
 //! The messages on the wire are the ones the proto documents: a snapshot is
 //! one or more `FULL_SNAPSHOT` events in key order, each of at most
@@ -79,9 +79,9 @@ use crate::engine::registrar::Registrar;
 
 pub(crate) mod codec;
 mod cursor;
+pub(crate) mod encodings;
 pub(crate) mod fanout;
 pub(crate) mod request;
-pub(crate) mod shared;
 
 pub(crate) use codec::Frame;
 use cursor::{ChunkBounds, Cursor};
@@ -128,7 +128,7 @@ impl Broadcasts {
 /// state ([`fanout`]) and the encodings ([`shared`]).
 pub(crate) struct Feeds {
     pub(crate) fanout: Arc<fanout::Fanout>,
-    pub(crate) shared: Arc<shared::Shared>,
+    pub(crate) encodings: Arc<encodings::Encodings>,
     /// The services' content digests, for agents resuming by content.
     pub(crate) digests: Digests,
     /// The last partial snapshot sent to an agent resuming by content.
@@ -142,7 +142,7 @@ impl Feeds {
         registrar.state().store().observe(Arc::clone(&fanout) as _);
         Self {
             fanout,
-            shared: Arc::default(),
+            encodings: Arc::default(),
             digests: Digests::new(),
             partials: request::Partials::default(),
         }
@@ -299,7 +299,7 @@ impl AgentStream {
         }
         let (bytes, encoded) = self
             .feeds
-            .shared
+            .encodings
             .delta(ev, || codec::encode(&self.delta(ev, gone)));
         if encoded {
             self.registrar.stream_counters().encoded(1);
@@ -365,12 +365,12 @@ impl AgentStream {
                 // Not a summary: what a request without one gets.
                 Err(error) => {
                     tracing::warn!(%error, "an agent's summary does not decode: a full snapshot");
-                    let memo = shares.then(|| self.feeds.shared.snapshot_memo(&snap));
+                    let memo = shares.then(|| self.feeds.encodings.snapshot_memo(&snap));
                     (snap, None, memo.flatten())
                 }
             },
             None => {
-                let memo = shares.then(|| self.feeds.shared.snapshot_memo(&snap));
+                let memo = shares.then(|| self.feeds.encodings.snapshot_memo(&snap));
                 (snap, None, memo.flatten())
             }
         };

@@ -19,7 +19,7 @@ use waypost_registrar_client::proto::registrar::v1::{
 };
 use waypost_registrar_client::{total_digest, Digests};
 
-use super::shared::{MemoUse, SnapshotMemo};
+use super::encodings::{MemoUse, SnapshotMemo};
 
 /// The request's fields as on the wire, `held` undecoded: the same field
 /// numbers and types as the proto's `WatchEndpointsRequest` (a message
@@ -237,7 +237,7 @@ impl Held {
 
 #[cfg(test)]
 mod tests {
-    use super::super::shared::Chunk;
+    use super::super::encodings::Chunk;
     use super::*;
     use waypost::testing::ep;
 

@@ -36,7 +36,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// The encodings the registrar's streams share (see the module docs).
 #[derive(Default)]
-pub(crate) struct Shared {
+pub(crate) struct Encodings {
     deltas: Mutex<VecDeque<Delta>>,
     snapshot: Mutex<Option<Arc<SnapshotMemo>>>,
 }
@@ -70,7 +70,7 @@ impl Delta {
     }
 }
 
-impl Shared {
+impl Encodings {
     /// The encoding of `event`: the one another stream made, or `encode()`'s
     /// (kept for the others). The flag says whether `encode` ran.
     pub(crate) fn delta(&self, event: &Event, encode: impl FnOnce() -> Bytes) -> (Bytes, bool) {
@@ -201,7 +201,7 @@ pub(crate) struct Chunk {
 /// A stream's use of a snapshot memo (weak: a stream never keeps a memo
 /// the registrar dropped).
 pub(crate) struct MemoUse {
-    shared: Weak<Shared>,
+    shared: Weak<Encodings>,
     memo: Weak<SnapshotMemo>,
 }
 
