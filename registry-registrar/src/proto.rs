@@ -1,0 +1,18 @@
+//! The generated protobuf and gRPC code.
+
+#![allow(missing_docs, clippy::all, clippy::pedantic, clippy::unwrap_used)]
+
+/// `aether.registry`
+pub mod registry {
+    /// `aether.registry.v1`: the endpoint model.
+    pub mod v1 {
+        tonic::include_proto!("aether.registry.v1");
+    }
+}
+/// `aether.registrar`
+pub mod registrar {
+    /// `aether.registrar.v1`: the `Registrar` service.
+    pub mod v1 {
+        tonic::include_proto!("aether.registrar.v1");
+    }
+}
