@@ -213,7 +213,7 @@ async fn keep_alive(raw: RpcClient, ep: Endpoint, every: Duration) -> Result<(),
     let announced = announce(Arc::new(raw), vec![ep], cfg)
         .map_err(|e| CliError::registry("register --keep-alive", e))?;
     let mut status = announced.status();
-    let stop = crate::shutdown_signal();
+    let stop = crate::signal::shutdown_signal();
     tokio::pin!(stop);
     let mut registered_once = false;
     loop {
