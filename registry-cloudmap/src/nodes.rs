@@ -36,11 +36,12 @@ use futures::stream::{self, StreamExt, TryStreamExt};
 use waypost::backend::{backoff, NodeRecord, NodeTable};
 use waypost::{Endpoint, EndpointKey, Error, ErrorKind, Health, Result, Snapshot};
 
+use crate::client::{request_id, Client, KeyGuard, DISCOVER_MAX};
 use crate::config::WriteMode;
+use crate::endpoints::Endpoints;
 use crate::error;
 use crate::layout;
 use crate::records::{self, Encoded};
-use crate::shared::{request_id, KeyGuard, Namespace, DISCOVER_MAX};
 use crate::watch::SnapshotCache;
 
 /// Most `RegisterInstance` attempts of one record write while another
@@ -50,7 +51,7 @@ const RECORD_WRITE_ATTEMPTS: usize = 4;
 /// The node records of one namespace, and the sweeps' view of its
 /// endpoints.
 pub(crate) struct NodeStore {
-    pub(crate) ns: Arc<Namespace>,
+    endpoints: Arc<Endpoints>,
     /// The sweeps' snapshots, revision-skipping on their own (apart from
     /// the snapshots the registry's watch polls).
     snapshots: SnapshotCache,
@@ -62,16 +63,22 @@ fn target(node: &str) -> String {
 }
 
 impl NodeStore {
-    pub(crate) fn new(ns: Arc<Namespace>) -> Self {
+    /// The records beside `endpoints`, in the same namespace.
+    pub(crate) fn new(endpoints: Arc<Endpoints>) -> Self {
         Self {
-            ns,
+            endpoints,
             snapshots: SnapshotCache::new(),
         }
     }
 
+    /// The namespace's client.
+    fn client(&self) -> &Client {
+        &self.endpoints.client
+    }
+
     /// Hold `node`'s record against other writes of this process.
     async fn lock(&self, node: &str) -> KeyGuard<'_> {
-        self.ns.lock_key(format!("node\0{node}")).await
+        self.client().lock_key(format!("node\0{node}")).await
     }
 
     /// The records in the reserved service `cm_name` (only `node`'s when
@@ -83,27 +90,24 @@ impl NodeStore {
             Some(n) => target(n),
             None => format!("node liveness records in service {cm_name}"),
         };
-        self.ns.throttle().await;
-        self.ns
-            .counters
-            .record_reads
-            .fetch_add(1, Ordering::Relaxed);
-        let mut req = self
-            .ns
-            .client
-            .discover_instances()
-            .namespace_name(&self.ns.cfg.namespace)
-            .service_name(cm_name)
-            .health_status(HealthStatusFilter::All)
-            .max_results(DISCOVER_MAX);
-        if let Some(n) = node {
-            req = req.query_parameters(layout::ATTR_NODE, layout::escape(n));
-        }
-        let out = match req
-            .send()
-            .await
-            .map_err(|e| error::from_sdk(e, self.ns.call("DiscoverInstances", &target)))
-        {
+        let client = self.client();
+        client.counters.record_reads.fetch_add(1, Ordering::Relaxed);
+        let res = client
+            .call("DiscoverInstances", &target, |c| {
+                let req = c
+                    .discover_instances()
+                    .namespace_name(&client.cfg.namespace)
+                    .service_name(cm_name)
+                    .health_status(HealthStatusFilter::All)
+                    .max_results(DISCOVER_MAX);
+                let req = match node {
+                    Some(n) => req.query_parameters(layout::ATTR_NODE, layout::escape(n)),
+                    None => req,
+                };
+                req.send()
+            })
+            .await;
+        let out = match res {
             Ok(out) => out,
             // No such service yet: no records.
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
@@ -125,26 +129,27 @@ impl NodeStore {
 
     /// Every page of `ListInstances` of the reserved service `cm_name`.
     async fn list_service(&self, cm_name: &str, target: &str) -> Result<Vec<NodeRecord>> {
-        let Some(id) = self.ns.node_service_id(cm_name, false).await? else {
+        let Some(id) = self
+            .endpoints
+            .services
+            .node_service_id(cm_name, false)
+            .await?
+        else {
             return Ok(Vec::new());
         };
         let mut token = None;
         let mut found = Vec::new();
         loop {
-            self.ns.throttle().await;
-            self.ns
-                .counters
-                .record_reads
-                .fetch_add(1, Ordering::Relaxed);
-            let out = self
-                .ns
-                .client
-                .list_instances()
-                .service_id(&id)
-                .set_next_token(token)
-                .send()
-                .await
-                .map_err(|e| error::from_sdk(e, self.ns.call("ListInstances", target)))?;
+            let client = self.client();
+            client.counters.record_reads.fetch_add(1, Ordering::Relaxed);
+            let out = client
+                .call("ListInstances", target, |c| {
+                    c.list_instances()
+                        .service_id(&id)
+                        .set_next_token(token)
+                        .send()
+                })
+                .await?;
             found.extend(
                 out.instances()
                     .iter()
@@ -197,39 +202,40 @@ impl NodeStore {
         let target = target(node);
         let instance_id = layout::instance_id(node);
         let mut delays = backoff(
-            self.ns.cfg.operation_poll_min,
-            self.ns.cfg.operation_poll_max,
+            self.client().cfg.operation_poll_min,
+            self.client().cfg.operation_poll_max,
         );
         let mut refreshed = false;
         let mut attempt = 0;
         loop {
             attempt += 1;
             let service_id = self
-                .ns
+                .endpoints
+                .services
                 .node_service_id(&cm_name, true)
                 .await?
                 .ok_or_else(|| {
                     Error::internal(format!("{target}: service {cm_name} was not created"))
                 })?;
-            self.ns.throttle().await;
-            self.ns
+            let client = self.client();
+            client
                 .counters
                 .record_writes
                 .fetch_add(1, Ordering::Relaxed);
-            let res = self
-                .ns
-                .client
-                .register_instance()
-                .service_id(&service_id)
-                .instance_id(&instance_id)
-                .creator_request_id(request_id("node"))
-                .set_attributes(Some(enc.attrs.clone()))
-                .send()
+            let res = client
+                .send(|c| {
+                    c.register_instance()
+                        .service_id(&service_id)
+                        .instance_id(&instance_id)
+                        .creator_request_id(request_id("node"))
+                        .set_attributes(Some(enc.attrs.clone()))
+                        .send()
+                })
                 .await;
             let e = match res {
                 Ok(out) => {
                     return self
-                        .ns
+                        .client()
                         .finish(out.operation_id(), "RegisterInstance", &target)
                         .await
                 }
@@ -239,7 +245,7 @@ impl NodeStore {
                 if attempt < RECORD_WRITE_ATTEMPTS {
                     match dup.duplicate_operation_id() {
                         Some(op) => {
-                            if let Err(why) = self.ns.wait_operation(op, &target).await {
+                            if let Err(why) = self.client().wait_operation(op, &target).await {
                                 tracing::debug!(%target, error = %why, "the write in flight failed; writing again");
                             }
                         }
@@ -248,10 +254,10 @@ impl NodeStore {
                     continue;
                 }
             }
-            let err = error::from_sdk(e, self.ns.call("RegisterInstance", &target));
+            let err = error::from_sdk(e, self.client().about("RegisterInstance", &target));
             if err.kind() == ErrorKind::NotFound && !refreshed {
                 // The cached service was deleted behind our back.
-                self.ns.forget_node_service(&cm_name);
+                self.endpoints.services.forget_node_service(&cm_name);
                 refreshed = true;
                 continue;
             }
@@ -265,29 +271,34 @@ impl NodeStore {
     async fn delete_record(&self, node: &str) -> Result<()> {
         let cm_name = layout::node_service(node);
         let target = target(node);
-        let Some(service_id) = self.ns.node_service_id(&cm_name, false).await? else {
+        let Some(service_id) = self
+            .endpoints
+            .services
+            .node_service_id(&cm_name, false)
+            .await?
+        else {
             return Ok(());
         };
         let instance_id = layout::instance_id(node);
-        let repeat = self.ns.cfg.repeat_deregister && self.ns.cfg.write_mode == WriteMode::Wait;
+        let repeat =
+            self.client().cfg.repeat_deregister && self.client().cfg.write_mode == WriteMode::Wait;
         for _ in 0..17 {
-            self.ns.throttle().await;
-            self.ns
+            let client = self.client();
+            client
                 .counters
                 .record_writes
                 .fetch_add(1, Ordering::Relaxed);
-            let res = self
-                .ns
-                .client
-                .deregister_instance()
-                .service_id(&service_id)
-                .instance_id(&instance_id)
-                .send()
-                .await
-                .map_err(|e| error::from_sdk(e, self.ns.call("DeregisterInstance", &target)));
+            let res = client
+                .call("DeregisterInstance", &target, |c| {
+                    c.deregister_instance()
+                        .service_id(&service_id)
+                        .instance_id(&instance_id)
+                        .send()
+                })
+                .await;
             match res {
                 Ok(out) => {
-                    self.ns
+                    self.client()
                         .finish(out.operation_id(), "DeregisterInstance", &target)
                         .await?;
                     if !repeat {
@@ -306,10 +317,10 @@ impl NodeStore {
     /// Write `endpoints` through the ordinary write path, up to
     /// `concurrency` at once.
     async fn put_endpoints(&self, endpoints: &[Endpoint]) -> Result<()> {
-        let ns = &*self.ns;
+        let store = &*self.endpoints;
         stream::iter(endpoints.to_vec())
-            .map(|e| async move { ns.put(&e).await })
-            .buffer_unordered(self.ns.cfg.concurrency.max(1))
+            .map(|e| async move { store.put(&e).await })
+            .buffer_unordered(self.client().cfg.concurrency.max(1))
             .try_collect::<Vec<()>>()
             .await
             .map(|_| ())
@@ -317,10 +328,10 @@ impl NodeStore {
 
     /// Deregister `keys`, up to `concurrency` at once.
     async fn delete_endpoints(&self, keys: &[EndpointKey]) -> Result<()> {
-        let ns = &*self.ns;
+        let store = &*self.endpoints;
         stream::iter(keys.to_vec())
-            .map(|k| async move { ns.delete(&k).await })
-            .buffer_unordered(self.ns.cfg.concurrency.max(1))
+            .map(|k| async move { store.delete(&k).await })
+            .buffer_unordered(self.client().cfg.concurrency.max(1))
             .try_collect::<Vec<()>>()
             .await
             .map(|_| ())
@@ -364,37 +375,32 @@ impl NodeStore {
 
 impl fmt::Display for NodeStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "CloudMap({})", self.ns.cfg.namespace)
+        write!(f, "CloudMap({})", self.client().cfg.namespace)
     }
 }
 
 #[async_trait]
 impl NodeTable for NodeStore {
     async fn endpoints(&self) -> Result<Snapshot> {
-        self.snapshots.snapshot(&self.ns).await
+        self.snapshots.snapshot(&self.endpoints).await
     }
 
     async fn service_endpoints(&self, service: &str) -> Result<Vec<Endpoint>> {
-        self.ns.list(service).await
+        self.endpoints.list(service).await
     }
 
     /// One `DiscoverInstances` per reserved service that exists (those the
     /// last `ListServices` saw; listed first when none is known).
     async fn node_records(&self) -> Result<Vec<NodeRecord>> {
-        let known = || -> Vec<String> {
-            crate::shared::lock(&self.ns.node_services)
-                .keys()
-                .cloned()
-                .collect()
-        };
+        let known = || self.endpoints.services.node_service_names();
         let mut services = known();
         if services.is_empty() {
-            self.ns.list_services().await?;
+            self.endpoints.services.list_services().await?;
             services = known();
         }
         let read: Vec<Vec<NodeRecord>> = stream::iter(services)
             .map(|s| async move { self.read_service(&s, None).await })
-            .buffer_unordered(self.ns.cfg.concurrency.max(1))
+            .buffer_unordered(self.client().cfg.concurrency.max(1))
             .try_collect()
             .await?;
         // One record per node: emulators that keep a copy per write list

@@ -16,10 +16,11 @@ use waypost::{
     Batch, Capabilities, Endpoint, EndpointKey, Heartbeat, Op, Registry, Result, Snapshot,
 };
 
+use crate::client::{Client as NamespaceClient, CloudMapStats};
 use crate::config::CloudMapConfig;
+use crate::endpoints::{Endpoints, MAX_BATCH};
 use crate::layout;
 use crate::nodes::NodeStore;
-use crate::shared::{CloudMapStats, Namespace, MAX_BATCH};
 use crate::watch::SnapshotCache;
 
 /// A [`Registry`], [`Batch`] and [`Heartbeat`] over one AWS Cloud Map
@@ -37,7 +38,7 @@ use crate::watch::SnapshotCache;
 /// crate documentation for the mapping.
 #[derive(Clone)]
 pub struct CloudMapRegistry {
-    namespace: Arc<Namespace>,
+    endpoints: Arc<Endpoints>,
     snapshots: Arc<SnapshotCache>,
     nodes: Arc<NodeStore>,
     liveness: Arc<SharedLiveness>,
@@ -78,14 +79,15 @@ impl CloudMapRegistry {
         cfg: CloudMapConfig,
     ) -> Result<Self> {
         let liveness = Arc::new(SharedLiveness::new(cfg.liveness.clone())?);
-        let namespace = Arc::new(Namespace::open(sdk, cfg).await?);
-        let nodes = Arc::new(NodeStore::new(Arc::clone(&namespace)));
+        let client = Arc::new(NamespaceClient::open(sdk, cfg).await?);
+        let endpoints = Arc::new(Endpoints::new(client));
+        let nodes = Arc::new(NodeStore::new(Arc::clone(&endpoints)));
         let sweeper = tokio::spawn(sweep_loop(
             Arc::downgrade(&nodes),
             Arc::downgrade(&liveness),
         ));
         Ok(Self {
-            namespace,
+            endpoints,
             snapshots: Arc::new(SnapshotCache::new()),
             nodes,
             liveness,
@@ -107,44 +109,44 @@ impl CloudMapRegistry {
 
     /// The namespace's name.
     pub fn namespace(&self) -> &str {
-        &self.namespace.cfg.namespace
+        &self.endpoints.client.cfg.namespace
     }
 
     /// The namespace's Cloud Map id.
     pub fn namespace_id(&self) -> &str {
-        &self.namespace.namespace_id
+        &self.endpoints.client.namespace_id
     }
 
     /// The settings in use.
     pub fn config(&self) -> &CloudMapConfig {
-        &self.namespace.cfg
+        &self.endpoints.client.cfg
     }
 
     /// The SDK client, for calls this crate does not make.
     pub fn client(&self) -> &Client {
-        &self.namespace.client
+        &self.endpoints.client.sdk
     }
 
     /// Request counts so far.
     pub fn stats(&self) -> CloudMapStats {
-        self.namespace.stats()
+        self.endpoints.client.stats()
     }
 }
 
 impl fmt::Display for CloudMapRegistry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "CloudMap({})", self.namespace.cfg.namespace)
+        write!(f, "CloudMap({})", self.endpoints.client.cfg.namespace)
     }
 }
 
 impl fmt::Debug for CloudMapRegistry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CloudMapRegistry")
-            .field("namespace", &self.namespace.cfg.namespace)
-            .field("namespace_id", &self.namespace.namespace_id)
-            .field("endpoint", &self.namespace.endpoint)
-            .field("read_mode", &self.namespace.cfg.read_mode)
-            .field("write_mode", &self.namespace.cfg.write_mode)
+            .field("namespace", &self.endpoints.client.cfg.namespace)
+            .field("namespace_id", &self.endpoints.client.namespace_id)
+            .field("endpoint", &self.endpoints.client.endpoint)
+            .field("read_mode", &self.endpoints.client.cfg.read_mode)
+            .field("write_mode", &self.endpoints.client.cfg.write_mode)
             .field("liveness", &self.liveness.config())
             .finish()
     }
@@ -158,19 +160,19 @@ impl Registry for CloudMapRegistry {
         validate_endpoint(&endpoint)?;
         layout::encode(&endpoint)?;
         self.liveness.seen_endpoint(&*self.nodes, &endpoint).await?;
-        self.namespace.put(&endpoint).await
+        self.endpoints.put(&endpoint).await
     }
 
     async fn deregister(&self, key: &EndpointKey) -> Result<()> {
-        self.namespace.delete(key).await
+        self.endpoints.delete(key).await
     }
 
     async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
-        self.namespace.list(service).await
+        self.endpoints.list(service).await
     }
 
     async fn snapshot(&self) -> Result<Snapshot> {
-        self.snapshots.snapshot(&self.namespace).await
+        self.snapshots.snapshot(&self.endpoints).await
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -189,7 +191,7 @@ impl Registry for CloudMapRegistry {
     /// `Unauthorized` when the credentials are refused, `Unavailable` when
     /// Cloud Map does not answer.
     async fn probe(&self) -> Result<()> {
-        self.namespace.probe().await
+        self.endpoints.client.probe().await
     }
 }
 
@@ -216,8 +218,8 @@ impl Batch for CloudMapRegistry {
         let ops = Op::net(ops);
         let total = ops.len();
         let results: Vec<Result<()>> = stream::iter(ops)
-            .map(|op| self.namespace.write(op))
-            .buffer_unordered(self.namespace.cfg.concurrency.max(1))
+            .map(|op| self.endpoints.write(op))
+            .buffer_unordered(self.endpoints.client.cfg.concurrency.max(1))
             .collect()
             .await;
         let failed = results.iter().filter(|r| r.is_err()).count();

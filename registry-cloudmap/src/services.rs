@@ -1,6 +1,10 @@
-//! The namespace's services: our service names as Cloud Map services
-//! (found, checked to be in this namespace, created on the first
-//! registration) and the cache of their ids.
+//! [`Services`]: the namespace's services, our service names as Cloud Map
+//! services (found, checked to be in this namespace, created on the first
+//! registration), the reserved services that hold node records, and the
+//! caches of their ids.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use aws_sdk_servicediscovery::operation::create_service::CreateServiceError;
 use aws_sdk_servicediscovery::types::{
@@ -9,9 +13,9 @@ use aws_sdk_servicediscovery::types::{
 use futures::stream::{self, StreamExt, TryStreamExt};
 use waypost::{Error, ErrorKind, Result};
 
+use crate::client::{lock, request_id, Client};
 use crate::error;
 use crate::layout;
-use crate::shared::{lock, request_id, Namespace};
 
 /// A service of the namespace: our name, Cloud Map id and Cloud Map name.
 #[derive(Debug, Clone)]
@@ -21,14 +25,35 @@ pub(crate) struct ServiceRef {
     pub(crate) cm_name: String,
 }
 
-impl Namespace {
+/// The services of one registry's namespace, and what it knows of them.
+pub(crate) struct Services {
+    client: Arc<Client>,
+    /// Our service name → Cloud Map service id.
+    by_name: Mutex<HashMap<String, String>>,
+    /// Reserved Cloud Map service name (node records) → its id.
+    node_services: Mutex<HashMap<String, String>>,
+    /// Cloud Map service id → whether it is in this namespace.
+    namespaces: Mutex<HashMap<String, bool>>,
+}
+
+impl Services {
+    /// The services of `client`'s namespace, none known yet.
+    pub(crate) fn new(client: Arc<Client>) -> Self {
+        Self {
+            client,
+            by_name: Mutex::new(HashMap::new()),
+            node_services: Mutex::new(HashMap::new()),
+            namespaces: Mutex::new(HashMap::new()),
+        }
+    }
+
     /// Every service of the namespace we can map back to our names; also
     /// refreshes the name → id cache.
     pub(crate) async fn list_services(&self) -> Result<Vec<ServiceRef>> {
-        let target = format!("namespace {}", self.cfg.namespace);
+        let target = format!("namespace {}", self.client.cfg.namespace);
         let filter = ServiceFilter::builder()
             .name(ServiceFilterName::NamespaceId)
-            .values(&self.namespace_id)
+            .values(&self.client.namespace_id)
             .condition(FilterCondition::Eq)
             .build()
             .map_err(|e| Error::internal(format!("building the ListServices filter: {e}")))?;
@@ -37,15 +62,15 @@ impl Namespace {
         // The services holding node records: never services of endpoints.
         let mut reserved = Vec::new();
         loop {
-            self.throttle().await;
             let out = self
                 .client
-                .list_services()
-                .filters(filter.clone())
-                .set_next_token(token)
-                .send()
-                .await
-                .map_err(|e| error::from_sdk(e, self.call("ListServices", &target)))?;
+                .call("ListServices", &target, |c| {
+                    c.list_services()
+                        .filters(filter.clone())
+                        .set_next_token(token)
+                        .send()
+                })
+                .await?;
             for s in out.services() {
                 let (Some(id), Some(cm_name)) = (s.id(), s.name()) else {
                     continue;
@@ -77,7 +102,7 @@ impl Namespace {
         }
         let found = self.in_namespace(found).await?;
         let reserved = self.in_namespace(reserved).await?;
-        *lock(&self.services) = found
+        *lock(&self.by_name) = found
             .iter()
             .map(|s| (s.name.clone(), s.id.clone()))
             .collect();
@@ -91,7 +116,7 @@ impl Namespace {
     /// (a service never moves) and the answer remembered.
     pub(crate) async fn in_namespace(&self, services: Vec<ServiceRef>) -> Result<Vec<ServiceRef>> {
         let unknown: Vec<String> = {
-            let known = lock(&self.service_namespaces);
+            let known = lock(&self.namespaces);
             services
                 .iter()
                 .filter(|s| !known.contains_key(&s.id))
@@ -101,24 +126,24 @@ impl Namespace {
         let checked: Vec<(String, bool)> = stream::iter(unknown)
             .map(|id| async move {
                 let target = format!("service id {id}");
-                self.throttle().await;
-                let res = self.client.get_service().id(&id).send().await;
+                let res = self
+                    .client
+                    .call("GetService", &target, |c| c.get_service().id(&id).send())
+                    .await;
                 match res {
                     Ok(out) => {
                         let ns = out.service().and_then(|s| s.namespace_id());
-                        Ok((id, ns == Some(self.namespace_id.as_str())))
+                        Ok((id, ns == Some(self.client.namespace_id.as_str())))
                     }
-                    Err(e) => match error::from_sdk(e, self.call("GetService", &target)) {
-                        // Deleted since it was listed.
-                        e if e.kind() == ErrorKind::NotFound => Ok((id, false)),
-                        e => Err(e),
-                    },
+                    // Deleted since it was listed.
+                    Err(e) if e.kind() == ErrorKind::NotFound => Ok((id, false)),
+                    Err(e) => Err(e),
                 }
             })
-            .buffer_unordered(self.cfg.concurrency.max(1))
+            .buffer_unordered(self.client.cfg.concurrency.max(1))
             .try_collect()
             .await?;
-        let mut known = lock(&self.service_namespaces);
+        let mut known = lock(&self.namespaces);
         known.extend(checked);
         Ok(services
             .into_iter()
@@ -126,8 +151,9 @@ impl Namespace {
             .collect())
     }
 
+    /// The id of `service` as last seen, if any.
     pub(crate) fn cached_service(&self, service: &str) -> Option<String> {
-        lock(&self.services).get(service).cloned()
+        lock(&self.by_name).get(service).cloned()
     }
 
     /// The Cloud Map id of `service`, created when `create` is set and it
@@ -136,7 +162,7 @@ impl Namespace {
         if let Some(id) = self.cached_service(service) {
             return Ok(Some(id));
         }
-        let _guard = self.lock_key(format!("service\0{service}")).await;
+        let _guard = self.client.lock_key(format!("service\0{service}")).await;
         if let Some(id) = self.cached_service(service) {
             return Ok(Some(id));
         }
@@ -154,10 +180,15 @@ impl Namespace {
         let cm_name = layout::service_name(service);
         let description = (cm_name != service).then_some(service);
         let id = self
-            .create_service(&cm_name, description, self.cfg.custom_health, service)
+            .create_service(
+                &cm_name,
+                description,
+                self.client.cfg.custom_health,
+                service,
+            )
             .await?;
         tracing::debug!(%service, cloud_map_name = %cm_name, service_id = %id, "Cloud Map service ready");
-        lock(&self.services).insert(service.to_string(), id.clone());
+        lock(&self.by_name).insert(service.to_string(), id.clone());
         Ok(Some(id))
     }
 
@@ -174,7 +205,10 @@ impl Namespace {
         if let Some(id) = cached() {
             return Ok(Some(id));
         }
-        let _guard = self.lock_key(format!("node-service\0{cm_name}")).await;
+        let _guard = self
+            .client
+            .lock_key(format!("node-service\0{cm_name}"))
+            .await;
         if let Some(id) = cached() {
             return Ok(Some(id));
         }
@@ -198,6 +232,11 @@ impl Namespace {
         Ok(Some(id))
     }
 
+    /// The names of the reserved services known to hold node records.
+    pub(crate) fn node_service_names(&self) -> Vec<String> {
+        lock(&self.node_services).keys().cloned().collect()
+    }
+
     /// Forget the id of the reserved service `cm_name` (it was deleted).
     pub(crate) fn forget_node_service(&self, cm_name: &str) {
         lock(&self.node_services).remove(cm_name);
@@ -215,21 +254,26 @@ impl Namespace {
         service: &str,
     ) -> Result<String> {
         let target = format!("service {service}");
-        self.throttle().await;
-        let mut req = self
-            .client
-            .create_service()
-            .name(cm_name)
-            .namespace_id(&self.namespace_id)
-            .creator_request_id(request_id("svc"))
-            .set_description(description.map(str::to_string));
-        if self.dns_namespace {
-            req = req.r#type(ServiceTypeOption::Http);
-        }
-        if custom_health {
-            req = req.health_check_custom_config(HealthCheckCustomConfig::builder().build());
-        }
-        let id = match req.send().await {
+        let client = &*self.client;
+        let res = client
+            .send(|c| {
+                let mut req = c
+                    .create_service()
+                    .name(cm_name)
+                    .namespace_id(&client.namespace_id)
+                    .creator_request_id(request_id("svc"))
+                    .set_description(description.map(str::to_string));
+                if client.dns_namespace {
+                    req = req.r#type(ServiceTypeOption::Http);
+                }
+                if custom_health {
+                    req =
+                        req.health_check_custom_config(HealthCheckCustomConfig::builder().build());
+                }
+                req.send()
+            })
+            .await;
+        let id = match res {
             Ok(out) => out
                 .service()
                 .and_then(|s| s.id())
@@ -241,14 +285,20 @@ impl Namespace {
                 {
                     exists.service_id().unwrap_or_default().to_string()
                 }
-                _ => return Err(error::from_sdk(e, self.call("CreateService", &target))),
+                _ => {
+                    return Err(error::from_sdk(
+                        e,
+                        self.client.about("CreateService", &target),
+                    ))
+                }
             },
         };
-        lock(&self.service_namespaces).insert(id.clone(), true);
+        lock(&self.namespaces).insert(id.clone(), true);
         Ok(id)
     }
 
+    /// Forget the id of `service` (it was deleted).
     pub(crate) fn forget_service(&self, service: &str) {
-        lock(&self.services).remove(service);
+        lock(&self.by_name).remove(service);
     }
 }

@@ -18,8 +18,9 @@ use futures::stream::{self, StreamExt, TryStreamExt};
 use waypost::backend::VersionClock;
 use waypost::{Endpoint, Result, Snapshot, Version};
 
+use crate::client::lock;
+use crate::endpoints::Endpoints;
 use crate::services::ServiceRef;
-use crate::shared::{lock, Namespace};
 
 /// A service's revision and endpoints, as a snapshot read them.
 type Seen = (Option<i64>, Arc<Vec<Endpoint>>);
@@ -93,23 +94,24 @@ impl SnapshotCache {
         }
     }
 
-    /// Every endpoint of `ns`: services whose revision did not change since
+    /// Every endpoint in the namespace: services whose revision did not change since
     /// the last snapshot are taken from it (unless this is a full cycle),
     /// the others read; at the last snapshot's version when nothing
     /// changed, at a new one otherwise.
-    pub(crate) async fn snapshot(&self, ns: &Namespace) -> Result<Snapshot> {
-        let services = ns.list_services().await?;
-        self.check_budget(ns, services.len());
+    pub(crate) async fn snapshot(&self, endpoints: &Endpoints) -> Result<Snapshot> {
+        let cfg = &endpoints.client.cfg;
+        let services = endpoints.services.list_services().await?;
+        self.check_budget(endpoints, services.len());
         let cycle = self.cycle.fetch_add(1, Ordering::Relaxed);
-        let every = u64::from(ns.cfg.full_poll_every.max(1));
-        let full = !ns.cfg.revision_skip || cycle.is_multiple_of(every);
+        let every = u64::from(cfg.full_poll_every.max(1));
+        let full = !cfg.revision_skip || cycle.is_multiple_of(every);
         let seen: HashMap<String, Seen> = lock(&self.last).services.clone();
         let results: Vec<(String, Seen)> = stream::iter(services)
             .map(|s| {
                 let cached = if full { None } else { seen.get(&s.id).cloned() };
-                ns.read_or_reuse(s, cached)
+                read_or_reuse(endpoints, s, cached)
             })
-            .buffer_unordered(ns.cfg.concurrency.max(1))
+            .buffer_unordered(cfg.concurrency.max(1))
             .try_collect()
             .await?;
         let fresh = Snapshot::from_endpoints(
@@ -128,7 +130,8 @@ impl SnapshotCache {
 impl SnapshotCache {
     /// Warn (once, until it fits again) when snapshots as often as the
     /// last two came need more requests than the budget allows.
-    fn check_budget(&self, ns: &Namespace, services: usize) {
+    fn check_budget(&self, endpoints: &Endpoints, services: usize) {
+        let cfg = &endpoints.client.cfg;
         let now = Instant::now();
         let mut b = lock(&self.budget);
         let Some(prev) = b.0.replace(now) else {
@@ -136,17 +139,17 @@ impl SnapshotCache {
         };
         let over = over_budget(
             services,
-            ns.cfg.replicas.get(),
+            cfg.replicas.get(),
             now.duration_since(prev),
-            ns.cfg.requests_per_second.get(),
+            cfg.requests_per_second.get(),
         );
         match (over, b.1) {
             (Some(why), false) => {
-                tracing::warn!(namespace = %ns.cfg.namespace, "Cloud Map request budget exceeded: {why}; poll less often, or use fewer services");
+                tracing::warn!(namespace = %cfg.namespace, "Cloud Map request budget exceeded: {why}; poll less often, or use fewer services");
                 b.1 = true;
             }
             (None, true) => {
-                tracing::info!(namespace = %ns.cfg.namespace, "Cloud Map requests within budget again");
+                tracing::info!(namespace = %cfg.namespace, "Cloud Map requests within budget again");
                 b.1 = false;
             }
             _ => {}
@@ -154,22 +157,26 @@ impl SnapshotCache {
     }
 }
 
-impl Namespace {
-    /// One service for a snapshot: `cached` when it is given with a
-    /// revision and the service's revision is still that one, else read.
-    async fn read_or_reuse(&self, s: ServiceRef, cached: Option<Seen>) -> Result<(String, Seen)> {
-        if let Some((Some(old_rev), eps)) = cached {
-            let rev = self.revision(&s.name, &s.cm_name).await?;
-            if rev == Some(old_rev) {
-                self.counters
-                    .skipped_services
-                    .fetch_add(1, Ordering::Relaxed);
-                return Ok((s.id, (rev, eps)));
-            }
+/// One service for a snapshot: `cached` when it is given with a revision
+/// and the service's revision is still that one, else read.
+async fn read_or_reuse(
+    endpoints: &Endpoints,
+    s: ServiceRef,
+    cached: Option<Seen>,
+) -> Result<(String, Seen)> {
+    if let Some((Some(old_rev), eps)) = cached {
+        let rev = endpoints.revision(&s.name, &s.cm_name).await?;
+        if rev == Some(old_rev) {
+            endpoints
+                .client
+                .counters
+                .skipped_services
+                .fetch_add(1, Ordering::Relaxed);
+            return Ok((s.id, (rev, eps)));
         }
-        let (rev, eps) = self.read_service(&s).await?;
-        Ok((s.id, (rev, Arc::new(eps))))
     }
+    let (rev, eps) = endpoints.read_service(&s).await?;
+    Ok((s.id, (rev, Arc::new(eps))))
 }
 
 #[cfg(test)]

@@ -67,6 +67,9 @@ pub enum WatchMode {
     ChangeLog,
 }
 
+/// Most heads a change log can have.
+pub const CHANGELOG_MAX_HEADS: u32 = 64;
+
 /// Settings of [`crate::DynamoDbRegistry`].
 ///
 /// Every field has a default (see each field); `table` is the only one most
@@ -268,7 +271,7 @@ impl DynamoDbConfig {
     }
     /// Set `changelog_heads` (clamped to 1 to [`crate::CHANGELOG_MAX_HEADS`]).
     pub fn with_changelog_heads(mut self, n: u32) -> Self {
-        self.changelog_heads = n.clamp(1, crate::CHANGELOG_MAX_HEADS);
+        self.changelog_heads = n.clamp(1, CHANGELOG_MAX_HEADS);
         self
     }
     /// Set `item_ttl`.

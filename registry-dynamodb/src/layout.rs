@@ -1,6 +1,7 @@
 //! How an endpoint is stored: one item per endpoint, in plain attributes
 //! that any AWS tool can read and write (see the crate README for the
-//! table), and a DynamoDB Streams image read back as such an item.
+//! table), a DynamoDB Streams image read back as such an item, and what a
+//! change read back (from the stream or the change log) means.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -8,6 +9,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use aws_sdk_dynamodb::types::AttributeValue;
 use aws_sdk_dynamodbstreams::types::AttributeValue as StreamValue;
 use waypost::{Endpoint, EndpointKey, Error, Health, Protocol};
+
+/// A change read back from the table's stream or its change log.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Change {
+    Put(Endpoint),
+    Remove(EndpointKey),
+}
 
 /// Partition key: the service name.
 pub(crate) const SERVICE: &str = "service";

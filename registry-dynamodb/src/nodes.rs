@@ -25,6 +25,7 @@
 //! endpoint writes (and, with the change log, the log's head and entries).
 
 use std::fmt;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
@@ -33,12 +34,14 @@ use aws_sdk_dynamodb::types::{
     AttributeValue, ConditionCheck, Delete, ReturnValue, TransactWriteItem, Update,
 };
 use waypost::backend::{NodeRecord, NodeTable};
-use waypost::{Endpoint, EndpointKey, Error, Op, Result, Snapshot};
+use waypost::{Endpoint, EndpointKey, Op, Result, Snapshot};
 
-use crate::changelog::{Guard, CHANGELOG_MAX_BATCH};
-use crate::error::map_sdk;
+use crate::changelog::CHANGELOG_MAX_BATCH;
+use crate::client::Client;
+use crate::endpoints::Endpoints;
+use crate::error::{map_sdk, map_transact};
 use crate::layout::{self, Item, NODE_PARTITION};
-use crate::shared::{Table, MAX_TRANSACTION_ITEMS};
+use crate::transact::{build_err, failed_within, Guard, MAX_TRANSACTION_ITEMS};
 
 const BEAT: &str = "beat";
 const BEATS: &str = "beats";
@@ -92,15 +95,27 @@ fn decode_record(item: &Item) -> Option<NodeRecord> {
     )
 }
 
-fn build_err(e: aws_sdk_dynamodb::error::BuildError) -> Error {
-    Error::internal(format!("building a transaction item: {e}")).with_source(e)
+/// The nodes' liveness records in one registry's table, and the
+/// [`NodeTable`] that [`waypost::backend::SharedLiveness`] judges them by.
+pub(crate) struct Nodes {
+    client: Arc<Client>,
+    endpoints: Arc<Endpoints>,
 }
 
-impl Table {
+impl Nodes {
+    /// The records beside `endpoints`, in the same table.
+    pub(crate) fn new(endpoints: Arc<Endpoints>) -> Self {
+        Self {
+            client: Arc::clone(&endpoints.client),
+            endpoints,
+        }
+    }
+
     /// The TTL attribute's value for a record with heartbeat `beat_ms`.
     fn record_expiry(&self, beat_ms: u64) -> Option<(&str, AttributeValue)> {
-        let attr = self.cfg.ttl_attribute.as_deref()?;
+        let attr = self.client.cfg.ttl_attribute.as_deref()?;
         let keep = self
+            .client
             .cfg
             .liveness
             .remove_after
@@ -112,7 +127,7 @@ impl Table {
 
     /// Most endpoints one guarded transaction writes beside its guard.
     fn guarded_chunk(&self) -> usize {
-        if self.logged() {
+        if self.client.logged() {
             CHANGELOG_MAX_BATCH - 1
         } else {
             MAX_TRANSACTION_ITEMS - 1
@@ -133,7 +148,7 @@ impl Table {
             GuardAction::Check => TransactWriteItem::builder()
                 .condition_check(
                     ConditionCheck::builder()
-                        .table_name(&self.cfg.table)
+                        .table_name(&self.client.cfg.table)
                         .set_key(Some(key))
                         .condition_expression(cond)
                         .expression_attribute_names("#b", BEAT)
@@ -147,7 +162,7 @@ impl Table {
             GuardAction::SetMarked(keys) => TransactWriteItem::builder()
                 .update(
                     Update::builder()
-                        .table_name(&self.cfg.table)
+                        .table_name(&self.client.cfg.table)
                         .set_key(Some(key))
                         .update_expression("SET #m = :m")
                         .condition_expression(cond)
@@ -164,7 +179,7 @@ impl Table {
             GuardAction::Delete => TransactWriteItem::builder()
                 .delete(
                     Delete::builder()
-                        .table_name(&self.cfg.table)
+                        .table_name(&self.client.cfg.table)
                         .set_key(Some(key))
                         .condition_expression(cond)
                         .expression_attribute_names("#b", BEAT)
@@ -182,6 +197,27 @@ impl Table {
             existing: true,
         })
     }
+
+    /// A guard alone, as a transaction outside the change log (it writes
+    /// no endpoint).
+    async fn commit_record_only(&self, guard: Guard) -> Result<bool> {
+        let res = self
+            .client
+            .ddb
+            .transact_write_items()
+            .set_transact_items(Some(guard.items))
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(true),
+            Err(e) if failed_within(&e, 0..1) => Ok(false),
+            Err(e) => Err(map_transact(
+                e,
+                self.client.ctx("TransactWriteItems (node record)"),
+                &guard.keys,
+            )),
+        }
+    }
 }
 
 /// What the guard of a liveness transaction does to the node's record.
@@ -191,20 +227,20 @@ enum GuardAction<'a> {
     Delete,
 }
 
-impl fmt::Display for Table {
+impl fmt::Display for Nodes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "DynamoDb({})", self.cfg.table)
+        write!(f, "DynamoDb({})", self.client.cfg.table)
     }
 }
 
 #[async_trait]
-impl NodeTable for Table {
+impl NodeTable for Nodes {
     async fn endpoints(&self) -> Result<Snapshot> {
-        self.scan_all().await
+        self.endpoints.scan_all().await
     }
 
     async fn service_endpoints(&self, service: &str) -> Result<Vec<Endpoint>> {
-        self.query_service(service).await
+        self.endpoints.query_service(service).await
     }
 
     /// A paginated `Query` of the records' partition.
@@ -214,16 +250,17 @@ impl NodeTable for Table {
         loop {
             let out = self
                 .client
+                .ddb
                 .query()
-                .table_name(&self.cfg.table)
+                .table_name(&self.client.cfg.table)
                 .key_condition_expression("#s = :s")
                 .expression_attribute_names("#s", layout::SERVICE)
                 .expression_attribute_values(":s", AttributeValue::S(NODE_PARTITION.into()))
-                .consistent_read(self.cfg.consistent_reads)
+                .consistent_read(self.client.cfg.consistent_reads)
                 .set_exclusive_start_key(start.take())
                 .send()
                 .await
-                .map_err(|e| map_sdk(e, self.ctx("Query (node records)")))?;
+                .map_err(|e| map_sdk(e, self.client.ctx("Query (node records)")))?;
             records.extend(out.items().iter().filter_map(decode_record));
             match out.last_evaluated_key {
                 Some(k) if !k.is_empty() => start = Some(k),
@@ -238,8 +275,9 @@ impl NodeTable for Table {
     async fn touch(&self, node: &str, at_ms: u64, create: bool) -> Result<Option<NodeRecord>> {
         let mut u = self
             .client
+            .ddb
             .update_item()
-            .table_name(&self.cfg.table)
+            .table_name(&self.client.cfg.table)
             .set_key(Some(record_key(node)))
             .expression_attribute_names("#b", BEAT)
             .expression_attribute_names("#g", BEATS)
@@ -270,7 +308,7 @@ impl NodeTable for Table {
             {
                 Ok(None)
             }
-            Err(e) => Err(map_sdk(e, self.ctx("UpdateItem (node record)"))),
+            Err(e) => Err(map_sdk(e, self.client.ctx("UpdateItem (node record)"))),
         }
     }
 
@@ -283,8 +321,9 @@ impl NodeTable for Table {
         }
         match self
             .client
+            .ddb
             .put_item()
-            .table_name(&self.cfg.table)
+            .table_name(&self.client.cfg.table)
             .set_item(Some(item))
             .condition_expression("attribute_not_exists(#id)")
             .expression_attribute_names("#id", layout::ID)
@@ -300,7 +339,7 @@ impl NodeTable for Table {
             {
                 Ok(())
             }
-            Err(e) => Err(map_sdk(e, self.ctx("PutItem (node record)"))),
+            Err(e) => Err(map_sdk(e, self.client.ctx("PutItem (node record)"))),
         }
     }
 
@@ -312,7 +351,7 @@ impl NodeTable for Table {
             marked.extend(chunk.iter().map(Endpoint::key));
             let guard = self.record_guard(seen, GuardAction::SetMarked(&marked))?;
             let ops = chunk.iter().cloned().map(Op::Register).collect();
-            if !self.commit_guarded(ops, guard).await? {
+            if !self.endpoints.commit_guarded(ops, guard).await? {
                 return Ok(false);
             }
         }
@@ -332,7 +371,7 @@ impl NodeTable for Table {
         for chunk in chunks {
             rest.drain(..chunk.len());
             let update = Update::builder()
-                .table_name(&self.cfg.table)
+                .table_name(&self.client.cfg.table)
                 .set_key(Some(record_key(node)))
                 .update_expression("SET #m = :m")
                 .condition_expression("attribute_exists(#b)")
@@ -350,10 +389,10 @@ impl NodeTable for Table {
             let done = if ops.is_empty() {
                 self.commit_record_only(guard).await?
             } else {
-                self.commit_guarded(ops, guard).await?
+                self.endpoints.commit_guarded(ops, guard).await?
             };
             if !done {
-                tracing::debug!(table = %self.cfg.table, node, "reviving a node's endpoints met a change; the next sweep finishes it");
+                tracing::debug!(table = %self.client.cfg.table, node, "reviving a node's endpoints met a change; the next sweep finishes it");
                 return Ok(());
             }
         }
@@ -380,33 +419,11 @@ impl NodeTable for Table {
                 ..self.record_guard(seen, action)?
             };
             let ops = chunk.iter().cloned().map(Op::Deregister).collect();
-            if !self.commit_guarded(ops, guard).await? {
+            if !self.endpoints.commit_guarded(ops, guard).await? {
                 return Ok(false);
             }
         }
         Ok(true)
-    }
-}
-
-impl Table {
-    /// A guard alone, as a transaction outside the change log (it writes
-    /// no endpoint).
-    async fn commit_record_only(&self, guard: Guard) -> Result<bool> {
-        let res = self
-            .client
-            .transact_write_items()
-            .set_transact_items(Some(guard.items))
-            .send()
-            .await;
-        match res {
-            Ok(_) => Ok(true),
-            Err(e) if crate::changelog::failed_within(&e, 0..1) => Ok(false),
-            Err(e) => Err(crate::error::map_transact(
-                e,
-                self.ctx("TransactWriteItems (node record)"),
-                &guard.keys,
-            )),
-        }
     }
 }
 

@@ -14,10 +14,14 @@ use waypost::{
     Result, Snapshot, Version, Watch,
 };
 
+use crate::admin::usable_stream;
 use crate::changelog::changelog_max_batch;
-use crate::changelog::watch::LogWatch;
-use crate::config::{DynamoDbConfig, WatchMode};
-use crate::shared::{usable_stream, Table, MAX_TRANSACTION_ITEMS};
+use crate::client::Client;
+use crate::config::{DynamoDbConfig, WatchMode, CHANGELOG_MAX_HEADS};
+use crate::endpoints::Endpoints;
+use crate::nodes::Nodes;
+use crate::transact::MAX_TRANSACTION_ITEMS;
+use crate::watch::changelog::LogWatch;
 use crate::watch::{self, StreamWatch};
 
 /// A service registry in one DynamoDB table.
@@ -32,7 +36,9 @@ use crate::watch::{self, StreamWatch};
 /// [`waypost::polling::Polling`]. See the crate documentation for the
 /// item layout and the meaning of versions.
 pub struct DynamoDbRegistry {
-    table: Arc<Table>,
+    endpoints: Arc<Endpoints>,
+    /// The nodes' liveness records in the table.
+    nodes: Arc<Nodes>,
     /// Liveness kept in the table, and its sweeper task.
     liveness: Arc<SharedLiveness>,
     sweeper: tokio::task::JoinHandle<()>,
@@ -48,31 +54,30 @@ impl DynamoDbRegistry {
     /// follows its stream when it has one with new images and `cfg.watch`
     /// is [`WatchMode::Auto`].
     pub async fn connect(cfg: DynamoDbConfig) -> Result<Self> {
-        if !(1..=crate::CHANGELOG_MAX_HEADS).contains(&cfg.changelog_heads) {
+        if !(1..=CHANGELOG_MAX_HEADS).contains(&cfg.changelog_heads) {
             return Err(waypost::Error::invalid(
                 "changelog_heads",
                 format!(
                     "{} is not a number of change log heads: 1 to {}",
-                    cfg.changelog_heads,
-                    crate::CHANGELOG_MAX_HEADS
+                    cfg.changelog_heads, CHANGELOG_MAX_HEADS
                 ),
             ));
         }
         if cfg.create_table {
-            Table::create_if_missing(&cfg, cfg.watch == WatchMode::Auto).await?;
+            Client::create_if_missing(&cfg, cfg.watch == WatchMode::Auto).await?;
         }
-        let table = Table::new(&cfg).await;
-        let description = table.describe_existing().await?;
-        table.check_schema(&description)?;
+        let client = Client::new(&cfg).await;
+        let description = client.describe_existing().await?;
+        client.check_schema(&description)?;
         let arn = match cfg.watch {
             WatchMode::Auto => usable_stream(&description),
             WatchMode::Polling | WatchMode::ChangeLog => None,
         };
-        let table = Arc::new(table);
+        let endpoints = Arc::new(Endpoints::new(Arc::new(client)));
         let stream = match arn {
             Some(arn) => {
                 tracing::info!(table = %cfg.table, stream = %arn, "watching the table's stream");
-                Some(StreamWatch::new(Arc::clone(&table), arn))
+                Some(StreamWatch::new(Arc::clone(&endpoints), arn))
             }
             None if cfg.watch == WatchMode::ChangeLog => None,
             None => {
@@ -82,15 +87,17 @@ impl DynamoDbRegistry {
         };
         let log = (cfg.watch == WatchMode::ChangeLog).then(|| {
             tracing::info!(table = %cfg.table, "writing and following the table's change log");
-            LogWatch::new(Arc::clone(&table))
+            LogWatch::new(Arc::clone(&endpoints))
         });
         let liveness = Arc::new(SharedLiveness::new(cfg.liveness.clone())?);
+        let nodes = Arc::new(Nodes::new(Arc::clone(&endpoints)));
         let sweeper = tokio::spawn(sweep_loop(
-            Arc::downgrade(&table),
+            Arc::downgrade(&nodes),
             Arc::downgrade(&liveness),
         ));
         Ok(Self {
-            table,
+            endpoints,
+            nodes,
             liveness,
             sweeper,
             stream,
@@ -101,13 +108,13 @@ impl DynamoDbRegistry {
     /// Run one liveness sweep now (the background sweeper runs one every
     /// `cfg.liveness.sweep_interval`).
     pub async fn sweep(&self) -> Result<SweepReport> {
-        self.liveness.sweep(&*self.table).await
+        self.liveness.sweep(&*self.nodes).await
     }
 
     /// The nodes' liveness records in the table, as every process sees
     /// them.
     pub async fn node_records(&self) -> Result<Vec<NodeRecord>> {
-        self.table.node_records().await
+        self.nodes.node_records().await
     }
 
     /// Create the table in `cfg` unless it exists: keys `service` (HASH) and
@@ -115,17 +122,17 @@ impl DynamoDbRegistry {
     /// when `with_stream`, and TTL on `cfg.ttl_attribute` when that is set.
     /// Waits until the table is active. Returns whether it created it.
     pub async fn create_table_if_missing(cfg: &DynamoDbConfig, with_stream: bool) -> Result<bool> {
-        Table::create_if_missing(cfg, with_stream).await
+        Client::create_if_missing(cfg, with_stream).await
     }
 
     /// The DynamoDB client, for what this API does not cover.
     pub fn client(&self) -> &aws_sdk_dynamodb::Client {
-        &self.table.client
+        &self.endpoints.client.ddb
     }
 
     /// The table's name.
     pub fn table(&self) -> &str {
-        &self.table.cfg.table
+        &self.endpoints.client.cfg.table
     }
 
     /// Whether `watch()` follows the table's stream (`false`: it does not
@@ -145,7 +152,7 @@ impl DynamoDbRegistry {
     /// heads share the transaction).
     fn batch_limit(&self) -> usize {
         if self.uses_changelog() {
-            changelog_max_batch(self.table.log_heads())
+            changelog_max_batch(self.endpoints.client.log_heads())
         } else {
             MAX_TRANSACTION_ITEMS
         }
@@ -164,25 +171,25 @@ impl DynamoDbRegistry {
                 format!("must be 1 to 36 characters, got {}", token.len()),
             ));
         }
-        self.liveness.seen(&*self.table, &ops).await?;
-        self.table.apply_ops(ops, Some(token)).await
+        self.liveness.seen(&*self.nodes, &ops).await?;
+        self.endpoints.apply_ops(ops, Some(token)).await
     }
 }
 
 impl fmt::Display for DynamoDbRegistry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "DynamoDb({})", self.table.cfg.table)
+        write!(f, "DynamoDb({})", self.endpoints.client.cfg.table)
     }
 }
 
 impl fmt::Debug for DynamoDbRegistry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DynamoDbRegistry")
-            .field("table", &self.table.cfg.table)
-            .field("endpoint", &self.table.endpoint)
+            .field("table", &self.endpoints.client.cfg.table)
+            .field("endpoint", &self.endpoints.client.endpoint)
             .field("watches_stream", &self.watches_stream())
             .field("uses_changelog", &self.uses_changelog())
-            .field("config", &self.table.cfg)
+            .field("config", &self.endpoints.client.cfg)
             .finish()
     }
 }
@@ -193,17 +200,17 @@ impl Registry for DynamoDbRegistry {
     /// liveness record is written first when it is due.
     async fn register(&self, endpoint: Endpoint) -> Result<()> {
         validate_endpoint(&endpoint)?;
-        self.liveness.seen_endpoint(&*self.table, &endpoint).await?;
-        self.table.put_endpoint(&endpoint).await
+        self.liveness.seen_endpoint(&*self.nodes, &endpoint).await?;
+        self.endpoints.put_endpoint(&endpoint).await
     }
     async fn deregister(&self, key: &EndpointKey) -> Result<()> {
-        self.table.delete_endpoint(key).await
+        self.endpoints.delete_endpoint(key).await
     }
     async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
-        self.table.query_service(service).await
+        self.endpoints.query_service(service).await
     }
     async fn snapshot(&self) -> Result<Snapshot> {
-        self.table.scan_all().await
+        self.endpoints.scan_all().await
     }
     /// Atomic batches of up to 100 ops; a native, resumable watch only
     /// when the table's stream is followed.
@@ -222,7 +229,7 @@ impl Registry for DynamoDbRegistry {
     /// condition that never holds (writes allowed, nothing written); see
     /// the crate docs.
     async fn probe(&self) -> Result<()> {
-        self.table.probe().await
+        self.endpoints.client.probe().await
     }
 }
 
@@ -236,8 +243,8 @@ impl Batch for DynamoDbRegistry {
     /// the SDK's retries of that call): all-or-nothing.
     async fn apply(&self, ops: Vec<Op>) -> Result<()> {
         check_batch(&ops, self.batch_limit())?;
-        self.liveness.seen(&*self.table, &ops).await?;
-        self.table.apply_ops(ops, None).await
+        self.liveness.seen(&*self.nodes, &ops).await?;
+        self.endpoints.apply_ops(ops, None).await
     }
 
     fn max_batch(&self) -> usize {
@@ -253,7 +260,7 @@ impl Heartbeat for DynamoDbRegistry {
     /// `NotFound` for a node with neither a record nor an endpoint: it
     /// should register again.
     async fn heartbeat(&self, node: &str) -> Result<()> {
-        self.liveness.heartbeat(&*self.table, node).await
+        self.liveness.heartbeat(&*self.nodes, node).await
     }
 }
 
@@ -271,7 +278,7 @@ impl Watch for DynamoDbRegistry {
         match (&self.stream, &self.log) {
             (Some(stream), _) => stream.watch(from),
             (None, Some(log)) => log.watch(from),
-            (None, None) => watch::unwatched(&self.table),
+            (None, None) => watch::unwatched(&self.endpoints),
         }
     }
 }

@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 use aws_sdk_dynamodbstreams::error::SdkError;
 use aws_sdk_dynamodbstreams::types::{OperationType, Record, ShardIteratorType};
 use futures::future::join_all;
-use waypost::{Endpoint, EndpointKey, Error};
+use waypost::Error;
 
+use crate::client::Client;
 use crate::error::{is_position_lost, map_sdk};
-use crate::layout;
-use crate::shared::Table;
+use crate::layout::{self, Change};
 
 /// How often the shard list is read again when no shard ended.
 const DISCOVERY_INTERVAL: Duration = Duration::from_secs(10);
@@ -28,13 +28,6 @@ pub(crate) enum Stop {
     Failed(Error),
     /// Polling found that the table has a usable stream again.
     StreamBack(String),
-}
-
-/// A change read from the stream.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Change {
-    Put(Endpoint),
-    Remove(EndpointKey),
 }
 
 /// Where the reader is in one shard.
@@ -55,7 +48,7 @@ pub(crate) struct Reader {
 
 impl Reader {
     /// Open `arn`: list its shards, open shards at `LATEST`.
-    pub(crate) async fn open(table: &Table, arn: &str) -> Result<Self, Stop> {
+    pub(crate) async fn open(table: &Client, arn: &str) -> Result<Self, Stop> {
         let mut r = Reader {
             arn: arn.to_string(),
             shards: BTreeMap::new(),
@@ -71,7 +64,7 @@ impl Reader {
         self.shard_ended || self.last_discovery.elapsed() >= DISCOVERY_INTERVAL
     }
 
-    fn fail<E>(table: &Table, op: &'static str, e: SdkError<E>) -> Stop
+    fn fail<E>(table: &Client, op: &'static str, e: SdkError<E>) -> Stop
     where
         E: aws_sdk_dynamodbstreams::error::ProvideErrorMetadata
             + std::error::Error
@@ -92,7 +85,7 @@ impl Reader {
     /// Read the shard list; `initial`: open shards start at `LATEST`,
     /// closed ones count as read. Later, new shards start at
     /// `TRIM_HORIZON` once their parent is finished.
-    pub(crate) async fn discover(&mut self, table: &Table, initial: bool) -> Result<(), Stop> {
+    pub(crate) async fn discover(&mut self, table: &Client, initial: bool) -> Result<(), Stop> {
         let mut listed = BTreeSet::new();
         let mut start: Option<String> = None;
         loop {
@@ -170,7 +163,7 @@ impl Reader {
 
     async fn iterator(
         &self,
-        table: &Table,
+        table: &Client,
         shard: &str,
         kind: ShardIteratorType,
         seq: Option<&str>,
@@ -191,7 +184,7 @@ impl Reader {
     /// One `GetRecords` per active shard, concurrently. Returns the changes
     /// read (in shard order, each shard's in stream order) and the first
     /// failure, if any; shards that succeeded keep their progress.
-    pub(crate) async fn round(&mut self, table: &Table) -> (Vec<Change>, Option<Stop>) {
+    pub(crate) async fn round(&mut self, table: &Client) -> (Vec<Change>, Option<Stop>) {
         let active: Vec<(String, String)> = self
             .shards
             .iter()
@@ -268,7 +261,7 @@ impl Reader {
 
 /// What one stream record means for the registry. A new image that expired
 /// or is not a valid endpoint counts as a removal, as reads skip it.
-fn change_of(table: &Table, rec: &Record, now: u64) -> Option<Change> {
+fn change_of(table: &Client, rec: &Record, now: u64) -> Option<Change> {
     let data = rec.dynamodb()?;
     match rec.event_name()? {
         OperationType::Insert | OperationType::Modify => {

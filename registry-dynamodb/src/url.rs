@@ -5,7 +5,7 @@ use std::str::FromStr;
 use waypost::backend::{quote, BackendUrl};
 use waypost::{Error, Result};
 
-use crate::config::{DynamoDbConfig, WatchMode};
+use crate::config::{DynamoDbConfig, WatchMode, CHANGELOG_MAX_HEADS};
 
 /// What a DynamoDB URL looks like, for errors.
 const FORM: &str = "dynamodb://TABLE[?region=…&endpoint=…]";
@@ -57,12 +57,12 @@ impl FromStr for DynamoDbConfig {
             };
         }
         if let Some(heads) = url.take_parsed::<u32>("heads", "a number of heads")? {
-            if !(1..=crate::CHANGELOG_MAX_HEADS).contains(&heads) {
+            if !(1..=CHANGELOG_MAX_HEADS).contains(&heads) {
                 return Err(Error::invalid(
                     "registry URL",
                     format!(
                         "parameter heads: {heads} is out of range: 1 to {}",
-                        crate::CHANGELOG_MAX_HEADS
+                        CHANGELOG_MAX_HEADS
                     ),
                 ));
             }

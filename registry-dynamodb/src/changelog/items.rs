@@ -1,14 +1,13 @@
 //! The change log's items: where each key's changes are logged (its head),
-//! how heads and entries are written as transaction actions, and how a
-//! head's entries are read back.
+//! how heads and entries are written as transaction actions, and what a
+//! head's items read back mean.
 
-use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem, Update};
 use waypost::{EndpointKey, Error, Op, Result};
 
-use crate::error::map_sdk;
-use crate::layout::{self, Item, LOG_PARTITION};
-use crate::shards::Change;
-use crate::shared::Table;
+use crate::client::Client;
+use crate::layout::{self, Change, Item, LOG_PARTITION};
+use crate::transact::build_err;
 
 /// The sort key of a head item (after every entry's).
 pub(crate) const HEAD_ID: &str = "~head";
@@ -124,8 +123,8 @@ pub(crate) type Part = (Vec<AttributeValue>, Vec<AttributeValue>);
 
 /// The log of `ops` (all routed to one head): puts and deletes, packed
 /// into entries of at most [`ENTRY_BUDGET`] bytes.
-pub(crate) fn pack<'a>(table: &Table, ops: impl IntoIterator<Item = &'a Op>) -> Vec<Part> {
-    let ttl = table.ttl_write();
+pub(crate) fn pack<'a>(client: &Client, ops: impl IntoIterator<Item = &'a Op>) -> Vec<Part> {
+    let ttl = client.ttl_write();
     let mut parts = vec![(Vec::new(), Vec::new())];
     let mut size = 0usize;
     for op in ops {
@@ -154,248 +153,143 @@ fn n(v: u64) -> AttributeValue {
     AttributeValue::N(v.to_string())
 }
 
-fn build_err(e: aws_sdk_dynamodb::error::BuildError) -> Error {
-    Error::internal(format!("building a transaction item: {e}")).with_source(e)
-}
-
 /// The key of head `head`'s item.
 pub(crate) fn head_key(head: u32) -> Item {
     layout::key_item(&EndpointKey::new(log_partition(head), HEAD_ID))
 }
 
-/// The change log's items and reads.
-impl Table {
-    /// The number of heads this registry's log has (its setting).
-    pub(crate) fn log_heads(&self) -> u32 {
-        self.cfg.changelog_heads.max(1)
-    }
-
-    /// Head `head`'s version: a strongly consistent `GetItem` (0 when it
-    /// was never written). A head written by registries with another
-    /// number of heads is an error naming both.
-    pub(crate) async fn read_log_head(&self, head: u32) -> Result<u64> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.cfg.table)
-            .set_key(Some(head_key(head)))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| map_sdk(e, self.ctx("GetItem (change log head)")))?;
-        match out.item() {
-            None => Ok(0),
-            Some(item) => self.head_version(head, item),
-        }
-    }
-
-    /// The update of head `head` from `from` to `to`, on condition that it
-    /// still holds `from` and was written with as many heads as this
-    /// registry's log has (a one-head log's items have no `heads`).
-    pub(crate) fn head_update(&self, head: u32, from: u64, to: u64) -> Result<TransactWriteItem> {
-        let heads = self.log_heads();
-        let mut u = Update::builder()
-            .table_name(&self.cfg.table)
-            .set_key(Some(head_key(head)))
-            .expression_attribute_names("#v", VERSION)
-            .expression_attribute_names("#k", HEADS)
-            .expression_attribute_values(":to", n(to));
-        let version = if from == 0 {
-            "attribute_not_exists(#v)"
+/// The update of head `head` from `from` to `to`, on condition that it
+/// still holds `from` and was written with as many heads as this
+/// registry's log has (a one-head log's items have no `heads`).
+pub(crate) fn head_update(
+    client: &Client,
+    head: u32,
+    from: u64,
+    to: u64,
+) -> Result<TransactWriteItem> {
+    let heads = client.log_heads();
+    let mut u = Update::builder()
+        .table_name(&client.cfg.table)
+        .set_key(Some(head_key(head)))
+        .expression_attribute_names("#v", VERSION)
+        .expression_attribute_names("#k", HEADS)
+        .expression_attribute_values(":to", n(to));
+    let version = if from == 0 {
+        "attribute_not_exists(#v)"
+    } else {
+        u = u.expression_attribute_values(":from", n(from));
+        "#v = :from"
+    };
+    let condition = if heads == 1 {
+        u = u.update_expression("SET #v = :to");
+        format!("{version} AND attribute_not_exists(#k)")
+    } else {
+        u = u
+            .update_expression("SET #v = :to, #k = :k")
+            .expression_attribute_values(":k", n(u64::from(heads)));
+        if from == 0 {
+            version.to_string()
         } else {
-            u = u.expression_attribute_values(":from", n(from));
-            "#v = :from"
-        };
-        let condition = if heads == 1 {
-            u = u.update_expression("SET #v = :to");
-            format!("{version} AND attribute_not_exists(#k)")
-        } else {
-            u = u
-                .update_expression("SET #v = :to, #k = :k")
-                .expression_attribute_values(":k", n(u64::from(heads)));
-            if from == 0 {
-                version.to_string()
-            } else {
-                format!("{version} AND #k = :k")
-            }
-        };
-        u = u.condition_expression(condition);
-        Ok(TransactWriteItem::builder()
-            .update(u.build().map_err(build_err)?)
-            .build())
-    }
-
-    /// The put of head `head`'s entry `version`, on condition that it is
-    /// not there yet.
-    pub(crate) fn entry_put(
-        &self,
-        head: u32,
-        version: u64,
-        last: u64,
-        part: &Part,
-        expires: u64,
-        at: Option<u64>,
-    ) -> Result<TransactWriteItem> {
-        let mut item = layout::key_item(&EndpointKey::new(log_partition(head), entry_id(version)));
-        item.insert(LAST.into(), n(last));
-        item.insert(PUT.into(), AttributeValue::L(part.0.clone()));
-        item.insert(DEL.into(), AttributeValue::L(part.1.clone()));
-        if let Some(at) = at {
-            item.insert(AT.into(), n(at));
+            format!("{version} AND #k = :k")
         }
-        if let Some(attr) = &self.cfg.ttl_attribute {
-            item.insert(attr.clone(), n(expires));
-        }
-        let put = Put::builder()
-            .table_name(&self.cfg.table)
-            .set_item(Some(item))
-            .condition_expression("attribute_not_exists(#id)")
-            .expression_attribute_names("#id", layout::ID)
-            .build()
-            .map_err(build_err)?;
-        Ok(TransactWriteItem::builder().put(put).build())
-    }
+    };
+    u = u.condition_expression(condition);
+    Ok(TransactWriteItem::builder()
+        .update(u.build().map_err(build_err)?)
+        .build())
+}
 
-    /// The transaction actions of `ops` (one per key): a put of the
-    /// endpoint's item, or a delete of the key.
-    pub(crate) fn op_items(&self, ops: &[Op]) -> Result<Vec<TransactWriteItem>> {
-        self.op_items_if(ops, false)
+/// The put of head `head`'s entry `version`, on condition that it is
+/// not there yet.
+pub(crate) fn entry_put(
+    client: &Client,
+    head: u32,
+    version: u64,
+    last: u64,
+    part: &Part,
+    expires: u64,
+    at: Option<u64>,
+) -> Result<TransactWriteItem> {
+    let mut item = layout::key_item(&EndpointKey::new(log_partition(head), entry_id(version)));
+    item.insert(LAST.into(), n(last));
+    item.insert(PUT.into(), AttributeValue::L(part.0.clone()));
+    item.insert(DEL.into(), AttributeValue::L(part.1.clone()));
+    if let Some(at) = at {
+        item.insert(AT.into(), n(at));
     }
-
-    /// [`Table::op_items`]; with `existing`, each put only if the item
-    /// exists.
-    pub(crate) fn op_items_if(&self, ops: &[Op], existing: bool) -> Result<Vec<TransactWriteItem>> {
-        let ttl = self.ttl_write();
-        ops.iter()
-            .map(|op| {
-                let b = TransactWriteItem::builder();
-                match op {
-                    Op::Register(e) => {
-                        let put = Put::builder()
-                            .table_name(&self.cfg.table)
-                            .set_item(Some(layout::encode(e, ttl)));
-                        let put = if existing {
-                            put.condition_expression("attribute_exists(#id)")
-                                .expression_attribute_names("#id", layout::ID)
-                        } else {
-                            put
-                        };
-                        put.build().map(|p| b.put(p).build())
-                    }
-                    Op::Deregister(k) => Delete::builder()
-                        .table_name(&self.cfg.table)
-                        .set_key(Some(layout::key_item(k)))
-                        .build()
-                        .map(|d| b.delete(d).build()),
-                }
-                .map_err(build_err)
-            })
-            .collect()
+    if let Some(attr) = &client.cfg.ttl_attribute {
+        item.insert(attr.clone(), n(expires));
     }
+    let put = Put::builder()
+        .table_name(&client.cfg.table)
+        .set_item(Some(item))
+        .condition_expression("attribute_not_exists(#id)")
+        .expression_attribute_names("#id", layout::ID)
+        .build()
+        .map_err(build_err)?;
+    Ok(TransactWriteItem::builder().put(put).build())
+}
 
-    /// Head `head`'s entries after `after`, and the head: one paginated
-    /// `Query` (strongly consistent when `consistent_reads`) of the head's
-    /// partition from `after`'s sort key on, which ends with the head.
-    pub(crate) async fn query_log(&self, head: u32, after: u64) -> Result<LogPage> {
-        let mut page = LogPage::default();
-        let mut start: Option<Item> = None;
-        let now = layout::now_secs();
-        let partition = log_partition(head);
-        loop {
-            let out = self
-                .client
-                .query()
-                .table_name(&self.cfg.table)
-                .key_condition_expression("#s = :s AND #id > :after")
-                .expression_attribute_names("#s", layout::SERVICE)
-                .expression_attribute_names("#id", layout::ID)
-                .expression_attribute_values(":s", AttributeValue::S(partition.clone()))
-                .expression_attribute_values(":after", AttributeValue::S(entry_id(after)))
-                .consistent_read(self.cfg.consistent_reads)
-                .set_exclusive_start_key(start.take())
-                .send()
-                .await
-                .map_err(|e| map_sdk(e, self.ctx("Query (change log)")))?;
-            for item in out.items() {
-                page.items += 1;
-                let id = match item.get(layout::ID) {
-                    Some(AttributeValue::S(id)) => id.as_str(),
-                    _ => continue,
-                };
-                if id == HEAD_ID {
-                    page.head = Some(self.head_version(head, item)?);
-                } else if let Some(entry) = self.decode_entry(id, item, now) {
-                    page.entries.push(entry);
-                }
-            }
-            match out.last_evaluated_key {
-                Some(k) if !k.is_empty() => start = Some(k),
-                _ => return Ok(page),
-            }
+/// An entry item as changes (an expired or corrupt put reads as the
+/// removal of its key, as the table's reads treat such items).
+pub(crate) fn decode_entry(client: &Client, id: &str, item: &Item, now: u64) -> Option<Entry> {
+    let version = parse_entry_id(id)?;
+    let last = match item.get(LAST) {
+        Some(AttributeValue::N(v)) => v.parse().ok()?,
+        _ => version,
+    };
+    let list = |name: &str| match item.get(name) {
+        Some(AttributeValue::L(l)) => l.as_slice(),
+        _ => &[],
+    };
+    let mut changes = Vec::new();
+    for v in list(DEL) {
+        if let Some(key) = v.as_m().ok().and_then(layout::decode_key) {
+            changes.push(Change::Remove(key));
         }
     }
-
-    /// An entry item as changes (an expired or corrupt put reads as the
-    /// removal of its key, as the table's reads treat such items).
-    fn decode_entry(&self, id: &str, item: &Item, now: u64) -> Option<Entry> {
-        let version = parse_entry_id(id)?;
-        let last = match item.get(LAST) {
-            Some(AttributeValue::N(v)) => v.parse().ok()?,
-            _ => version,
-        };
-        let list = |name: &str| match item.get(name) {
-            Some(AttributeValue::L(l)) => l.as_slice(),
-            _ => &[],
-        };
-        let mut changes = Vec::new();
-        for v in list(DEL) {
-            if let Some(key) = v.as_m().ok().and_then(layout::decode_key) {
-                changes.push(Change::Remove(key));
-            }
+    for v in list(PUT) {
+        let Ok(m) = v.as_m() else { continue };
+        match client.endpoint_of(m, now) {
+            Some(e) => changes.push(Change::Put(e)),
+            None => changes.extend(layout::decode_key(m).map(Change::Remove)),
         }
-        for v in list(PUT) {
-            let Ok(m) = v.as_m() else { continue };
-            match self.endpoint_of(m, now) {
-                Some(e) => changes.push(Change::Put(e)),
-                None => changes.extend(layout::decode_key(m).map(Change::Remove)),
-            }
-        }
-        let at = match item.get(AT) {
-            Some(AttributeValue::N(v)) => v.parse().unwrap_or(0),
-            _ => 0,
-        };
-        Some(Entry {
-            version,
-            last,
-            at,
-            changes,
-        })
     }
+    let at = match item.get(AT) {
+        Some(AttributeValue::N(v)) => v.parse().unwrap_or(0),
+        _ => 0,
+    };
+    Some(Entry {
+        version,
+        last,
+        at,
+        changes,
+    })
+}
 
-    /// The version of head `head`'s item, checking that it was written
-    /// with as many heads as this registry's log has.
-    fn head_version(&self, head: u32, item: &Item) -> Result<u64> {
-        let heads = match item.get(HEADS) {
-            Some(AttributeValue::N(k)) => k.parse::<u32>().unwrap_or(0),
-            _ => 1,
-        };
-        if heads != self.log_heads() {
-            return Err(Error::invalid(
-                "changelog_heads",
-                format!(
-                    "the change log of DynamoDB table {} was written with {heads} head(s) (head {head} \
-                     says so), and this registry is set to {}: every writer and reader of a table \
-                     must use the same number",
-                    self.cfg.table,
-                    self.log_heads()
-                ),
-            ));
-        }
-        Ok(match item.get(VERSION) {
-            Some(AttributeValue::N(v)) => v.parse().unwrap_or(0),
-            _ => 0,
-        })
+/// The version of head `head`'s item, checking that it was written
+/// with as many heads as this registry's log has.
+pub(crate) fn head_version(client: &Client, head: u32, item: &Item) -> Result<u64> {
+    let heads = match item.get(HEADS) {
+        Some(AttributeValue::N(k)) => k.parse::<u32>().unwrap_or(0),
+        _ => 1,
+    };
+    if heads != client.log_heads() {
+        return Err(Error::invalid(
+            "changelog_heads",
+            format!(
+                "the change log of DynamoDB table {} was written with {heads} head(s) (head {head} \
+                 says so), and this registry is set to {}: every writer and reader of a table \
+                 must use the same number",
+                client.cfg.table,
+                client.log_heads()
+            ),
+        ));
     }
+    Ok(match item.get(VERSION) {
+        Some(AttributeValue::N(v)) => v.parse().unwrap_or(0),
+        _ => 0,
+    })
 }
 
 #[cfg(test)]

@@ -38,14 +38,14 @@
 //! commit order up to the writers' clock skew).
 
 mod items;
-pub(crate) mod watch;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-use aws_sdk_dynamodb::types::TransactWriteItem;
+use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 use waypost::{EndpointKey, Error, Op, Result};
 
 /// What the change log's writer keeps between batches.
@@ -63,19 +63,22 @@ pub(crate) struct HeadCache {
 }
 
 pub use items::changelog_head_of;
-use items::{entry_id, log_partition, pack, Part, HEAD_ID};
+use items::{
+    decode_entry, entry_id, entry_put, head_key, head_update, head_version, log_partition, pack,
+    Part, HEAD_ID,
+};
 pub(crate) use items::{Entry, LogPage};
 
-use crate::error::map_transact;
-use crate::shared::{new_token, Table, MAX_TRANSACTION_ITEMS};
+use crate::client::Client;
+use crate::config::CHANGELOG_MAX_HEADS;
+use crate::error::{map_sdk, map_transact};
+use crate::layout::{self, Item};
+use crate::transact::{failed_within, new_token, op_items, Guard, MAX_TRANSACTION_ITEMS};
 
 /// Most ops in one batch in change log mode: their actions, the head and
 /// up to 9 entries fit the 100 actions of a transaction (90 endpoints of
 /// at most 16 KiB need at most 5 entries of 350 KiB).
 pub const CHANGELOG_MAX_BATCH: usize = 90;
-
-/// Most heads a change log can have.
-pub const CHANGELOG_MAX_HEADS: u32 = 64;
 
 /// Most ops in one batch with a log of `heads` heads: a batch may touch
 /// every head, each with its update and at least one entry, so the limit
@@ -163,40 +166,30 @@ fn lost_race(
     }
 }
 
-/// Conditions written in one transaction with a batch: `items` (whose
-/// keys, for messages, are `keys`), and with `existing`, each endpoint
-/// write only if its item exists.
-#[derive(Default)]
-pub(crate) struct Guard {
-    pub items: Vec<TransactWriteItem>,
-    pub keys: Vec<EndpointKey>,
-    pub existing: bool,
-}
-
-/// Whether a cancelled transaction failed a condition of an action in
-/// `range` (the batch's own endpoint actions, or its guard).
-pub(crate) fn failed_within(
-    err: &aws_sdk_dynamodb::error::SdkError<TransactWriteItemsError>,
-    range: std::ops::Range<usize>,
-) -> bool {
-    match err.as_service_error() {
-        Some(TransactWriteItemsError::TransactionCanceledException(e)) => e
-            .cancellation_reasons()
-            .iter()
-            .enumerate()
-            .any(|(i, r)| range.contains(&i) && r.code() == Some("ConditionalCheckFailed")),
-        _ => false,
-    }
+/// The change log of one registry's table: its writer's cache of the
+/// heads, and its reads.
+pub(crate) struct ChangeLog {
+    client: Arc<Client>,
+    /// The heads as this process last saw them.
+    head: HeadCache,
 }
 
 /// The change log's writes.
-impl Table {
+impl ChangeLog {
+    /// The change log of `client`'s table.
+    pub(crate) fn new(client: Arc<Client>) -> Self {
+        Self {
+            client,
+            head: HeadCache::default(),
+        }
+    }
+
     /// Write `ops` (net, one per key, already checked) with their log
     /// entries, as described in the module docs. `token` is used for the
     /// first attempt; later attempts (after a lost race, when nothing was
     /// written) use fresh ones.
-    pub(crate) async fn commit_logged(&self, ops: Vec<Op>, token: Option<&str>) -> Result<()> {
-        self.commit_logged_guarded(ops, token, Guard::default())
+    pub(crate) async fn commit(&self, ops: Vec<Op>, token: Option<&str>) -> Result<()> {
+        self.commit_guarded(ops, token, Guard::default())
             .await
             .map(drop)
     }
@@ -208,10 +201,10 @@ impl Table {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_micros() as u64);
-        let mut last = self.log_head.last_stamp.load(Ordering::Acquire);
+        let mut last = self.head.last_stamp.load(Ordering::Acquire);
         loop {
             let at = now.max(last + 1);
-            match self.log_head.last_stamp.compare_exchange(
+            match self.head.last_stamp.compare_exchange(
                 last,
                 at,
                 Ordering::AcqRel,
@@ -226,24 +219,24 @@ impl Table {
     /// The versions of `heads` (in order): one head's from this process's
     /// cache when it holds it, else strongly consistent reads, at once.
     async fn read_heads(&self, logs: &[(u32, Vec<Part>)]) -> Result<Vec<u64>> {
-        if self.log_heads() == 1 {
-            match self.log_head.version.load(Ordering::Acquire) {
+        if self.client.log_heads() == 1 {
+            match self.head.version.load(Ordering::Acquire) {
                 0 => {}
                 v => return Ok(vec![v]),
             }
         }
-        futures::future::try_join_all(logs.iter().map(|(h, _)| self.read_log_head(*h))).await
+        futures::future::try_join_all(logs.iter().map(|(h, _)| self.read_head(*h))).await
     }
 
-    /// [`Table::commit_logged`] with `guard`'s conditions in the same
+    /// [`ChangeLog::commit`] with `guard`'s conditions in the same
     /// transaction: `false` when one of them failed (nothing was written).
-    pub(crate) async fn commit_logged_guarded(
+    pub(crate) async fn commit_guarded(
         &self,
         ops: Vec<Op>,
         token: Option<&str>,
         guard: Guard,
     ) -> Result<bool> {
-        let heads = self.log_heads();
+        let heads = self.client.log_heads();
         let mut routed: BTreeMap<u32, Vec<&Op>> = BTreeMap::new();
         for op in &ops {
             routed
@@ -256,7 +249,7 @@ impl Table {
         }
         let logs: Vec<(u32, Vec<Part>)> = routed
             .into_iter()
-            .map(|(h, ops)| (h, pack(self, ops)))
+            .map(|(h, ops)| (h, pack(&self.client, ops)))
             .collect();
         let entries: usize = logs.iter().map(|(_, p)| p.len()).sum();
         let guarded = ops.len() + guard.items.len();
@@ -272,13 +265,13 @@ impl Table {
                 ),
             ));
         }
-        let mut endpoint_items = self.op_items_if(&ops, guard.existing)?;
+        let mut endpoint_items = op_items(&self.client, &ops, guard.existing)?;
         endpoint_items.extend(guard.items);
-        let _turn = self.log_head.turn.lock().await;
+        let _turn = self.head.turn.lock().await;
         let mut keys: Vec<EndpointKey> = ops.iter().map(Op::key).collect();
         let mut from = self.read_heads(&logs).await?;
         let expires =
-            crate::layout::now_secs().saturating_add(self.cfg.changelog_retention.as_secs().max(1));
+            layout::now_secs().saturating_add(self.client.cfg.changelog_retention.as_secs().max(1));
         let mut fresh;
         let mut token = match token {
             Some(t) => t,
@@ -294,17 +287,18 @@ impl Table {
             let at = (heads > 1).then(|| self.next_stamp());
             for ((h, parts), v) in logs.iter().zip(&from) {
                 let to = v + parts.len() as u64;
-                items.push(self.head_update(*h, *v, to)?);
+                items.push(head_update(&self.client, *h, *v, to)?);
                 keys.push(EndpointKey::new(log_partition(*h), HEAD_ID));
                 for (i, part) in parts.iter().enumerate() {
                     let version = v + 1 + i as u64;
-                    items.push(self.entry_put(*h, version, to, part, expires, at)?);
+                    items.push(entry_put(&self.client, *h, version, to, part, expires, at)?);
                     keys.push(EndpointKey::new(log_partition(*h), entry_id(version)));
                 }
             }
             let sent = std::time::Instant::now();
             let res = self
                 .client
+                .ddb
                 .transact_write_items()
                 .set_transact_items(Some(items))
                 .client_request_token(token)
@@ -315,20 +309,20 @@ impl Table {
                 Ok(_) => {
                     if heads == 1 {
                         // Only ever forward: another writer may have moved it further.
-                        self.log_head
+                        self.head
                             .version
                             .fetch_max(from[0] + entries as u64, Ordering::AcqRel);
                     }
                     metrics::counter!("registry_dynamodb_changelog_entries_total")
                         .increment(entries as u64);
-                    tracing::debug!(table = %self.cfg.table, heads = logs.len(), entries, attempt, "change log batch written");
+                    tracing::debug!(table = %self.client.cfg.table, heads = logs.len(), entries, attempt, "change log batch written");
                     return Ok(true);
                 }
                 Err(e) if failed_within(&e, ops.len()..guarded) => return Ok(false),
                 Err(e) if lost_race(&e, guarded) => {
                     metrics::counter!("registry_dynamodb_changelog_races_total").increment(1);
-                    tracing::debug!(table = %self.cfg.table, attempt, "lost the race for a change log head; reading it again");
-                    self.log_head.version.store(0, Ordering::Release);
+                    tracing::debug!(table = %self.client.cfg.table, attempt, "lost the race for a change log head; reading it again");
+                    self.head.version.store(0, Ordering::Release);
                     // Pause first, then read the heads: the heads read after
                     // the pause are the ones the next attempt races for.
                     tokio::time::sleep(race_pause(attempt, round_trip)).await;
@@ -337,8 +331,12 @@ impl Table {
                     token = fresh.as_str();
                 }
                 Err(e) => {
-                    self.log_head.version.store(0, Ordering::Release);
-                    return Err(map_transact(e, self.ctx("TransactWriteItems"), &keys));
+                    self.head.version.store(0, Ordering::Release);
+                    return Err(map_transact(
+                        e,
+                        self.client.ctx("TransactWriteItems"),
+                        &keys,
+                    ));
                 }
             }
         }
@@ -346,8 +344,74 @@ impl Table {
             "change log of DynamoDB table {}: {CHANGELOG_ATTEMPTS} transactions lost the race for a head \
              to other writers; nothing was written (with {heads} head(s): more writers need more \
              heads, see changelog_heads)",
-            self.cfg.table
+            self.client.cfg.table
         )))
+    }
+}
+
+/// The change log's reads.
+impl ChangeLog {
+    /// Head `head`'s version: a strongly consistent `GetItem` (0 when it
+    /// was never written). A head written by registries with another
+    /// number of heads is an error naming both.
+    pub(crate) async fn read_head(&self, head: u32) -> Result<u64> {
+        let out = self
+            .client
+            .ddb
+            .get_item()
+            .table_name(&self.client.cfg.table)
+            .set_key(Some(head_key(head)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| map_sdk(e, self.client.ctx("GetItem (change log head)")))?;
+        match out.item() {
+            None => Ok(0),
+            Some(item) => head_version(&self.client, head, item),
+        }
+    }
+
+    /// Head `head`'s entries after `after`, and the head: one paginated
+    /// `Query` (strongly consistent when `consistent_reads`) of the head's
+    /// partition from `after`'s sort key on, which ends with the head.
+    pub(crate) async fn query(&self, head: u32, after: u64) -> Result<LogPage> {
+        let mut page = LogPage::default();
+        let mut start: Option<Item> = None;
+        let now = layout::now_secs();
+        let partition = log_partition(head);
+        loop {
+            let out = self
+                .client
+                .ddb
+                .query()
+                .table_name(&self.client.cfg.table)
+                .key_condition_expression("#s = :s AND #id > :after")
+                .expression_attribute_names("#s", layout::SERVICE)
+                .expression_attribute_names("#id", layout::ID)
+                .expression_attribute_values(":s", AttributeValue::S(partition.clone()))
+                .expression_attribute_values(":after", AttributeValue::S(entry_id(after)))
+                .consistent_read(self.client.cfg.consistent_reads)
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(|e| map_sdk(e, self.client.ctx("Query (change log)")))?;
+            for item in out.items() {
+                page.items += 1;
+                let id = match item.get(layout::ID) {
+                    Some(AttributeValue::S(id)) => id.as_str(),
+                    _ => continue,
+                };
+                if id == HEAD_ID {
+                    page.head = Some(head_version(&self.client, head, item)?);
+                } else if let Some(entry) = decode_entry(&self.client, id, item, now) {
+                    page.entries.push(entry);
+                }
+            }
+            match out.last_evaluated_key {
+                Some(k) if !k.is_empty() => start = Some(k),
+                _ => return Ok(page),
+            }
+        }
     }
 }
 

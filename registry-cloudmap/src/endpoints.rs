@@ -1,23 +1,42 @@
-//! The namespace's instances: reading one service's endpoints
-//! (`DiscoverInstances`, `ListInstances`, `DiscoverInstancesRevision`) and
-//! writing them (`RegisterInstance` with its custom health status,
-//! `DeregisterInstance`), each write to one instance serialized.
+//! [`Endpoints`]: the namespace's endpoints, as instances of its services:
+//! reading one service's (`DiscoverInstances`, `ListInstances`,
+//! `DiscoverInstancesRevision`) and writing them (`RegisterInstance` with
+//! its custom health status, `DeregisterInstance`), each write to one
+//! instance serialized.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use aws_sdk_servicediscovery::error::ProvideErrorMetadata;
 use aws_sdk_servicediscovery::operation::register_instance::RegisterInstanceError;
 use aws_sdk_servicediscovery::types::{CustomHealthStatus, HealthStatus, HealthStatusFilter};
 use waypost::{Endpoint, EndpointKey, Error, ErrorKind, Health, Op, Result};
 
+use crate::client::{request_id, Client, DISCOVER_MAX};
 use crate::config::{ReadMode, WriteMode};
 use crate::error;
 use crate::layout;
-use crate::services::ServiceRef;
-use crate::shared::{request_id, Namespace, DISCOVER_MAX};
+use crate::services::{ServiceRef, Services};
 
-impl Namespace {
+/// Largest batch [`waypost::Batch::apply`] takes.
+pub const MAX_BATCH: usize = 1000;
+
+/// The endpoints of one registry's namespace.
+pub(crate) struct Endpoints {
+    pub(crate) client: Arc<Client>,
+    pub(crate) services: Services,
+}
+
+impl Endpoints {
+    /// The endpoints in `client`'s namespace.
+    pub(crate) fn new(client: Arc<Client>) -> Self {
+        Self {
+            services: Services::new(Arc::clone(&client)),
+            client,
+        }
+    }
+
     /// The endpoints of `service`'s instances (id and attributes); an
     /// instance that is not an endpoint is skipped with a warning.
     pub(crate) fn decode_all<'a>(
@@ -50,18 +69,21 @@ impl Namespace {
         cm_name: &str,
     ) -> Result<Option<(Option<i64>, Vec<Endpoint>)>> {
         let target = format!("service {service}");
-        self.throttle().await;
-        self.counters.instance_reads.fetch_add(1, Ordering::Relaxed);
+        self.client
+            .counters
+            .instance_reads
+            .fetch_add(1, Ordering::Relaxed);
         let res = self
             .client
-            .discover_instances()
-            .namespace_name(&self.cfg.namespace)
-            .service_name(cm_name)
-            .health_status(HealthStatusFilter::All)
-            .max_results(DISCOVER_MAX)
-            .send()
-            .await
-            .map_err(|e| error::from_sdk(e, self.call("DiscoverInstances", &target)));
+            .call("DiscoverInstances", &target, |c| {
+                c.discover_instances()
+                    .namespace_name(&self.client.cfg.namespace)
+                    .service_name(cm_name)
+                    .health_status(HealthStatusFilter::All)
+                    .max_results(DISCOVER_MAX)
+                    .send()
+            })
+            .await;
         let out = match res {
             Ok(out) => out,
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
@@ -69,7 +91,7 @@ impl Namespace {
         };
         if out.instances().len() >= DISCOVER_MAX as usize {
             tracing::warn!(%service, "DiscoverInstances returned its maximum of {DISCOVER_MAX}; reading with ListInstances");
-            return match self.service_id(service, false).await? {
+            return match self.services.service_id(service, false).await? {
                 Some(id) => self
                     .list_instances(service, &id)
                     .await
@@ -113,19 +135,22 @@ impl Namespace {
         service_id: &str,
     ) -> Result<Vec<Endpoint>> {
         let target = format!("service {service}");
-        self.counters.instance_reads.fetch_add(1, Ordering::Relaxed);
+        self.client
+            .counters
+            .instance_reads
+            .fetch_add(1, Ordering::Relaxed);
         let mut token = None;
         let mut raw: Vec<(String, Option<HashMap<String, String>>)> = Vec::new();
         loop {
-            self.throttle().await;
             let out = self
                 .client
-                .list_instances()
-                .service_id(service_id)
-                .set_next_token(token)
-                .send()
-                .await
-                .map_err(|e| error::from_sdk(e, self.call("ListInstances", &target)))?;
+                .call("ListInstances", &target, |c| {
+                    c.list_instances()
+                        .service_id(service_id)
+                        .set_next_token(token)
+                        .send()
+                })
+                .await?;
             raw.extend(out.instances().iter().map(|i| {
                 (
                     i.id().unwrap_or_default().to_string(),
@@ -143,16 +168,19 @@ impl Namespace {
     /// `DiscoverInstancesRevision`; `None` when the service does not exist.
     pub(crate) async fn revision(&self, service: &str, cm_name: &str) -> Result<Option<i64>> {
         let target = format!("service {service}");
-        self.throttle().await;
-        self.counters.revision_calls.fetch_add(1, Ordering::Relaxed);
+        self.client
+            .counters
+            .revision_calls
+            .fetch_add(1, Ordering::Relaxed);
         let res = self
             .client
-            .discover_instances_revision()
-            .namespace_name(&self.cfg.namespace)
-            .service_name(cm_name)
-            .send()
-            .await
-            .map_err(|e| error::from_sdk(e, self.call("DiscoverInstancesRevision", &target)));
+            .call("DiscoverInstancesRevision", &target, |c| {
+                c.discover_instances_revision()
+                    .namespace_name(&self.client.cfg.namespace)
+                    .service_name(cm_name)
+                    .send()
+            })
+            .await;
         match res {
             Ok(out) => Ok(out.instances_revision()),
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
@@ -165,7 +193,7 @@ impl Namespace {
         &self,
         s: &ServiceRef,
     ) -> Result<(Option<i64>, Vec<Endpoint>)> {
-        match self.cfg.read_mode {
+        match self.client.cfg.read_mode {
             ReadMode::Discover => Ok(self
                 .discover(&s.name, &s.cm_name)
                 .await?
@@ -173,7 +201,7 @@ impl Namespace {
             ReadMode::List => {
                 // Revision first: a change between the two calls is then
                 // seen again next time, never lost.
-                let rev = if self.cfg.revision_skip {
+                let rev = if self.client.cfg.revision_skip {
                     self.revision(&s.name, &s.cm_name).await?
                 } else {
                     None
@@ -186,18 +214,18 @@ impl Namespace {
     /// The endpoints of `service`, as [`ReadMode`] says to read them.
     pub(crate) async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
         let cm_name = layout::service_name(service);
-        match self.cfg.read_mode {
+        match self.client.cfg.read_mode {
             ReadMode::Discover => Ok(self
                 .discover(service, &cm_name)
                 .await?
                 .map(|(_, eps)| eps)
                 .unwrap_or_default()),
-            ReadMode::List => match self.service_id(service, false).await? {
+            ReadMode::List => match self.services.service_id(service, false).await? {
                 Some(id) => {
                     let res = self.list_instances(service, &id).await;
                     match res {
                         Err(e) if e.kind() == ErrorKind::NotFound => {
-                            self.forget_service(service);
+                            self.services.forget_service(service);
                             Ok(Vec::new())
                         }
                         other => other,
@@ -218,23 +246,29 @@ impl Namespace {
         let attrs = layout::encode(ep)?;
         let target = format!("instance {}", ep.key());
         let _guard = self
+            .client
             .lock_key(format!("instance\0{}\0{}", ep.service, ep.id))
             .await;
         let instance_id = layout::instance_id(&ep.id);
         let mut retried = false;
         loop {
-            let service_id = self.service_id(&ep.service, true).await?.ok_or_else(|| {
-                Error::internal(format!("service {} was not created", ep.service))
-            })?;
-            self.throttle().await;
+            let service_id = self
+                .services
+                .service_id(&ep.service, true)
+                .await?
+                .ok_or_else(|| {
+                    Error::internal(format!("service {} was not created", ep.service))
+                })?;
             let res = self
                 .client
-                .register_instance()
-                .service_id(&service_id)
-                .instance_id(&instance_id)
-                .creator_request_id(request_id("reg"))
-                .set_attributes(Some(attrs.clone()))
-                .send()
+                .send(|c| {
+                    c.register_instance()
+                        .service_id(&service_id)
+                        .instance_id(&instance_id)
+                        .creator_request_id(request_id("reg"))
+                        .set_attributes(Some(attrs.clone()))
+                        .send()
+                })
                 .await;
             // An SDK retry of a request Cloud Map already took: the
             // CreatorRequestId makes Cloud Map answer with the operation of
@@ -247,18 +281,25 @@ impl Namespace {
                         let op = dup.duplicate_operation_id().map(str::to_string);
                         tracing::debug!(%target, operation = ?op, "RegisterInstance was a duplicate; following the first operation");
                         return self
+                            .client
                             .finish(op.as_deref(), "RegisterInstance", &target)
                             .await;
                     }
-                    _ => Err(error::from_sdk(e, self.call("RegisterInstance", &target))),
+                    _ => Err(error::from_sdk(
+                        e,
+                        self.client.about("RegisterInstance", &target),
+                    )),
                 },
                 Ok(out) => Ok(out),
             };
             match res {
                 Ok(out) => {
-                    self.finish(out.operation_id(), "RegisterInstance", &target)
+                    self.client
+                        .finish(out.operation_id(), "RegisterInstance", &target)
                         .await?;
-                    if self.cfg.custom_health && self.cfg.write_mode == WriteMode::Wait {
+                    if self.client.cfg.custom_health
+                        && self.client.cfg.write_mode == WriteMode::Wait
+                    {
                         self.set_health(&service_id, &instance_id, ep, &target)
                             .await?;
                     }
@@ -267,7 +308,7 @@ impl Namespace {
                 // The cached service was deleted behind our back: look again once.
                 Err(e) if e.kind() == ErrorKind::NotFound && !retried => {
                     tracing::info!(service = %ep.service, "cached Cloud Map service is gone; looking it up again");
-                    self.forget_service(&ep.service);
+                    self.services.forget_service(&ep.service);
                     retried = true;
                 }
                 Err(e) => return Err(e),
@@ -290,14 +331,15 @@ impl Namespace {
             // healthy instances) must send a draining instance nothing new.
             Health::Unhealthy | Health::Draining => CustomHealthStatus::Unhealthy,
         };
-        self.throttle().await;
         let res = self
             .client
-            .update_instance_custom_health_status()
-            .service_id(service_id)
-            .instance_id(instance_id)
-            .status(status)
-            .send()
+            .send(|c| {
+                c.update_instance_custom_health_status()
+                    .service_id(service_id)
+                    .instance_id(instance_id)
+                    .status(status)
+                    .send()
+            })
             .await;
         match res {
             Ok(_) => Ok(()),
@@ -307,7 +349,8 @@ impl Namespace {
             }
             Err(e) => Err(error::from_sdk(
                 e,
-                self.call("UpdateInstanceCustomHealthStatus", target),
+                self.client
+                    .about("UpdateInstanceCustomHealthStatus", target),
             )),
         }
     }
@@ -317,25 +360,29 @@ impl Namespace {
     pub(crate) async fn delete(&self, key: &EndpointKey) -> Result<()> {
         let target = format!("instance {key}");
         let _guard = self
+            .client
             .lock_key(format!("instance\0{}\0{}", key.service, key.id))
             .await;
-        let Some(service_id) = self.service_id(&key.service, false).await? else {
+        let Some(service_id) = self.services.service_id(&key.service, false).await? else {
             return Ok(());
         };
-        self.throttle().await;
         let res = self
             .client
-            .deregister_instance()
-            .service_id(&service_id)
-            .instance_id(layout::instance_id(&key.id))
-            .send()
-            .await
-            .map_err(|e| error::from_sdk(e, self.call("DeregisterInstance", &target)));
+            .call("DeregisterInstance", &target, |c| {
+                c.deregister_instance()
+                    .service_id(&service_id)
+                    .instance_id(layout::instance_id(&key.id))
+                    .send()
+            })
+            .await;
         match res {
             Ok(out) => {
-                self.finish(out.operation_id(), "DeregisterInstance", &target)
+                self.client
+                    .finish(out.operation_id(), "DeregisterInstance", &target)
                     .await?;
-                if self.cfg.repeat_deregister && self.cfg.write_mode == WriteMode::Wait {
+                if self.client.cfg.repeat_deregister
+                    && self.client.cfg.write_mode == WriteMode::Wait
+                {
                     self.deregister_copies(&service_id, key, &target).await?;
                 }
                 Ok(())
@@ -343,7 +390,7 @@ impl Namespace {
             // Unknown instance (or service): nothing to remove.
             Err(e) if e.kind() == ErrorKind::NotFound => {
                 if e.to_string().contains("ServiceNotFound") {
-                    self.forget_service(&key.service);
+                    self.services.forget_service(&key.service);
                 }
                 Ok(())
             }
@@ -360,19 +407,20 @@ impl Namespace {
         target: &str,
     ) -> Result<()> {
         for _ in 0..16 {
-            self.throttle().await;
             let res = self
                 .client
-                .deregister_instance()
-                .service_id(service_id)
-                .instance_id(layout::instance_id(&key.id))
-                .send()
-                .await
-                .map_err(|e| error::from_sdk(e, self.call("DeregisterInstance", target)));
+                .call("DeregisterInstance", target, |c| {
+                    c.deregister_instance()
+                        .service_id(service_id)
+                        .instance_id(layout::instance_id(&key.id))
+                        .send()
+                })
+                .await;
             match res {
                 Ok(out) => {
                     tracing::debug!(%target, "removed another copy of the instance");
-                    self.finish(out.operation_id(), "DeregisterInstance", target)
+                    self.client
+                        .finish(out.operation_id(), "DeregisterInstance", target)
                         .await?;
                 }
                 Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),

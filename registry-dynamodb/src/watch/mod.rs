@@ -1,5 +1,6 @@
 //! The native watch: a task that follows the table's DynamoDB Stream and
-//! feeds a [`Hub`] that every `watch()` subscribes to.
+//! feeds a [`Hub`] that every `watch()` subscribes to, and what both
+//! watches share to publish (the change log's watch is in [`changelog`]).
 //!
 //! The task (started by the first `watch()`, stopped when the registry is
 //! dropped):
@@ -41,6 +42,8 @@
 //!   instead (a scan every `poll_interval`, published as the difference)
 //!   and goes back to following a stream as soon as the table has one.
 
+pub(crate) mod changelog;
+
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -50,12 +53,13 @@ use waypost::{
     Error, Event, EventStream, Snapshot, Version,
 };
 
-use crate::shards::{Change, Reader, Stop};
-use crate::shared::Table;
+use crate::endpoints::Endpoints;
+use crate::layout::Change;
+use crate::shards::{Reader, Stop};
 
 /// The stream watch of one registry.
 pub(crate) struct StreamWatch {
-    table: Arc<Table>,
+    endpoints: Arc<Endpoints>,
     arn: String,
     hub: Arc<Hub>,
     task: FeedTask,
@@ -88,10 +92,13 @@ impl Drop for FeedTask {
 }
 
 impl StreamWatch {
-    pub(crate) fn new(table: Arc<Table>, arn: String) -> Self {
-        let hub = Arc::new(Hub::pending(Hub::DEFAULT_BUFFER, table.cfg.watch_history));
+    pub(crate) fn new(endpoints: Arc<Endpoints>, arn: String) -> Self {
+        let hub = Arc::new(Hub::pending(
+            Hub::DEFAULT_BUFFER,
+            endpoints.client.cfg.watch_history,
+        ));
         Self {
-            table,
+            endpoints,
             arn,
             hub,
             task: FeedTask::default(),
@@ -101,7 +108,7 @@ impl StreamWatch {
     pub(crate) fn watch(&self, from: Option<Version>) -> EventStream {
         self.task.start_once(|| {
             run(
-                Arc::clone(&self.table),
+                Arc::clone(&self.endpoints),
                 self.arn.clone(),
                 Arc::downgrade(&self.hub),
             )
@@ -114,7 +121,7 @@ impl StreamWatch {
 /// table had no usable stream at `connect`, or [`crate::WatchMode::Polling`]):
 /// one `InvalidInput` error naming the table and saying how to watch it,
 /// then the end of the stream.
-pub(crate) fn unwatched(table: &Table) -> EventStream {
+pub(crate) fn unwatched(endpoints: &Endpoints) -> EventStream {
     let error = Error::invalid(
         "watch",
         format!(
@@ -123,7 +130,7 @@ pub(crate) fn unwatched(table: &Table) -> EventStream {
              registry with waypost::stack::stack, which polls it \
              (waypost::polling::Polling), or enable a NEW_IMAGE or NEW_AND_OLD_IMAGES \
              stream on the table and connect again",
-            table.cfg.table, table.endpoint
+            endpoints.client.cfg.table, endpoints.client.endpoint
         ),
     );
     futures::stream::once(async move { Err(error) }).boxed()
@@ -131,8 +138,9 @@ pub(crate) fn unwatched(table: &Table) -> EventStream {
 
 /// How often the table is described to see that it, and its stream, are
 /// still the ones being read.
-fn table_check_interval(table: &Table) -> Duration {
-    table
+fn table_check_interval(endpoints: &Endpoints) -> Duration {
+    endpoints
+        .client
         .cfg
         .poll_interval
         .clamp(Duration::from_secs(1), Duration::from_secs(60))
@@ -147,8 +155,8 @@ struct Health {
 
 impl Health {
     /// Report `e` to every watcher (when there is a state to keep) and log it.
-    fn report(&mut self, table: &Table, hub: &Weak<Hub>, e: Error, what: &str) {
-        tracing::warn!(table = %table.cfg.table, error = %e, "{what}; reporting it to watchers");
+    fn report(&mut self, endpoints: &Endpoints, hub: &Weak<Hub>, e: Error, what: &str) {
+        tracing::warn!(table = %endpoints.client.cfg.table, error = %e, "{what}; reporting it to watchers");
         if let Some(hub) = hub.upgrade() {
             if hub.is_ready() {
                 hub.report_error(e);
@@ -167,7 +175,7 @@ fn retry_delays() -> impl Iterator<Item = Duration> {
     backoff(RETRY_MIN, RETRY_MAX)
 }
 
-async fn run(table: Arc<Table>, arn: String, hub: Weak<Hub>) {
+async fn run(endpoints: Arc<Endpoints>, arn: String, hub: Weak<Hub>) {
     let mut health = Health { failed: false };
     // `None`: the table has no usable stream; poll it.
     let mut arn = Some(arn);
@@ -178,39 +186,39 @@ async fn run(table: Arc<Table>, arn: String, hub: Weak<Hub>) {
             return;
         }
         if locate {
-            match table.locate_stream().await {
+            match endpoints.client.locate_stream().await {
                 Ok(found) => {
                     if found != arn {
-                        tracing::info!(table = %table.cfg.table, old = ?arn, new = ?found, "the table's stream changed; following the current one");
+                        tracing::info!(table = %endpoints.client.cfg.table, old = ?arn, new = ?found, "the table's stream changed; following the current one");
                     }
                     arn = found;
                     locate = false;
                 }
                 Err(e) => {
-                    health.report(&table, &hub, e, "looking for the table's stream failed");
+                    health.report(&endpoints, &hub, e, "looking for the table's stream failed");
                     tokio::time::sleep(delays.next().unwrap_or(RETRY_MAX)).await;
                     continue;
                 }
             }
         }
         let stop = match &arn {
-            Some(a) => follow(&table, a, &hub, &mut health).await,
-            None => poll(&table, &hub, &mut health).await,
+            Some(a) => follow(&endpoints, a, &hub, &mut health).await,
+            None => poll(&endpoints, &hub, &mut health).await,
         };
         match stop {
             Ok(()) => return,
             Err(Stop::Lost(why)) => {
-                tracing::info!(table = %table.cfg.table, why, "stream position lost; resyncing from a fresh snapshot");
+                tracing::info!(table = %endpoints.client.cfg.table, why, "stream position lost; resyncing from a fresh snapshot");
             }
             Err(Stop::StreamBack(found)) => {
-                tracing::info!(table = %table.cfg.table, stream = %found, "the table has a stream again; following it");
+                tracing::info!(table = %endpoints.client.cfg.table, stream = %found, "the table has a stream again; following it");
                 arn = Some(found);
             }
             Err(Stop::Failed(e)) => {
                 if !health.failed {
                     delays = retry_delays();
                 }
-                health.report(&table, &hub, e, "following the table's changes failed");
+                health.report(&endpoints, &hub, e, "following the table's changes failed");
                 tokio::time::sleep(delays.next().unwrap_or(RETRY_MAX)).await;
                 locate = true;
             }
@@ -221,21 +229,21 @@ async fn run(table: Arc<Table>, arn: String, hub: Weak<Hub>) {
 /// One life of the reader: open, snapshot, then rounds until the hub is
 /// gone (`Ok`), the position is lost or the feed fails.
 async fn follow(
-    table: &Table,
+    endpoints: &Endpoints,
     arn: &str,
     hub: &Weak<Hub>,
     health: &mut Health,
 ) -> Result<(), Stop> {
-    let mut reader = Reader::open(table, arn).await?;
-    let fresh = table.scan_all().await.map_err(Stop::Failed)?;
+    let mut reader = Reader::open(&endpoints.client, arn).await?;
+    let fresh = endpoints.scan_all().await.map_err(Stop::Failed)?;
     {
         let Some(hub) = hub.upgrade() else {
             return Ok(());
         };
-        publish_fresh(&hub, &table.clock, fresh, health.failed);
+        publish_fresh(&hub, &endpoints.clock, fresh, health.failed);
         health.failed = false;
     }
-    let check_every = table_check_interval(table);
+    let check_every = table_check_interval(endpoints);
     let mut last_check = Instant::now();
     let mut delays = retry_delays();
     // Since when reading fails, and what was read meanwhile (published
@@ -243,14 +251,14 @@ async fn follow(
     let mut failing: Option<Instant> = None;
     let mut held: Vec<Change> = Vec::new();
     loop {
-        let (changes, mut failure) = reader.round(table).await;
+        let (changes, mut failure) = reader.round(&endpoints.client).await;
         let found = !changes.is_empty();
         if failure.is_none() && reader.needs_discovery() {
-            failure = reader.discover(table, false).await.err();
+            failure = reader.discover(&endpoints.client, false).await.err();
         }
         if failure.is_none() && last_check.elapsed() >= check_every {
             last_check = Instant::now();
-            failure = check_table(table, arn).await;
+            failure = check_table(endpoints, arn).await;
         }
         let Some(strong) = hub.upgrade() else {
             return Ok(());
@@ -258,21 +266,21 @@ async fn follow(
         match failure {
             None if failing.is_some() => {
                 held.extend(changes);
-                tracing::info!(table = %table.cfg.table, "reading the stream works again; sending a fresh snapshot");
-                publish_snapshot_with(&strong, &table.clock, std::mem::take(&mut held));
+                tracing::info!(table = %endpoints.client.cfg.table, "reading the stream works again; sending a fresh snapshot");
+                publish_snapshot_with(&strong, &endpoints.clock, std::mem::take(&mut held));
                 health.failed = false;
                 failing = None;
                 delays = retry_delays();
             }
             None => {
-                publish_changes(&strong, &table.clock, changes);
+                publish_changes(&strong, &endpoints.clock, changes);
                 delays = retry_delays();
             }
             Some(Stop::Failed(e)) if e.is_retryable() => {
                 if failing.is_some() {
                     held.extend(changes);
                 } else {
-                    publish_changes(&strong, &table.clock, changes);
+                    publish_changes(&strong, &endpoints.clock, changes);
                 }
                 drop(strong);
                 let since = *failing.get_or_insert_with(Instant::now);
@@ -281,19 +289,19 @@ async fn follow(
                     // and start over (reported by `run`).
                     return Err(Stop::Failed(e));
                 }
-                health.report(table, hub, e, "reading the stream failed; retrying");
+                health.report(endpoints, hub, e, "reading the stream failed; retrying");
                 tokio::time::sleep(delays.next().unwrap_or(RETRY_MAX)).await;
                 continue;
             }
             Some(stop) => {
                 if failing.is_none() {
-                    publish_changes(&strong, &table.clock, changes);
+                    publish_changes(&strong, &endpoints.clock, changes);
                 }
                 return Err(stop);
             }
         }
         if !found {
-            tokio::time::sleep(table.cfg.stream_poll_interval).await;
+            tokio::time::sleep(endpoints.client.cfg.stream_poll_interval).await;
         }
     }
 }
@@ -301,23 +309,28 @@ async fn follow(
 /// published as the difference (whole after a reported failure), until
 /// the table has a usable stream again (`StreamBack`), the hub is gone
 /// (`Ok`) or a read fails.
-async fn poll(table: &Table, hub: &Weak<Hub>, health: &mut Health) -> Result<(), Stop> {
-    let check_every = table_check_interval(table);
+async fn poll(endpoints: &Endpoints, hub: &Weak<Hub>, health: &mut Health) -> Result<(), Stop> {
+    let check_every = table_check_interval(endpoints);
     let mut last_check = Instant::now();
-    tracing::info!(table = %table.cfg.table, interval = ?table.cfg.poll_interval, "the table has no usable stream; polling it");
+    tracing::info!(table = %endpoints.client.cfg.table, interval = ?endpoints.client.cfg.poll_interval, "the table has no usable stream; polling it");
     loop {
-        let fresh = table.scan_all().await.map_err(Stop::Failed)?;
+        let fresh = endpoints.scan_all().await.map_err(Stop::Failed)?;
         {
             let Some(hub) = hub.upgrade() else {
                 return Ok(());
             };
-            publish_fresh(&hub, &table.clock, fresh, health.failed);
+            publish_fresh(&hub, &endpoints.clock, fresh, health.failed);
             health.failed = false;
         }
-        tokio::time::sleep(table.cfg.poll_interval).await;
+        tokio::time::sleep(endpoints.client.cfg.poll_interval).await;
         if last_check.elapsed() >= check_every {
             last_check = Instant::now();
-            if let Some(arn) = table.locate_stream().await.map_err(Stop::Failed)? {
+            if let Some(arn) = endpoints
+                .client
+                .locate_stream()
+                .await
+                .map_err(Stop::Failed)?
+            {
                 return Err(Stop::StreamBack(arn));
             }
         }
@@ -328,19 +341,19 @@ async fn poll(table: &Table, hub: &Weak<Hub>, health: &mut Health) -> Result<(),
 /// is; a lost feed (`NotFound`) when the table is gone or has another
 /// stream. A transient failure of the check itself is only logged (reading
 /// the stream reports those).
-async fn check_table(table: &Table, arn: &str) -> Option<Stop> {
-    match table.locate_stream().await {
+async fn check_table(endpoints: &Endpoints, arn: &str) -> Option<Stop> {
+    match endpoints.client.locate_stream().await {
         Ok(Some(current)) if current == arn => None,
         Ok(current) => Some(Stop::Failed(Error::not_found(format!(
             "the stream {arn} of DynamoDB table {}: the table now has {}",
-            table.cfg.table,
+            endpoints.client.cfg.table,
             current.map_or_else(
                 || "no usable stream".to_string(),
                 |c| format!("the stream {c}")
             )
         )))),
         Err(e) if e.is_retryable() => {
-            tracing::debug!(table = %table.cfg.table, error = %e, "could not check the table");
+            tracing::debug!(table = %endpoints.client.cfg.table, error = %e, "could not check the table");
             None
         }
         Err(e) => Some(Stop::Failed(e)),

@@ -1,33 +1,33 @@
-//! [`Namespace`]: the Cloud Map namespace that holds one registry, shared
-//! by the registry and its clones: the client (with the interceptor custom
-//! endpoint URLs need), the client-side rate limit, request counts and
-//! caches; finding or creating the namespace, and waiting for Cloud Map's
-//! asynchronous operations. Its services and instances are in
-//! [`crate::services`] and [`crate::instances`].
+//! [`Client`]: the connection to the Cloud Map namespace that holds one
+//! registry, shared by every part of the registry and its clones: the SDK
+//! client (with the interceptor custom endpoint URLs need), the namespace's
+//! name and id, the client-side rate limit and request counts, every call
+//! made through [`Client::call`] (throttled, counted, its errors mapped by
+//! [`crate::error`]), the per-key write locks, and waiting for Cloud Map's
+//! asynchronous operations. Finding or creating the namespace is in
+//! [`crate::admin`].
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use aws_sdk_servicediscovery::config::http::HttpResponse;
 use aws_sdk_servicediscovery::config::interceptors::BeforeTransmitInterceptorContextMut;
 use aws_sdk_servicediscovery::config::{ConfigBag, Intercept, Region, RuntimeComponents};
-use aws_sdk_servicediscovery::error::BoxError;
-use aws_sdk_servicediscovery::operation::create_http_namespace::CreateHttpNamespaceError;
-use aws_sdk_servicediscovery::types::{NamespaceType, OperationStatus, OperationTargetType};
-use aws_sdk_servicediscovery::Client;
+use aws_sdk_servicediscovery::error::{BoxError, ProvideErrorMetadata, SdkError};
+use aws_sdk_servicediscovery::types::{OperationStatus, OperationTargetType};
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use waypost::backend::backoff;
-use waypost::{Error, Result};
+use waypost::Result;
 
-use crate::config::{CloudMapConfig, NamespaceKind, WriteMode};
+use crate::config::{CloudMapConfig, WriteMode};
 use crate::error::{self, Call};
 
 /// Most instances one `DiscoverInstances` call returns (and Cloud Map's
 /// quota of instances per service).
 pub(crate) const DISCOVER_MAX: i32 = 1000;
-/// Largest batch [`waypost::Batch::apply`] takes.
-pub const MAX_BATCH: usize = 1000;
 
 /// Request counts of one registry, for tests and capacity planning.
 #[non_exhaustive]
@@ -53,6 +53,7 @@ pub struct CloudMapStats {
     pub record_writes: u64,
 }
 
+/// The request counts behind [`CloudMapStats`].
 #[derive(Default)]
 pub(crate) struct Counters {
     pub(crate) requests: AtomicU64,
@@ -64,27 +65,23 @@ pub(crate) struct Counters {
     pub(crate) record_writes: AtomicU64,
 }
 
-/// The client, caches and rate limit shared by a registry and its clones.
-pub(crate) struct Namespace {
-    pub(crate) client: Client,
+/// The SDK client, namespace, rate limit and request counts shared by a
+/// registry and its clones.
+pub(crate) struct Client {
+    pub(crate) sdk: aws_sdk_servicediscovery::Client,
     pub(crate) cfg: CloudMapConfig,
     pub(crate) namespace_id: String,
     /// An existing DNS namespace: services are created API-only (`HTTP`).
     pub(crate) dns_namespace: bool,
     /// Where the API is, for messages.
     pub(crate) endpoint: String,
-    pub(crate) limiter: DefaultDirectRateLimiter,
-    /// Our service name → Cloud Map service id.
-    pub(crate) services: Mutex<HashMap<String, String>>,
-    /// Reserved Cloud Map service name (node records) → its id.
-    pub(crate) node_services: Mutex<HashMap<String, String>>,
-    /// Cloud Map service id → whether it is in this namespace.
-    pub(crate) service_namespaces: Mutex<HashMap<String, bool>>,
+    limiter: DefaultDirectRateLimiter,
     /// One async mutex per key being written (see [`KeyGuard`]).
-    pub(crate) key_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    key_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     pub(crate) counters: Counters,
 }
 
+/// Lock one of the registry's caches.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Every critical section leaves its state whole; a panic elsewhere
     // cannot leave it half-written.
@@ -131,7 +128,7 @@ enum OperationState {
     Pending(String),
 }
 
-impl Namespace {
+impl Client {
     /// The namespace of `cfg` over `sdk` (with `cfg.endpoint_url` and
     /// `cfg.region` applied), found or created.
     pub(crate) async fn open(
@@ -155,16 +152,13 @@ impl Namespace {
             (None, None) => "the AWS Cloud Map endpoint (no region set)".to_string(),
         };
         let quota = Quota::per_second(cfg.requests_per_second).allow_burst(cfg.burst);
-        let mut ns = Namespace {
-            client: Client::from_conf(sdk),
+        let mut ns = Client {
+            sdk: aws_sdk_servicediscovery::Client::from_conf(sdk),
             cfg,
             namespace_id: String::new(),
             dns_namespace: false,
             endpoint,
             limiter: RateLimiter::direct(quota),
-            services: Mutex::new(HashMap::new()),
-            node_services: Mutex::new(HashMap::new()),
-            service_namespaces: Mutex::new(HashMap::new()),
             key_locks: Mutex::new(HashMap::new()),
             counters: Counters::default(),
         };
@@ -193,7 +187,7 @@ impl Namespace {
     }
 
     /// What a call is about, for its errors.
-    pub(crate) fn call<'a>(&'a self, op: &'a str, target: &'a str) -> Call<'a> {
+    pub(crate) fn about<'a>(&'a self, op: &'a str, target: &'a str) -> Call<'a> {
         Call {
             op,
             target,
@@ -201,10 +195,36 @@ impl Namespace {
         }
     }
 
-    /// Wait for the client-side rate limit, then count the request.
-    pub(crate) async fn throttle(&self) {
+    /// One SDK request, `f` (which sends it), made once the client-side
+    /// rate limit allows and counted; its error as the SDK gives it, for
+    /// the callers that tell service errors apart.
+    pub(crate) async fn send<'a, T, E, Fut>(
+        &'a self,
+        f: impl FnOnce(&'a aws_sdk_servicediscovery::Client) -> Fut,
+    ) -> std::result::Result<T, SdkError<E, HttpResponse>>
+    where
+        Fut: Future<Output = std::result::Result<T, SdkError<E, HttpResponse>>>,
+    {
         self.limiter.until_ready().await;
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
+        f(&self.sdk).await
+    }
+
+    /// [`Client::send`], its error mapped ([`error::from_sdk`]) as a
+    /// failure of `op` about `target`.
+    pub(crate) async fn call<'a, T, E, Fut>(
+        &'a self,
+        op: &str,
+        target: &str,
+        f: impl FnOnce(&'a aws_sdk_servicediscovery::Client) -> Fut,
+    ) -> Result<T>
+    where
+        Fut: Future<Output = std::result::Result<T, SdkError<E, HttpResponse>>>,
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        self.send(f)
+            .await
+            .map_err(|e| error::from_sdk(e, self.about(op, target)))
     }
 
     /// Wait until no other write holds `key`, and hold it.
@@ -216,97 +236,6 @@ impl Namespace {
             entry,
             key,
             map: &self.key_locks,
-        }
-    }
-
-    /// The namespace's id and whether it is a DNS namespace.
-    pub(crate) async fn find_namespace(&self) -> Result<Option<(String, bool)>> {
-        let target = format!("namespace {}", self.cfg.namespace);
-        let mut token = None;
-        loop {
-            self.throttle().await;
-            let out = self
-                .client
-                .list_namespaces()
-                .set_next_token(token)
-                .send()
-                .await
-                .map_err(|e| error::from_sdk(e, self.call("ListNamespaces", &target)))?;
-            if let Some(ns) = out
-                .namespaces()
-                .iter()
-                .find(|ns| ns.name() == Some(self.cfg.namespace.as_str()))
-            {
-                let dns = matches!(
-                    ns.r#type(),
-                    Some(NamespaceType::DnsPrivate | NamespaceType::DnsPublic)
-                );
-                return Ok(ns.id().map(|id| (id.to_string(), dns)));
-            }
-            match out.next_token() {
-                Some(t) => token = Some(t.to_string()),
-                None => return Ok(None),
-            }
-        }
-    }
-
-    /// The namespace's id and whether it is a DNS namespace, created (an
-    /// HTTP namespace) when it is missing and `create_namespace` is set.
-    pub(crate) async fn resolve_namespace(&self) -> Result<(String, bool)> {
-        if let Some(found) = self.find_namespace().await? {
-            return Ok(found);
-        }
-        let target = format!("namespace {}", self.cfg.namespace);
-        if !self.cfg.create_namespace {
-            return Err(Error::not_found(format!(
-                "{target} at {} (creating it is turned off)",
-                self.endpoint
-            )));
-        }
-        match self.cfg.namespace_kind {
-            NamespaceKind::Http => {}
-        }
-        self.throttle().await;
-        let created = self
-            .client
-            .create_http_namespace()
-            .name(&self.cfg.namespace)
-            .creator_request_id(request_id("ns"))
-            .description("service registry (waypost-cloudmap)")
-            .send()
-            .await;
-        let op_id = match created {
-            Ok(out) => out
-                .operation_id()
-                .map(str::to_string)
-                .ok_or_else(|| error::missing("CreateHttpNamespace", "OperationId", &target))?,
-            Err(e) => {
-                if let Some(CreateHttpNamespaceError::NamespaceAlreadyExists(exists)) =
-                    e.as_service_error()
-                {
-                    // Another process created it first.
-                    if let Some(id) = exists.namespace_id() {
-                        return Ok((id.to_string(), false));
-                    }
-                    return self.find_namespace().await?.ok_or_else(|| {
-                        Error::not_found(format!("{target}: reported as existing, but not listed"))
-                    });
-                }
-                return Err(error::from_sdk(
-                    e,
-                    self.call("CreateHttpNamespace", &target),
-                ));
-            }
-        };
-        tracing::info!(namespace = %self.cfg.namespace, operation = %op_id, "creating the Cloud Map namespace");
-        // Always waited for: nothing can be registered before it exists.
-        let targets = self.wait_operation(&op_id, &target).await?;
-        match targets.get(&OperationTargetType::Namespace) {
-            Some(id) => Ok((id.clone(), false)),
-            None => self
-                .find_namespace()
-                .await?
-                .ok_or_else(|| Error::not_found(format!("{target}: created, but not listed"))),
         }
     }
 
@@ -338,17 +267,14 @@ impl Namespace {
 
     /// One `GetOperation`: done, pending, or its failure as an error.
     async fn operation_state(&self, op_id: &str, target: &str) -> Result<OperationState> {
-        self.throttle().await;
         self.counters
             .operation_polls
             .fetch_add(1, Ordering::Relaxed);
         let out = self
-            .client
-            .get_operation()
-            .operation_id(op_id)
-            .send()
-            .await
-            .map_err(|e| error::from_sdk(e, self.call("GetOperation", target)))?;
+            .call("GetOperation", target, |c| {
+                c.get_operation().operation_id(op_id).send()
+            })
+            .await?;
         let op = out
             .operation()
             .ok_or_else(|| error::missing("GetOperation", "Operation", target))?;
@@ -379,29 +305,6 @@ impl Namespace {
                 tracing::debug!(operation = %op_id, %target, "{op} submitted, not waiting");
                 Ok(())
             }
-        }
-    }
-
-    /// [`waypost::Registry::probe`]: one `GetNamespace` of the namespace this
-    /// registry resolved at connect. Cloud Map has no write that leaves
-    /// nothing behind (every write is an operation with a history, and
-    /// may create a service), so the probe only reads: it proves that Cloud
-    /// Map answers, that the credentials are accepted and may read the
-    /// namespace, and that the namespace still exists (`NotFound` when it
-    /// was deleted). Costs one API request under the client's rate limit.
-    pub(crate) async fn probe(&self) -> Result<()> {
-        let target = format!("namespace {} ({})", self.cfg.namespace, self.namespace_id);
-        self.throttle().await;
-        let out = self
-            .client
-            .get_namespace()
-            .id(&self.namespace_id)
-            .send()
-            .await
-            .map_err(|e| error::from_sdk(e, self.call("GetNamespace", &target)))?;
-        match out.namespace() {
-            Some(_) => Ok(()),
-            None => Err(error::missing("GetNamespace", "Namespace", &target)),
         }
     }
 }

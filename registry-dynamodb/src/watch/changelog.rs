@@ -1,5 +1,5 @@
 //! The change log watch ([`crate::WatchMode::ChangeLog`]): a task that
-//! reads the log (see `mod.rs`) every `poll_interval` and feeds a
+//! reads the log (see [`crate::changelog`]) every `poll_interval` and feeds a
 //! [`Hub`] that every `watch()` subscribes to.
 //!
 //! - **Position**: per head, the last version applied. Each sync is one
@@ -37,24 +37,28 @@ use tokio::time::Instant;
 use waypost::backend::{backoff, Hub};
 use waypost::{Error, EventStream, Version};
 
-use crate::changelog::Entry;
-use crate::shards::Change;
-use crate::shared::Table;
-use crate::watch::{publish_changes, publish_fresh, publish_snapshot_with, FeedTask};
 use futures::future::try_join_all;
+
+use crate::changelog::{Entry, LogPage};
+use crate::endpoints::Endpoints;
+use crate::layout::Change;
+use crate::watch::{publish_changes, publish_fresh, publish_snapshot_with, FeedTask};
 
 /// The change log watch of one registry.
 pub(crate) struct LogWatch {
-    table: Arc<Table>,
+    endpoints: Arc<Endpoints>,
     hub: Arc<Hub>,
     task: FeedTask,
 }
 
 impl LogWatch {
-    pub(crate) fn new(table: Arc<Table>) -> Self {
-        let hub = Arc::new(Hub::pending(Hub::DEFAULT_BUFFER, table.cfg.watch_history));
+    pub(crate) fn new(endpoints: Arc<Endpoints>) -> Self {
+        let hub = Arc::new(Hub::pending(
+            Hub::DEFAULT_BUFFER,
+            endpoints.client.cfg.watch_history,
+        ));
         Self {
-            table,
+            endpoints,
             hub,
             task: FeedTask::default(),
         }
@@ -62,7 +66,7 @@ impl LogWatch {
 
     pub(crate) fn watch(&self, from: Option<Version>) -> EventStream {
         self.task
-            .start_once(|| run(Arc::clone(&self.table), Arc::downgrade(&self.hub)));
+            .start_once(|| run(Arc::clone(&self.endpoints), Arc::downgrade(&self.hub)));
         self.hub.subscribe(from)
     }
 }
@@ -160,15 +164,20 @@ struct Reader {
     failed: bool,
 }
 
-async fn run(table: Arc<Table>, hub: Weak<Hub>) {
+async fn run(endpoints: Arc<Endpoints>, hub: Weak<Hub>) {
     let mut r = Reader {
         pos: None,
         why: Resync::First,
-        gap: vec![None; table.log_heads() as usize],
+        gap: vec![None; endpoints.client.log_heads() as usize],
         failed: false,
     };
-    let interval = table.cfg.poll_interval.max(Duration::from_millis(10));
-    let every = table
+    let interval = endpoints
+        .client
+        .cfg
+        .poll_interval
+        .max(Duration::from_millis(10));
+    let every = endpoints
+        .client
         .cfg
         .changelog_check_interval
         .max(Duration::from_secs(1));
@@ -180,17 +189,17 @@ async fn run(table: Arc<Table>, hub: Weak<Hub>) {
             return;
         }
         if r.pos.is_some() && Instant::now() >= check_at {
-            resync_next(&table, &mut r, Resync::Check);
+            resync_next(&endpoints, &mut r, Resync::Check);
         }
         let res = match r.pos.clone() {
             None => {
-                let res = resync(&table, &hub, &mut r).await;
+                let res = resync(&endpoints, &hub, &mut r).await;
                 if r.pos.is_some() {
                     check_at = next();
                 }
                 res
             }
-            Some(pos) => sync(&table, &hub, &mut r, pos).await,
+            Some(pos) => sync(&endpoints, &hub, &mut r, pos).await,
         };
         match res {
             Ok(()) => {
@@ -198,7 +207,7 @@ async fn run(table: Arc<Table>, hub: Weak<Hub>) {
                 tokio::time::sleep(interval).await;
             }
             Err(e) => {
-                tracing::warn!(table = %table.cfg.table, error = %e, "reading the change log failed; reporting it to watchers");
+                tracing::warn!(table = %endpoints.client.cfg.table, error = %e, "reading the change log failed; reporting it to watchers");
                 if let Some(hub) = hub.upgrade() {
                     if hub.is_ready() {
                         hub.report_error(e);
@@ -213,19 +222,24 @@ async fn run(table: Arc<Table>, hub: Weak<Hub>) {
 }
 
 /// The log of every head after `pos` (one position per head), read at once.
-async fn query_heads(table: &Table, pos: &[u64]) -> Result<Vec<crate::changelog::LogPage>, Error> {
+async fn query_heads(endpoints: &Endpoints, pos: &[u64]) -> Result<Vec<LogPage>, Error> {
     try_join_all(
         pos.iter()
             .enumerate()
-            .map(|(h, after)| table.query_log(h as u32, *after)),
+            .map(|(h, after)| endpoints.log.query(h as u32, *after)),
     )
     .await
 }
 
 /// One sync from `pos`: a `Query` of each head's log, its whole batches
 /// applied.
-async fn sync(table: &Table, hub: &Weak<Hub>, r: &mut Reader, pos: Vec<u64>) -> Result<(), Error> {
-    let pages = query_heads(table, &pos).await?;
+async fn sync(
+    endpoints: &Endpoints,
+    hub: &Weak<Hub>,
+    r: &mut Reader,
+    pos: Vec<u64>,
+) -> Result<(), Error> {
+    let pages = query_heads(endpoints, &pos).await?;
     let mut changes = Vec::new();
     let mut next = Vec::with_capacity(pos.len());
     let mut resync = None;
@@ -247,7 +261,7 @@ async fn sync(table: &Table, hub: &Weak<Hub>, r: &mut Reader, pos: Vec<u64>) -> 
                 };
                 resync = resync.or(Some(why));
             } else {
-                tracing::debug!(table = %table.cfg.table, head = h, missing, version = head, "change log entry not there (yet); waiting one sync");
+                tracing::debug!(table = %endpoints.client.cfg.table, head = h, missing, version = head, "change log entry not there (yet); waiting one sync");
                 r.gap[h] = Some(missing);
             }
         } else {
@@ -259,24 +273,24 @@ async fn sync(table: &Table, hub: &Weak<Hub>, r: &mut Reader, pos: Vec<u64>) -> 
         return Ok(());
     };
     if r.failed {
-        publish_snapshot_with(&strong, &table.clock, changes);
+        publish_snapshot_with(&strong, &endpoints.clock, changes);
         r.failed = false;
     } else {
-        publish_changes(&strong, &table.clock, changes);
+        publish_changes(&strong, &endpoints.clock, changes);
     }
     r.pos = Some(next);
     if let Some(why) = resync {
-        resync_next(table, r, why);
+        resync_next(endpoints, r, why);
     }
     Ok(())
 }
 
 /// Resync on the next round, for `why`.
-fn resync_next(table: &Table, r: &mut Reader, why: Resync) {
+fn resync_next(endpoints: &Endpoints, r: &mut Reader, why: Resync) {
     if matches!(why, Resync::Check) {
-        tracing::debug!(table = %table.cfg.table, why = why.as_str(), "change log: resyncing from a scan");
+        tracing::debug!(table = %endpoints.client.cfg.table, why = why.as_str(), "change log: resyncing from a scan");
     } else {
-        tracing::info!(table = %table.cfg.table, why = why.as_str(), "change log: resyncing from a scan");
+        tracing::info!(table = %endpoints.client.cfg.table, why = why.as_str(), "change log: resyncing from a scan");
     }
     metrics::counter!("registry_dynamodb_changelog_resyncs_total", "reason" => why.as_str())
         .increment(1);
@@ -288,12 +302,12 @@ fn resync_next(table: &Table, r: &mut Reader, why: Resync) {
 /// Read every head, scan, and apply each head's log after it over the
 /// scan; publish the result (whole the first time and after a failure,
 /// else as the difference).
-async fn resync(table: &Table, hub: &Weak<Hub>, r: &mut Reader) -> Result<(), Error> {
-    tracing::debug!(table = %table.cfg.table, why = r.why.as_str(), "change log: scanning");
+async fn resync(endpoints: &Endpoints, hub: &Weak<Hub>, r: &mut Reader) -> Result<(), Error> {
+    tracing::debug!(table = %endpoints.client.cfg.table, why = r.why.as_str(), "change log: scanning");
     let read: Vec<u64> =
-        try_join_all((0..table.log_heads()).map(|h| table.read_log_head(h))).await?;
-    let mut state = table.scan_all().await?;
-    let pages = query_heads(table, &read).await?;
+        try_join_all((0..endpoints.client.log_heads()).map(|h| endpoints.log.read_head(h))).await?;
+    let mut state = endpoints.scan_all().await?;
+    let pages = query_heads(endpoints, &read).await?;
     let mut changes = Vec::new();
     let mut pos = Vec::with_capacity(read.len());
     for (h, (page, at)) in pages.into_iter().zip(&read).enumerate() {
@@ -302,7 +316,7 @@ async fn resync(table: &Table, hub: &Weak<Hub>, r: &mut Reader) -> Result<(), Er
         if walked.pos < head {
             // Versions after the head read before the scan are not all
             // readable yet; scan again on the next round.
-            tracing::debug!(table = %table.cfg.table, head = h, read = at, version = head, "change log: entries after the scan not all visible; scanning again");
+            tracing::debug!(table = %endpoints.client.cfg.table, head = h, read = at, version = head, "change log: entries after the scan not all visible; scanning again");
             return Ok(());
         }
         changes.push(std::mem::take(&mut walked.changes));
@@ -320,8 +334,8 @@ async fn resync(table: &Table, hub: &Weak<Hub>, r: &mut Reader) -> Result<(), Er
     let whole = r.failed || !strong.is_ready();
     publish_fresh(
         &strong,
-        &table.clock,
-        state.at_version(table.clock.next()),
+        &endpoints.clock,
+        state.at_version(endpoints.clock.next()),
         whole,
     );
     r.failed = false;
