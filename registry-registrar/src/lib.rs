@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
+mod client_state;
 mod config;
 mod digest;
 mod error;
@@ -8,7 +9,6 @@ mod layout;
 mod overlay;
 mod registry;
 mod rpc;
-mod shared;
 pub mod tls;
 mod url;
 mod watch;
@@ -32,7 +32,7 @@ pub mod proto {
     }
 }
 
-pub use crate::shared::Refusal;
+pub use crate::client_state::Refusal;
 pub use config::{Ack, ClientConfig, Direct, Fallback};
 pub use digest::{
     merge_partial, service_digest, total_digest, Differing, Digests, MAX_SUMMARY_BYTES,
