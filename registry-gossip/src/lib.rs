@@ -3,12 +3,12 @@
 
 mod config;
 mod crdt;
+mod driver;
 mod error;
 mod layout;
 mod machine;
 mod names;
 mod registry;
-mod shared;
 #[cfg(feature = "sim")]
 pub mod sim;
 mod url;
