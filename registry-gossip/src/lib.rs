@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
+mod buf;
 mod config;
 mod crdt;
 mod driver;
