@@ -15,143 +15,143 @@ use crate::error;
 use crate::keyspace::{Keyspace, Nodes};
 use crate::layout;
 
-impl Keyspace {
-    /// The lease currently attached to `node`'s endpoints, if any.
-    pub(crate) async fn lease_of(&self, node: &str) -> Option<i64> {
-        self.nodes
-            .lock()
+/// The lease currently attached to `node`'s endpoints, if any.
+pub(crate) async fn lease_of(keyspace: &Keyspace, node: &str) -> Option<i64> {
+    keyspace
+        .nodes
+        .lock()
+        .await
+        .by_node
+        .get(node)
+        .and_then(|s| s.lease)
+}
+
+/// The lease of `node`, granted (and the node's endpoints written again
+/// under it) when it has none.
+pub(crate) async fn ensure_lease(keyspace: &Arc<Keyspace>, node: &str) -> Result<i64> {
+    let mut nodes = keyspace.nodes.lock().await;
+    if let Some(id) = nodes.by_node.get(node).and_then(|s| s.lease) {
+        return Ok(id);
+    }
+    regrant(keyspace, &mut nodes, node).await
+}
+
+/// Grant a new lease for `node` and write every endpoint we hold for it
+/// under that lease.
+async fn regrant(
+    keyspace: &Arc<Keyspace>,
+    nodes: &mut MutexGuard<'_, Nodes>,
+    node: &str,
+) -> Result<i64> {
+    let ttl = keyspace.cfg.lease_ttl_secs();
+    let mut lease = keyspace.client.lease_client();
+    let grant = keyspace
+        .timed(lease.grant(ttl, None))
+        .await
+        .map_err(|e| error::map(e, format!("grant a lease for node {node}")))?;
+    let id = grant.id();
+    let st = nodes.state(node);
+    st.lease = Some(id);
+    let endpoints: Vec<Endpoint> = st.endpoints.values().cloned().collect();
+    let spawn_monitor = !st.monitored;
+    st.monitored = true;
+    if spawn_monitor {
+        tokio::spawn(monitor(Arc::downgrade(keyspace), node.to_string()));
+    }
+    info!(
+        node,
+        lease = format!("{id:x}"),
+        ttl,
+        endpoints = endpoints.len(),
+        "granted lease"
+    );
+    for chunk in endpoints.chunks(keyspace.cfg.max_batch.max(1)) {
+        let mut ops = Vec::with_capacity(chunk.len());
+        for ep in chunk {
+            let value = layout::encode(ep)?;
+            ops.push(TxnOp::put(
+                keyspace.layout.key(&ep.key()),
+                value,
+                Some(PutOptions::new().with_lease(id)),
+            ));
+        }
+        let mut kv = keyspace.client.kv_client();
+        keyspace
+            .timed(kv.txn(Txn::new().and_then(ops)))
             .await
-            .by_node
-            .get(node)
-            .and_then(|s| s.lease)
+            .map_err(|e| {
+                error::map(
+                    e,
+                    format!("write the endpoints of node {node} under lease {id:x}"),
+                )
+            })?;
     }
+    Ok(id)
+}
 
-    /// The lease of `node`, granted (and the node's endpoints written again
-    /// under it) when it has none.
-    pub(crate) async fn ensure_lease(self: &Arc<Self>, node: &str) -> Result<i64> {
-        let mut nodes = self.nodes.lock().await;
-        if let Some(id) = nodes.by_node.get(node).and_then(|s| s.lease) {
-            return Ok(id);
-        }
-        self.regrant(&mut nodes, node).await
-    }
-
-    /// Grant a new lease for `node` and write every endpoint we hold for it
-    /// under that lease.
-    async fn regrant(
-        self: &Arc<Self>,
-        nodes: &mut MutexGuard<'_, Nodes>,
-        node: &str,
-    ) -> Result<i64> {
-        let ttl = self.cfg.lease_ttl_secs();
-        let mut lease = self.client.lease_client();
-        let grant = self
-            .timed(lease.grant(ttl, None))
-            .await
-            .map_err(|e| error::map(e, format!("grant a lease for node {node}")))?;
-        let id = grant.id();
-        let st = nodes.state(node);
-        st.lease = Some(id);
-        let endpoints: Vec<Endpoint> = st.endpoints.values().cloned().collect();
-        let spawn_monitor = !st.monitored;
-        st.monitored = true;
-        if spawn_monitor {
-            tokio::spawn(monitor(Arc::downgrade(self), node.to_string()));
-        }
-        info!(
-            node,
-            lease = format!("{id:x}"),
-            ttl,
-            endpoints = endpoints.len(),
-            "granted lease"
-        );
-        for chunk in endpoints.chunks(self.cfg.max_batch.max(1)) {
-            let mut ops = Vec::with_capacity(chunk.len());
-            for ep in chunk {
-                let value = layout::encode(ep)?;
-                ops.push(TxnOp::put(
-                    self.layout.key(&ep.key()),
-                    value,
-                    Some(PutOptions::new().with_lease(id)),
-                ));
-            }
-            let mut kv = self.client.kv_client();
-            self.timed(kv.txn(Txn::new().and_then(ops)))
-                .await
-                .map_err(|e| {
-                    error::map(
-                        e,
-                        format!("write the endpoints of node {node} under lease {id:x}"),
-                    )
-                })?;
-        }
-        Ok(id)
-    }
-
-    /// One keep-alive for `node`'s lease, granting a new lease when it is
-    /// gone while the node was alive.
-    ///
-    /// `NotFound` (the rule of `waypost::Heartbeat`: the node should
-    /// register again) for a node that owns no endpoint through this
-    /// registry, and for one whose lease expired because it was silent for
-    /// longer than the TTL: etcd removed its endpoints, as liveness does.
-    pub(crate) async fn keep_alive(self: &Arc<Self>, node: &str) -> Result<()> {
-        let unknown = |why: &str| {
-            Error::not_found(format!(
-                "node {node:?}: {why}; register its endpoints again"
-            ))
-        };
-        let mut nodes = self.nodes.lock().await;
-        let Some(st) = nodes
-            .by_node
-            .get_mut(node)
-            .filter(|st| !st.endpoints.is_empty())
-        else {
-            debug!(node, "heartbeat from a node without endpoints here");
-            return Err(unknown("no endpoint of this node is registered here"));
-        };
-        let silent = st.last_seen.elapsed();
-        st.last_seen = Instant::now();
-        match st.lease {
-            Some(id) => {
-                let mut lease = self.client.lease_client();
-                match self.timed(lease.keep_alive(id)).await {
-                    Ok(_) => Ok(()),
-                    Err(e) if error::is_lease_not_found(&e) && silent > self.cfg.lease_ttl => {
-                        // Silent past the TTL: etcd expired the lease and
-                        // deleted the endpoints. Forget them rather than
-                        // write them again behind the node's back.
-                        info!(
-                            node,
-                            lease = format!("{id:x}"),
-                            silent_ms = silent.as_millis() as u64,
-                            "lease expired after the node went silent"
-                        );
-                        if let Some(st) = nodes.by_node.remove(node) {
-                            for key in st.endpoints.keys() {
-                                nodes.owner.remove(key);
-                            }
+/// One keep-alive for `node`'s lease, granting a new lease when it is
+/// gone while the node was alive.
+///
+/// `NotFound` (the rule of `waypost::Heartbeat`: the node should
+/// register again) for a node that owns no endpoint through this
+/// registry, and for one whose lease expired because it was silent for
+/// longer than the TTL: etcd removed its endpoints, as liveness does.
+pub(crate) async fn keep_alive(keyspace: &Arc<Keyspace>, node: &str) -> Result<()> {
+    let unknown = |why: &str| {
+        Error::not_found(format!(
+            "node {node:?}: {why}; register its endpoints again"
+        ))
+    };
+    let mut nodes = keyspace.nodes.lock().await;
+    let Some(st) = nodes
+        .by_node
+        .get_mut(node)
+        .filter(|st| !st.endpoints.is_empty())
+    else {
+        debug!(node, "heartbeat from a node without endpoints here");
+        return Err(unknown("no endpoint of this node is registered here"));
+    };
+    let silent = st.last_seen.elapsed();
+    st.last_seen = Instant::now();
+    match st.lease {
+        Some(id) => {
+            let mut lease = keyspace.client.lease_client();
+            match keyspace.timed(lease.keep_alive(id)).await {
+                Ok(_) => Ok(()),
+                Err(e) if error::is_lease_not_found(&e) && silent > keyspace.cfg.lease_ttl => {
+                    // Silent past the TTL: etcd expired the lease and
+                    // deleted the endpoints. Forget them rather than
+                    // write them again behind the node's back.
+                    info!(
+                        node,
+                        lease = format!("{id:x}"),
+                        silent_ms = silent.as_millis() as u64,
+                        "lease expired after the node went silent"
+                    );
+                    if let Some(st) = nodes.by_node.remove(node) {
+                        for key in st.endpoints.keys() {
+                            nodes.owner.remove(key);
                         }
-                        Err(unknown(
-                            "its lease expired after it went silent for longer than the TTL",
-                        ))
                     }
-                    Err(e) if error::is_lease_not_found(&e) => {
-                        warn!(
-                            node,
-                            lease = format!("{id:x}"),
-                            "lease lost; granting a new one"
-                        );
-                        self.regrant(&mut nodes, node).await.map(drop)
-                    }
-                    Err(e) => Err(error::map(
-                        e,
-                        format!("keep-alive of lease {id:x} of node {node}"),
-                    )),
+                    Err(unknown(
+                        "its lease expired after it went silent for longer than the TTL",
+                    ))
                 }
+                Err(e) if error::is_lease_not_found(&e) => {
+                    warn!(
+                        node,
+                        lease = format!("{id:x}"),
+                        "lease lost; granting a new one"
+                    );
+                    regrant(keyspace, &mut nodes, node).await.map(drop)
+                }
+                Err(e) => Err(error::map(
+                    e,
+                    format!("keep-alive of lease {id:x} of node {node}"),
+                )),
             }
-            None => self.regrant(&mut nodes, node).await.map(drop),
         }
+        None => regrant(keyspace, &mut nodes, node).await.map(drop),
     }
 }
 
@@ -198,7 +198,7 @@ fn monitor(keyspace: Weak<Keyspace>, node: String) -> futures::future::BoxFuture
             };
             if lost {
                 warn!(node, "lease of a live node is gone; granting a new one");
-                if let Err(e) = keyspace.regrant(&mut nodes, &node).await {
+                if let Err(e) = regrant(&keyspace, &mut nodes, &node).await {
                     warn!(node, error = %e, "could not restore the node's endpoints; will retry");
                     if let Some(st) = nodes.by_node.get_mut(&node) {
                         st.lease = None;

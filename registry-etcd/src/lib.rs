@@ -2,12 +2,12 @@
 #![deny(missing_docs)]
 
 mod config;
+mod endpoints;
 mod error;
 mod keyspace;
 mod layout;
 mod leases;
 mod registry;
-mod shared;
 mod url;
 mod watch;
 

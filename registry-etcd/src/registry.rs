@@ -14,6 +14,7 @@ use waypost::{
 
 use crate::config::EtcdConfig;
 use crate::keyspace::Keyspace;
+use crate::leases;
 
 /// A registry stored in etcd.
 ///
@@ -81,7 +82,7 @@ impl EtcdRegistry {
 
     /// The lease currently attached to `node`'s endpoints, if any.
     pub async fn lease_of(&self, node: &str) -> Option<i64> {
-        self.keyspace.lease_of(node).await
+        leases::lease_of(&self.keyspace, node).await
     }
 }
 
@@ -170,7 +171,7 @@ impl Batch for EtcdRegistry {
 impl Heartbeat for EtcdRegistry {
     async fn heartbeat(&self, node: &str) -> Result<()> {
         check_name("node", node, true)?;
-        self.keyspace.keep_alive(node).await
+        leases::keep_alive(&self.keyspace, node).await
     }
 }
 

@@ -16,8 +16,8 @@
 
 use waypost::{Endpoint, EndpointKey, Health};
 
+use crate::buf::{DecodeError, EncodeError, Reader, Writer};
 use crate::crdt::{Entry, NodeId, Stamp};
-use crate::wire::buf::{DecodeError, EncodeError, Reader, Writer};
 
 const FLAG_TOMBSTONE: u8 = 1;
 const FLAG_DIED: u8 = 2;

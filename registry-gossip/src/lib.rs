@@ -1,14 +1,15 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
+mod buf;
 mod config;
 mod crdt;
+mod driver;
 mod error;
 mod layout;
 mod machine;
 mod names;
 mod registry;
-mod shared;
 #[cfg(feature = "sim")]
 pub mod sim;
 mod url;

@@ -1,5 +1,5 @@
 //! [`GossipRegistry`]: a gossip node as a registry. The node itself (the
-//! socket, the state machine, the hub) is [`crate::shared::Driver`]; this
+//! socket, the state machine, the hub) is [`crate::driver::Driver`]; this
 //! module holds the public handle and the registry traits, which read the
 //! local replica and step the machine.
 
@@ -17,9 +17,9 @@ use waypost::{
 
 use crate::config::GossipConfig;
 use crate::crdt::NodeId;
+use crate::driver::Driver;
 use crate::error;
 use crate::machine::{Machine, Stats};
-use crate::shared::Driver;
 
 /// A registry node gossiping over UDP.
 ///

@@ -1,20 +1,23 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
+mod client_state;
 mod config;
 mod digest;
 mod error;
 mod layout;
 mod overlay;
-pub mod proto;
 mod registry;
 mod rpc;
-mod shared;
 pub mod tls;
 mod url;
 mod watch;
 
-pub use crate::shared::Refusal;
+/// The generated protobuf and gRPC code.
+#[allow(missing_docs, clippy::all, clippy::pedantic, clippy::unwrap_used)]
+pub mod proto;
+
+pub use crate::client_state::Refusal;
 pub use config::{Ack, ClientConfig, Direct, Fallback};
 pub use digest::{
     merge_partial, service_digest, total_digest, Differing, Digests, MAX_SUMMARY_BYTES,

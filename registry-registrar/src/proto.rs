@@ -1,7 +1,3 @@
-//! The generated protobuf and gRPC code.
-
-#![allow(missing_docs, clippy::all, clippy::pedantic, clippy::unwrap_used)]
-
 /// `aether.registry`
 pub mod registry {
     /// `aether.registry.v1`: the endpoint model.

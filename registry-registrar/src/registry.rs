@@ -14,10 +14,10 @@ use waypost::{
     Result, Snapshot, Version, Watch,
 };
 
+use crate::client_state::{reconcile_loop, ClientState, KeyLocks, Refusal, Writes};
 use crate::config::{Ack, ClientConfig};
 use crate::overlay::Overlay;
 use crate::rpc::RpcClient;
-use crate::shared::{reconcile_loop, ClientState, KeyLocks, Refusal, Writes};
 
 /// The most ops one [`Batch::apply`] call takes (they are sent one by one).
 const MAX_BATCH: usize = 1000;

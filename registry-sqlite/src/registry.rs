@@ -13,9 +13,12 @@ use waypost::{
     Snapshot, Version, Watch,
 };
 
+use crate::admin;
 use crate::config::SqliteConfig;
-use crate::liveness::{sweep_loop, NodeRecord, SqliteSweepReport};
-use crate::shared::Database;
+use crate::database::Database;
+use crate::endpoints;
+use crate::liveness::{self, sweep_loop, SqliteSweepReport};
+use crate::nodes::{self, NodeRecord};
 use crate::watch::poll_log;
 
 /// A registry in one SQLite file; see the crate documentation.
@@ -47,7 +50,7 @@ impl SqliteRegistry {
     /// or its mount is read-only), and a file without our
     /// `application_id` (new, or from a previous release) is marked.
     pub async fn open(cfg: SqliteConfig) -> Result<Self> {
-        let db = Database::open(cfg).await?;
+        let db = admin::open(cfg).await?;
         db.spawn(poll_log(Arc::downgrade(&db), db.cfg.poll_interval));
         if let Some(every) = db.cfg.sweep_interval {
             db.spawn(sweep_loop(Arc::downgrade(&db), every));
@@ -87,7 +90,7 @@ impl SqliteRegistry {
     /// to `log_len` by themselves). Watches resumed from before the trimmed
     /// part get a fresh snapshot. Versions are unaffected.
     pub async fn compact(&self, keep: u64) -> Result<()> {
-        self.db.compact(keep).await
+        admin::compact(&self.db, keep).await
     }
 
     /// Register a node with its address and role: it is healthy and seen
@@ -98,17 +101,17 @@ impl SqliteRegistry {
         check_name("address", address, false)?;
         check_name("role", role, false)?;
         let role = if role.is_empty() { "compute" } else { role };
-        self.db.beat(id, Some((address, role))).await
+        liveness::beat(&self.db, id, Some((address, role))).await
     }
 
     /// Every node the liveness tables know, ordered by id.
     pub async fn nodes(&self) -> Result<Vec<NodeRecord>> {
-        self.db.nodes(None).await
+        nodes::records(&self.db, None).await
     }
 
     /// One node, if known.
     pub async fn node(&self, id: &str) -> Result<Option<NodeRecord>> {
-        Ok(self.db.nodes(Some(id)).await?.pop())
+        Ok(nodes::records(&self.db, Some(id)).await?.pop())
     }
 
     /// Run the liveness sweep now, at the configured clock's time: nodes
@@ -118,19 +121,19 @@ impl SqliteRegistry {
     /// monotonic reading, from when this process saw the node's heartbeat
     /// count change (see [`crate::Clock`]).
     pub async fn sweep(&self) -> Result<SqliteSweepReport> {
-        self.db.sweep_at(None).await
+        liveness::sweep_at(&self.db, None).await
     }
 
     /// Run the liveness sweep as if the monotonic clock read `now` (a time
     /// ahead of the clock judges every node that much more silent).
     pub async fn sweep_at(&self, now: Instant) -> Result<SqliteSweepReport> {
-        self.db.sweep_at(Some(now)).await
+        liveness::sweep_at(&self.db, Some(now)).await
     }
 
     /// `PRAGMA integrity_check`: `["ok"]` for a sound file, otherwise the
     /// problems SQLite found.
     pub async fn integrity_check(&self) -> Result<Vec<String>> {
-        self.db.integrity_check().await
+        admin::integrity_check(&self.db).await
     }
 
     /// Stop the background tasks and close every connection, waiting for
@@ -160,26 +163,24 @@ impl Registry for SqliteRegistry {
     async fn register(&self, endpoint: Endpoint) -> Result<()> {
         validate_endpoint(&endpoint)?;
         let what = format!("register {}", endpoint.key());
-        self.db
-            .commit_ops(vec![Op::Register(endpoint)], &what)
+        endpoints::commit_ops(&self.db, vec![Op::Register(endpoint)], &what)
             .await
             .map(drop)
     }
 
     async fn deregister(&self, key: &EndpointKey) -> Result<()> {
         let what = format!("deregister {key}");
-        self.db
-            .commit_ops(vec![Op::Deregister(key.clone())], &what)
+        endpoints::commit_ops(&self.db, vec![Op::Deregister(key.clone())], &what)
             .await
             .map(drop)
     }
 
     async fn list(&self, service: &str) -> Result<Vec<Endpoint>> {
-        self.db.list(service).await
+        endpoints::list(&self.db, service).await
     }
 
     async fn snapshot(&self) -> Result<Snapshot> {
-        self.db.snapshot().await
+        endpoints::snapshot(&self.db).await
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -199,7 +200,7 @@ impl Registry for SqliteRegistry {
     /// IMMEDIATE`, a no-op `UPDATE`, `ROLLBACK`). A full disk is not
     /// detected: only a real write finds it (as a transient `Unavailable`).
     async fn probe(&self) -> Result<()> {
-        self.db.probe().await
+        admin::probe(&self.db).await
     }
 }
 
@@ -214,7 +215,7 @@ impl Batch for SqliteRegistry {
             return Ok(());
         }
         let what = format!("apply a batch of {} ops", ops.len());
-        self.db.commit_ops(ops, &what).await.map(drop)
+        endpoints::commit_ops(&self.db, ops, &what).await.map(drop)
     }
 
     fn max_batch(&self) -> usize {
@@ -232,7 +233,7 @@ impl Heartbeat for SqliteRegistry {
     /// endpoints): it should register again.
     async fn heartbeat(&self, node: &str) -> Result<()> {
         check_name("node", node, true)?;
-        self.db.beat(node, None).await
+        liveness::beat(&self.db, node, None).await
     }
 }
 

@@ -19,8 +19,9 @@ use tokio::sync::watch;
 use waypost::backend::backoff;
 use waypost::{Event, EventStream, Result, Snapshot, Version};
 
+use crate::database::Database;
+use crate::endpoints::snapshot;
 use crate::layout::{decode_change, to_i64, ChangeRow};
-use crate::shared::Database;
 
 /// Changes read from the log per query while a watch catches up.
 const PAGE: i64 = 1024;
@@ -68,44 +69,42 @@ enum Catchup {
     Changes(Vec<Event>),
 }
 
-impl Database {
-    /// What a watcher at `from` needs next.
-    async fn catch_up(&self, from: Option<u64>) -> Result<Catchup> {
-        let Some(from) = from else {
-            return Ok(Catchup::Snapshot(self.snapshot().await?));
-        };
-        let what = "read the change log";
-        let mut tx = self.read_tx(what).await?;
-        let res = async {
-            let (rev, floor) = self.counters(tx.conn(), what).await?;
-            if from < floor || from > rev {
-                return Ok(None);
-            }
-            if from == rev {
-                return Ok(Some(Vec::new()));
-            }
-            let rows: Vec<ChangeRow> = sqlx::query_as(
-                "SELECT revision, kind, service, id, endpoint FROM changes \
-                 WHERE revision > ?1 ORDER BY revision LIMIT ?2",
-            )
-            .bind(to_i64(from))
-            .bind(PAGE)
-            .fetch_all(tx.conn())
-            .await
-            .map_err(|e| self.map(e, what))?;
-            Ok(Some(rows))
+/// What a watcher at `from` needs next.
+async fn catch_up(db: &Database, from: Option<u64>) -> Result<Catchup> {
+    let Some(from) = from else {
+        return Ok(Catchup::Snapshot(snapshot(db).await?));
+    };
+    let what = "read the change log";
+    let mut tx = db.read_tx(what).await?;
+    let res = async {
+        let (rev, floor) = db.counters(tx.conn(), what).await?;
+        if from < floor || from > rev {
+            return Ok(None);
         }
-        .await;
-        let Some(rows) = tx.end(res, what).await? else {
-            // Outside the log: start over from a snapshot.
-            return Ok(Catchup::Snapshot(self.snapshot().await?));
-        };
-        let events = rows
-            .into_iter()
-            .map(|r| decode_change(&self.cfg.path, r))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Catchup::Changes(events))
+        if from == rev {
+            return Ok(Some(Vec::new()));
+        }
+        let rows: Vec<ChangeRow> = sqlx::query_as(
+            "SELECT revision, kind, service, id, endpoint FROM changes \
+             WHERE revision > ?1 ORDER BY revision LIMIT ?2",
+        )
+        .bind(to_i64(from))
+        .bind(PAGE)
+        .fetch_all(tx.conn())
+        .await
+        .map_err(|e| db.map(e, what))?;
+        Ok(Some(rows))
     }
+    .await;
+    let Some(rows) = tx.end(res, what).await? else {
+        // Outside the log: start over from a snapshot.
+        return Ok(Catchup::Snapshot(snapshot(db).await?));
+    };
+    let events = rows
+        .into_iter()
+        .map(|r| decode_change(&db.cfg.path, r))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Catchup::Changes(events))
 }
 
 struct WatchState {
@@ -155,7 +154,7 @@ impl WatchState {
             } else {
                 self.last
             };
-            match db.catch_up(from).await {
+            match catch_up(&db, from).await {
                 Err(e) => {
                     if db.readers.is_closed() {
                         // Closed: this failure is the last item.

@@ -12,8 +12,9 @@
 //! its tombstone bookkeeping (`store`), foca and the membership around it
 //! (`membership`), the entries this node asserts and the death tombstones
 //! of others (`ownership`), the digest exchange (`anti_entropy`), and the
-//! timers. The parts compute; the machine frames and sends (`send`) and
-//! publishes.
+//! timers, the membership sync (`member_sync`). The parts compute; the
+//! machine publishes, and queues what they send in its outbox (`send`),
+//! which frames it.
 //! What comes in is checked in `receive`: the frame, and with a key its
 //! freshness (`replay`); answers to addresses that are not confirmed
 //! members are capped there too.
@@ -42,9 +43,11 @@ use rand::{RngExt, SeedableRng};
 use waypost::{Endpoint, EndpointKey, Op};
 
 use self::anti_entropy::AntiEntropy;
+use self::member_sync::MemberSync;
 use self::membership::{Membership, Notice};
 use self::ownership::Ownership;
 use self::replay::Replays;
+use self::send::{count_broadcasts, Outbox};
 use self::settings::Settings;
 use self::store::StoreHandle;
 use self::timers::{TimerKind, Timers};
@@ -54,10 +57,6 @@ use crate::layout;
 use crate::wire::{AeMessage, GossipId, Kind};
 
 pub use self::membership::dissemination_count;
-
-/// How many periodic membership syncs after joining go to the member
-/// joined through (its view is the widest while a cluster forms).
-const JOIN_PEER_SYNCS: u8 = 2;
 pub use self::stats::{describe_metrics, Stats};
 
 /// One gossip node's protocol state. See the module docs.
@@ -69,15 +68,13 @@ pub struct Machine {
     timers: Timers,
     rng: SmallRng,
     now: Duration,
-    outbox: Vec<(SocketAddr, Vec<u8>)>,
+    outbox: Outbox,
     settings: Settings,
     stats: Stats,
     /// Replay windows of the senders of keyed datagrams.
     replays: Replays,
-    /// The counter of the last keyed datagram sealed.
-    counter: u64,
-    /// When this node's view of the membership last changed.
-    view_changed_at: Duration,
+    /// The membership sync's pace and join peer.
+    member_sync: MemberSync,
     /// Delay of the next rejoin check while alone: from the gossip
     /// interval, doubling up to `rejoin_every`.
     rejoin_backoff: Duration,
@@ -86,9 +83,6 @@ pub struct Machine {
     /// When this node last caught up after news was addressed to an
     /// earlier identity of it (see [`Machine::catch_up_if_stale`]).
     last_catch_up: Option<Duration>,
-    /// The member this node joined through, and how many more periodic
-    /// syncs go to it before they go to random members.
-    join_peer: Option<(SocketAddr, u8)>,
 }
 
 /// Whether something last done at `last` may be done again at `now`, at
@@ -132,6 +126,7 @@ impl Machine {
             bump: 0,
         };
         let store = StoreHandle::new(now, settings.max_skew, settings.ttl);
+        let outbox = Outbox::new(settings.key.clone(), node.clone());
         let membership = Membership::new(identity, config, settings.swim_max, seed, store.clone());
         let anti_entropy =
             AntiEntropy::new(settings.max_packet, settings.overhead(), settings.ae_budget);
@@ -143,16 +138,14 @@ impl Machine {
             timers: Timers::default(),
             rng: SmallRng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15),
             now,
-            outbox: Vec::new(),
+            outbox,
             replays: Replays::new(micros(settings.max_skew), replay::MAX_SENDERS),
             settings,
             stats: Stats::default(),
-            counter: 0,
-            view_changed_at: now,
+            member_sync: MemberSync::new(now),
             rejoin_backoff: settings_fast,
             last_eager: None,
             last_catch_up: None,
-            join_peer: None,
         };
         let first_ae = m.jitter(m.settings.ae_interval);
         m.schedule(first_ae, TimerKind::AntiEntropy);
@@ -206,8 +199,13 @@ impl Machine {
                     self.schedule(next, TimerKind::Rejoin);
                 }
                 TimerKind::MemberSync => {
-                    self.member_sync_round();
-                    let next = self.jitter(self.member_sync_period());
+                    self.member_sync.round(
+                        &mut self.membership,
+                        &mut self.rng,
+                        &mut self.outbox,
+                        self.now,
+                    );
+                    let next = self.jitter(self.member_sync.period(&self.settings, self.now));
                     self.schedule(next, TimerKind::MemberSync);
                 }
             }
@@ -270,7 +268,7 @@ impl Machine {
 
     /// Datagrams to send, with their destination.
     pub fn take_outbox(&mut self) -> Vec<(SocketAddr, Vec<u8>)> {
-        std::mem::take(&mut self.outbox)
+        self.outbox.take()
     }
 
     /// Visible changes of the replica since the last call, in order.
@@ -339,6 +337,8 @@ impl Machine {
     /// The counters.
     pub fn stats(&self) -> Stats {
         let mut stats = self.stats.clone();
+        stats.datagrams_out = self.outbox.datagrams;
+        stats.bytes_out = self.outbox.bytes;
         let store = self.store.lock();
         stats.entries_refused = store.refused;
         stats.expired_tombstones_dropped = store.expired_dropped;
@@ -455,9 +455,12 @@ impl Machine {
                 membership_changed |= notice.changed_membership();
                 match notice {
                     Notice::Connected(addr) => {
-                        // Only its view is wanted: ours is a subset.
-                        self.send_member_pull(addr, None, true);
-                        self.join_peer = Some((addr, JOIN_PEER_SYNCS));
+                        self.member_sync.joined(
+                            addr,
+                            &mut self.membership,
+                            &mut self.outbox,
+                            self.now,
+                        );
                         self.send_digest(addr, 0);
                     }
                     Notice::NodeDown(node) => self.kill_node(&node),
@@ -471,7 +474,7 @@ impl Machine {
                 }
             }
             if membership_changed {
-                self.view_changed_at = self.now;
+                self.member_sync.view_changed(self.now);
                 let target = self.membership.retune();
                 self.store.lock().target = target;
             }
@@ -479,8 +482,8 @@ impl Machine {
                 self.schedule(after, TimerKind::Swim(timer));
             }
             while let Some((to, data)) = self.membership.next_send() {
-                self.count_sent(&data);
-                self.emit(to, Kind::Swim, &data);
+                count_broadcasts(&self.store, &data);
+                self.outbox.emit(to, Kind::Swim, &data, self.now);
             }
             if !self.reconcile() && !self.membership.has_backlog() {
                 break;
@@ -559,7 +562,7 @@ impl Machine {
 
     fn send_anti_entropy(&mut self, to: SocketAddr, msg: &AeMessage) {
         match msg.encode() {
-            Ok(body) => self.emit(to, msg.kind(), &body),
+            Ok(body) => self.outbox.emit(to, msg.kind(), &body, self.now),
             Err(e) => tracing::warn!(error = %e, "could not encode an anti-entropy message"),
         }
     }

@@ -10,6 +10,7 @@
 
 use std::net::SocketAddr;
 
+use super::member_sync;
 use super::replay::Rejected;
 use super::stats::{self, CAPPED_METRIC};
 use super::{once_per, Machine};
@@ -47,7 +48,7 @@ impl Machine {
                 return;
             }
         }
-        let start = self.outbox.len();
+        let start = self.outbox.mark();
         let (kind, body) = (frame.kind, frame.body);
         match kind {
             Kind::Swim => {
@@ -70,7 +71,15 @@ impl Machine {
                 }
             }
             Kind::MemberPull | Kind::MemberList => match MemberMessage::decode(kind, body) {
-                Ok(msg) => self.handle_member_message(from, msg),
+                Ok(msg) => member_sync::handle(
+                    &mut self.membership,
+                    &mut self.outbox,
+                    &self.settings,
+                    &mut self.stats,
+                    self.now,
+                    from,
+                    msg,
+                ),
                 Err(e) => {
                     self.stats.malformed += 1;
                     stats::dropped("malformed");
@@ -179,25 +188,11 @@ impl Machine {
         request_len: usize,
         start: usize,
     ) {
-        let answered = self.outbox[start..].iter().any(|(to, _)| *to == from);
-        if !answered || self.confirmed(from, sender) {
+        if !self.outbox.sent_to(from, start) || self.confirmed(from, sender) {
             return;
         }
-        let mut allowance = request_len.saturating_mul(UNCONFIRMED_ANSWER_RATIO);
-        let queued = self.outbox.split_off(start);
-        let mut capped = 0u64;
-        for (to, packet) in queued {
-            if to == from {
-                if packet.len() > allowance {
-                    capped += 1;
-                    self.stats.datagrams_out -= 1;
-                    self.stats.bytes_out -= packet.len() as u64;
-                    continue;
-                }
-                allowance -= packet.len();
-            }
-            self.outbox.push((to, packet));
-        }
+        let allowance = request_len.saturating_mul(UNCONFIRMED_ANSWER_RATIO);
+        let capped = self.outbox.cap(from, start, allowance);
         if capped == 0 {
             return;
         }
@@ -211,7 +206,7 @@ impl Machine {
         }
     }
 
-    pub(super) fn handle_anti_entropy(&mut self, from: SocketAddr, msg: AeMessage) {
+    fn handle_anti_entropy(&mut self, from: SocketAddr, msg: AeMessage) {
         let answers = self
             .anti_entropy
             .handle(&mut self.store.lock(), msg, &mut self.stats);

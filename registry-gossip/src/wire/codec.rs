@@ -12,9 +12,9 @@
 use bytes::{Buf, BufMut};
 use foca::{Header, Member, Message, State};
 
-use super::buf::{DecodeError, EncodeError, Reader, Writer};
 use super::frame::Kind;
 use super::identity::{get_id, put_id, GossipId};
+use crate::buf::{DecodeError, EncodeError, Reader, Writer};
 use crate::crdt::Entry;
 use crate::layout::{decode_entry, get_entry, put_entry};
 

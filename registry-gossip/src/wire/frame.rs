@@ -18,7 +18,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use hmac::{KeyInit, Mac};
 
-use super::buf::{DecodeError, EncodeError, Reader, Writer};
+use crate::buf::{DecodeError, EncodeError, Reader, Writer};
 
 /// First byte of every datagram.
 const MAGIC: u8 = b'G';

@@ -4,7 +4,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use super::buf::{DecodeError, EncodeError, Reader, Writer};
+use crate::buf::{DecodeError, EncodeError, Reader, Writer};
 use crate::crdt::NodeId;
 
 /// A node's SWIM identity: its address, its name, and a counter bumped each

@@ -9,10 +9,10 @@
 
 use std::net::SocketAddr;
 
-use super::buf::{DecodeError, EncodeError, Reader, Writer};
 use super::frame::{get_addr, put_addr, Kind};
 use super::identity::{get_id, put_id};
 use super::GossipId;
+use crate::buf::{DecodeError, EncodeError, Reader, Writer};
 
 /// Flag of a pull sent in answer to a pull: it is not answered by a
 /// pull again.

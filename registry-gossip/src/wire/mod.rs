@@ -16,7 +16,6 @@
 //! Public with the `sim` feature, for tests that craft, replay or fuzz
 //! datagrams; [`GossipId`] is at the crate root too.
 
-pub(crate) mod buf;
 mod codec;
 mod frame;
 mod identity;
@@ -24,8 +23,6 @@ mod members;
 
 // The module's public face (with the `sim` feature); without it the crate
 // names some of these through their own modules.
-#[cfg_attr(not(feature = "sim"), allow(unused_imports))]
-pub use self::buf::{DecodeError, EncodeError, Reader, Writer};
 #[cfg_attr(not(feature = "sim"), allow(unused_imports))]
 pub use self::codec::{decode_body, swim_broadcasts, AeMessage, CodecError, WireCodec};
 #[cfg_attr(not(feature = "sim"), allow(unused_imports))]
@@ -35,6 +32,8 @@ pub use self::frame::{
 };
 pub use self::identity::GossipId;
 pub use self::members::MemberMessage;
+#[cfg_attr(not(feature = "sim"), allow(unused_imports))]
+pub use crate::buf::{DecodeError, EncodeError, Reader, Writer};
 #[cfg_attr(not(feature = "sim"), allow(unused_imports))]
 pub use crate::layout::{decode_entry, encode_entry, get_entry, put_entry};
 

@@ -1,22 +1,18 @@
-//! [`Keyspace`]: the registry's keys in etcd, shared by a registry, its
-//! clones and its watch streams: the client and the key layout, and the
-//! requests (connecting, reads at one revision, `Txn` writes, the probe).
-//! The struct itself is in [`crate::keyspace`], the leases of the nodes
-//! that own keys in [`crate::leases`].
+//! The requests on the registry's endpoint keys: `Txn` writes of ops
+//! (granting a node's lease first, see [`crate::leases`]), reads of a
+//! range at one revision, snapshots and the probe.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp};
-use tokio::sync::Mutex;
-use tracing::{debug, info, warn};
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use tracing::{debug, warn};
 use waypost::{Endpoint, Error, Op, Result, Snapshot, Version};
 
-use crate::config::EtcdConfig;
 use crate::error;
-use crate::keyspace::{timed, Keyspace, Nodes};
-use crate::layout::{self, Layout};
+use crate::keyspace::Keyspace;
+use crate::layout;
+use crate::leases::ensure_lease;
 
 /// An op with its etcd key and, for a registration, its encoded value:
 /// ready to go into a `Txn`.
@@ -33,57 +29,6 @@ impl EncodedOp {
 }
 
 impl Keyspace {
-    /// Connect to etcd and check that it answers (see
-    /// `EtcdRegistry::connect`).
-    pub(crate) async fn connect(cfg: EtcdConfig) -> Result<Arc<Self>> {
-        if cfg.endpoints.is_empty() {
-            return Err(Error::invalid("endpoints", "no etcd endpoint given"));
-        }
-        let mut opts = ConnectOptions::new()
-            .with_connect_timeout(cfg.connect_timeout)
-            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(5));
-        match (&cfg.user, &cfg.password) {
-            (Some(user), Some(password)) => opts = opts.with_user(user, password),
-            (Some(_), None) => {
-                return Err(Error::invalid(
-                    "password",
-                    "a user is set without a password",
-                ))
-            }
-            (None, Some(_)) => {
-                return Err(Error::invalid("user", "a password is set without a user"))
-            }
-            (None, None) => {}
-        }
-        if let Some(tls) = &cfg.tls {
-            opts = tls_options(opts, tls)?;
-        }
-        let what = format!("connect to etcd at {}", cfg.endpoints.join(","));
-        let limit = cfg.connect_timeout + cfg.request_timeout;
-        let client = timed(limit, Client::connect(&cfg.endpoints, Some(opts)))
-            .await
-            .map_err(|e| error::map(e, &what))?;
-        let layout = Layout::new(cfg.normalized_prefix());
-        let keyspace = Arc::new(Keyspace {
-            client,
-            cfg,
-            layout,
-            nodes: Mutex::new(Nodes::default()),
-        });
-        // One cheap read: a wrong address or password fails here, not later.
-        let root = keyspace.layout.root().to_string();
-        let mut kv = keyspace.client.kv_client();
-        keyspace
-            .timed(kv.get(
-                root.clone(),
-                Some(GetOptions::new().with_prefix().with_count_only()),
-            ))
-            .await
-            .map_err(|e| error::map(e, format!("{what}: read {root}")))?;
-        info!(endpoints = ?keyspace.cfg.endpoints, prefix = %keyspace.cfg.normalized_prefix(), "connected to etcd");
-        Ok(keyspace)
-    }
-
     fn encode(&self, op: Op) -> Result<EncodedOp> {
         let key = self.layout.key(&op.key());
         let value = match &op {
@@ -138,7 +83,7 @@ impl Keyspace {
             for p in &chunk {
                 if let Op::Register(ep) = &p.op {
                     if !ep.node.is_empty() && !leases.contains_key(&ep.node) {
-                        let id = self.ensure_lease(&ep.node).await?;
+                        let id = ensure_lease(self, &ep.node).await?;
                         leases.insert(ep.node.clone(), id);
                     }
                 }
@@ -179,9 +124,7 @@ impl Keyspace {
         }
         Ok(())
     }
-}
 
-impl Keyspace {
     /// [`Registry::probe`]: one read and one write check, changing nothing.
     ///
     /// 1. `Range` of `<prefix>/services/` with `limit 1`, keys only: etcd
@@ -302,43 +245,4 @@ fn describe(chunk: &[EncodedOp]) -> String {
         ),
         [] => "empty batch".to_string(),
     }
-}
-
-#[cfg(feature = "tls")]
-fn tls_options(opts: ConnectOptions, tls: &crate::config::TlsConfig) -> Result<ConnectOptions> {
-    use etcd_client::{Certificate, Identity, TlsOptions};
-    let read = |field: &str, path: &std::path::Path| {
-        std::fs::read(path).map_err(|e| error::tls_file(field, path, e))
-    };
-    let mut t = TlsOptions::new();
-    if let Some(ca) = &tls.ca_cert {
-        t = t.ca_certificate(Certificate::from_pem(read("ca_cert", ca)?));
-    }
-    match (&tls.client_cert, &tls.client_key) {
-        (Some(cert), Some(key)) => {
-            t = t.identity(Identity::from_pem(
-                read("client_cert", cert)?,
-                read("client_key", key)?,
-            ));
-        }
-        (None, None) => {}
-        _ => {
-            return Err(Error::invalid(
-                "tls",
-                "client_cert and client_key go together",
-            ))
-        }
-    }
-    if let Some(domain) = &tls.domain {
-        t = t.domain_name(domain.clone());
-    }
-    Ok(opts.with_tls(t))
-}
-
-#[cfg(not(feature = "tls"))]
-fn tls_options(_opts: ConnectOptions, _tls: &crate::config::TlsConfig) -> Result<ConnectOptions> {
-    Err(Error::invalid(
-        "tls",
-        "this build of waypost-etcd has no TLS support (enable the crate feature `tls`)",
-    ))
 }
