@@ -15,6 +15,8 @@ mod common;
 #[cfg(feature = "http-api")]
 mod consul_agent;
 #[cfg(feature = "http-api")]
+mod consul_maintenance;
+#[cfg(feature = "http-api")]
 mod consul_reads;
 #[cfg(feature = "dns")]
 mod dns;

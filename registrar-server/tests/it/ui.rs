@@ -1,7 +1,8 @@
 //! The dashboard at `/ui` over plain HTTP: off unless asked
 //! for; the page and its assets; its event stream (a snapshot, then
 //! changes, and the registrar's status, also before the backend is open).
-//! The page in a browser is `tests/ui_browser.rs`.
+//! The page in a browser is `ui_browser.rs`; `registrar serve --ui` is
+//! `waypost-registrar`'s `tests/it/ui.rs`.
 
 use crate::common;
 
