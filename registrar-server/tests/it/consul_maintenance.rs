@@ -4,9 +4,9 @@
 
 use crate::common;
 
-use common::http::get;
+use common::http::{get, put};
 use common::protocols::{start, Stack};
-use serde_json::Value;
+use serde_json::{json, Value};
 use waypost::testing::eventually;
 
 use crate::consul_reads::{service_ids, three_instances};

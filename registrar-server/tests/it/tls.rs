@@ -1,7 +1,8 @@
 //! mTLS and authorization over real gRPC on loopback, with certificates
 //! made in the test: own node allowed, other nodes refused, unknown CA and
 //! missing certificates refused, rotated certificates and CA bundles
-//! picked up without a restart.
+//! picked up without a restart. `registrar serve` waiting for certificate
+//! files written after it starts is `waypost-registrar`'s `tests/it/tls.rs`.
 
 use crate::common;
 

@@ -1,6 +1,7 @@
-//! The HTTP/JSON API over loopback with a real HTTP client: Consul's
-//! health and catalog endpoints (with blocking queries and `?passing`),
-//! and `GET /services?status=running` (`Service` records as a node registry lists them).
+//! The HTTP/JSON API of `registrar serve`: served by default beside gRPC
+//! (its address on the line the binary prints), and every request counted
+//! and timed in `/metrics`. The API itself is tested in process by
+//! `waypost-registrar-server` (`registrar-server/tests/it/http_api.rs`).
 
 use crate::common;
 
