@@ -1,5 +1,14 @@
-//! The integration tests of `waypost-registrar-server`, one module per area, in
-//! one binary (each test binary links the whole server).
+//! The integration tests of `waypost-registrar`, one module per area, in
+//! one binary: the tests that run the `registrar` binary. Its flags and
+//! their refusals; the CLI (`ls`, `watch`, `register`, `heartbeat`,
+//! `deregister`) against a started `registrar serve`; processes killed,
+//! paused and restarted (crash, faults, the chaos soak) or with their wall
+//! clock moved (libfaketime); `serve` on each backend; real clients talking
+//! to a started `registrar serve` (its metrics and HTTP API, xDS from
+//! Python's grpcio and Rust's tonic-xds); and the deployment files and the
+//! docs checked against the flags the binary accepts. The server library's
+//! tests in process are `waypost-registrar-server`'s
+//! (`registrar-server/tests/it/`).
 
 #![allow(clippy::unwrap_used)]
 
@@ -9,39 +18,21 @@ mod backends;
 mod cli;
 #[cfg(feature = "http-api")]
 mod clocks;
-#[cfg(feature = "http-api")]
-mod consul_agent;
-#[cfg(feature = "http-api")]
-mod consul_reads;
 mod crash;
 mod deploy;
 mod deploy_aws;
-#[cfg(feature = "dns")]
-mod dns;
 mod docs;
-#[cfg(feature = "etcd")]
-mod etcd_fanout;
 #[cfg(all(feature = "sqlite", feature = "etcd"))]
 mod faults;
-#[cfg(feature = "dns")]
-mod haproxy;
-mod hardening;
 #[cfg(feature = "http-api")]
 mod http_api;
-#[cfg(feature = "http-api")]
-mod http_native;
+mod metrics;
 mod operators;
-mod registrar;
 mod registry_url;
-mod resume;
 #[cfg(all(feature = "sqlite", feature = "http-api"))]
 mod soak;
-mod streams;
-mod stuck;
 mod tls;
-mod trust;
 mod ui;
-mod ui_browser;
 #[cfg(feature = "xds")]
 mod xds;
 #[cfg(all(feature = "xds", feature = "sqlite"))]

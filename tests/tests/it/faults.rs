@@ -7,7 +7,7 @@
 //! - a watch dropped 100 times at random points, on every backend with a
 //!   resumable watch: no change missed, none delivered twice.
 //!
-//! (The registrar killed mid-burst is `waypost-registrar-server`'s `tests/crash.rs`.)
+//! (The registrar killed mid-burst is `waypost-registrar`'s `tests/it/crash.rs`.)
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -1,42 +1,27 @@
-//! An in-process registrar on loopback for tests.
+//! The registrar binary for tests: `registrar serve` children on free
+//! loopback ports (killed on drop), their address lines and metrics, and
+//! the agent client tuned for tests. The HTTP client, the test PKI and the
+//! in-process stack they name are the server library's test helpers
+//! (`registrar-server/tests/it/common/`), shared by path.
 
 #![allow(dead_code, clippy::unwrap_used)]
 
-use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 pub mod cli;
-pub mod dashboard;
 pub mod faketime;
 #[cfg(feature = "http-api")]
+#[path = "../../../../registrar-server/tests/it/common/http.rs"]
 pub mod http;
+#[path = "../../../../registrar-server/tests/it/common/pki.rs"]
 pub mod pki;
 #[cfg(any(feature = "http-api", feature = "dns", feature = "xds"))]
+#[path = "../../../../registrar-server/tests/it/common/protocols.rs"]
 pub mod protocols;
 #[cfg(feature = "xds")]
 pub mod xds;
 
 use waypost_registrar_client::{ClientConfig, RegistrarClient};
-use waypost_registrar_server::{Backend, RegistrarConfig, ServeOptions};
-
-/// A registrar served in process on loopback (the fixtures' builder).
-pub use waypost_fixtures::registrar::{Running as Server, TestRegistrar};
-
-pub async fn start(backend: Arc<dyn Backend>, cfg: RegistrarConfig) -> Server {
-    TestRegistrar::new(backend, cfg)
-        .start()
-        .await
-        .expect("start a registrar")
-}
-
-pub async fn start_on(backend: Arc<dyn Backend>, cfg: RegistrarConfig, addr: SocketAddr) -> Server {
-    TestRegistrar::new(backend, cfg)
-        .on(addr)
-        .start()
-        .await
-        .expect("start a registrar")
-}
 
 /// Asserts that `python3` can run `import {modules}`, so that a test
 /// driving a Python client fails with how to install what it needs
@@ -52,19 +37,6 @@ pub fn require_python(modules: &str, packages: &str) {
         "python3 cannot import {modules}: install it with \
          `python3 -m pip install {packages}` (scripts/test does)"
     );
-}
-
-/// A registrar serving with `options` (mTLS, authorization) on loopback.
-pub async fn start_with(
-    backend: Arc<dyn Backend>,
-    cfg: RegistrarConfig,
-    options: ServeOptions,
-) -> Server {
-    TestRegistrar::new(backend, cfg)
-        .options(options)
-        .start()
-        .await
-        .expect("start a registrar")
 }
 
 pub fn fast_client(url: &str, cluster: &str, node: &str) -> RegistrarClient {

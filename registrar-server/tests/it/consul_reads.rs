@@ -2,7 +2,7 @@
 //! node's checks, checks by state), `?filter=`, weights, refused query
 //! parameters, checks registered apart from their service, and flap
 //! damping of a check the registrar runs, over loopback; then py-consul
-//! doing the same.
+//! doing the same. Maintenance mode is `consul_maintenance.rs`.
 
 use crate::common;
 
@@ -20,7 +20,7 @@ async fn register(stack: &Stack, body: Value) -> Answer {
     r
 }
 
-fn service_ids(body: &Value) -> Vec<String> {
+pub fn service_ids(body: &Value) -> Vec<String> {
     let mut ids: Vec<String> = body
         .as_array()
         .unwrap()
@@ -33,7 +33,7 @@ fn service_ids(body: &Value) -> Vec<String> {
 
 /// Two web instances (weights 5 and default) and an api instance whose
 /// TTL check starts critical; returns once all three are read back.
-async fn three_instances(stack: &Stack) {
+pub async fn three_instances(stack: &Stack) {
     register(
         stack,
         json!({"Name": "web", "ID": "web-1", "Address": "127.0.0.1", "Port": 8080,
@@ -541,100 +541,4 @@ async fn py_consul_reads_nodes_states_filters_and_weights() {
     );
     assert!(stdout.contains("py-consul reads: ok"), "{stdout}\n{stderr}");
     stack.stop().await.unwrap();
-}
-
-/// The checks `/v1/health/service/web` shows for `id`, as (CheckID,
-/// Status) pairs.
-async fn checks_of(stack: &Stack, id: &str) -> Vec<(String, String)> {
-    let r = get(stack, "/v1/health/service/web").await;
-    let entry = r
-        .body
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["Service"]["ID"] == id)
-        .cloned()
-        .unwrap_or(Value::Null);
-    entry["Checks"]
-        .as_array()
-        .map(|cs| {
-            cs.iter()
-                .map(|c| {
-                    let s = |k: &str| c[k].as_str().unwrap_or_default().to_string();
-                    (s("CheckID"), s("Status"))
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn maintenance_drains_a_service_or_the_node_and_lifting_it_brings_it_back() {
-    let stack = start().await;
-    three_instances(&stack).await;
-    let maint = "_service_maintenance:web-1";
-    // Without enable: refused, naming it.
-    let r = put(&stack, "/v1/agent/service/maintenance/web-1", json!(null)).await;
-    assert_eq!(r.status, 400, "{}", r.body);
-    assert!(r.body.to_string().contains("enable"), "{}", r.body);
-    // py-consul sends enable=True.
-    let r = put(
-        &stack,
-        "/v1/agent/service/maintenance/web-1?enable=True&reason=upgrade",
-        json!(null),
-    )
-    .await;
-    assert_eq!(r.status, 200, "{}", r.body);
-    eventually("web-1 in maintenance: critical, draining", || async {
-        let checks = checks_of(&stack, "web-1").await;
-        let passing = get(&stack, "/v1/health/service/web?passing=true").await;
-        (checks.contains(&(maint.to_string(), "critical".to_string()))
-            && service_ids(&passing.body) == ["web-2"])
-        .then_some(())
-    })
-    .await;
-    let native = get(&stack, "/v1/services/web").await;
-    assert!(
-        native.body.to_string().contains("draining"),
-        "{}",
-        native.body
-    );
-    let r = put(
-        &stack,
-        "/v1/agent/service/maintenance/web-1?enable=false",
-        json!(null),
-    )
-    .await;
-    assert_eq!(r.status, 200, "{}", r.body);
-    eventually("web-1 back: passing, no maintenance check", || async {
-        let passing = get(&stack, "/v1/health/service/web?passing=true").await;
-        let checks = checks_of(&stack, "web-1").await;
-        (service_ids(&passing.body) == ["web-1", "web-2"]
-            && !checks.iter().any(|(id, _)| id == maint))
-        .then_some(())
-    })
-    .await;
-    // Node maintenance: the agent's services are on one node here.
-    let r = put(
-        &stack,
-        "/v1/agent/maintenance?enable=1&reason=reboot",
-        json!(null),
-    )
-    .await;
-    assert_eq!(r.status, 200, "{}", r.body);
-    eventually("every service of the node in maintenance", || async {
-        let passing = get(&stack, "/v1/health/service/web?passing=true").await;
-        let checks = checks_of(&stack, "web-2").await;
-        (service_ids(&passing.body).is_empty()
-            && checks.contains(&("_node_maintenance".to_string(), "critical".to_string())))
-        .then_some(())
-    })
-    .await;
-    let r = put(&stack, "/v1/agent/maintenance?enable=0", json!(null)).await;
-    assert_eq!(r.status, 200, "{}", r.body);
-    eventually("the node back", || async {
-        let passing = get(&stack, "/v1/health/service/web?passing=true").await;
-        (service_ids(&passing.body) == ["web-1", "web-2"]).then_some(())
-    })
-    .await;
 }

@@ -1,5 +1,5 @@
 //! A registrar with its health port for the dashboard's tests
-//! (`tests/ui.rs`, `tests/ui_browser.rs`).
+//! (`ui.rs`, `ui_browser.rs`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -10,7 +10,7 @@
 //! Bounded: every phase has a deadline; everything on loopback.
 //!
 //! ```sh
-//! cargo test --release -p waypost-registrar --features etcd --test it etcd_fanout:: -- --ignored --nocapture
+//! cargo test --release -p waypost-registrar-server --features etcd --test it etcd_fanout:: -- --ignored --nocapture
 //! ```
 //!
 //! `FANOUT_WATCHERS`, `FANOUT_CHANGES` and `FANOUT_RATE` (changes/s)
