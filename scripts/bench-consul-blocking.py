@@ -2,7 +2,7 @@
 """How many blocking queries a change wakes, per-service index against the
 registry-wide one, measured in one run on one registrar.
 
-    cargo build --release -p waypost-registrar-server --bin registrar
+    cargo build --release -p waypost-registrar --bin registrar
     python3 scripts/bench-consul-blocking.py target/release/registrar
 
 Starts `registrar serve` (memory backend, loopback ports), registers 200
