@@ -4,7 +4,7 @@
 pub(crate) mod policy;
 pub(crate) mod write;
 
-pub(crate) use write::{authorized_write, node_of};
+pub(crate) use write::authorized_write;
 
 use std::collections::BTreeSet;
 use std::fmt;

@@ -34,21 +34,25 @@ impl From<Refused> for Status {
 }
 
 /// Write `op` for `caller`, acknowledged as `ack` asks, once the caller
-/// may; `node` is the endpoint's node, for the span. Answers the token
-/// the write was acknowledged at.
+/// may. Answers the token the write was acknowledged at.
 pub(crate) async fn authorized_write(
     registrar: &Arc<Registrar>,
     caller: &Caller,
     op: Op,
     ack: Option<Ack>,
-    node: &str,
 ) -> Result<Token, Refused> {
     let key = op.key();
-    let (what, done) = match op {
-        Op::Register(_) => ("register", "endpoint registered"),
-        Op::Deregister(_) => ("deregister", "endpoint deregistered"),
+    // The span's node: the new endpoint's, or (a removal names none) the
+    // stored one's, if any.
+    let (what, done, node) = match &op {
+        Op::Register(e) => ("register", "endpoint registered", e.node.clone()),
+        Op::Deregister(_) => (
+            "deregister",
+            "endpoint deregistered",
+            node_of(registrar, &key),
+        ),
     };
-    let span = write_span(what, node, &key, caller);
+    let span = write_span(what, &node, &key, caller);
     async {
         let new = match &op {
             Op::Register(e) => Some(e),
@@ -68,9 +72,8 @@ pub(crate) async fn authorized_write(
     .await
 }
 
-/// The node of the endpoint stored at `key`, or empty: what a request to
-/// remove an endpoint, which names no node, logs.
-pub(crate) fn node_of(registrar: &Registrar, key: &EndpointKey) -> String {
+/// The node of the endpoint stored at `key`, or empty.
+fn node_of(registrar: &Registrar, key: &EndpointKey) -> String {
     registrar
         .state()
         .store()

@@ -20,7 +20,7 @@ use waypost_registrar_client::{
     MAX_SUMMARY_BYTES,
 };
 
-use crate::auth::{authorized_write, node_of, Security};
+use crate::auth::{authorized_write, Security};
 use crate::engine::config::{
     parse_ack, Ack, StreamEncoding, ACK_METADATA, DEFAULT_MAX_REQUEST_BYTES,
 };
@@ -179,9 +179,7 @@ impl GrpcRegistrar for RegistrarService {
             // No cluster given: this registrar's, as on every write path.
             endpoint.cluster = self.registrar.config().cluster_name.clone();
         }
-        let node = endpoint.node.clone();
-        let token =
-            authorized_write(&self.registrar, &caller, Op::Register(endpoint), ack, &node).await?;
+        let token = authorized_write(&self.registrar, &caller, Op::Register(endpoint), ack).await?;
         Ok(Response::new(RegisterEndpointResponse {
             version: token.to_string(),
         }))
@@ -195,10 +193,7 @@ impl GrpcRegistrar for RegistrarService {
         let ack = ack_mode(&request, request.get_ref().ack)?;
         let req = request.into_inner();
         let key = key_from_parts(req.service_name, req.id).map_err(status)?;
-        // The request names no node: the one the state holds, if any.
-        let node = node_of(&self.registrar, &key);
-        let token =
-            authorized_write(&self.registrar, &caller, Op::Deregister(key), ack, &node).await?;
+        let token = authorized_write(&self.registrar, &caller, Op::Deregister(key), ack).await?;
         Ok(Response::new(UnregisterEndpointResponse {
             version: token.to_string(),
         }))

@@ -19,7 +19,7 @@ use waypost_registrar_client::Token;
 
 use super::query::{bounded, Query};
 use super::{json_response, ApiError};
-use crate::auth::{authorized_write, node_of, Caller};
+use crate::auth::{authorized_write, Caller};
 use crate::engine::config::Ack;
 use crate::engine::config::{parse_ack, ACK_METADATA};
 use crate::engine::registrar::Registrar;
@@ -149,9 +149,8 @@ pub(super) async fn write(
     caller: &Caller,
     op: Op,
     ack: Option<Ack>,
-    node: &str,
 ) -> Result<Response, ApiError> {
-    let token = authorized_write(registrar, caller, op, ack, node).await?;
+    let token = authorized_write(registrar, caller, op, ack).await?;
     Ok(written(token))
 }
 
@@ -169,8 +168,7 @@ pub(super) async fn put_endpoint(
     let ack = ack(&q, &headers)?;
     let body = body.map_err(body_error)?;
     let endpoint = EndpointBody::parse(&body, service, id, &registrar.config().cluster_name)?;
-    let node = endpoint.node.clone();
-    write(&registrar, &caller, Op::Register(endpoint), ack, &node).await
+    write(&registrar, &caller, Op::Register(endpoint), ack).await
 }
 
 /// `DELETE /v1/services/<service>/<id>`: remove the endpoint (a no-op
@@ -185,8 +183,7 @@ pub(super) async fn delete_endpoint(
     let q = Query::parse(raw.as_deref())?;
     let ack = ack(&q, &headers)?;
     let key = EndpointKey::new(service, id);
-    let node = node_of(&registrar, &key);
-    write(&registrar, &caller, Op::Deregister(key), ack, &node).await
+    write(&registrar, &caller, Op::Deregister(key), ack).await
 }
 
 /// `POST /v1/nodes/<node>/heartbeat`: the node is alive; `404` when the

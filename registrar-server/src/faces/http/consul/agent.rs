@@ -207,7 +207,7 @@ pub(super) async fn register(
     }
     let cluster = registrar.config().cluster_name.clone();
     let e = endpoint(reg, &cluster, &node, address, snap.get(&key))?;
-    write(&registrar, &caller, Op::Register(e), None, &node).await
+    write(&registrar, &caller, Op::Register(e), None).await
 }
 
 /// `PUT /v1/agent/service/deregister/<id>`.
@@ -220,7 +220,7 @@ pub(super) async fn deregister(
     consul_query(&registrar, raw.as_deref(), &[])?;
     let snap = state(&registrar)?;
     let e = by_id(&snap, &registrar, &caller, &id)?;
-    write(&registrar, &caller, Op::Deregister(e.key()), None, &e.node).await
+    write(&registrar, &caller, Op::Deregister(e.key()), None).await
 }
 
 /// `GET /v1/agent/services`: `{"<id>": {…}, …}` (`?filter=`).
@@ -379,7 +379,7 @@ async fn report(
         .observations
         .report(e, &id, status, &output, now, check::now_ms())
     {
-        Some(updated) => write(&registrar, &caller, Op::Register(updated), None, &e.node).await,
+        Some(updated) => write(&registrar, &caller, Op::Register(updated), None).await,
         None => Ok(json_response(StatusCode::OK, &(), None)),
     }
 }
@@ -419,7 +419,7 @@ pub(super) async fn register_check(
     let mut updated = e.clone();
     check::put(&mut updated, &reg.check_id, &c);
     waypost::backend::validate_endpoint(&updated).map_err(consul_field)?;
-    write(&registrar, &caller, Op::Register(updated), None, &e.node).await
+    write(&registrar, &caller, Op::Register(updated), None).await
 }
 
 /// `PUT /v1/agent/check/deregister/<check id>`: the check is removed from
@@ -437,5 +437,5 @@ pub(super) async fn deregister_check(
     let snap = state(&registrar)?;
     let e = snap.get(&key).ok_or_else(unknown)?;
     let updated = check::without(e, &id).ok_or_else(unknown)?;
-    write(&registrar, &caller, Op::Register(updated), None, &e.node).await
+    write(&registrar, &caller, Op::Register(updated), None).await
 }

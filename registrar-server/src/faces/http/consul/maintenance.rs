@@ -81,7 +81,7 @@ pub(super) async fn service(
     if updated == *e {
         return Ok(json_response(StatusCode::OK, &(), None));
     }
-    write(&registrar, &caller, Op::Register(updated), None, &e.node).await
+    write(&registrar, &caller, Op::Register(updated), None).await
 }
 
 /// `PUT /v1/agent/maintenance`: every service of the agent's node (the
@@ -125,7 +125,7 @@ pub(super) async fn node(
         caller.may_write(e)?;
         let updated = with_maintenance(e, NODE_LABEL, reason.as_deref());
         if updated != *e {
-            last = Some(write(&registrar, &caller, Op::Register(updated), None, &e.node).await?);
+            last = Some(write(&registrar, &caller, Op::Register(updated), None).await?);
         }
     }
     Ok(last.unwrap_or_else(|| json_response(StatusCode::OK, &(), None)))
