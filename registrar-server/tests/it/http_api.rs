@@ -7,7 +7,7 @@ use crate::common;
 use std::collections::BTreeSet;
 
 use common::fast_client;
-use common::http::{get, LIMIT};
+use common::http::{get, ids, set, web, LIMIT};
 use common::protocols::start;
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
@@ -15,22 +15,6 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 use waypost::testing::eventually;
 use waypost::{Endpoint, EndpointKey, Health, Registry};
-
-fn ids(body: &Value) -> BTreeSet<String> {
-    body.as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["Service"]["ID"].as_str().unwrap().to_string())
-        .collect()
-}
-
-fn set(items: &[&str]) -> BTreeSet<String> {
-    items.iter().map(|s| s.to_string()).collect()
-}
-
-fn web(id: &str, ip: &str) -> Endpoint {
-    Endpoint::new("web", id, ip, 8080).with_node("node-1")
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consul_health_and_catalog_follow_registrations() {

@@ -5,31 +5,13 @@
 
 use crate::common;
 
-use std::collections::BTreeSet;
-
 use common::fast_client;
-use common::http::LIMIT;
+use common::http::{ids, set, web, LIMIT};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 use waypost::testing::eventually;
-use waypost::{Endpoint, Registry};
-
-fn ids(body: &Value) -> BTreeSet<String> {
-    body.as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["Service"]["ID"].as_str().unwrap().to_string())
-        .collect()
-}
-
-fn set(items: &[&str]) -> BTreeSet<String> {
-    items.iter().map(|s| s.to_string()).collect()
-}
-
-fn web(id: &str, ip: &str) -> Endpoint {
-    Endpoint::new("web", id, ip, 8080).with_node("node-1")
-}
+use waypost::Registry;
 
 /// The binary serves the HTTP API (and DNS, with its feature) by default;
 /// the line it prints names their addresses.

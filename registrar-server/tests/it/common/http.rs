@@ -15,6 +15,25 @@ use super::protocols::Stack;
 /// Longer than any answer should take.
 pub const LIMIT: Duration = Duration::from_secs(30);
 
+/// The service IDs of a Consul health or catalog answer.
+pub fn ids(body: &Value) -> BTreeSet<String> {
+    body.as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["Service"]["ID"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// `items` as a set, to compare with [`ids`].
+pub fn set(items: &[&str]) -> BTreeSet<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+/// An endpoint of the service `web` on `node-1`.
+pub fn web(id: &str, ip: &str) -> waypost::Endpoint {
+    waypost::Endpoint::new("web", id, ip, 8080).with_node("node-1")
+}
+
 pub struct Answer {
     pub status: u16,
     pub index: Option<u64>,
